@@ -1,0 +1,42 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each bootstraps .venv from the
+# pinned lock file, so a clean clone needs nothing but Python >= 3.11.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit bench lock clean
+
+$(STAMP): pyproject.toml requirements.lock
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/gpu-scheduler demo
+
+test: lint typecheck unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+bench: $(STAMP)
+	$(BIN)/gpu-scheduler bench extender --json
+
+# Re-pin after changing dependencies in pyproject.toml.
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install --quiet --disable-pip-version-check '.[dev]'
+	.venv-lock/bin/pip freeze --exclude eks-gpu-scheduler | sort > requirements.lock
+	rm -rf .venv-lock
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Benchmarks, run through ``gpu-scheduler bench ...``; each prints JSON."""

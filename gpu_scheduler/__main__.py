@@ -1,0 +1,5 @@
+import sys
+
+from gpu_scheduler.cli import main
+
+sys.exit(main())

@@ -1,0 +1,181 @@
+"""``gpu-scheduler``: serve, explain, demo and bench.
+
+Exit codes: 0 success, 1 a runtime failure, 2 bad arguments or bad input files (the message says
+which file and field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scheduler_core.errors import ConfigError, InvalidArgsError, InvalidPodError
+from scheduler_core.explain import NodeExplanation, explain
+from scheduler_core.extender import DEFAULT_MAX_BODY_BYTES, Extender, ExtenderConfig, decode_json
+from scheduler_core.gpu_fit import ScoreWeights
+from scheduler_core.pods import pod_demand
+
+log = logging.getLogger("gpu_scheduler")
+
+
+class UsageError(Exception):
+    """Bad arguments or input files: exit code 2."""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from exc
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _add_weights(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weight-fit", type=float, default=ScoreWeights.fit, help="best-fit weight (default 0.7)")
+    parser.add_argument(
+        "--weight-utilization",
+        type=float,
+        default=ScoreWeights.utilization,
+        help="low-utilisation weight (default 0.3)",
+    )
+
+
+def _weights(args: argparse.Namespace) -> ScoreWeights:
+    return ScoreWeights(fit=args.weight_fit, utilization=args.weight_utilization)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu-scheduler", description="GPU-aware kube-scheduler extender for EKS")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the extender as a local HTTP server")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8888, help="0 picks a free port (printed on stdout)")
+    serve.add_argument("--cluster", type=Path, help='JSON {"nodes": [v1 Node], "pods": [v1 Pod]} for GPU usage')
+    serve.add_argument("--refresh-s", type=float, default=1.0, help="re-check --cluster for changes this often")
+    serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    _add_weights(serve)
+
+    exp = commands.add_parser("explain", help="show per node why a pod passes or fails, and how it scores")
+    exp.add_argument("--pod", type=Path, required=True, help="v1 Pod JSON")
+    exp.add_argument("--cluster", type=Path, required=True, help='JSON {"nodes": [...], "pods": [...]}')
+    exp.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_weights(exp)
+
+    demo = commands.add_parser("demo", help="drive a synthetic GPU cluster through a local extender")
+    demo.add_argument("--nodes", type=int, default=200)
+    demo.add_argument("--pods", type=int, default=350)
+    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    bench = commands.add_parser("bench", help="benchmarks (JSON on stdout)")
+    suites = bench.add_subparsers(dest="suite", required=True)
+    ext = suites.add_parser("extender", help="core filter+score and the full handle() path")
+    ext.add_argument("--nodes", type=_int_list, default=[1000, 10000, 100000], help="core table sizes")
+    ext.add_argument("--payload-nodes", type=_int_list, default=[100, 500, 1000], help="full Node payload sizes")
+    ext.add_argument("--repeat", type=int, default=200, help="timed iterations per size")
+    ext.add_argument("--seed", type=int, default=1)
+    ext.add_argument("--json", action="store_true", help="JSON output (the default; kept for scripts)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "explain":
+            return _explain(args)
+        if args.command == "demo":
+            from gpu_scheduler.demo import run_demo
+
+            return run_demo(n_nodes=args.nodes, n_pods=args.pods, seed=args.seed, as_json=args.json)
+        if args.command == "bench":
+            from bench.extender import run as run_extender_bench
+
+            print(json.dumps(run_extender_bench(args), indent=2))
+            return 0
+    except (UsageError, ConfigError, InvalidArgsError, InvalidPodError) as exc:
+        print(f"gpu-scheduler {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    raise AssertionError(f"unhandled command {args.command!r}")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gpu_scheduler.server import ClusterFile, print_ready, serve
+
+    config = ExtenderConfig(weights=_weights(args), max_body_bytes=args.max_body_bytes).validated()
+    cluster = ClusterFile(args.cluster, refresh_s=args.refresh_s) if args.cluster else None
+    serve(Extender(config, cluster), args.host, args.port, ready=print_ready)
+    return 0
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return decode_json(path.read_bytes())
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror}") from exc
+    except InvalidArgsError as exc:
+        raise UsageError(f"{what} {path}: {exc}") from exc
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from gpu_scheduler.server import load_cluster_file
+
+    pod = _read_json(args.pod, "pod file")
+    if not isinstance(pod, dict):
+        raise UsageError(f"pod file {args.pod}: expected a v1 Pod object")
+    demand = pod_demand(pod)
+    state = load_cluster_file(args.cluster)
+    rows = explain(state, demand, _weights(args).validated())
+    if args.json:
+        print(json.dumps({"pod": demand.key, "gpus": demand.gpus, "nodes": [r.to_json() for r in rows]}, indent=2))
+    else:
+        print(_explain_table(demand.key, demand.gpus, rows))
+    return 0
+
+
+def _explain_table(pod: str, gpus: int, rows: list[NodeExplanation]) -> str:
+    header = ("NODE", "ZONE", "MODEL", "MEM MiB", "FREE/ALLOC", "UTIL", "FIT", "UTIL.S", "SCORE", "VERDICT")
+    lines = [header]
+    for r in rows:
+        verdict = "ok" if r.passed else ("never: " if r.unresolvable else "not now: ") + r.reason
+        lines.append(
+            (
+                r.node,
+                r.zone or "-",
+                r.model or "-",
+                str(r.memory_mib or "-"),
+                f"{r.gpus_free}/{r.gpus_allocatable}",
+                f"{r.utilization:.2f}",
+                f"{r.fit:.2f}",
+                f"{r.utilization_score:.2f}",
+                str(r.score),
+                verdict,
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    text = [f"pod {pod} requests {gpus} GPU(s); {sum(r.passed for r in rows)} of {len(rows)} nodes pass"]
+    text += [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)) + "  " + line[-1] for line in lines
+    ]
+    return "\n".join(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

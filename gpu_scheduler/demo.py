@@ -1,0 +1,218 @@
+"""``gpu-scheduler demo``: a synthetic GPU cluster scheduled through a real local extender.
+
+The demo plays kube-scheduler and the API server around a ``gpu-scheduler serve`` subprocess:
+
+1. writes a synthetic cluster (mixed A100/H100/L40S/T4 nodes over 3 zones, partly used) to a file;
+2. starts ``serve --cluster FILE --port 0`` and reads the bound address from its stdout;
+3. for each pending pod, in kube-scheduler's order: the in-tree resource fit on ``nvidia.com/gpu``
+   (``managedResources`` with ``ignoredByScheduler: false``), ``POST /filter`` with the full Node
+   objects (``nodeCacheCapable: false``), ``POST /prioritize`` when more than one node is left,
+   then the highest score (ties broken at random, as ``selectHost`` does), then "binds" the pod by
+   rewriting the cluster file, which the server re-reads;
+4. prints placements, free and stranded GPUs, and client-side latency per verb.
+
+Only the extender's score ranks nodes here; a real kube-scheduler adds its own plugin scores.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from scheduler_core.cluster import ClusterState
+from scheduler_core.gpu_fit import filter_nodes
+from scheduler_core.pods import effective_gpu_request, pod_demand
+from scheduler_core.synthetic import demo_pod_stream, synthetic_cluster
+
+
+class ExtenderClient:
+    """A keep-alive HTTP/1.1 client, as kube-scheduler's Go client is."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self._conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+        self.latency_ms: dict[str, list[float]] = {"filter": [], "prioritize": []}
+
+    def call(self, verb: str, payload: dict[str, Any]) -> Any:
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        started = time.perf_counter()
+        self._conn.request("POST", f"/{verb}", body=body, headers={"Content-Type": "application/json"})
+        response = self._conn.getresponse()
+        data = response.read()
+        self.latency_ms[verb].append(1000 * (time.perf_counter() - started))
+        if response.status != 200:
+            raise RuntimeError(f"{verb} answered HTTP {response.status}: {data[:200]!r}")
+        return json.loads(data)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def start_server(cluster_path: Path) -> tuple[subprocess.Popen[str], str]:
+    """Start ``gpu-scheduler serve`` on a free loopback port; return the process and its URL."""
+    command = [
+        sys.executable,
+        "-m",
+        "gpu_scheduler",
+        "serve",
+        "--port",
+        "0",
+        "--cluster",
+        str(cluster_path),
+        "--refresh-s",
+        "0",
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(timeout=10)
+        raise RuntimeError(f"gpu-scheduler serve exited with code {proc.returncode} before it was ready")
+    return proc, json.loads(line)["serving"]
+
+
+def _write_atomically(path: Path, document: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(document, separators=(",", ":")))
+    os.replace(tmp, path)
+
+
+def run_demo(*, n_nodes: int = 200, n_pods: int = 350, seed: int = 7, as_json: bool = False) -> int:
+    rng = np.random.default_rng(seed)
+    nodes, bound = synthetic_cluster(n_nodes, rng)
+    pending = demo_pod_stream(n_pods, rng)
+    node_by_name = {node["metadata"]["name"]: node for node in nodes}
+    alloc = {name: int(node["status"]["allocatable"]["nvidia.com/gpu"]) for name, node in node_by_name.items()}
+    used = Counter({name: 0 for name in alloc})
+    for pod in bound:
+        used[pod["spec"]["nodeName"]] += effective_gpu_request(pod["spec"])
+
+    unplaced: Counter[str] = Counter()
+    unplaced_pods: list[dict[str, Any]] = []
+    placed = 0
+    with tempfile.TemporaryDirectory(prefix="gpu-scheduler-demo-") as tmp:
+        cluster_path = Path(tmp) / "cluster.json"
+        _write_atomically(cluster_path, {"nodes": nodes, "pods": bound})
+        proc, url = start_server(cluster_path)
+        client = ExtenderClient(url)
+        started = time.perf_counter()
+        try:
+            for pod in tqdm(pending, desc="scheduling", unit="pod", file=sys.stderr, disable=None):
+                gpus = effective_gpu_request(pod["spec"])
+                # kube-scheduler's in-tree NodeResourcesFit runs first and keeps only nodes with room.
+                candidates = [node_by_name[name] for name in alloc if alloc[name] - used[name] >= gpus]
+                if not candidates:
+                    unplaced[f"in-tree: no node has {gpus} free GPU(s)"] += 1
+                    unplaced_pods.append(pod)
+                    continue
+                reply = client.call(
+                    "filter", {"Pod": pod, "Nodes": {"metadata": {}, "items": candidates}, "NodeNames": None}
+                )
+                kept = (reply.get("Nodes") or {}).get("items") or []
+                if reply.get("Error") or not kept:
+                    unplaced[f"extender: {reply.get('Error') or _wanted(pod, gpus)}"] += 1
+                    unplaced_pods.append(pod)
+                    continue
+                if len(kept) == 1:
+                    choice = kept[0]["metadata"]["name"]
+                else:
+                    scores = client.call(
+                        "prioritize", {"Pod": pod, "Nodes": {"metadata": {}, "items": kept}, "NodeNames": None}
+                    )
+                    best = max(entry["Score"] for entry in scores)
+                    top = [entry["Host"] for entry in scores if entry["Score"] == best]
+                    choice = top[int(rng.integers(len(top)))]
+                pod["spec"]["nodeName"] = choice
+                pod["status"]["phase"] = "Running"
+                bound.append(pod)
+                used[choice] += gpus
+                placed += 1
+                _write_atomically(cluster_path, {"nodes": nodes, "pods": bound})
+            elapsed = time.perf_counter() - started
+        finally:
+            client.close()
+            proc.terminate()
+            proc.wait(timeout=10)
+
+    summary = _summary(nodes, bound, unplaced_pods, placed, unplaced, client.latency_ms, elapsed)
+    summary["server_exit_code"] = proc.returncode
+    print(json.dumps(summary, indent=2) if as_json else _format(summary))
+    return 0 if proc.returncode == 0 else 1
+
+
+def _summary(
+    nodes: list[dict[str, Any]],
+    bound: list[dict[str, Any]],
+    unplaced_pods: list[dict[str, Any]],
+    placed: int,
+    unplaced: Counter[str],
+    latency_ms: dict[str, list[float]],
+    elapsed_s: float,
+) -> dict[str, Any]:
+    state = ClusterState.from_objects(nodes, bound)
+    free = state.free_gpus
+    # A free GPU is stranded when no pod that was left waiting could use the node it is on.
+    usable = np.zeros(state.table.n_nodes, dtype=bool)
+    for demand in {_demand_key(pod): pod_demand(pod) for pod in unplaced_pods}.values():
+        usable |= filter_nodes(state.table, free, demand).feasible
+    return {
+        "nodes": state.table.n_nodes,
+        "pods_placed": placed,
+        "pods_unplaced": sum(unplaced.values()),
+        "unplaced_by_reason": dict(unplaced.most_common()),
+        "gpus_total": int(state.table.alloc_gpus.sum()),
+        "gpus_free": int(free.sum()),
+        "gpus_stranded": int(free[~usable].sum()),
+        "nodes_partly_used": int(((free > 0) & (free < state.table.alloc_gpus)).sum()),
+        "latency_ms": {
+            verb: {
+                "calls": len(values),
+                "p50": round(float(np.percentile(values, 50)), 2) if values else None,
+                "p99": round(float(np.percentile(values, 99)), 2) if values else None,
+            }
+            for verb, values in latency_ms.items()
+        },
+        "elapsed_s": round(elapsed_s, 1),
+    }
+
+
+def _wanted(pod: dict[str, Any], gpus: int) -> str:
+    demand = pod_demand(pod)
+    models = ",".join(sorted(demand.models)) if demand.models else "any"
+    memory = f" with >= {demand.min_memory_mib} MiB" if demand.min_memory_mib else ""
+    return f"no node with {gpus} free GPU(s) has model {models}{memory}"
+
+
+def _demand_key(pod: dict[str, Any]) -> str:
+    return json.dumps([pod["spec"]["containers"][0]["resources"], pod["metadata"].get("annotations")], sort_keys=True)
+
+
+def _format(s: dict[str, Any]) -> str:
+    lines = [
+        f"eks-gpu-scheduler demo: {s['nodes']} nodes, {s['pods_placed'] + s['pods_unplaced']} GPU pods "
+        f"in {s['elapsed_s']} s",
+        f"  placed      {s['pods_placed']}",
+        f"  unplaced    {s['pods_unplaced']}",
+    ]
+    lines += [f"      {count:4d}  {reason}" for reason, count in s["unplaced_by_reason"].items()]
+    lines += [
+        f"  GPUs        {s['gpus_total']} total, {s['gpus_free']} free, {s['gpus_stranded']} stranded "
+        "(free, but on nodes no waiting pod fits)",
+        f"  nodes partly used: {s['nodes_partly_used']}",
+        "  latency per call (client side, HTTP round trip with full Node objects):",
+    ]
+    for verb, stats in s["latency_ms"].items():
+        lines.append(f"      {verb:<10} calls {stats['calls']:4d}  p50 {stats['p50']} ms  p99 {stats['p99']} ms")
+    lines.append(f"  server exited with code {s['server_exit_code']}")
+    return "\n".join(lines)

@@ -1,0 +1,188 @@
+"""``gpu-scheduler serve``: the extender facade behind a threaded HTTP/1.1 server.
+
+kube-scheduler calls an extender synchronously, once per pod, over a keep-alive connection, so the
+server:
+
+- sets TCP_NODELAY on every connection (Python's default leaves Nagle on, and each small reply then
+  waits ~40 ms for a delayed ACK: DESIGN section 8);
+- writes the status line, headers and body in one ``send``;
+- refuses a body over the limit from its ``Content-Length`` before reading it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from scheduler_core.cluster import ClusterState
+from scheduler_core.errors import InvalidArgsError
+from scheduler_core.extender import Extender, decode_json, encode_json
+
+log = logging.getLogger("gpu_scheduler.server")
+
+
+class ClusterFile:
+    """A cluster JSON file (``{"nodes": [...], "pods": [...]}``) re-read when it changes.
+
+    The file is stat'ed at most every ``refresh_s`` seconds and re-parsed when its size or mtime
+    changed. A file that fails to parse on reload keeps the previous state in service (and logs why),
+    so a half-written file never empties the cluster.
+    """
+
+    def __init__(
+        self, path: str | Path, *, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.path = Path(path)
+        self.refresh_s = refresh_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        # Stat before reading: a change made while we read shows up as a new stamp next time.
+        try:
+            self._stamp = self._stat()
+        except OSError as exc:
+            raise InvalidArgsError(f"cannot read cluster file {self.path}: {exc.strerror}") from exc
+        self._state = load_cluster_file(self.path)
+        self._checked_at = clock()
+
+    def _stat(self) -> tuple[int, int]:
+        stat = self.path.stat()
+        return stat.st_mtime_ns, stat.st_size
+
+    def __call__(self) -> ClusterState:
+        now = self._clock()
+        if now - self._checked_at < self.refresh_s:
+            return self._state
+        with self._lock:
+            if now - self._checked_at >= self.refresh_s:
+                self._checked_at = now
+                self._reload_if_changed()
+        return self._state
+
+    def _reload_if_changed(self) -> None:
+        try:
+            stamp = self._stat()
+            if stamp == self._stamp:
+                return
+            self._state = load_cluster_file(self.path)
+            self._stamp = stamp
+        except (OSError, InvalidArgsError) as exc:
+            log.warning("keeping the previous cluster state: %s", exc)
+
+
+def load_cluster_file(path: Path) -> ClusterState:
+    """Read and validate a cluster JSON file; problems are raised as :class:`InvalidArgsError`."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InvalidArgsError(f"cannot read cluster file {path}: {exc.strerror}") from exc
+    try:
+        state = ClusterState.from_document(decode_json(data))
+    except InvalidArgsError as exc:
+        raise InvalidArgsError(f"{path}: {exc}") from exc
+    for problem in state.problems:
+        log.warning("%s: %s", path, problem)
+    return state
+
+
+class ExtenderHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], extender: Extender) -> None:
+        self.extender = extender
+        super().__init__(address, ExtenderRequestHandler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+
+class ExtenderRequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # TCP_NODELAY on the connection socket
+    server: ExtenderHTTPServer
+
+    def do_POST(self) -> None:
+        limit = self.server.extender.config.max_body_bytes
+        raw_length = self.headers.get("Content-Length")
+        if raw_length is None or not raw_length.strip().isdigit():
+            self.close_connection = True
+            self._reply(400, encode_json({"Error": "a Content-Length header with the body size is required"}))
+            return
+        length = int(raw_length)
+        if length > limit:
+            # Do not read (or keep) a body we will refuse; close so the unread bytes go with it.
+            self.close_connection = True
+            self._reply(400, encode_json({"Error": f"request body is {length} bytes; the limit is {limit}"}))
+            return
+        body = self.rfile.read(length)
+        verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        started = time.perf_counter()
+        try:
+            status, payload = self.server.extender.handle(verb, body)
+        except Exception:
+            log.exception("internal error on %s (%d bytes)", self.path, length)
+            status, payload = 500, encode_json({"Error": "internal error in the extender; see its log"})
+        log.debug("%s %s -> %d in %.2f ms", self.command, self.path, status, 1000 * (time.perf_counter() - started))
+        self._reply(status, payload)
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0].rstrip("/") == "/healthz":
+            self._reply(200, encode_json({"status": "ok"}))
+        else:
+            self._reply(404, encode_json({"Error": f"no such path {self.path[:64]!r}; GET /healthz"}))
+
+    def _reply(self, status: int, payload: bytes) -> None:
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n" + ("Connection: close\r\n" if self.close_connection else "") + "\r\n"
+        )
+        self.wfile.write(head.encode("latin-1") + payload)
+        self.log_request(status, len(payload))
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature fixed by the base class
+        log.debug("%s - %s", self.address_string(), format % args)
+
+
+def serve(extender: Extender, host: str, port: int, *, ready: Callable[[str], None] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then stop accepting, close the socket and return.
+
+    Handler threads are daemons: an idle keep-alive connection must not hold up the exit.
+    """
+    server = ExtenderHTTPServer((host, port), extender)
+    stop = threading.Event()
+
+    def _shutdown(signum: int, _frame: Any) -> None:
+        if not stop.is_set():
+            stop.set()
+            log.info("signal %d: shutting down", signum)
+            # shutdown() blocks until serve_forever returns, so it must run off the serving thread.
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+    previous = {sig: signal.signal(sig, _shutdown) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if ready is not None:
+            ready(server.url)
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def print_ready(url: str) -> None:
+    """Announce the bound address on stdout (the demo and tests read this line)."""
+    sys.stdout.write(json.dumps({"serving": url, "pid": os.getpid()}) + "\n")
+    sys.stdout.flush()

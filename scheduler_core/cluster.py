@@ -1,0 +1,112 @@
+"""Cluster state: the nodes, what bound pods use on them, and GPU utilisation.
+
+It answers the one question the extender cannot answer from a kube-scheduler request: how many GPUs
+are free on each node, and how busy they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.errors import InvalidArgsError
+from scheduler_core.gpu_fit import free_gpus
+from scheduler_core.nodes import NodeTable
+from scheduler_core.pods import gpus_in_use
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterState:
+    """Nodes plus per-node usage, all aligned with ``table``.
+
+    Attributes
+    ----------
+    used_gpus : ndarray of shape (n_nodes,), int32
+        GPUs requested by non-terminal pods bound to the node.
+    utilization : ndarray of shape (n_nodes,), float64
+        Mean GPU utilisation in [0, 1]; 0 where unknown.
+    problems : tuple of str
+        Input that was skipped while building the state (for example a pod with an invalid GPU
+        quantity), so that callers can report it.
+    """
+
+    table: NodeTable
+    used_gpus: npt.NDArray[np.int32]
+    utilization: npt.NDArray[np.float64]
+    problems: tuple[str, ...] = ()
+
+    @property
+    def free_gpus(self) -> npt.NDArray[np.int32]:
+        return free_gpus(self.table, self.used_gpus)
+
+    @classmethod
+    def from_objects(
+        cls,
+        nodes: Sequence[Any],
+        pods: Sequence[Any] = (),
+        utilization: Mapping[str, Any] | None = None,
+    ) -> ClusterState:
+        """Build from v1 Node and Pod objects and an optional ``{node name: utilisation}`` map.
+
+        >>> from scheduler_core.synthetic import CATALOGUE, make_node, make_pod
+        >>> state = ClusterState.from_objects([make_node("n1", CATALOGUE[0], "us-east-1a")],
+        ...                                   [make_pod("p", 3, node_name="n1", phase="Running")])
+        >>> state.free_gpus.tolist()
+        [5]
+        """
+        table = NodeTable.from_nodes(nodes)
+        used, problems = gpus_in_use(table, pods)
+        util = np.zeros(table.n_nodes, dtype=np.float64)
+        for name, value in (utilization or {}).items():
+            row = table.index.get(name)
+            if row is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+                problems.append(f"utilization[{name!r}]: expected a number in [0, 1], got {value!r}")
+                continue
+            util[row] = value
+        return cls(table=table, used_gpus=used, utilization=util, problems=tuple(problems))
+
+    @classmethod
+    def from_document(cls, document: Any) -> ClusterState:
+        """Build from ``{"nodes": [v1 Node...], "pods": [v1 Pod...], "utilization": {name: 0.3}}``.
+
+        Raises
+        ------
+        InvalidArgsError
+            If the document does not have that shape; the message names the field.
+        """
+        if not isinstance(document, Mapping):
+            raise InvalidArgsError(f"cluster document: expected an object with 'nodes', got {type(document).__name__}")
+        nodes = document.get("nodes")
+        pods = document.get("pods", [])
+        utilization = document.get("utilization", {})
+        if not isinstance(nodes, list):
+            raise InvalidArgsError("cluster document: 'nodes' must be a list of v1 Node objects")
+        if not isinstance(pods, list):
+            raise InvalidArgsError("cluster document: 'pods' must be a list of v1 Pod objects")
+        if not isinstance(utilization, Mapping):
+            raise InvalidArgsError("cluster document: 'utilization' must map node names to numbers in [0, 1]")
+        return cls.from_objects(nodes, pods, utilization)
+
+    def usage_for(self, names: Sequence[str]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float64]]:
+        """Used GPUs and utilisation for ``names``, in that order; 0 for names this state lacks.
+
+        Returns
+        -------
+        used_gpus : ndarray of shape (len(names),), int32
+        utilization : ndarray of shape (len(names),), float64
+        """
+        index = self.table.index
+        rows = np.fromiter((index.get(name, -1) for name in names), dtype=np.int64, count=len(names))
+        known = rows >= 0
+        safe = np.where(known, rows, 0)
+        if self.table.n_nodes == 0:
+            return np.zeros(len(names), dtype=np.int32), np.zeros(len(names), dtype=np.float64)
+        used = np.where(known, self.used_gpus[safe], 0).astype(np.int32)
+        util = np.where(known, self.utilization[safe], 0.0)
+        return used, util

@@ -1,0 +1,27 @@
+"""The error hierarchy of the scheduling core.
+
+Every error the core raises on purpose derives from :class:`SchedulerCoreError`, so an adapter can
+tell a bad request (answer 400, or 200 with ``Error``) from a genuine fault (answer 5xx).
+"""
+
+from __future__ import annotations
+
+
+class SchedulerCoreError(Exception):
+    """Base class for errors raised by ``scheduler_core``."""
+
+
+class InvalidArgsError(SchedulerCoreError, ValueError):
+    """The request does not have the shape of the extender protocol (answer HTTP 400)."""
+
+
+class InvalidPodError(SchedulerCoreError, ValueError):
+    """The pod is well formed but asks for something invalid (answer 200 with ``Error``)."""
+
+
+class ConfigError(SchedulerCoreError, ValueError):
+    """Configuration failed validation; the message lists every problem with its field path."""
+
+
+class ClusterStateUnavailableError(SchedulerCoreError):
+    """The extender needs cluster state (e.g. for ``NodeNames``) that it does not have."""

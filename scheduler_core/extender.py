@@ -1,0 +1,233 @@
+"""The extender facade: ``handle(verb, body) -> (status, body)``, shared by every adapter.
+
+The local HTTP server and the Lambda handler only move bytes in and out; parsing, validation and
+the decision live here. Status codes follow DESIGN section 4:
+
+- 200 with a result, or 200 with ``Error`` for a semantic failure (an invalid pod annotation);
+- 400 with ``{"Error": ...}`` for a body that cannot be parsed, has the wrong shape or is too large;
+- 404 for a verb this extender does not serve;
+- 503 for ``prioritize`` when the cluster state it needs is unavailable (kube-scheduler ignores
+  prioritize errors; ``filter`` reports the same condition as ``Error``).
+
+Anything else is a genuine fault: :meth:`Extender.handle` lets it propagate, and the adapter logs it
+and answers 500.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.cluster import ClusterState
+from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
+from scheduler_core.gpu_fit import FilterResult, ScoreResult, ScoreWeights, filter_nodes, free_gpus, score_nodes
+from scheduler_core.nodes import NodeTable
+from scheduler_core.pods import PodDemand, pod_demand
+from scheduler_core.wire import ExtenderArgs, ExtenderFilterResult, HostPriority
+
+VERBS = ("filter", "prioritize")
+UNKNOWN_NODE_REASON = "node is not in the cluster state"
+DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+
+ClusterSource = Callable[[], ClusterState | None]
+"""Returns the current cluster state, or ``None`` when none is configured. May raise
+:class:`ClusterStateUnavailableError` (for example when a snapshot is too old)."""
+
+
+@dataclass(frozen=True)
+class ExtenderConfig:
+    """Settings of the extender core. ``max_body_bytes`` is the largest request accepted."""
+
+    weights: ScoreWeights = field(default_factory=ScoreWeights)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def validated(self) -> ExtenderConfig:
+        """Return ``self``, or raise :class:`ConfigError` listing every problem."""
+        problems = self.weights.problems("weights")
+        if (
+            isinstance(self.max_body_bytes, bool)
+            or not isinstance(self.max_body_bytes, int)
+            or self.max_body_bytes <= 0
+        ):
+            problems.append(f"max_body_bytes: must be a positive integer, got {self.max_body_bytes!r}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return self
+
+
+@dataclass(frozen=True, eq=False)
+class FilterOutcome:
+    """A filter decision: the wire reply plus what an adapter logs about it."""
+
+    reply: ExtenderFilterResult
+    demand: PodDemand | None = None
+    result: FilterResult | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """Nodes in and out and a histogram of reasons, for one structured log line."""
+        failed = {**self.reply.failed, **self.reply.failed_unresolvable}
+        kept = self.reply.node_names if self.reply.node_names is not None else self.reply.nodes
+        return {
+            "nodes_in": len(failed) + len(kept or []),
+            "nodes_feasible": len(kept or []),
+            "reasons": dict(Counter(failed.values()).most_common(5)),
+            "error": self.reply.error,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class PrioritizeOutcome:
+    reply: list[HostPriority]
+    demand: PodDemand | None = None
+    scores: ScoreResult | None = None
+
+    def summary(self) -> dict[str, Any]:
+        top = max(self.reply, key=lambda p: p.score, default=None)
+        return {
+            "nodes_in": len(self.reply),
+            "top_node": top.host if top else None,
+            "top_score": top.score if top else None,
+        }
+
+
+class Extender:
+    """Filter and prioritize for whole-GPU pods.
+
+    Parameters
+    ----------
+    config : ExtenderConfig
+    cluster : callable returning ClusterState or None
+        Source of per-node usage. Without one, every node counts as empty (kube-scheduler's own
+        accounting of ``nvidia.com/gpu`` still applies), and the ``NodeNames`` form is refused.
+    """
+
+    def __init__(self, config: ExtenderConfig | None = None, cluster: ClusterSource | None = None) -> None:
+        self.config = (config or ExtenderConfig()).validated()
+        self._cluster = cluster or (lambda: None)
+
+    # -- wire level ---------------------------------------------------------------------------
+    def handle(self, verb: str, body: bytes) -> tuple[int, bytes]:
+        """Answer one extender call. See the module docstring for the status codes.
+
+        >>> status, reply = Extender().handle("filter", b'{"Pod": {}, "Nodes": {"items": []}}')
+        >>> status, json.loads(reply)["Error"]
+        (200, '')
+        """
+        verb = verb.strip("/")
+        if verb not in VERBS:
+            return 404, _error_body(f"unknown verb {verb[:64]!r}: this extender serves {', '.join(VERBS)}")
+        if len(body) > self.config.max_body_bytes:
+            return 400, _error_body(f"request body is {len(body)} bytes; the limit is {self.config.max_body_bytes}")
+        try:
+            args = ExtenderArgs.from_wire(decode_json(body))
+            if verb == "filter":
+                return 200, encode_json(self.filter(args).reply.to_wire())
+            return 200, encode_json(HostPriority.list_to_wire(self.prioritize(args).reply))
+        except InvalidArgsError as exc:
+            return 400, _error_body(str(exc))
+        except (InvalidPodError, ClusterStateUnavailableError) as exc:
+            # Only prioritize gets here: filter reports these as Error in a 200.
+            return (400 if isinstance(exc, InvalidPodError) else 503), _error_body(str(exc))
+
+    # -- decision level -----------------------------------------------------------------------
+    def filter(self, args: ExtenderArgs) -> FilterOutcome:
+        """Filter ``args`` and build the reply in the request's node form."""
+        try:
+            demand = pod_demand(args.pod)
+            view = self._view(args)
+        except (InvalidPodError, ClusterStateUnavailableError) as exc:
+            if args.names_only:
+                return FilterOutcome(reply=ExtenderFilterResult(node_names=[], error=str(exc)))
+            return FilterOutcome(reply=ExtenderFilterResult(nodes=[], error=str(exc)))
+        result = filter_nodes(view.table, view.free, demand)
+        kept = np.flatnonzero(result.feasible).tolist()
+        failed = result.failed
+        for name in view.unknown:
+            failed[name] = UNKNOWN_NODE_REASON
+        reply = ExtenderFilterResult(
+            nodes=None if args.nodes is None else [args.nodes[view.rows[row]] for row in kept],
+            node_names=None if args.nodes is not None else [view.table.names[row] for row in kept],
+            failed=failed,
+            failed_unresolvable=result.failed_unresolvable,
+        )
+        return FilterOutcome(reply=reply, demand=demand, result=result)
+
+    def prioritize(self, args: ExtenderArgs) -> PrioritizeOutcome:
+        """Score every node of ``args``; nodes that would not pass the filter score 0.
+
+        Raises
+        ------
+        InvalidPodError, ClusterStateUnavailableError
+            ``prioritize`` has no ``Error`` field; :meth:`handle` maps these to 400 and 503.
+        """
+        demand = pod_demand(args.pod)
+        view = self._view(args)
+        feasible = filter_nodes(view.table, view.free, demand).feasible
+        scores = score_nodes(view.table, view.free, view.utilization, demand, self.config.weights, feasible=feasible)
+        reply = [
+            HostPriority(host=name, score=int(s))
+            for name, s in zip(view.table.names, scores.score.tolist(), strict=True)
+        ]
+        # Names the cluster state does not know cannot be ranked; they score 0 rather than vanish.
+        reply.extend(HostPriority(host=name, score=0) for name in view.unknown)
+        return PrioritizeOutcome(reply=reply, demand=demand, scores=scores)
+
+    def _view(self, args: ExtenderArgs) -> _NodeView:
+        state = self._cluster()
+        if args.nodes is not None:
+            table = NodeTable.from_nodes(args.nodes)
+            rows = list(range(table.n_nodes))
+            if state is None:
+                return _NodeView(table, rows, table.alloc_gpus.copy(), np.zeros(table.n_nodes), [])
+            used, utilization = state.usage_for(table.names)
+            return _NodeView(table, rows, free_gpus(table, used), utilization, [])
+        if state is None:
+            raise ClusterStateUnavailableError(
+                "NodeNames (nodeCacheCapable: true) needs cluster state and this extender has none: "
+                "give it a cluster snapshot, or set nodeCacheCapable: false"
+            )
+        names = args.node_names or []
+        index = state.table.index
+        found = [index.get(name, -1) for name in names]
+        rows = [row for row in found if row >= 0]
+        unknown = [name for name, row in zip(names, found, strict=True) if row < 0]
+        return _NodeView(state.table.take(rows), rows, state.free_gpus[rows], state.utilization[rows], unknown)
+
+
+@dataclass(frozen=True, eq=False)
+class _NodeView:
+    """The request's nodes as a table, with free GPUs and utilisation per row.
+
+    ``rows`` maps each table row back to its position in ``Nodes.items`` (full-object form) or to
+    its row in the cluster state (names form); ``unknown`` lists names the state does not have.
+    """
+
+    table: NodeTable
+    rows: list[int]
+    free: npt.NDArray[np.int32]
+    utilization: npt.NDArray[np.float64]
+    unknown: list[str]
+
+
+def decode_json(body: bytes) -> Any:
+    """Parse a request body; any failure is an :class:`InvalidArgsError` naming the problem."""
+    try:
+        return json.loads(body)
+    except RecursionError as exc:
+        raise InvalidArgsError("request body is nested too deeply to be an extender request") from exc
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise InvalidArgsError(f"request body is not valid JSON: {exc}") from exc
+
+
+def encode_json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _error_body(message: str) -> bytes:
+    return encode_json({"Error": message})

@@ -1,0 +1,344 @@
+"""Whole-GPU filter and score, vectorised over nodes.
+
+``filter_nodes`` decides, per node, whether a pod fits and why not; ``score_nodes`` ranks the nodes
+that fit. Both take a :class:`~scheduler_core.nodes.NodeTable` and per-node arrays aligned with it,
+and never loop over nodes in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import cached_property
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.errors import ConfigError
+from scheduler_core.nodes import NodeTable
+from scheduler_core.pods import PodDemand
+
+_S = TypeVar("_S", bound=np.generic)
+
+MAX_EXTENDER_PRIORITY = 10
+"""``MaxExtenderPriority`` in kube-scheduler: extender scores are integers in 0..10."""
+
+FIT_STEP_GPUS = 10
+"""Best fit loses 1/10 of its score per GPU left over, as in the source's sample (on free GPUs)."""
+
+
+class Reason(IntEnum):
+    """Why a node failed the filter. Order is the order of the checks."""
+
+    FITS = 0
+    NO_GPU_INFO = 1
+    MODEL = 2
+    MEMORY = 3
+    TOO_FEW_GPUS = 4
+    TOO_FEW_FREE = 5
+
+    @property
+    def unresolvable(self) -> bool:
+        """Preemption cannot help: the node can never host the pod."""
+        return self in (Reason.NO_GPU_INFO, Reason.MODEL, Reason.MEMORY, Reason.TOO_FEW_GPUS)
+
+
+_UNRESOLVABLE_CODES = np.array([Reason(code).unresolvable for code in range(len(Reason))])
+
+
+@dataclass(frozen=True)
+class ScoreWeights:
+    """Weights of the score components; they are normalised by their sum.
+
+    The default 0.7/0.3 split between best fit and low utilisation is the source's.
+    """
+
+    fit: float = 0.7
+    utilization: float = 0.3
+
+    def problems(self, path: str = "weights") -> list[str]:
+        found = [
+            f"{path}.{name}: must be in [0, 1], got {value!r}"
+            for name, value in (("fit", self.fit), ("utilization", self.utilization))
+            if not (isinstance(value, int | float) and 0.0 <= value <= 1.0)
+        ]
+        if not found and self.fit + self.utilization <= 0:
+            found.append(f"{path}: fit + utilization must be > 0, got {self.fit} + {self.utilization}")
+        return found
+
+    def validated(self) -> ScoreWeights:
+        problems = self.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return self
+
+
+@dataclass(frozen=True, eq=False)
+class FilterResult:
+    """Per-node filter outcome.
+
+    Attributes
+    ----------
+    reason : ndarray of shape (n_nodes,), int8
+        A :class:`Reason` per node; ``Reason.FITS`` (0) where the pod fits.
+    free_gpus : ndarray of shape (n_nodes,), int32
+        Free GPUs per node, as used by the checks.
+    """
+
+    table: NodeTable
+    demand: PodDemand
+    reason: npt.NDArray[np.int8]
+    free_gpus: npt.NDArray[np.int32]
+
+    @cached_property
+    def feasible(self) -> npt.NDArray[np.bool_]:
+        return np.equal(self.reason, Reason.FITS)
+
+    @cached_property
+    def unresolvable(self) -> npt.NDArray[np.bool_]:
+        mask: npt.NDArray[np.bool_] = _UNRESOLVABLE_CODES[self.reason]
+        return mask
+
+    @cached_property
+    def messages(self) -> dict[int, str]:
+        """A short reason for every node that failed, keyed by row."""
+        return _failure_messages(self)
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Nodes that would fit once GPUs are freed (``FailedNodes``)."""
+        return self._named(~self.unresolvable & ~self.feasible)
+
+    @property
+    def failed_unresolvable(self) -> dict[str, str]:
+        """Nodes that can never host the pod (``FailedAndUnresolvableNodes``)."""
+        return self._named(self.unresolvable)
+
+    def _named(self, mask: npt.NDArray[np.bool_]) -> dict[str, str]:
+        messages = self.messages
+        names = self.table.names
+        return {names[row]: messages[row] for row in np.flatnonzero(mask).tolist()}
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreResult:
+    """Score components per node, each of shape (n_nodes,).
+
+    ``fit`` and ``utilization`` are in [0, 1], higher is better; ``raw`` is their weighted mean;
+    ``score`` is the integer 0..10 that goes on the wire. Nodes that do not fit score 0.
+    """
+
+    fit: npt.NDArray[np.float64]
+    utilization: npt.NDArray[np.float64]
+    raw: npt.NDArray[np.float64]
+    score: npt.NDArray[np.int64]
+
+
+def free_gpus(table: NodeTable, used_gpus: npt.ArrayLike) -> npt.NDArray[np.int32]:
+    """Free GPUs per node: allocatable minus used, never below zero.
+
+    >>> import numpy as np
+    >>> from scheduler_core.synthetic import table_from_columns
+    >>> t = table_from_columns(alloc_gpus=[8, 4])
+    >>> free_gpus(t, [3, 6]).tolist()
+    [5, 0]
+    """
+    used = _node_column(table, used_gpus, "used_gpus", np.int32)
+    # Clamp at 0: a node can be over-committed when its allocatable shrank under running pods.
+    free: npt.NDArray[np.int32] = np.maximum(table.alloc_gpus - used, 0).astype(np.int32)
+    return free
+
+
+def filter_nodes(table: NodeTable, free: npt.ArrayLike, demand: PodDemand) -> FilterResult:
+    """Decide for each node whether ``demand`` fits, and why not.
+
+    Checks, in order: GPU information present (when the pod constrains model or memory), model
+    allowed, memory per GPU, allocatable GPUs, free GPUs. The first four are unresolvable.
+    A pod that requests no GPU fits every node.
+
+    Parameters
+    ----------
+    table : NodeTable
+    free : array-like of shape (n_nodes,), int
+        Free GPUs per node (see :func:`free_gpus`).
+    demand : PodDemand
+
+    Examples
+    --------
+    >>> from scheduler_core.synthetic import table_from_columns
+    >>> t = table_from_columns(models=["A100", "T4"], alloc_gpus=[8, 4], memory_mib=[40960, 15360])
+    >>> r = filter_nodes(t, [1, 4], PodDemand(gpus=2))
+    >>> r.feasible.tolist(), r.failed
+    ([False, True], {'node-0': '1 of 8 GPUs free, pod needs 2'})
+    """
+    free_arr = _node_column(table, free, "free", np.int32)
+    if demand.gpus < 0 or demand.min_memory_mib < 0:
+        raise ValueError(f"demand must not be negative, got gpus={demand.gpus} memory={demand.min_memory_mib}")
+    reason = _compute_reasons(table, free_arr, demand)
+    return FilterResult(table=table, demand=demand, reason=reason, free_gpus=free_arr)
+
+
+def score_nodes(
+    table: NodeTable,
+    free: npt.ArrayLike,
+    utilization: npt.ArrayLike,
+    demand: PodDemand,
+    weights: ScoreWeights | None = None,
+    feasible: npt.ArrayLike | None = None,
+) -> ScoreResult:
+    """Score nodes for ``demand``: best fit on free GPUs, blended with low GPU utilisation.
+
+    ``fit = clip(1 - (free - gpus) / 10, 0, 1)``: the fewer GPUs a placement leaves free, the better
+    (the source's sample, corrected to use free rather than total GPUs).
+    ``utilization score = 1 - clip(utilization, 0, 1)``.
+    ``raw = (w_fit * fit + w_util * utilization score) / (w_fit + w_util)``, then
+    :func:`normalize_scores`. Nodes outside ``feasible`` (default: those with enough free GPUs)
+    score 0, and a pod that requests no GPU scores 0 everywhere: the extender has no opinion.
+
+    Parameters
+    ----------
+    free : array-like of shape (n_nodes,), int
+    utilization : array-like of shape (n_nodes,), float
+        Mean GPU utilisation per node in [0, 1]; NaN means unknown and counts as 0.
+    feasible : array-like of shape (n_nodes,), bool, optional
+
+    Examples
+    --------
+    >>> from scheduler_core.synthetic import table_from_columns
+    >>> t = table_from_columns(alloc_gpus=[8, 8, 8])
+    >>> score_nodes(t, [2, 8, 3], [0.0, 0.0, 0.0], PodDemand(gpus=2)).score.tolist()
+    [10, 5, 9]
+    """
+    free_arr = _node_column(table, free, "free", np.int32)
+    util = _node_column(table, utilization, "utilization", np.float64)
+    mask = free_arr >= demand.gpus if feasible is None else _node_column(table, feasible, "feasible", np.bool_)
+    return _compute_scores(free_arr, util, mask, demand.gpus, (weights or ScoreWeights()).validated())
+
+
+def normalize_scores(raw: npt.ArrayLike, max_score: int = MAX_EXTENDER_PRIORITY) -> npt.NDArray[np.int64]:
+    """Map non-negative raw scores to integers 0..``max_score``, proportionally to the best.
+
+    This is kube-scheduler's ``DefaultNormalizeScore``: ``floor(max_score * raw / max(raw))``.
+    When all raw scores are equal and positive, every node gets ``max_score``; when all are 0,
+    every node gets 0.
+
+    >>> normalize_scores([0.5, 1.0, 0.25]).tolist()
+    [5, 10, 2]
+    >>> normalize_scores([0.3, 0.3]).tolist()
+    [10, 10]
+    """
+    values = np.asarray(raw, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"raw: expected shape (n_nodes,), got {values.shape}")
+    # NaN or negative raw scores carry no preference: count them as 0.
+    values = np.where(np.isfinite(values) & (values > 0), values, 0.0)
+    best = float(values.max()) if values.size else 0.0
+    if best <= 0.0:
+        return np.zeros(values.shape, dtype=np.int64)
+    # +1e-9 undoes float error, so that a ratio that is exactly 7/10 on paper is not floored to 6.
+    return np.floor(max_score * values / best + 1e-9).astype(np.int64)
+
+
+def _node_column(table: NodeTable, values: npt.ArrayLike, name: str, dtype: type[_S]) -> npt.NDArray[_S]:
+    array = np.asarray(values)
+    if array.shape != (table.n_nodes,):
+        raise ValueError(f"{name}: expected shape ({table.n_nodes},) to match the node table, got {array.shape}")
+    return array.astype(dtype, copy=False)
+
+
+def _compute_reasons(table: NodeTable, free: npt.NDArray[np.int32], demand: PodDemand) -> npt.NDArray[np.int8]:
+    reason = np.zeros(table.n_nodes, dtype=np.int8)
+    if demand.gpus == 0:
+        return reason
+    constrained = demand.models is not None or demand.min_memory_mib > 0
+    conditions = [
+        (table.model_id < 0) & constrained,
+        ~_model_allowed(table, demand.models),
+        table.memory_mib < demand.min_memory_mib,
+        table.alloc_gpus < demand.gpus,
+        free < demand.gpus,
+    ]
+    codes = [Reason.NO_GPU_INFO, Reason.MODEL, Reason.MEMORY, Reason.TOO_FEW_GPUS, Reason.TOO_FEW_FREE]
+    # np.select takes the first matching condition, which is the order of the checks.
+    return np.select(conditions, [np.int8(code) for code in codes], default=np.int8(0)).astype(np.int8)
+
+
+def _model_allowed(table: NodeTable, models: frozenset[str] | None) -> npt.NDArray[np.bool_]:
+    if models is None:
+        return np.ones(table.n_nodes, dtype=bool)
+    # Lookup table indexed by model_id + 1, so that "no model" (-1) lands on the False at 0.
+    allowed = np.zeros(len(table.models) + 1, dtype=bool)
+    allowed[1:] = [model in models for model in table.models]
+    return allowed[table.model_id + 1]
+
+
+def _compute_scores(
+    free: npt.NDArray[np.int32],
+    utilization: npt.NDArray[np.float64],
+    feasible: npt.NDArray[np.bool_],
+    gpus: int,
+    weights: ScoreWeights,
+) -> ScoreResult:
+    n_nodes = free.shape[0]
+    if gpus == 0:
+        zeros = np.zeros(n_nodes)
+        return ScoreResult(zeros, zeros, zeros, np.zeros(n_nodes, dtype=np.int64))
+    left = (free - gpus).astype(np.float64)
+    fit = np.where(feasible, np.clip(1.0 - left / FIT_STEP_GPUS, 0.0, 1.0), 0.0)
+    # Unknown utilisation (NaN) counts as idle; values outside [0, 1] are clamped into it.
+    util_score = np.where(feasible, 1.0 - np.clip(np.nan_to_num(utilization, nan=0.0), 0.0, 1.0), 0.0)
+    total = weights.fit + weights.utilization
+    raw = (weights.fit * fit + weights.utilization * util_score) / total
+    return ScoreResult(fit=fit, utilization=util_score, raw=raw, score=normalize_scores(raw))
+
+
+def _failure_messages(result: FilterResult) -> dict[int, str]:
+    """Format one message per failed node, formatting each distinct message only once.
+
+    Nodes that fail for the same reason with the same numbers share a message, so the work is
+    proportional to the number of distinct messages, not of failed nodes.
+    """
+    table, demand = result.table, result.demand
+    rows = np.flatnonzero(result.reason != Reason.FITS)
+    if rows.size == 0:
+        return {}
+    code = result.reason[rows].astype(np.int64)
+    # Two numbers per message, packed with the reason into one int64 key. Each is clamped to
+    # 24 bits (16.7 M), far above any GPU count, MiB per GPU or model id.
+    first = np.select(
+        [code == Reason.MODEL, code == Reason.MEMORY, code == Reason.TOO_FEW_GPUS, code == Reason.TOO_FEW_FREE],
+        [table.model_id[rows], table.memory_mib[rows], table.alloc_gpus[rows], result.free_gpus[rows]],
+        default=0,
+    ).astype(np.int64)
+    second = np.where(code == Reason.TOO_FEW_FREE, table.alloc_gpus[rows], 0).astype(np.int64)
+    # Nodes with their own label error get their own message: key those by row instead.
+    own_error = (code == Reason.NO_GPU_INFO) & table.gpu_info_error_mask[rows]
+    first = np.where(own_error, rows, first)
+    second = np.where(own_error, 1, second)
+    limit = (1 << 24) - 1
+    keys = (code << 48) | ((np.clip(first, -1, limit) + 1) << 24) | np.clip(second, 0, limit)
+    _, first_index, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    texts = [_message(table, demand, Reason(int(code[i])), int(first[i]), int(second[i])) for i in first_index.tolist()]
+    messages = np.array(texts, dtype=object)[inverse]
+    return dict(zip(rows.tolist(), messages.tolist(), strict=True))
+
+
+def _wanted_models(demand: PodDemand) -> str:
+    return ",".join(sorted(demand.models)) if demand.models else "any"
+
+
+def _message(table: NodeTable, demand: PodDemand, code: Reason, first: int, second: int) -> str:
+    if code == Reason.NO_GPU_INFO:
+        if second == 1:
+            return f"no usable GPU labels: {table.gpu_info_errors[first]}"
+        return f"no GPU model/memory labels (pod wants {_wanted_models(demand)})"
+    if code == Reason.MODEL:
+        model = table.models[first] if first >= 0 else "unknown"
+        return f"GPU model {model} not in {_wanted_models(demand)}"
+    if code == Reason.MEMORY:
+        have = f"{first} MiB" if first > 0 else "unknown memory"
+        return f"GPU memory {have} < {demand.min_memory_mib} MiB per GPU requested"
+    if code == Reason.TOO_FEW_GPUS:
+        return f"{first} GPUs allocatable, pod needs {demand.gpus}"
+    return f"{first} of {second} GPUs free, pod needs {demand.gpus}"

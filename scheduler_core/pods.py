@@ -1,0 +1,212 @@
+"""What a pod asks for, and what bound pods already use.
+
+The effective ``nvidia.com/gpu`` request follows kube-scheduler's ``resource.PodRequests``: the larger
+of the sum over app containers (plus restartable "sidecar" init containers, which run alongside
+them) and the largest init container (plus the sidecars started before it). For an extended
+resource the request defaults to the limit, so a limit with no request counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.errors import InvalidPodError
+from scheduler_core.gpu_models import normalize_model
+from scheduler_core.nodes import GPU_RESOURCE, LABEL_MEMORY, LABEL_MODEL, NodeTable
+from scheduler_core.quantity import MIB, parse_quantity, parse_whole_count
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+@dataclass(frozen=True)
+class PodDemand:
+    """The GPU needs of one pod.
+
+    Attributes
+    ----------
+    gpus : int
+        Effective whole-GPU request; 0 means the pod needs no GPU.
+    models : frozenset of str, or None
+        Allowed short model names (``{"A100", "H100"}``); ``None`` allows any model.
+    min_memory_mib : int
+        Minimum memory per GPU in MiB; 0 means no constraint.
+    """
+
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+    gpus: int = 0
+    models: frozenset[str] | None = None
+    min_memory_mib: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
+    """Read a v1 Pod's GPU demand.
+
+    Raises
+    ------
+    InvalidPodError
+        If a GPU quantity or a GPU annotation is invalid. The message names the field and the
+        value that arrived.
+
+    Examples
+    --------
+    >>> pod = {"metadata": {"name": "p", "annotations": {"gpu.nvidia.com/model": "a100,H100",
+    ...                                                   "gpu.nvidia.com/memory": "40Gi"}},
+    ...        "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}
+    >>> d = pod_demand(pod)
+    >>> d.gpus, sorted(d.models), d.min_memory_mib
+    (2, ['A100', 'H100'], 40960)
+    """
+    metadata = pod.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    annotations = metadata.get("annotations")
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    spec = pod.get("spec")
+    if spec is not None and not isinstance(spec, Mapping):
+        raise InvalidPodError(f"pod spec: expected an object, got {type(spec).__name__}")
+    return PodDemand(
+        namespace=_text(metadata.get("namespace")),
+        name=_text(metadata.get("name")),
+        uid=_text(metadata.get("uid")),
+        gpus=effective_gpu_request(spec or {}),
+        models=_parse_models(annotations.get(LABEL_MODEL)),
+        min_memory_mib=_parse_memory_mib(annotations.get(LABEL_MEMORY)),
+    )
+
+
+def effective_gpu_request(spec: Mapping[str, Any]) -> int:
+    """Effective whole-GPU request of a pod spec (see the module docstring).
+
+    >>> effective_gpu_request({"containers": [{"resources": {"requests": {"nvidia.com/gpu": "1"}}}] * 2,
+    ...                        "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]})
+    4
+    """
+    containers = _container_list(spec, "containers")
+    app_total = sum(_container_gpus(c, f"containers[{i}]") for i, c in enumerate(containers))
+    sidecars = 0
+    init_peak = 0
+    for i, container in enumerate(_container_list(spec, "initContainers")):
+        gpus = _container_gpus(container, f"initContainers[{i}]")
+        if container.get("restartPolicy") == "Always":
+            sidecars += gpus
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, sidecars + gpus)
+    total = max(app_total + sidecars, init_peak)
+    if total > _INT32_MAX:
+        raise InvalidPodError(f"{GPU_RESOURCE}: request of {total} GPUs is out of range")
+    return total
+
+
+def gpus_in_use(table: NodeTable, pods: Iterable[Any]) -> tuple[npt.NDArray[np.int32], list[str]]:
+    """GPUs requested by non-terminal pods bound to each node of ``table``.
+
+    Returns
+    -------
+    used : ndarray of shape (n_nodes,), int32
+    problems : list of str
+        Pods that could not be counted (not an object, or an invalid GPU quantity), one line each.
+        Pods bound to nodes outside ``table`` are ignored silently.
+    """
+    used = np.zeros(table.n_nodes, dtype=np.int64)
+    problems: list[str] = []
+    index = table.index
+    for position, pod in enumerate(pods):
+        if not isinstance(pod, Mapping):
+            problems.append(f"pods[{position}]: expected a v1 Pod object, got {type(pod).__name__}")
+            continue
+        spec = pod.get("spec")
+        status = pod.get("status")
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        phase = status.get("phase") if isinstance(status, Mapping) else None
+        row = index.get(node) if isinstance(node, str) else None
+        if row is None or phase in TERMINAL_PHASES:
+            continue
+        try:
+            used[row] += effective_gpu_request(spec)  # type: ignore[arg-type]  # spec is a Mapping here
+        except InvalidPodError as exc:
+            metadata = pod.get("metadata")
+            name = metadata.get("name") if isinstance(metadata, Mapping) else None
+            problems.append(f"pod {name or f'pods[{position}]'} on {node}: {exc}")
+    # Clamp to int32: more than 2**31 GPUs in use on a node is impossible; keep the dtype narrow.
+    return np.minimum(used, _INT32_MAX).astype(np.int32), problems
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _container_list(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    items = spec.get(key)
+    if items is None:
+        return []
+    if not isinstance(items, list) or not all(isinstance(item, Mapping) for item in items):
+        raise InvalidPodError(f"pod spec.{key}: expected a list of containers")
+    return items
+
+
+def _container_gpus(container: Mapping[str, Any], where: str) -> int:
+    resources = container.get("resources")
+    if not isinstance(resources, Mapping):
+        return 0
+    limits = resources.get("limits")
+    requests = resources.get("requests")
+    limits = limits if isinstance(limits, Mapping) else {}
+    requests = requests if isinstance(requests, Mapping) else {}
+    # Extended resources cannot be overcommitted: the request defaults to the limit.
+    source, value = (
+        ("limits", limits[GPU_RESOURCE]) if GPU_RESOURCE in limits else ("requests", requests.get(GPU_RESOURCE))
+    )
+    if value is None:
+        return 0
+    try:
+        return parse_whole_count(value, what=f"{where}.resources.{source}.{GPU_RESOURCE}")
+    except ValueError as exc:
+        raise InvalidPodError(str(exc)) from exc
+
+
+def _parse_models(value: object) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidPodError(f"annotation {LABEL_MODEL}: expected a comma list of GPU models, got {value!r}")
+    models = set()
+    for item in value.split(","):
+        model = normalize_model(item)
+        if model is None:
+            raise InvalidPodError(f"annotation {LABEL_MODEL}: {item.strip()!r} is not a GPU model name (in {value!r})")
+        models.add(model)
+    return frozenset(models)
+
+
+def _parse_memory_mib(value: object) -> int:
+    """MiB per GPU: a plain integer is MiB; a quantity with a unit is bytes (``40Gi``, ``48G``)."""
+    if value is None:
+        return 0
+    expected = "expected MiB per GPU as an integer or a quantity such as 40Gi"
+    if not isinstance(value, str):
+        raise InvalidPodError(f"annotation {LABEL_MEMORY}: {expected}, got {value!r}")
+    text = value.strip()
+    try:
+        quantity = Decimal(int(text)) * MIB if text.isascii() and text.isdigit() else parse_quantity(text)
+    except ValueError as exc:
+        raise InvalidPodError(f"annotation {LABEL_MEMORY}: {expected}, got {value!r}") from exc
+    if quantity < 0:
+        raise InvalidPodError(f"annotation {LABEL_MEMORY}: must not be negative, got {value!r}")
+    # A minimum: round up, so "40G" (38146.97 MiB) never admits a GPU with 38146 MiB.
+    mib = int((quantity / MIB).to_integral_value(rounding="ROUND_CEILING"))
+    if mib > _INT32_MAX:
+        raise InvalidPodError(f"annotation {LABEL_MEMORY}: {value!r} is out of range")
+    return mib

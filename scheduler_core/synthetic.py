@@ -1,0 +1,212 @@
+"""Synthetic clusters for tests, the demo and the benchmarks.
+
+Two forms: v1 ``Node`` / ``Pod`` objects, exactly as the API server and kube-scheduler send them
+(for the wire path), and prebuilt :class:`NodeTable` columns (for the core at 100,000 nodes, where
+building dicts would dominate). Randomness comes only from the ``rng`` passed in.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from scheduler_core.nodes import (
+    GFD_COUNT,
+    GFD_MEMORY,
+    GFD_PRODUCT,
+    GPU_RESOURCE,
+    LABEL_COUNT,
+    LABEL_INSTANCE_TYPE,
+    LABEL_MEMORY,
+    LABEL_MODEL,
+    LABEL_ZONE,
+    NodeTable,
+)
+
+
+@dataclass(frozen=True)
+class InstanceShape:
+    instance_type: str
+    model: str
+    gfd_product: str
+    gpus: int
+    memory_mib: int
+    cpu: str
+    memory: str
+
+
+# GPU instance types as EC2 DescribeInstanceTypes and GFD report them.
+CATALOGUE: tuple[InstanceShape, ...] = (
+    InstanceShape("p4d.24xlarge", "A100", "NVIDIA-A100-SXM4-40GB", 8, 40960, "95690m", "1149Gi"),
+    InstanceShape("p5.48xlarge", "H100", "NVIDIA-H100-80GB-HBM3", 8, 81559, "191450m", "1999Gi"),
+    InstanceShape("g6e.12xlarge", "L40S", "NVIDIA-L40S", 4, 46068, "47810m", "371Gi"),
+    InstanceShape("g4dn.12xlarge", "T4", "Tesla-T4", 4, 15360, "47810m", "178Gi"),
+)
+DEMO_MIX = (0.3, 0.15, 0.25, 0.3)
+ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
+
+
+def table_from_columns(
+    *,
+    alloc_gpus: Sequence[int],
+    models: Sequence[str | None] | None = None,
+    memory_mib: Sequence[int] | None = None,
+    zones: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
+) -> NodeTable:
+    """A small :class:`NodeTable` from plain lists (names default to ``node-0``, ``node-1``, ...).
+
+    >>> table_from_columns(alloc_gpus=[8, 4], models=["A100", None]).model_name(1) is None
+    True
+    """
+    n_nodes = len(alloc_gpus)
+    vocab: dict[str, int] = {}
+    model_id = [-1 if m is None else vocab.setdefault(m, len(vocab)) for m in (models or [None] * n_nodes)]
+    zone_vocab: dict[str, int] = {}
+    zone_id = [zone_vocab.setdefault(z, len(zone_vocab)) for z in zones] if zones else [-1] * n_nodes
+    return NodeTable(
+        names=tuple(names or (f"node-{i}" for i in range(n_nodes))),
+        zone_id=np.asarray(zone_id, dtype=np.int32),
+        zones=tuple(zone_vocab),
+        instance_type_id=np.full(n_nodes, -1, dtype=np.int32),
+        instance_types=(),
+        model_id=np.asarray(model_id, dtype=np.int32),
+        models=tuple(vocab),
+        gpu_count=np.asarray(alloc_gpus, dtype=np.int32),
+        memory_mib=np.asarray(memory_mib if memory_mib is not None else [0] * n_nodes, dtype=np.int32),
+        alloc_gpus=np.asarray(alloc_gpus, dtype=np.int32),
+    )
+
+
+def synthetic_table(n_nodes: int, rng: np.random.Generator, mix: Sequence[float] = DEMO_MIX) -> NodeTable:
+    """A large node table drawn from :data:`CATALOGUE`, vectorised (100,000 nodes in milliseconds)."""
+    shape_id = rng.choice(len(CATALOGUE), size=n_nodes, p=np.asarray(mix) / np.sum(mix)).astype(np.int32)
+    gpus = np.array([s.gpus for s in CATALOGUE], dtype=np.int32)[shape_id]
+    memory = np.array([s.memory_mib for s in CATALOGUE], dtype=np.int32)[shape_id]
+    return NodeTable(
+        names=tuple(f"gpu-{i:06d}" for i in range(n_nodes)),
+        zone_id=(np.arange(n_nodes) % len(ZONES)).astype(np.int32),
+        zones=ZONES,
+        instance_type_id=shape_id,
+        instance_types=tuple(s.instance_type for s in CATALOGUE),
+        model_id=shape_id,
+        models=tuple(s.model for s in CATALOGUE),
+        gpu_count=gpus,
+        memory_mib=memory,
+        alloc_gpus=gpus,
+    )
+
+
+def make_node(name: str, shape: InstanceShape, zone: str, *, gfd: bool = True) -> dict[str, Any]:
+    """A v1 Node as the API server returns it, labelled like a GPU node on EKS."""
+    labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        LABEL_INSTANCE_TYPE: shape.instance_type,
+        LABEL_ZONE: zone,
+        "topology.kubernetes.io/region": zone[:-1],
+        LABEL_MODEL: shape.model,
+        LABEL_MEMORY: str(shape.memory_mib),
+        LABEL_COUNT: str(shape.gpus),
+    }
+    if gfd:
+        labels |= {
+            GFD_PRODUCT: shape.gfd_product,
+            GFD_MEMORY: str(shape.memory_mib),
+            GFD_COUNT: str(shape.gpus),
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.replicas": "1",
+        }
+    resources = {"cpu": shape.cpu, "memory": shape.memory, "pods": "110", GPU_RESOURCE: str(shape.gpus)}
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}", "labels": labels},
+        "spec": {"providerID": f"aws:///{zone}/i-{zlib.crc32(name.encode()):08x}"},
+        "status": {
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+        },
+    }
+
+
+def make_pod(
+    name: str,
+    gpus: int,
+    *,
+    namespace: str = "default",
+    models: str | None = None,
+    memory: str | None = None,
+    node_name: str | None = None,
+    phase: str = "Pending",
+) -> dict[str, Any]:
+    """A v1 Pod for the ``gpu-scheduler`` profile, with GPU annotations when given."""
+    annotations = {}
+    if models is not None:
+        annotations[LABEL_MODEL] = models
+    if memory is not None:
+        annotations[LABEL_MEMORY] = memory
+    resources = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {}}
+    if gpus:
+        resources["requests"][GPU_RESOURCE] = str(gpus)
+        resources["limits"][GPU_RESOURCE] = str(gpus)
+    spec: dict[str, Any] = {
+        "schedulerName": "gpu-scheduler",
+        "containers": [
+            {"name": "main", "image": "nvcr.io/nvidia/cuda:12.2.0-base-ubuntu22.04", "resources": resources}
+        ],
+    }
+    if node_name is not None:
+        spec["nodeName"] = node_name
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{namespace}-{name}",
+            "annotations": annotations,
+        },
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def synthetic_cluster(
+    n_nodes: int,
+    rng: np.random.Generator,
+    *,
+    used_fraction: float = 0.4,
+    mix: Sequence[float] = DEMO_MIX,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Nodes across :data:`ZONES` and bound pods that partly use about ``used_fraction`` of them.
+
+    Every other node carries GFD labels; all carry the project labels.
+    """
+    nodes: list[dict[str, Any]] = []
+    pods: list[dict[str, Any]] = []
+    shapes = rng.choice(len(CATALOGUE), size=n_nodes, p=np.asarray(mix) / np.sum(mix))
+    for i, shape_id in enumerate(shapes.tolist()):
+        shape = CATALOGUE[shape_id]
+        name = f"{shape.model.lower()}-{i:04d}"
+        nodes.append(make_node(name, shape, ZONES[i % len(ZONES)], gfd=i % 2 == 0))
+        if rng.random() < used_fraction:
+            used = int(rng.integers(1, shape.gpus))
+            pods.append(make_pod(f"running-{i:04d}", used, namespace="batch", node_name=name, phase="Running"))
+    return nodes, pods
+
+
+def demo_pod_stream(n_pods: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Pending GPU pods with a realistic mix: mostly 1-2 GPUs, some 4 and 8, some constrained."""
+    gpus = rng.choice([1, 2, 4, 8], size=n_pods, p=[0.45, 0.3, 0.15, 0.1])
+    kind = rng.choice(4, size=n_pods, p=[0.55, 0.2, 0.15, 0.1])
+    pods = []
+    for i, (count, k) in enumerate(zip(gpus.tolist(), kind.tolist(), strict=True)):
+        models = {1: "A100,H100", 3: "T4,L40S"}.get(k)
+        memory = "40Gi" if k == 2 else None
+        # T4 and L40S instances carry 4 GPUs: do not ask them for 8.
+        count = min(count, 4) if k == 3 else count
+        pods.append(make_pod(f"train-{i:04d}", count, namespace="ml", models=models, memory=memory))
+    return pods

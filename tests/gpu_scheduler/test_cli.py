@@ -1,0 +1,89 @@
+import json
+
+import pytest
+
+from gpu_scheduler.cli import main
+from tests.conftest import make_nodes, make_pod
+
+
+@pytest.fixture
+def cluster_file(tmp_path):
+    path = tmp_path / "cluster.json"
+    nodes = make_nodes("A100", "A100", "T4")
+    pods = [make_pod("r", 6, node_name="a100-0", phase="Running")]
+    path.write_text(json.dumps({"nodes": nodes, "pods": pods, "utilization": {"a100-1": 0.5}}))
+    return path
+
+
+@pytest.fixture
+def pod_file(tmp_path):
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(make_pod("train", 2, models="A100")))
+    return path
+
+
+def test_explain_json_gives_verdict_and_score_components_per_node(cluster_file, pod_file, capsys):
+    assert main(["explain", "--pod", str(pod_file), "--cluster", str(cluster_file), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pod"] == "default/train" and out["gpus"] == 2
+    rows = {row["node"]: row for row in out["nodes"]}
+    assert [row["node"] for row in out["nodes"]] == ["a100-0", "a100-1", "t4-2"], "best first, failures last"
+    assert rows["a100-0"].items() >= {"passed": True, "gpus_free": 2, "fit": 1.0, "score": 10}.items()
+    assert rows["a100-1"]["utilization"] == 0.5 and rows["a100-1"]["utilization_score"] == 0.5
+    expected = {"passed": False, "unresolvable": True, "reason": "GPU model T4 not in A100", "score": 0}
+    assert rows["t4-2"].items() >= expected.items()
+
+
+def test_explain_table_is_readable(cluster_file, pod_file, capsys):
+    assert main(["explain", "--pod", str(pod_file), "--cluster", str(cluster_file)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "pod default/train requests 2 GPU(s); 2 of 3 nodes pass"
+    assert out[1].split()[:3] == ["NODE", "ZONE", "MODEL"]
+    assert out[-1].startswith("t4-2") and out[-1].endswith("never: GPU model T4 not in A100")
+
+
+@pytest.mark.parametrize(
+    ("pod_text", "message"),
+    [
+        pytest.param("{", "not valid JSON", id="pod file is not JSON"),
+        pytest.param("[]", "expected a v1 Pod object", id="pod file is not an object"),
+        pytest.param(json.dumps(make_pod("p", 1, memory="huge")), "gpu.nvidia.com/memory", id="bad annotation"),
+    ],
+)
+def test_explain_bad_input_exits_2_with_a_message(tmp_path, cluster_file, pod_text, message, capsys):
+    pod = tmp_path / "pod.json"
+    pod.write_text(pod_text)
+    assert main(["explain", "--pod", str(pod), "--cluster", str(cluster_file)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_explain_missing_cluster_file_exits_2(tmp_path, pod_file, capsys):
+    assert main(["explain", "--pod", str(pod_file), "--cluster", str(tmp_path / "nope.json")]) == 2
+    assert "cannot read cluster file" in capsys.readouterr().err
+
+
+def test_serve_rejects_invalid_weights_at_start(capsys):
+    assert main(["serve", "--port", "0", "--weight-fit", "2"]) == 2
+    assert "weights.fit: must be in [0, 1], got 2.0" in capsys.readouterr().err
+
+
+def test_demo_places_pods_and_accounts_for_every_pod_and_gpu(capsys):
+    assert main(["demo", "--nodes", "24", "--pods", "40", "--seed", "3", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["pods_placed"] + summary["pods_unplaced"] == 40
+    assert summary["pods_placed"] > 0
+    assert sum(summary["unplaced_by_reason"].values()) == summary["pods_unplaced"]
+    assert 0 <= summary["gpus_stranded"] <= summary["gpus_free"] <= summary["gpus_total"]
+    assert summary["latency_ms"]["filter"]["calls"] >= summary["pods_placed"]
+    assert summary["server_exit_code"] == 0
+
+
+def test_bench_extender_reports_each_size_and_agreeing_results(capsys):
+    argv = ["bench", "extender", "--nodes", "300", "--payload-nodes", "20", "--repeat", "5", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [c["nodes"] for c in report["core"]] == [300]
+    assert [h["nodes"] for h in report["handle_full_nodes"]] == [20]
+    core = report["core"][0]
+    assert 0 < core["feasible"] < 300
+    assert core["speedup_p50"] > 0 and core["filter_score"]["n"] == 5

@@ -1,0 +1,200 @@
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from gpu_scheduler.server import ClusterFile, ExtenderHTTPServer
+from scheduler_core.errors import InvalidArgsError
+from scheduler_core.extender import Extender, ExtenderConfig
+from tests.conftest import (
+    fixture_id,
+    load_fixture,
+    make_nodes,
+    make_pod,
+    request_verb,
+    requires_fixtures,
+    scheduler_requests,
+)
+from tests.scheduler_core.test_extender import assert_protocol_correct_filter
+
+GO_HEADERS = {"User-Agent": "Go-http-client/1.1", "Content-Type": "application/json", "Accept-Encoding": "gzip"}
+
+
+@pytest.fixture
+def server_for():
+    servers = []
+
+    def start(extender):
+        server = ExtenderHTTPServer(("127.0.0.1", 0), extender)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server.server_address[1]
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def post(port, path, payload, headers=GO_HEADERS, conn=None):
+    conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", path, body=payload, headers=headers)
+    response = conn.getresponse()
+    return response.status, response.getheader("Content-Type"), json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def serve_process(tmp_path_factory):
+    """The real `gpu-scheduler serve` command, on a free port."""
+    cluster = tmp_path_factory.mktemp("cluster") / "cluster.json"
+    cluster.write_text(json.dumps({"nodes": make_nodes("A100", "T4"), "pods": []}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpu_scheduler", "serve", "--port", "0", "--cluster", str(cluster)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read()
+    port = int(json.loads(line)["serving"].rsplit(":", 1)[1])
+    yield proc, port
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@requires_fixtures()
+@pytest.mark.parametrize("path", scheduler_requests("filter") + scheduler_requests("prioritize"), ids=fixture_id)
+def test_captured_requests_get_protocol_correct_replies_through_serve(serve_process, path):
+    _, port = serve_process
+    request = load_fixture(path)
+    status, content_type, reply = post(port, f"/{request_verb(path)}", path.read_bytes())
+    assert content_type == "application/json"
+    if request_verb(path) == "filter":
+        assert status == 200
+        assert_protocol_correct_filter(request, reply)
+    elif request["Nodes"] is not None:
+        assert status == 200
+        assert len(reply) == len(request["Nodes"]["items"])
+        assert all(0 <= p["Score"] <= 10 for p in reply)
+    else:
+        # Names the small cluster file does not know score 0, one entry per name sent.
+        assert status == 200
+        assert sorted(p["Host"] for p in reply) == sorted(request["NodeNames"])
+        assert all(p["Score"] == 0 for p in reply)
+
+
+def test_healthz_and_unknown_paths(server_for):
+    port = server_for(Extender())
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/healthz")
+    response = conn.getresponse()
+    assert (response.status, json.loads(response.read())) == (200, {"status": "ok"})
+    conn.request("GET", "/metrics")
+    response = conn.getresponse()
+    assert response.status == 404
+    assert "GET /healthz" in json.loads(response.read())["Error"]
+
+
+def test_keep_alive_serves_several_requests_on_one_connection(server_for):
+    port = server_for(Extender())
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    payload = json.dumps({"Pod": make_pod("p", 1), "Nodes": {"items": make_nodes("A100")}, "NodeNames": None})
+    for _ in range(3):
+        status, _, reply = post(port, "/filter", payload, conn=conn)
+        assert status == 200 and reply["Error"] == ""
+    conn.sock.getsockname()  # the same socket is still open
+
+
+def test_url_prefix_path_is_accepted(server_for):
+    port = server_for(Extender())
+    payload = json.dumps({"Pod": make_pod("p", 1), "Nodes": {"items": make_nodes("T4")}})
+    status, _, reply = post(port, "/scheduler/prioritize", payload)
+    assert status == 200 and reply == [{"Host": "t4-0", "Score": 10}]
+
+
+def test_oversized_body_is_refused_from_content_length_without_reading_it(server_for):
+    port = server_for(Extender(ExtenderConfig(max_body_bytes=1024)))
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(
+        b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 999999999\r\n\r\n"
+    )
+    reply = sock.recv(65536).decode()
+    assert reply.startswith("HTTP/1.1 400 Bad Request\r\n")
+    assert "request body is 999999999 bytes; the limit is 1024" in reply
+    assert "Connection: close" in reply
+    sock.close()
+
+
+def test_missing_content_length_is_a_400(server_for):
+    port = server_for(Extender())
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\n\r\n")
+    reply = sock.recv(65536).decode()
+    assert reply.startswith("HTTP/1.1 400 ")
+    assert "Content-Length" in reply
+    sock.close()
+
+
+def test_internal_fault_is_a_500_without_a_traceback(server_for, caplog):
+    def broken_cluster():
+        raise RuntimeError("disk on fire")
+
+    port = server_for(Extender(cluster=broken_cluster))
+    payload = json.dumps({"Pod": make_pod("p", 1), "Nodes": {"items": make_nodes("A100")}})
+    status, _, reply = post(port, "/filter", payload)
+    assert status == 500
+    assert "internal error" in reply["Error"]
+    assert "disk on fire" not in reply["Error"] and "Traceback" not in reply["Error"]
+    assert any("internal error on /filter" in r.message for r in caplog.records)
+
+
+def test_cluster_file_is_reread_when_it_changes_and_a_bad_rewrite_keeps_the_old_state(tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"nodes": make_nodes("A100"), "pods": []}))
+    now = [0.0]
+    source = ClusterFile(path, refresh_s=5.0, clock=lambda: now[0])
+    assert source().free_gpus.tolist() == [8]
+    path.write_text(
+        json.dumps({"nodes": make_nodes("A100"), "pods": [make_pod("r", 3, node_name="a100-0", phase="Running")]})
+    )
+    assert source().free_gpus.tolist() == [8], "not re-checked before refresh_s"
+    now[0] = 5.0
+    assert source().free_gpus.tolist() == [5]
+    path.write_text('{"nodes": [')
+    now[0] = 10.0
+    assert source().free_gpus.tolist() == [5]
+
+
+def test_unreadable_cluster_file_names_the_file(tmp_path):
+    with pytest.raises(InvalidArgsError, match="cannot read cluster file"):
+        ClusterFile(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"nodes": 3}')
+    with pytest.raises(InvalidArgsError, match=r"bad\.json: cluster document: 'nodes' must be a list"):
+        ClusterFile(bad)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_shuts_down_cleanly_on_signal(sig):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpu_scheduler", "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    port = int(json.loads(proc.stdout.readline())["serving"].rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/healthz")
+    assert conn.getresponse().status == 200  # an idle keep-alive connection stays open
+    os.kill(proc.pid, sig)
+    # The idle keep-alive connection above must not hold up the exit.
+    assert proc.wait(timeout=10) == 0
+    assert "shutting down" in proc.stderr.read()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1)

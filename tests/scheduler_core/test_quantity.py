@@ -1,0 +1,47 @@
+from decimal import Decimal
+
+import pytest
+
+from scheduler_core.quantity import parse_quantity, parse_whole_count
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("2", Decimal(2), id="a plain integer is taken as is"),
+        pytest.param(3, Decimal(3), id="a JSON integer is accepted"),
+        pytest.param("500m", Decimal("0.5"), id="milli suffix divides by 1000"),
+        pytest.param("40Gi", Decimal(40 * 2**30), id="binary suffix multiplies by powers of 1024"),
+        pytest.param("48G", Decimal(48 * 10**9), id="decimal suffix multiplies by powers of 1000"),
+        pytest.param("1e3", Decimal(1000), id="decimal exponent"),
+        pytest.param("1E", Decimal(10**18), id="a bare E is the exa suffix, not an exponent"),
+        pytest.param("-1", Decimal(-1), id="a sign is kept"),
+        pytest.param(".5", Decimal("0.5"), id="a leading dot is allowed"),
+    ],
+)
+def test_quantity_grammar_matches_the_api_server(text, expected):
+    assert parse_quantity(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "two", "1.5.2", "1Gb", "--1", "1e99999", None, 1.5, True])
+def test_invalid_quantity_is_rejected_with_the_value_quoted(text):
+    with pytest.raises(ValueError, match="quantity"):
+        parse_quantity(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("1.5", "whole number", id="fractional GPUs are refused"),
+        pytest.param("500m", "whole number", id="milli GPUs are refused"),
+        pytest.param("-1", "non-negative", id="negative GPUs are refused"),
+        pytest.param("lots", "quantity", id="garbage is refused"),
+    ],
+)
+def test_whole_count_names_the_field_and_value(text, message):
+    with pytest.raises(ValueError, match=rf"nvidia.com/gpu: .*{message}"):
+        parse_whole_count(text, what="nvidia.com/gpu")
+
+
+def test_whole_count_accepts_suffixed_integers():
+    assert parse_whole_count("1k", what="x") == 1000
