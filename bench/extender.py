@@ -7,57 +7,81 @@ import argparse
 import json
 import os
 import platform
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import numpy as np
 
+from adapters.runtime import tune_allocator
 from bench.timing import time_us
 from scheduler_core._reference import reference_reasons, reference_scores
 from scheduler_core.cluster import ClusterState
 from scheduler_core.extender import Extender
 from scheduler_core.gpu_fit import ScoreWeights, filter_nodes, score_nodes
+from scheduler_core.nodes import NodeTable
 from scheduler_core.pods import PodDemand
 from scheduler_core.synthetic import CATALOGUE, ZONES, make_node, make_pod, synthetic_table
 
+WEIGHTS = ScoreWeights()
 DEMAND = PodDemand(name="bench", gpus=2, models=frozenset({"A100", "H100", "L40S"}), min_memory_mib=40960)
 
 
-def _core(n_nodes: int, repeat: int, rng: np.random.Generator) -> dict[str, Any]:
-    table = synthetic_table(n_nodes, rng)
-    used = rng.integers(0, table.alloc_gpus + 1).astype(np.int32)
-    free = table.alloc_gpus - used
-    util = rng.random(n_nodes)
-    weights = ScoreWeights()
+@dataclass
+class _CoreCase:
+    table: NodeTable
+    free: np.ndarray
+    util: np.ndarray
+    free_list: list[int]
+    util_list: list[float]
 
-    def core() -> None:
-        verdict = filter_nodes(table, free, DEMAND)
-        score_nodes(table, free, util, DEMAND, weights, feasible=verdict.feasible)
+    @classmethod
+    def build(cls, n_nodes: int, rng: np.random.Generator) -> _CoreCase:
+        table = synthetic_table(n_nodes, rng)
+        used = rng.integers(0, table.alloc_gpus + 1).astype(np.int32)
+        free = (table.alloc_gpus - used).astype(np.int32)
+        util = rng.random(n_nodes)
+        return cls(table, free, util, free.tolist(), util.tolist())
 
-    def core_with_messages() -> None:
-        verdict = filter_nodes(table, free, DEMAND)
-        score_nodes(table, free, util, DEMAND, weights, feasible=verdict.feasible)
+    def filter_score(self) -> None:
+        verdict = filter_nodes(self.table, self.free, DEMAND)
+        score_nodes(self.table, self.free, self.util, DEMAND, WEIGHTS, feasible=verdict.feasible)
+
+    def reference(self) -> None:
+        """The loop-based reference, on plain lists as pure Python would hold them."""
+        reasons = reference_reasons(self.table, self.free_list, DEMAND)
+        reference_scores(self.free_list, self.util_list, [r == 0 for r in reasons], DEMAND.gpus, WEIGHTS)
+
+    def filter_score_messages(self) -> None:
+        verdict = filter_nodes(self.table, self.free, DEMAND)
+        score_nodes(self.table, self.free, self.util, DEMAND, WEIGHTS, feasible=verdict.feasible)
         _ = verdict.failed, verdict.failed_unresolvable
 
-    free_list, util_list = free.tolist(), util.tolist()
 
-    def reference() -> None:
-        reasons = reference_reasons(table, free_list, DEMAND)
-        reference_scores(free_list, util_list, [r == 0 for r in reasons], DEMAND.gpus, weights)
-
-    # The reference is slow by design: fewer iterations, and at least 3.
-    ref_repeat = max(3, min(repeat, 200_000 // n_nodes))
-    vectorised = time_us(core, repeat)
-    ref = time_us(reference, ref_repeat, warmup=1)
-    verdict = filter_nodes(table, free, DEMAND)
-    return {
-        "nodes": n_nodes,
-        "feasible": int(verdict.feasible.sum()),
-        "filter_score": vectorised,
-        "filter_score_with_reason_strings": time_us(core_with_messages, max(3, repeat // 4)),
-        "reference": ref,
-        "speedup_p50": round(ref["p50_us"] / vectorised["p50_us"], 1),
-    }
+def _core(cases: list[_CoreCase], repeat: int) -> list[dict[str, Any]]:
+    # Side by side in one run: glibc's default allocator settings first, then tuned (see
+    # adapters.runtime); the process cannot go back to the defaults once tuned.
+    defaults = [time_us(case.filter_score, repeat) for case in cases]
+    tuned_ok = tune_allocator()
+    results = []
+    for case, default in zip(cases, defaults, strict=True):
+        n_nodes = case.table.n_nodes
+        tuned = time_us(case.filter_score, repeat)
+        # The reference is slow by design: fewer iterations, and at least 3.
+        ref = time_us(case.reference, max(3, min(repeat, 200_000 // n_nodes)), warmup=1)
+        results.append(
+            {
+                "nodes": n_nodes,
+                "feasible": int(filter_nodes(case.table, case.free, DEMAND).feasible.sum()),
+                "filter_score": tuned,
+                "filter_score_glibc_default_allocator": default,
+                "allocator_tuned": tuned_ok,
+                "filter_score_with_reason_strings": time_us(case.filter_score_messages, max(3, repeat // 4)),
+                "reference": ref,
+                "speedup_p50": round(ref["p50_us"] / tuned["p50_us"], 1),
+            }
+        )
+    return results
 
 
 def _handle(n_nodes: int, repeat: int, rng: np.random.Generator) -> dict[str, Any]:
@@ -87,6 +111,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "extender",
         "machine": {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count()},
         "demand": {"gpus": DEMAND.gpus, "models": sorted(DEMAND.models or ()), "min_memory_mib": DEMAND.min_memory_mib},
-        "core": [_core(n, args.repeat, rng) for n in args.nodes],
+        "core": _core([_CoreCase.build(n, rng) for n in args.nodes], args.repeat),
         "handle_full_nodes": [_handle(n, args.repeat, rng) for n in args.payload_nodes],
     }

@@ -210,7 +210,8 @@ def _format(s: dict[str, Any]) -> str:
         f"  GPUs        {s['gpus_total']} total, {s['gpus_free']} free, {s['gpus_stranded']} stranded "
         "(free, but on nodes no waiting pod fits)",
         f"  nodes partly used: {s['nodes_partly_used']}",
-        "  latency per call (client side, HTTP round trip with full Node objects):",
+        "  latency per call (client side, HTTP round trip with full Node objects; each filter after a",
+        "  bind also re-reads the rewritten cluster file, as the extender re-reads a fresh snapshot):",
     ]
     for verb, stats in s["latency_ms"].items():
         lines.append(f"      {verb:<10} calls {stats['calls']:4d}  p50 {stats['p50']} ms  p99 {stats['p99']} ms")

@@ -123,16 +123,36 @@ class FilterResult:
 
 @dataclass(frozen=True, eq=False)
 class ScoreResult:
-    """Score components per node, each of shape (n_nodes,).
+    """Scores per node.
 
-    ``fit`` and ``utilization`` are in [0, 1], higher is better; ``raw`` is their weighted mean;
-    ``score`` is the integer 0..10 that goes on the wire. Nodes that do not fit score 0.
+    ``score`` (shape (n_nodes,), int64) is the 0..10 integer that goes on the wire; nodes that do not
+    fit score 0. The components are kept for the scored ``rows`` only (shape (k,)) and expanded to
+    (n_nodes,) on first use: ``fit`` and ``utilization`` are in [0, 1], higher is better, and
+    ``raw`` is their weighted mean.
     """
 
-    fit: npt.NDArray[np.float64]
-    utilization: npt.NDArray[np.float64]
-    raw: npt.NDArray[np.float64]
     score: npt.NDArray[np.int64]
+    rows: npt.NDArray[np.intp]
+    fit_rows: npt.NDArray[np.float64]
+    utilization_rows: npt.NDArray[np.float64]
+    raw_rows: npt.NDArray[np.float64]
+
+    def _expand(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        full = np.zeros(self.score.shape[0])
+        full[self.rows] = values
+        return full
+
+    @cached_property
+    def fit(self) -> npt.NDArray[np.float64]:
+        return self._expand(self.fit_rows)
+
+    @cached_property
+    def utilization(self) -> npt.NDArray[np.float64]:
+        return self._expand(self.utilization_rows)
+
+    @cached_property
+    def raw(self) -> npt.NDArray[np.float64]:
+        return self._expand(self.raw_rows)
 
 
 def free_gpus(table: NodeTable, used_gpus: npt.ArrayLike) -> npt.NDArray[np.int32]:
@@ -232,12 +252,18 @@ def normalize_scores(raw: npt.ArrayLike, max_score: int = MAX_EXTENDER_PRIORITY)
     if values.ndim != 1:
         raise ValueError(f"raw: expected shape (n_nodes,), got {values.shape}")
     # NaN or negative raw scores carry no preference: count them as 0.
-    values = np.where(np.isfinite(values) & (values > 0), values, 0.0)
+    return _compute_normalized(np.where(np.isfinite(values) & (values > 0), values, 0.0), max_score)
+
+
+def _compute_normalized(values: npt.NDArray[np.float64], max_score: int) -> npt.NDArray[np.int64]:
+    """``normalize_scores`` for finite, non-negative ``values``."""
     best = float(values.max()) if values.size else 0.0
     if best <= 0.0:
         return np.zeros(values.shape, dtype=np.int64)
+    scaled = values * (max_score / best)
     # +1e-9 undoes float error, so that a ratio that is exactly 7/10 on paper is not floored to 6.
-    return np.floor(max_score * values / best + 1e-9).astype(np.int64)
+    scaled += 1e-9
+    return np.floor(scaled, out=scaled).astype(np.int64)
 
 
 def _node_column(table: NodeTable, values: npt.ArrayLike, name: str, dtype: type[_S]) -> npt.NDArray[_S]:
@@ -248,29 +274,26 @@ def _node_column(table: NodeTable, values: npt.ArrayLike, name: str, dtype: type
 
 
 def _compute_reasons(table: NodeTable, free: npt.NDArray[np.int32], demand: PodDemand) -> npt.NDArray[np.int8]:
-    reason = np.zeros(table.n_nodes, dtype=np.int8)
     if demand.gpus == 0:
-        return reason
+        return np.zeros(table.n_nodes, dtype=np.int8)
+    shapes = table.gpu_shapes
     constrained = demand.models is not None or demand.min_memory_mib > 0
+    # Indexed by model_id + 1, so that "no model" (-1) is entry 0: allowed only without a model list.
+    allowed = np.array([demand.models is None] + [demand.models is None or m in demand.models for m in table.models])
+    # The four unresolvable checks depend only on the node's shape: evaluate them per shape.
     conditions = [
-        (table.model_id < 0) & constrained,
-        ~_model_allowed(table, demand.models),
-        table.memory_mib < demand.min_memory_mib,
-        table.alloc_gpus < demand.gpus,
-        free < demand.gpus,
+        (shapes.model_id < 0) & constrained,
+        ~allowed[shapes.model_id + 1],
+        shapes.memory_mib < demand.min_memory_mib,
+        shapes.alloc_gpus < demand.gpus,
     ]
-    codes = [Reason.NO_GPU_INFO, Reason.MODEL, Reason.MEMORY, Reason.TOO_FEW_GPUS, Reason.TOO_FEW_FREE]
+    codes = [np.int8(c) for c in (Reason.NO_GPU_INFO, Reason.MODEL, Reason.MEMORY, Reason.TOO_FEW_GPUS)]
     # np.select takes the first matching condition, which is the order of the checks.
-    return np.select(conditions, [np.int8(code) for code in codes], default=np.int8(0)).astype(np.int8)
-
-
-def _model_allowed(table: NodeTable, models: frozenset[str] | None) -> npt.NDArray[np.bool_]:
-    if models is None:
-        return np.ones(table.n_nodes, dtype=bool)
-    # Lookup table indexed by model_id + 1, so that "no model" (-1) lands on the False at 0.
-    allowed = np.zeros(len(table.models) + 1, dtype=bool)
-    allowed[1:] = [model in models for model in table.models]
-    return allowed[table.model_id + 1]
+    per_shape = np.select(conditions, codes, default=np.int8(Reason.FITS)).astype(np.int8)
+    reason = per_shape[shapes.shape_id]
+    # Free GPUs are checked last, and only where nothing else failed.
+    np.putmask(reason, (free < demand.gpus) & (reason == Reason.FITS), np.int8(Reason.TOO_FEW_FREE))
+    return reason
 
 
 def _compute_scores(
@@ -280,17 +303,28 @@ def _compute_scores(
     gpus: int,
     weights: ScoreWeights,
 ) -> ScoreResult:
-    n_nodes = free.shape[0]
-    if gpus == 0:
-        zeros = np.zeros(n_nodes)
-        return ScoreResult(zeros, zeros, zeros, np.zeros(n_nodes, dtype=np.int64))
-    left = (free - gpus).astype(np.float64)
-    fit = np.where(feasible, np.clip(1.0 - left / FIT_STEP_GPUS, 0.0, 1.0), 0.0)
-    # Unknown utilisation (NaN) counts as idle; values outside [0, 1] are clamped into it.
-    util_score = np.where(feasible, 1.0 - np.clip(np.nan_to_num(utilization, nan=0.0), 0.0, 1.0), 0.0)
+    score = np.zeros(free.shape[0], dtype=np.int64)
+    rows = np.flatnonzero(feasible) if gpus > 0 else np.zeros(0, dtype=np.intp)
+    if rows.size == 0:
+        empty = np.zeros(0)
+        return ScoreResult(score, rows, empty, empty, empty)
+    # Work on the feasible rows only (the others score 0), in place to spare allocations.
+    fit_rows = (gpus - free[rows]).astype(np.float64)  # minus the GPUs left, <= 0
+    fit_rows *= 1.0 / FIT_STEP_GPUS
+    fit_rows += 1.0
+    # Clamp to [0, 1]: 10 or more GPUs left earn no fit credit, and a caller's ``feasible`` mask
+    # may include nodes with fewer free GPUs than requested, which earn no more than a perfect fit.
+    np.clip(fit_rows, 0.0, 1.0, out=fit_rows)
+    util_rows = utilization[rows]
+    # fmax/fmin ignore NaN, so unknown utilisation (NaN) counts as idle; the pair clamps to [0, 1].
+    np.fmax(util_rows, 0.0, out=util_rows)
+    np.fmin(util_rows, 1.0, out=util_rows)
+    np.subtract(1.0, util_rows, out=util_rows)
     total = weights.fit + weights.utilization
-    raw = (weights.fit * fit + weights.utilization * util_score) / total
-    return ScoreResult(fit=fit, utilization=util_score, raw=raw, score=normalize_scores(raw))
+    raw_rows = fit_rows * (weights.fit / total)
+    raw_rows += util_rows * (weights.utilization / total)
+    score[rows] = _compute_normalized(raw_rows, MAX_EXTENDER_PRIORITY)
+    return ScoreResult(score=score, rows=rows, fit_rows=fit_rows, utilization_rows=util_rows, raw_rows=raw_rows)
 
 
 def _failure_messages(result: FilterResult) -> dict[int, str]:

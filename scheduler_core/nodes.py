@@ -45,6 +45,26 @@ class NodeGpuFacts:
 
 
 @dataclass(frozen=True, eq=False)
+class GpuShapes:
+    """The distinct (model, memory per GPU, allocatable GPUs) combinations of a table.
+
+    Real clusters have a handful of instance types, so checks that depend only on these three
+    facts run once per shape (k of them) and are gathered to nodes with ``shape_id``.
+
+    Attributes
+    ----------
+    shape_id : ndarray of shape (n_nodes,), intp
+        Kept as ``intp`` so that gathering by it needs no index conversion.
+    model_id, memory_mib, alloc_gpus : ndarray of shape (k,), int32
+    """
+
+    shape_id: npt.NDArray[np.intp]
+    model_id: IntArray
+    memory_mib: IntArray
+    alloc_gpus: IntArray
+
+
+@dataclass(frozen=True, eq=False)
 class NodeTable:
     """Columnar node facts. Every array has shape ``(n_nodes,)`` and is aligned with ``names``.
 
@@ -101,6 +121,19 @@ class NodeTable:
         mask[list(self.gpu_info_errors)] = True
         return mask
 
+    @cached_property
+    def gpu_shapes(self) -> GpuShapes:
+        """Computed once per table, and carried over by :meth:`take`."""
+        stacked = np.stack([self.model_id, self.memory_mib, self.alloc_gpus], axis=1)
+        unique, inverse = np.unique(stacked, axis=0, return_inverse=True)
+        unique = unique.reshape(-1, 3).astype(np.int32)
+        return GpuShapes(
+            shape_id=inverse.reshape(-1).astype(np.intp),
+            model_id=np.ascontiguousarray(unique[:, 0]),
+            memory_mib=np.ascontiguousarray(unique[:, 1]),
+            alloc_gpus=np.ascontiguousarray(unique[:, 2]),
+        )
+
     def take(self, rows: npt.ArrayLike) -> NodeTable:
         """The sub-table of ``rows`` (shape (k,), int), in that order; vocabularies are shared."""
         picked = np.asarray(rows, dtype=np.int64)
@@ -110,7 +143,7 @@ class NodeTable:
             new: self.gpu_info_errors[old] for new, old in enumerate(picked.tolist()) if old in self.gpu_info_errors
         }
         names = self.names
-        return NodeTable(
+        table = NodeTable(
             names=tuple(names[row] for row in picked.tolist()),
             zone_id=self.zone_id[picked],
             zones=self.zones,
@@ -123,6 +156,12 @@ class NodeTable:
             alloc_gpus=self.alloc_gpus[picked],
             gpu_info_errors=errors,
         )
+        if "gpu_shapes" in self.__dict__:  # computed already: reuse the shapes, gather the ids
+            shapes = self.gpu_shapes
+            table.__dict__["gpu_shapes"] = GpuShapes(
+                shapes.shape_id[picked], shapes.model_id, shapes.memory_mib, shapes.alloc_gpus
+            )
+        return table
 
     def model_name(self, row: int) -> str | None:
         model = int(self.model_id[row])

@@ -1,0 +1,1 @@
+"""AWS Lambda handlers: one package per function (``lambdas/<name>/handler.py``)."""
