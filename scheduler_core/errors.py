@@ -24,4 +24,12 @@ class ConfigError(SchedulerCoreError, ValueError):
 
 
 class ClusterStateUnavailableError(SchedulerCoreError):
-    """The extender needs cluster state (e.g. for ``NodeNames``) that it does not have."""
+    """The extender needs cluster state (e.g. for ``NodeNames``) that it does not have.
+
+    ``kind`` is a short, stable label for metrics: ``none`` (not configured), ``missing``,
+    ``corrupt``, ``store_error`` or ``stale``.
+    """
+
+    def __init__(self, message: str, kind: str = "none") -> None:
+        super().__init__(message)
+        self.kind = kind

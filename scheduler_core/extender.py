@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
-from scheduler_core.gpu_fit import FilterResult, ScoreResult, ScoreWeights, filter_nodes, free_gpus, score_nodes
+from scheduler_core.gpu_fit import FilterResult, Reason, ScoreResult, ScoreWeights, filter_nodes, free_gpus, score_nodes
 from scheduler_core.nodes import NodeTable
 from scheduler_core.pods import PodDemand, pod_demand
 from scheduler_core.wire import ExtenderArgs, ExtenderFilterResult, HostPriority
@@ -68,15 +68,37 @@ class FilterOutcome:
     reply: ExtenderFilterResult
     demand: PodDemand | None = None
     result: FilterResult | None = None
+    unknown_nodes: int = 0
+    error_kind: str = ""
+    """Why ``reply.error`` is set: ``invalid_pod`` or a :class:`ClusterStateUnavailableError` kind."""
+
+    @property
+    def nodes_feasible(self) -> int:
+        kept = self.reply.node_names if self.reply.node_names is not None else self.reply.nodes
+        return len(kept or [])
+
+    @property
+    def nodes_in(self) -> int:
+        return self.nodes_feasible + len(self.reply.failed) + len(self.reply.failed_unresolvable)
+
+    def reason_counts(self) -> dict[str, int]:
+        """Rejected nodes per reason category (``model``, ``too_few_free``, ``unknown_node``...)."""
+        counts: dict[str, int] = {}
+        if self.result is not None:
+            tally = np.bincount(self.result.reason, minlength=len(Reason))
+            counts = {Reason(code).name.lower(): int(n) for code, n in enumerate(tally.tolist()) if code and n}
+        if self.unknown_nodes:
+            counts["unknown_node"] = self.unknown_nodes
+        return counts
 
     def summary(self) -> dict[str, Any]:
         """Nodes in and out and a histogram of reasons, for one structured log line."""
         failed = {**self.reply.failed, **self.reply.failed_unresolvable}
-        kept = self.reply.node_names if self.reply.node_names is not None else self.reply.nodes
         return {
-            "nodes_in": len(failed) + len(kept or []),
-            "nodes_feasible": len(kept or []),
-            "reasons": dict(Counter(failed.values()).most_common(5)),
+            "nodes_in": self.nodes_in,
+            "nodes_feasible": self.nodes_feasible,
+            "reasons": self.reason_counts(),
+            "top_messages": dict(Counter(failed.values()).most_common(3)),
             "error": self.reply.error,
         }
 
@@ -94,6 +116,16 @@ class PrioritizeOutcome:
             "top_node": top.host if top else None,
             "top_score": top.score if top else None,
         }
+
+
+@dataclass(frozen=True, eq=False)
+class Reply:
+    """An HTTP answer, with the decision behind it when there was one."""
+
+    status: int
+    body: bytes
+    outcome: FilterOutcome | PrioritizeOutcome | None = None
+    error_kind: str = ""
 
 
 class Extender:
@@ -119,21 +151,31 @@ class Extender:
         >>> status, json.loads(reply)["Error"]
         (200, '')
         """
+        reply = self.respond(verb, body)
+        return reply.status, reply.body
+
+    def respond(self, verb: str, body: bytes) -> Reply:
+        """:meth:`handle`, plus the decision and the error kind for an adapter's logs and metrics."""
         verb = verb.strip("/")
         if verb not in VERBS:
-            return 404, _error_body(f"unknown verb {verb[:64]!r}: this extender serves {', '.join(VERBS)}")
+            message = f"unknown verb {verb[:64]!r}: this extender serves {', '.join(VERBS)}"
+            return Reply(404, _error_body(message), error_kind="unknown_verb")
         if len(body) > self.config.max_body_bytes:
-            return 400, _error_body(f"request body is {len(body)} bytes; the limit is {self.config.max_body_bytes}")
+            message = f"request body is {len(body)} bytes; the limit is {self.config.max_body_bytes}"
+            return Reply(400, _error_body(message), error_kind="too_large")
         try:
             args = ExtenderArgs.from_wire(decode_json(body))
             if verb == "filter":
-                return 200, encode_json(self.filter(args).reply.to_wire())
-            return 200, encode_json(HostPriority.list_to_wire(self.prioritize(args).reply))
+                outcome = self.filter(args)
+                return Reply(200, encode_json(outcome.reply.to_wire()), outcome, outcome.error_kind)
+            scored = self.prioritize(args)
+            return Reply(200, encode_json(HostPriority.list_to_wire(scored.reply)), scored)
         except InvalidArgsError as exc:
-            return 400, _error_body(str(exc))
-        except (InvalidPodError, ClusterStateUnavailableError) as exc:
-            # Only prioritize gets here: filter reports these as Error in a 200.
-            return (400 if isinstance(exc, InvalidPodError) else 503), _error_body(str(exc))
+            return Reply(400, _error_body(str(exc)), error_kind="bad_request")
+        except InvalidPodError as exc:  # prioritize only: filter reports it as Error in a 200
+            return Reply(400, _error_body(str(exc)), error_kind="invalid_pod")
+        except ClusterStateUnavailableError as exc:  # prioritize only, as above
+            return Reply(503, _error_body(str(exc)), error_kind=exc.kind)
 
     # -- decision level -----------------------------------------------------------------------
     def filter(self, args: ExtenderArgs) -> FilterOutcome:
@@ -142,9 +184,10 @@ class Extender:
             demand = pod_demand(args.pod)
             view = self._view(args)
         except (InvalidPodError, ClusterStateUnavailableError) as exc:
+            kind = exc.kind if isinstance(exc, ClusterStateUnavailableError) else "invalid_pod"
             if args.names_only:
-                return FilterOutcome(reply=ExtenderFilterResult(node_names=[], error=str(exc)))
-            return FilterOutcome(reply=ExtenderFilterResult(nodes=[], error=str(exc)))
+                return FilterOutcome(ExtenderFilterResult(node_names=[], error=str(exc)), error_kind=kind)
+            return FilterOutcome(ExtenderFilterResult(nodes=[], error=str(exc)), error_kind=kind)
         result = filter_nodes(view.table, view.free, demand)
         kept = np.flatnonzero(result.feasible).tolist()
         failed = result.failed
@@ -156,7 +199,7 @@ class Extender:
             failed=failed,
             failed_unresolvable=result.failed_unresolvable,
         )
-        return FilterOutcome(reply=reply, demand=demand, result=result)
+        return FilterOutcome(reply=reply, demand=demand, result=result, unknown_nodes=len(view.unknown))
 
     def prioritize(self, args: ExtenderArgs) -> PrioritizeOutcome:
         """Score every node of ``args``; nodes that would not pass the filter score 0.

@@ -49,3 +49,56 @@ def make_nodes(*models: str, zones: tuple[str, ...] = ZONES, gfd: bool = True) -
 
 
 __all__ = ["make_nodes", "make_pod"]
+
+
+APISERVER_FIXTURES = SHARED / "fixtures" / "kube-apiserver"
+NODE_PAGES = [APISERVER_FIXTURES / f"b1{page}" for page in ("a-nodes-list-limit25-page1", "b-nodes-list-limit25-page2",
+                                                                  "c-nodes-list-limit25-page3", "d-nodes-list-limit25-page4-last")]
+
+
+def captured_nodes() -> list[dict[str, Any]]:
+    """Every Node of the captures: the 80-node cluster (b1 pages) plus the 3-node small cluster."""
+    nodes = [item for page in NODE_PAGES for item in load_fixture(page.with_suffix(".json"))["items"]]
+    small = SCHEDULER_FIXTURES / "01-filter-prioritize-nodecache-false" / "01-filter-gpu-a100-2.request.json"
+    return nodes + load_fixture(small)["Nodes"]["items"]
+
+
+def api_gateway_event(method: str, path: str, body: bytes | str | None = None, *, base64: bool = False) -> dict[str, Any]:
+    """An API Gateway REST API proxy event (payload v1), as a private API with a VPC endpoint sends it."""
+    import base64 as b64
+
+    text = body.decode() if isinstance(body, bytes) else body
+    if base64 and text is not None:
+        text = b64.b64encode(text.encode()).decode()
+    headers = {"Content-Type": "application/json", "Host": "abc123.execute-api.us-east-1.amazonaws.com",
+               "User-Agent": "Go-http-client/1.1", "x-amzn-vpce-id": "vpce-0123456789abcdef0"}
+    return {
+        "resource": path,
+        "path": path,
+        "httpMethod": method,
+        "headers": headers,
+        "multiValueHeaders": {k: [v] for k, v in headers.items()},
+        "queryStringParameters": None,
+        "multiValueQueryStringParameters": None,
+        "pathParameters": None,
+        "stageVariables": None,
+        "requestContext": {
+            "resourcePath": path,
+            "httpMethod": method,
+            "path": f"/prod{path}",
+            "stage": "prod",
+            "requestId": "c6af9ac6-7b61-11e6-9a41-93e8deadbeef",
+            "accountId": "123456789012",
+            "apiId": "abc123",
+            "identity": {"sourceIp": "10.0.1.23", "vpceId": "vpce-0123456789abcdef0"},
+        },
+        "body": text,
+        "isBase64Encoded": base64,
+    }
+
+
+class FakeLambdaContext:
+    function_name = "gpu-scheduler-extender"
+    memory_limit_in_mb = 512
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:gpu-scheduler-extender"
+    aws_request_id = "52fdfc07-2182-154f-163f-5f0f9a621d72"

@@ -1,0 +1,222 @@
+"""Where cluster snapshots live, and the in-memory copy the extender serves from.
+
+``SNAPSHOT_URI`` (or ``--snapshot``) selects the store: ``s3://bucket/key``, ``file:///path`` or a
+plain path. :class:`SnapshotSource` keeps the parsed snapshot in memory, re-checks the store at most
+every ``refresh_s`` with a conditional read (``If-None-Match`` on the ETag for S3, mtime and size
+for files), and refuses a snapshot older than ``max_age_s``. A failed refresh keeps the previous
+snapshot while it is young enough: nothing already loaded is lost to a bad write or an S3 error.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlparse
+
+from scheduler_core.cluster import ClusterState
+from scheduler_core.errors import ClusterStateUnavailableError
+from scheduler_core.snapshot import ClusterSnapshot, SnapshotFormatError, read_snapshot
+
+DEFAULT_REFRESH_S = 10.0
+DEFAULT_MAX_AGE_S = 180.0
+
+
+class SnapshotStoreError(Exception):
+    """The store could not be read (permissions, network, throttling...)."""
+
+
+class SnapshotNotFoundError(SnapshotStoreError):
+    """The store holds no snapshot at that location."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    data: bytes
+    etag: str
+
+
+class SnapshotStore(Protocol):
+    uri: str
+
+    def fetch(self, etag: str | None) -> Fetched | None:
+        """The snapshot bytes, or ``None`` when they are unchanged since ``etag``."""
+
+    def put(self, data: bytes) -> str:
+        """Write a snapshot atomically; return its ETag."""
+
+
+class FileSnapshotStore:
+    """A snapshot file; its ETag is its mtime and size. Writes are atomic (rename)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.uri = f"file://{self.path.resolve()}"
+
+    def _etag(self) -> str:
+        stat = self.path.stat()
+        return f"{stat.st_mtime_ns:x}-{stat.st_size:x}"
+
+    def fetch(self, etag: str | None) -> Fetched | None:
+        try:
+            current = self._etag()  # before reading: a write during the read shows up next time
+            if current == etag:
+                return None
+            return Fetched(self.path.read_bytes(), current)
+        except FileNotFoundError as exc:
+            raise SnapshotNotFoundError(f"{self.path}: no snapshot file") from exc
+        except OSError as exc:
+            raise SnapshotStoreError(f"{self.path}: {exc.strerror}") from exc
+
+    def put(self, data: bytes) -> str:
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, self.path)
+        return self._etag()
+
+
+class S3SnapshotStore:
+    """A snapshot object in S3, read with ``If-None-Match`` so an unchanged object costs a 304."""
+
+    def __init__(self, bucket: str, key: str, client: Any) -> None:
+        self.bucket, self.key, self.client = bucket, key, client
+        self.uri = f"s3://{bucket}/{key}"
+
+    def fetch(self, etag: str | None) -> Fetched | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        kwargs = {"Bucket": self.bucket, "Key": self.key} | ({"IfNoneMatch": etag} if etag else {})
+        try:
+            response = self.client.get_object(**kwargs)
+            return Fetched(response["Body"].read(), response["ETag"])
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 304 or error.get("Code") in ("304", "NotModified"):
+                return None
+            if error.get("Code") in ("NoSuchKey", "404", "NotFound"):
+                raise SnapshotNotFoundError(f"{self.uri}: no such object") from exc
+            raise SnapshotStoreError(f"{self.uri}: {error.get('Code')}: {error.get('Message')}") from exc
+        except BotoCoreError as exc:
+            raise SnapshotStoreError(f"{self.uri}: {exc}") from exc
+
+    def put(self, data: bytes) -> str:
+        response = self.client.put_object(Bucket=self.bucket, Key=self.key, Body=data)
+        return str(response["ETag"])
+
+
+def open_store(uri: str, *, s3_client: Any = None) -> SnapshotStore:
+    """Open the store named by ``uri``; ``s3_client`` is a boto3 S3 client (made if not given).
+
+    >>> open_store("/tmp/snapshot.npz").uri
+    'file:///tmp/snapshot.npz'
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        key = parsed.path.lstrip("/")
+        if not parsed.netloc or not key:
+            raise ValueError(f"snapshot URI {uri!r}: expected s3://bucket/key")
+        if s3_client is None:
+            import boto3
+
+            s3_client = boto3.client("s3")
+        return S3SnapshotStore(parsed.netloc, key, s3_client)
+    if parsed.scheme == "file":
+        return FileSnapshotStore(unquote(parsed.path))
+    if parsed.scheme == "" and uri:
+        return FileSnapshotStore(uri)
+    raise ValueError(f"snapshot URI {uri!r}: expected s3://bucket/key, file:///path or a path")
+
+
+@dataclass(frozen=True)
+class RefreshEvent:
+    """One look at the store: ``result`` is ``loaded``, ``unchanged``, or an error kind."""
+
+    result: str
+    duration_ms: float
+    detail: str = ""
+
+
+class SnapshotSource:
+    """The extender's cluster source: a snapshot kept in memory and refreshed from a store.
+
+    Call it to get the current :class:`ClusterState`. It raises
+    :class:`ClusterStateUnavailableError` with ``kind`` ``missing``, ``corrupt`` or ``store_error``
+    when no snapshot could ever be loaded, and ``stale`` when the one it has is older than
+    ``max_age_s``.
+    """
+
+    def __init__(
+        self,
+        store: SnapshotStore,
+        *,
+        refresh_s: float = DEFAULT_REFRESH_S,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        trace: Callable[[str], AbstractContextManager[Any]] | None = None,
+        on_refresh: Callable[[RefreshEvent], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.refresh_s = refresh_s
+        self.max_age_s = max_age_s
+        self._wall = wall_clock
+        self._monotonic = monotonic
+        self._trace = trace or (lambda _name: nullcontext())
+        self._on_refresh = on_refresh
+        self._lock = threading.Lock()
+        self._snapshot: ClusterSnapshot | None = None
+        self._etag: str | None = None
+        self._checked_at = float("-inf")
+        self._last_error: tuple[str, str] = ("missing", f"{store.uri}: not read yet")
+        self.last_age_s: float | None = None
+
+    def __call__(self) -> ClusterState:
+        return self.current().state
+
+    def current(self) -> ClusterSnapshot:
+        if self._monotonic() - self._checked_at >= self.refresh_s:
+            with self._lock:
+                if self._monotonic() - self._checked_at >= self.refresh_s:
+                    self._refresh()
+        snapshot = self._snapshot
+        if snapshot is None:
+            kind, detail = self._last_error
+            raise ClusterStateUnavailableError(f"no cluster snapshot: {detail}", kind=kind)
+        age = snapshot.age_s(self._wall())
+        self.last_age_s = age
+        if age > self.max_age_s:
+            raise ClusterStateUnavailableError(
+                f"cluster snapshot is {age:.0f} s old (limit {self.max_age_s:.0f} s); "
+                "is the node-state refresher running?",
+                kind="stale",
+            )
+        return snapshot
+
+    def _refresh(self) -> None:
+        started = time.perf_counter()
+        self._checked_at = self._monotonic()
+        with self._trace("## snapshot refresh"):
+            try:
+                fetched = self.store.fetch(self._etag)
+                if fetched is None:
+                    event = RefreshEvent("unchanged", 0.0)
+                else:
+                    self._snapshot, self._etag = read_snapshot(fetched.data), fetched.etag
+                    event = RefreshEvent("loaded", 0.0, f"{self._snapshot.table.n_nodes} nodes")
+            except SnapshotNotFoundError as exc:
+                event = RefreshEvent("missing", 0.0, str(exc))
+            except SnapshotStoreError as exc:
+                event = RefreshEvent("store_error", 0.0, str(exc))
+            except SnapshotFormatError as exc:
+                event = RefreshEvent("corrupt", 0.0, f"{self.store.uri}: {exc}")
+        event = RefreshEvent(event.result, 1000 * (time.perf_counter() - started), event.detail)
+        if event.result not in ("loaded", "unchanged"):
+            self._last_error = (event.result, event.detail)
+        if self._on_refresh is not None:
+            self._on_refresh(event)

@@ -1,0 +1,103 @@
+"""Extender Lambda settings: read once from the environment into a frozen dataclass.
+
+| variable | default | meaning |
+|---|---|---|
+| ``SNAPSHOT_URI`` | (none) | ``s3://bucket/key``, ``file:///path`` or a path; without it ``NodeNames`` is refused |
+| ``SNAPSHOT_REFRESH_S`` | 10 | re-check the snapshot's ETag at most this often |
+| ``MAX_SNAPSHOT_AGE_S`` | 180 | refuse (filter ``Error``) a snapshot older than this |
+| ``MAX_BODY_BYTES`` | 6291456 | largest request body (Lambda's own limit is 6 MB) |
+| ``SCORE_WEIGHT_FIT`` | 0.7 | best-fit weight |
+| ``SCORE_WEIGHT_UTILIZATION`` | 0.3 | low-utilisation weight |
+| ``POWERTOOLS_METRICS_NAMESPACE`` | GpuScheduler | CloudWatch namespace of the EMF metrics |
+| ``POWERTOOLS_SERVICE_NAME`` | gpu-scheduler-extender | service name in logs, metrics, traces |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from scheduler_core.errors import ConfigError
+from scheduler_core.extender import ExtenderConfig
+from scheduler_core.gpu_fit import ScoreWeights
+
+LAMBDA_MAX_BODY_BYTES = 6 * 2**20
+
+
+_ENV = {
+    "snapshot_uri": "SNAPSHOT_URI",
+    "snapshot_refresh_s": "SNAPSHOT_REFRESH_S",
+    "max_snapshot_age_s": "MAX_SNAPSHOT_AGE_S",
+    "max_body_bytes": "MAX_BODY_BYTES",
+    "weight_fit": "SCORE_WEIGHT_FIT",
+    "weight_utilization": "SCORE_WEIGHT_UTILIZATION",
+    "metrics_namespace": "POWERTOOLS_METRICS_NAMESPACE",
+    "service": "POWERTOOLS_SERVICE_NAME",
+}
+_PARSERS = {"float": float, "int": int, "str": str}
+
+
+@dataclass(frozen=True)
+class ExtenderSettings:
+    snapshot_uri: str = ""
+    snapshot_refresh_s: float = 10.0
+    max_snapshot_age_s: float = 180.0
+    max_body_bytes: int = LAMBDA_MAX_BODY_BYTES
+    weight_fit: float = 0.7
+    weight_utilization: float = 0.3
+    metrics_namespace: str = "GpuScheduler"
+    service: str = "gpu-scheduler-extender"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ExtenderSettings:
+        """Read the environment; an explicit keyword argument wins over it.
+
+        Raises
+        ------
+        ConfigError
+            Listing every invalid variable with its name and value, at start-up.
+
+        >>> ExtenderSettings.from_env({"SNAPSHOT_URI": "s3://b/k"}, max_snapshot_age_s=60).max_snapshot_age_s
+        60
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for f in fields(cls):
+            raw = env.get(_ENV[f.name], "")
+            if f.name in overrides:
+                values[f.name] = overrides[f.name]
+            elif raw:
+                try:
+                    values[f.name] = _PARSERS[str(f.type)](raw)
+                except ValueError:
+                    problems.append(f"{_ENV[f.name]}: expected {f.type}, got {raw!r}")
+        settings = cls(**values)
+        problems += settings.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return settings
+
+    def problems(self) -> list[str]:
+        """Every invalid setting, named by its environment variable."""
+        found = []
+        for name in ("snapshot_refresh_s", "max_snapshot_age_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value < 0:
+                found.append(f"{_ENV[name]}: must be a non-negative number of seconds, got {value!r}")
+        if "://" in self.snapshot_uri and not self.snapshot_uri.startswith(("s3://", "file://")):
+            found.append(f"SNAPSHOT_URI: expected s3://bucket/key, file:///path or a path, got {self.snapshot_uri!r}")
+        weights = ScoreWeights(fit=self.weight_fit, utilization=self.weight_utilization)
+        found += [
+            p.replace("weights.fit", _ENV["weight_fit"]).replace("weights.utilization", _ENV["weight_utilization"])
+            for p in weights.problems()
+        ]
+        if not isinstance(self.max_body_bytes, int) or self.max_body_bytes <= 0:
+            found.append(f"MAX_BODY_BYTES: must be a positive integer, got {self.max_body_bytes!r}")
+        return found
+
+    def extender_config(self) -> ExtenderConfig:
+        weights = ScoreWeights(fit=self.weight_fit, utilization=self.weight_utilization)
+        return ExtenderConfig(weights=weights, max_body_bytes=self.max_body_bytes).validated()

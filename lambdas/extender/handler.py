@@ -1,0 +1,154 @@
+"""kube-scheduler extender on Lambda: API Gateway REST proxy events (payload v1) in, extender replies out.
+
+Routes: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``. The decision is the shared
+:meth:`scheduler_core.extender.Extender.respond`; this module only adapts the event, logs the decision
+and emits metrics. It imports nothing the hot path does not need (no ``kubernetes``).
+
+Metrics (EMF, namespace ``POWERTOOLS_METRICS_NAMESPACE``, dimension ``service``):
+``FilterLatencyMs``, ``PrioritizeLatencyMs``, ``NodesIn``, ``NodesFeasible``, ``SnapshotAgeSeconds``,
+``BadRequests``, ``InternalErrors``; ``Unschedulable`` and ``SnapshotRefreshFailures`` carry a ``reason``
+dimension.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from adapters.runtime import tune_allocator
+from adapters.snapshot_store import RefreshEvent, SnapshotSource, open_store
+from lambdas.extender.config import ExtenderSettings
+from scheduler_core.extender import Extender, FilterOutcome, PrioritizeOutcome, Reply, encode_json
+
+SETTINGS = ExtenderSettings.from_env()
+logger = Logger(service=SETTINGS.service)
+metrics = Metrics(namespace=SETTINGS.metrics_namespace, service=SETTINGS.service)
+tracer = Tracer(service=SETTINGS.service)
+tune_allocator()
+
+
+def _count(name: str, reason: str) -> None:
+    """A count with its own ``reason`` dimension (kept out of the per-invocation metric set)."""
+    with single_metric(
+        name=name,
+        unit=MetricUnit.Count,
+        value=1,
+        namespace=SETTINGS.metrics_namespace,
+        default_dimensions={"service": SETTINGS.service},
+    ) as metric:
+        metric.add_dimension(name="reason", value=reason)
+
+
+def _on_refresh(event: RefreshEvent) -> None:
+    if event.result in ("loaded", "unchanged"):
+        logger.debug("snapshot refresh", extra={"result": event.result, "ms": round(event.duration_ms, 2)})
+        return
+    logger.warning("snapshot refresh failed", extra={"result": event.result, "detail": event.detail})
+    _count("SnapshotRefreshFailures", event.result)
+
+
+SOURCE = (
+    SnapshotSource(
+        open_store(SETTINGS.snapshot_uri),
+        refresh_s=SETTINGS.snapshot_refresh_s,
+        max_age_s=SETTINGS.max_snapshot_age_s,
+        trace=lambda name: tracer.provider.in_subsegment(name=name),
+        on_refresh=_on_refresh,
+    )
+    if SETTINGS.snapshot_uri
+    else None
+)
+EXTENDER = Extender(SETTINGS.extender_config(), cluster=SOURCE)
+app = APIGatewayRestResolver()
+
+
+@app.post("/filter")
+def filter_route() -> Response[str]:
+    return _answer("filter")
+
+
+@app.post("/prioritize")
+def prioritize_route() -> Response[str]:
+    return _answer("prioritize")
+
+
+@app.get("/healthz")
+def healthz() -> dict[str, Any]:
+    return {"status": "ok", "snapshot": SOURCE.store.uri if SOURCE else None}
+
+
+@app.not_found  # type: ignore[untyped-decorator]  # Powertools leaves it untyped
+def not_found(_exc: Exception) -> Response[str]:
+    event = app.current_event
+    message = f"no route {event.http_method} {event.path[:64]!r}: POST /filter, POST /prioritize, GET /healthz"
+    return Response(404, "application/json", encode_json({"Error": message}).decode())
+
+
+@app.exception_handler(Exception)  # type: ignore[untyped-decorator]  # Powertools leaves it untyped
+def internal_error(exc: Exception) -> Response[str]:
+    logger.exception("internal error", extra={"path": app.current_event.path})
+    metrics.add_metric(name="InternalErrors", unit=MetricUnit.Count, value=1)
+    return Response(
+        500, "application/json", encode_json({"Error": "internal error in the extender; see its log"}).decode()
+    )
+
+
+def _answer(verb: str) -> Response[str]:
+    event = app.current_event
+    body = (event.decoded_body or "").encode()
+    started = time.perf_counter()
+    with tracer.provider.in_subsegment(name=f"## {verb}"):
+        reply = EXTENDER.respond(verb, body)
+    elapsed_ms = 1000 * (time.perf_counter() - started)
+    _record(verb, reply, elapsed_ms)
+    return Response(reply.status, "application/json", reply.body.decode())
+
+
+def _record(verb: str, reply: Reply, elapsed_ms: float) -> None:
+    outcome = reply.outcome
+    if outcome is not None and outcome.demand is not None:
+        demand = outcome.demand
+        logger.append_keys(pod_namespace=demand.namespace, pod_name=demand.name, pod_uid=demand.uid)
+    name = "FilterLatencyMs" if verb == "filter" else "PrioritizeLatencyMs"
+    metrics.add_metric(name=name, unit=MetricUnit.Milliseconds, value=round(elapsed_ms, 3))
+    if SOURCE is not None and SOURCE.last_age_s is not None:
+        metrics.add_metric(name="SnapshotAgeSeconds", unit=MetricUnit.Seconds, value=round(SOURCE.last_age_s, 1))
+    if 400 <= reply.status < 500:
+        metrics.add_metric(name="BadRequests", unit=MetricUnit.Count, value=1)
+        logger.warning(
+            "bad request",
+            extra={
+                "verb": verb,
+                "status": reply.status,
+                "kind": reply.error_kind,
+                "error": reply.body[:500].decode(errors="replace"),
+            },
+        )
+        return
+    if isinstance(outcome, FilterOutcome):
+        metrics.add_metric(name="NodesIn", unit=MetricUnit.Count, value=outcome.nodes_in)
+        metrics.add_metric(name="NodesFeasible", unit=MetricUnit.Count, value=outcome.nodes_feasible)
+        summary = outcome.summary()
+        if outcome.nodes_feasible == 0:
+            reasons = outcome.reason_counts()
+            _count(
+                "Unschedulable",
+                outcome.error_kind or (max(reasons, key=reasons.__getitem__) if reasons else "no_nodes"),
+            )
+        logger.info("filter", extra={"decision": summary, "ms": round(elapsed_ms, 3)})
+    elif isinstance(outcome, PrioritizeOutcome):
+        logger.info("prioritize", extra={"decision": outcome.summary(), "ms": round(elapsed_ms, 3)})
+    else:
+        logger.warning(verb, extra={"status": reply.status, "kind": reply.error_kind})
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return app.resolve(event, context)

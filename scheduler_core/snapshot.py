@@ -1,0 +1,335 @@
+"""The cluster snapshot: a versioned, columnar picture of the cluster that the extender reads.
+
+kube-scheduler's ``nodeCacheCapable: true`` requests carry node names only, so the extender needs
+its own copy of node facts and GPU usage. The node-state refresher writes it; the extender reads it.
+
+Format (schema version 1): an uncompressed ``.npz`` archive (numpy only, no pickle) whose members
+are the arrays below plus ``header``, a UTF-8 JSON document stored as a uint8 array::
+
+    header            {"schema_version", "generated_at" (Unix seconds), "cluster", "n_nodes",
+                       "max_gpus", "zones", "instance_types", "models", "apps",
+                       "gpu_info_errors" {row: reason}, "problems" [..]}
+    names_utf8        uint8 (bytes,)         node names joined by "\\n"
+    zone_id, instance_type_id, model_id, gpu_count, memory_mib, alloc_gpus, used_gpus
+                      int32 (n_nodes,)
+    free_milli        int32 (n_nodes, max_gpus)   free thousandths of each GPU; 0 past alloc_gpus
+    gpu_utilization   float32 (n_nodes, max_gpus) per-GPU utilisation in [0, 1]; NaN unknown
+    app_node          int32 (3, n_entries)   rows (app_id, node row, pod count): pods per app per node
+    app_zone_counts   int32 (n_apps, n_zones) pods per app per zone
+
+Readers refuse a newer schema version, and report a truncated or corrupt file as
+:class:`SnapshotFormatError` naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.cluster import ClusterState
+from scheduler_core.errors import SchedulerCoreError
+from scheduler_core.nodes import NodeTable
+from scheduler_core.pods import TERMINAL_PHASES, gpus_in_use
+
+SCHEMA_VERSION = 1
+MILLI_PER_GPU = 1000
+DEFAULT_APP_LABEL_KEYS = ("app", "app.kubernetes.io/name")
+
+_NODE_COLUMNS = ("zone_id", "instance_type_id", "model_id", "gpu_count", "memory_mib", "alloc_gpus", "used_gpus")
+_HEADER_KEYS = (
+    "schema_version",
+    "generated_at",
+    "cluster",
+    "n_nodes",
+    "max_gpus",
+    "zones",
+    "instance_types",
+    "models",
+    "apps",
+)
+
+
+class SnapshotFormatError(SchedulerCoreError, ValueError):
+    """The bytes are not a snapshot this reader can use (truncated, corrupt or too new)."""
+
+
+@dataclass(frozen=True, eq=False)
+class AppIndex:
+    """Pods per ``app`` label value (``"app=feature-store"``), counted per node and per zone.
+
+    Attributes
+    ----------
+    apps : tuple of str, length n_apps
+    node_entries : ndarray of shape (3, n_entries), int32
+        Sparse (app_id, node row, pod count) triples.
+    zone_counts : ndarray of shape (n_apps, n_zones), int32
+    """
+
+    apps: tuple[str, ...]
+    node_entries: npt.NDArray[np.int32]
+    zone_counts: npt.NDArray[np.int32]
+
+    def node_counts(self, app: str, n_nodes: int) -> npt.NDArray[np.int32]:
+        """Pods of ``app`` on each node, shape (n_nodes,); zeros for an unknown app."""
+        counts = np.zeros(n_nodes, dtype=np.int32)
+        if app in self.apps:
+            app_id, rows, pods = self.node_entries
+            mine = app_id == self.apps.index(app)
+            counts[rows[mine]] = pods[mine]
+        return counts
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterSnapshot:
+    """Node facts plus GPU usage, aligned row by row with ``state.table``."""
+
+    cluster: str
+    generated_at: float
+    state: ClusterState
+    free_milli: npt.NDArray[np.int32]
+    gpu_utilization: npt.NDArray[np.float32]
+    apps: AppIndex
+    problems: tuple[str, ...] = ()
+
+    @property
+    def table(self) -> NodeTable:
+        return self.state.table
+
+    @property
+    def max_gpus(self) -> int:
+        return int(self.free_milli.shape[1])
+
+    def age_s(self, now: float) -> float:
+        """Seconds since the snapshot was generated (``now`` is Unix seconds)."""
+        return now - self.generated_at
+
+
+def build_snapshot(
+    nodes: Sequence[Any],
+    pods: Sequence[Any],
+    *,
+    cluster: str,
+    generated_at: float,
+    gpu_utilization: Mapping[str, Sequence[float]] | None = None,
+    app_label_keys: Sequence[str] = DEFAULT_APP_LABEL_KEYS,
+) -> ClusterSnapshot:
+    """Build a snapshot from v1 Node and Pod objects.
+
+    Parameters
+    ----------
+    gpu_utilization : mapping of node name to per-GPU utilisation in [0, 1], optional
+        For example from DCGM ``DCGM_FI_DEV_GPU_UTIL / 100``. Missing GPUs are NaN (unknown).
+    app_label_keys : label keys indexed for locality, first present key wins per pod.
+
+    Whole GPUs used by bound pods are taken from the lowest GPU indices: the device plugin's
+    actual choice is not visible in the API, and whole-GPU scheduling only needs the count.
+
+    >>> from scheduler_core.synthetic import CATALOGUE, make_node, make_pod
+    >>> snap = build_snapshot([make_node("n", CATALOGUE[3], "z")], [make_pod("p", 1, node_name="n", phase="Running")],
+    ...                       cluster="demo", generated_at=0.0)
+    >>> snap.free_milli.tolist()
+    [[0, 1000, 1000, 1000]]
+    """
+    table = NodeTable.from_nodes(nodes)
+    used, problems = gpus_in_use(table, pods)
+    n_nodes = table.n_nodes
+    max_gpus = max(1, int(table.alloc_gpus.max())) if n_nodes else 1
+    gpu_index = np.arange(max_gpus)
+    exists = gpu_index[None, :] < table.alloc_gpus[:, None]
+    taken = gpu_index[None, :] < used[:, None]
+    free_milli = np.where(exists & ~taken, MILLI_PER_GPU, 0).astype(np.int32)
+
+    util = np.full((n_nodes, max_gpus), np.nan, dtype=np.float32)
+    for name, values in (gpu_utilization or {}).items():
+        row = table.index.get(name)
+        if row is None:
+            continue
+        clean = [float(v) for v in values[:max_gpus] if isinstance(v, int | float) and not isinstance(v, bool)]
+        if len(clean) != len(values[:max_gpus]) or any(not 0.0 <= v <= 1.0 for v in clean):
+            problems.append(f"gpu_utilization[{name!r}]: expected numbers in [0, 1], got {list(values)[:8]!r}")
+            continue
+        util[row, : len(clean)] = clean
+    state = ClusterState(
+        table=table,
+        used_gpus=used,
+        utilization=_node_utilization(util, table.alloc_gpus),
+        problems=tuple(problems),
+    )
+    apps = _app_index(table, pods, app_label_keys)
+    return ClusterSnapshot(cluster, float(generated_at), state, free_milli, util, apps, tuple(problems))
+
+
+def _node_utilization(util: npt.NDArray[np.float32], alloc: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:
+    """Mean utilisation over each node's existing GPUs with a known value; 0 where none is known."""
+    exists = np.arange(util.shape[1])[None, :] < alloc[:, None]
+    known = exists & ~np.isnan(util)
+    total = np.where(known, util, 0.0).sum(axis=1, dtype=np.float64)
+    count = known.sum(axis=1)
+    mean: npt.NDArray[np.float64] = np.divide(total, count, out=np.zeros(util.shape[0]), where=count > 0)
+    return mean
+
+
+def _app_index(table: NodeTable, pods: Sequence[Any], keys: Sequence[str]) -> AppIndex:
+    counts: dict[tuple[str, int], int] = {}
+    index = table.index
+    for pod in pods:
+        if not isinstance(pod, Mapping):
+            continue
+        spec, status, metadata = pod.get("spec"), pod.get("status"), pod.get("metadata")
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        row = index.get(node) if isinstance(node, str) else None
+        phase = status.get("phase") if isinstance(status, Mapping) else None
+        labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+        if row is None or phase in TERMINAL_PHASES or not isinstance(labels, Mapping):
+            continue
+        key = next((k for k in keys if isinstance(labels.get(k), str)), None)
+        if key is not None:
+            app = f"{key}={labels[key]}"
+            counts[(app, row)] = counts.get((app, row), 0) + 1
+    apps = tuple(sorted({app for app, _ in counts}))
+    app_id = {app: i for i, app in enumerate(apps)}
+    entries = (
+        np.array([(app_id[app], row, n) for (app, row), n in sorted(counts.items())], dtype=np.int32).reshape(-1, 3).T
+    )
+    zone_counts = np.zeros((len(apps), len(table.zones)), dtype=np.int32)
+    zones = table.zone_id[entries[1]] if entries.shape[1] else np.zeros(0, dtype=np.int32)
+    known = zones >= 0
+    np.add.at(zone_counts, (entries[0][known], zones[known]), entries[2][known])
+    return AppIndex(apps=apps, node_entries=np.ascontiguousarray(entries), zone_counts=zone_counts)
+
+
+def write_snapshot(snapshot: ClusterSnapshot) -> bytes:
+    """Serialise ``snapshot`` (see the module docstring for the format)."""
+    table = snapshot.table
+    header = {
+        "schema_version": SCHEMA_VERSION,
+        "generated_at": snapshot.generated_at,
+        "cluster": snapshot.cluster,
+        "n_nodes": table.n_nodes,
+        "max_gpus": snapshot.max_gpus,
+        "zones": list(table.zones),
+        "instance_types": list(table.instance_types),
+        "models": list(table.models),
+        "apps": list(snapshot.apps.apps),
+        "gpu_info_errors": {str(row): reason for row, reason in table.gpu_info_errors.items()},
+        "problems": list(snapshot.problems),
+    }
+    arrays: dict[str, npt.NDArray[Any]] = {
+        "header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+        "names_utf8": np.frombuffer("\n".join(table.names).encode(), dtype=np.uint8),
+        "free_milli": snapshot.free_milli,
+        "gpu_utilization": snapshot.gpu_utilization,
+        "app_node": snapshot.apps.node_entries,
+        "app_zone_counts": snapshot.apps.zone_counts,
+        "used_gpus": snapshot.state.used_gpus,
+    }
+    for column in _NODE_COLUMNS[:-1]:
+        arrays[column] = getattr(table, column)
+    buffer = io.BytesIO()
+    np.savez(buffer, allow_pickle=False, **arrays)
+    return buffer.getvalue()
+
+
+def read_snapshot(data: bytes) -> ClusterSnapshot:
+    """Parse and validate a snapshot written by :func:`write_snapshot`.
+
+    Raises
+    ------
+    SnapshotFormatError
+        Truncated or corrupt bytes, a missing member, inconsistent shapes, or a schema version
+        newer than :data:`SCHEMA_VERSION`.
+    """
+    if not data.startswith(b"PK\x03\x04"):
+        raise SnapshotFormatError(f"not a snapshot: {len(data)} bytes without the .npz (zip) signature")
+    try:
+        archive = np.load(io.BytesIO(data), allow_pickle=False)
+        members = {name: archive[name] for name in archive.files}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as exc:
+        raise SnapshotFormatError(f"snapshot is truncated or corrupt ({len(data)} bytes): {exc}") from exc
+    header = _header(members)
+    n_nodes, max_gpus = header["n_nodes"], header["max_gpus"]
+    expected: dict[str, tuple[int, ...]] = {name: (n_nodes,) for name in _NODE_COLUMNS}
+    expected |= {"free_milli": (n_nodes, max_gpus), "gpu_utilization": (n_nodes, max_gpus)}
+    for name, shape in expected.items():
+        array = members.get(name)
+        if array is None:
+            raise SnapshotFormatError(f"snapshot member {name!r} is missing")
+        if array.shape != shape:
+            raise SnapshotFormatError(f"snapshot member {name!r}: expected shape {shape}, got {array.shape}")
+    names = members["names_utf8"].tobytes().decode("utf-8", errors="strict").split("\n") if n_nodes else []
+    if len(names) != n_nodes:
+        raise SnapshotFormatError(f"snapshot has {len(names)} node names for n_nodes={n_nodes}")
+    errors = {int(row): str(reason) for row, reason in header.get("gpu_info_errors", {}).items()}
+    column = {name: np.ascontiguousarray(members[name], dtype=np.int32) for name in _NODE_COLUMNS}
+    table = NodeTable(
+        names=tuple(names),
+        zone_id=column["zone_id"],
+        zones=tuple(header["zones"]),
+        instance_type_id=column["instance_type_id"],
+        instance_types=tuple(header["instance_types"]),
+        model_id=column["model_id"],
+        models=tuple(header["models"]),
+        gpu_count=column["gpu_count"],
+        memory_mib=column["memory_mib"],
+        alloc_gpus=column["alloc_gpus"],
+        gpu_info_errors=errors,
+    )
+    _check_ids(table)
+    util = np.ascontiguousarray(members["gpu_utilization"], dtype=np.float32)
+    problems = tuple(str(p) for p in header.get("problems", []))
+    state = ClusterState(table, column["used_gpus"], _node_utilization(util, table.alloc_gpus), problems)
+    apps = AppIndex(
+        apps=tuple(header["apps"]),
+        node_entries=np.ascontiguousarray(members.get("app_node", np.zeros((3, 0))), dtype=np.int32),
+        zone_counts=np.ascontiguousarray(members.get("app_zone_counts", np.zeros((0, 0))), dtype=np.int32),
+    )
+    free_milli = np.ascontiguousarray(members["free_milli"], dtype=np.int32)
+    return ClusterSnapshot(
+        str(header["cluster"]), float(header["generated_at"]), state, free_milli, util, apps, problems
+    )
+
+
+def _header(members: Mapping[str, npt.NDArray[Any]]) -> dict[str, Any]:
+    raw = members.get("header")
+    if raw is None:
+        raise SnapshotFormatError("snapshot has no header member")
+    try:
+        header = json.loads(raw.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SnapshotFormatError(f"snapshot header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise SnapshotFormatError("snapshot header is not a JSON object")
+    missing = [key for key in _HEADER_KEYS if key not in header]
+    if missing:
+        raise SnapshotFormatError(f"snapshot header lacks {', '.join(missing)}")
+    version = header["schema_version"]
+    if not isinstance(version, int) or version < 1:
+        raise SnapshotFormatError(f"snapshot schema_version must be a positive integer, got {version!r}")
+    if version > SCHEMA_VERSION:
+        raise SnapshotFormatError(
+            f"snapshot schema version {version} is newer than this reader's ({SCHEMA_VERSION}); upgrade the extender"
+        )
+    for key in ("n_nodes", "max_gpus"):
+        if not isinstance(header[key], int) or header[key] < 0:
+            raise SnapshotFormatError(f"snapshot header {key} must be a non-negative integer, got {header[key]!r}")
+    if not isinstance(header["generated_at"], int | float):
+        raise SnapshotFormatError(f"snapshot header generated_at must be Unix seconds, got {header['generated_at']!r}")
+    return header
+
+
+def _check_ids(table: NodeTable) -> None:
+    for column, vocabulary in (
+        ("zone_id", table.zones),
+        ("instance_type_id", table.instance_types),
+        ("model_id", table.models),
+    ):
+        ids = getattr(table, column)
+        if ids.size and (ids.min() < -1 or ids.max() >= len(vocabulary)):
+            raise SnapshotFormatError(f"snapshot member {column!r} refers past its vocabulary of {len(vocabulary)}")

@@ -1,0 +1,268 @@
+"""The extender Lambda, driven by API Gateway REST proxy events built from the real captures,
+with the snapshot in moto S3."""
+
+import importlib
+import json
+import sys
+import time
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from scheduler_core.snapshot import build_snapshot, write_snapshot
+from tests.conftest import (
+    SCHEDULER_FIXTURES,
+    FakeLambdaContext,
+    api_gateway_event,
+    captured_nodes,
+    fixture_id,
+    load_fixture,
+    make_nodes,
+    make_pod,
+    request_verb,
+    requires_fixtures,
+    scheduler_requests,
+)
+from tests.scheduler_core.test_extender import assert_protocol_correct_filter
+
+BUCKET, KEY = "gpu-scheduler-state", "prod/snapshot.npz"
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "POWERTOOLS_METRICS_NAMESPACE": "GpuSchedulerTest",
+        "POWERTOOLS_DEV": "false",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket=BUCKET)
+        yield s3
+
+
+def put_snapshot(s3, nodes, pods=(), generated_at=None, key=KEY):
+    snap = build_snapshot(nodes, list(pods), cluster="test", generated_at=time.time() if generated_at is None else generated_at)
+    s3.put_object(Bucket=BUCKET, Key=key, Body=write_snapshot(snap))
+
+
+@pytest.fixture
+def load_handler(aws, monkeypatch):
+    def load(**env):
+        monkeypatch.setenv("SNAPSHOT_URI", f"s3://{BUCKET}/{KEY}")
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        import lambdas.extender.handler as handler
+
+        handler = importlib.reload(handler)  # a fresh module, as in a new Lambda sandbox
+        # Powertools keeps the first load's log handler; point it at this test's captured stdout.
+        handler.logger.logger_handler.stream = sys.stdout
+        return handler
+
+    return load
+
+
+class Invoker:
+    def __init__(self, handler, capsys):
+        self.handler, self.capsys = handler, capsys
+
+    def __call__(self, method, path, body=None, **kwargs):
+        response = self.handler.lambda_handler(api_gateway_event(method, path, body, **kwargs), FakeLambdaContext())
+        lines = [json.loads(line) for line in self.capsys.readouterr().out.splitlines() if line.startswith("{")]
+        self.emf = [line for line in lines if "_aws" in line]
+        self.logs = [line for line in lines if "_aws" not in line]
+        return response["statusCode"], json.loads(response["body"])
+
+    def metric(self, name, **dimensions):
+        """Values of metric ``name`` in this invocation's EMF output with the given dimensions."""
+        values = []
+        for doc in self.emf:
+            declared = {m["Name"] for d in doc["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]}
+            if name in declared and all(doc.get(k) == v for k, v in dimensions.items()):
+                value = doc[name]
+                values += value if isinstance(value, list) else [value]
+        return values
+
+
+@pytest.fixture
+def invoke(load_handler, capsys):
+    def make(**env):
+        return Invoker(load_handler(**env), capsys)
+
+    return make
+
+
+@requires_fixtures()
+@pytest.mark.parametrize("path", scheduler_requests("filter") + scheduler_requests("prioritize"), ids=fixture_id)
+def test_every_captured_request_in_both_node_modes(aws, invoke, path):
+    put_snapshot(aws, captured_nodes())
+    call = invoke()
+    request = load_fixture(path)
+    verb = request_verb(path)
+    status, reply = call("POST", f"/{verb}", path.read_bytes())
+    assert status == 200
+    if verb == "filter":
+        assert reply["Error"] == ""
+        assert_protocol_correct_filter(request, reply)
+        assert call.metric("FilterLatencyMs")
+        sent = request["NodeNames"] or [n["metadata"]["name"] for n in request["Nodes"]["items"]]
+        assert call.metric("NodesIn") == [len(sent)]
+    else:
+        sent = request["NodeNames"] or [n["metadata"]["name"] for n in request["Nodes"]["items"]]
+        assert sorted(p["Host"] for p in reply) == sorted(sent)
+        assert all(isinstance(p["Score"], int) and 0 <= p["Score"] <= 10 for p in reply)
+        assert call.metric("PrioritizeLatencyMs")
+
+
+@requires_fixtures()
+def test_names_only_request_is_decided_from_the_snapshot(aws, invoke):
+    put_snapshot(aws, captured_nodes())
+    call = invoke()
+    path = SCHEDULER_FIXTURES / "02-filter-prioritize-nodecache-true-60gpu-20cpu" / "01-filter-gpu-a100-2-large.request.json"
+    status, reply = call("POST", "/filter", path.read_bytes())
+    assert status == 200
+    # The pod wants A100 with 40960 MiB: the 20 A100 nodes (40 GB and 80 GB) of the 60 sent.
+    assert sorted(reply["NodeNames"]) == [f"gpu-a100-{i:02d}" for i in range(1, 21)]
+    assert reply["Nodes"] is None
+    assert set(reply["FailedAndUnresolvableNodes"].values()) >= {"GPU model V100 not in A100", "GPU model T4 not in A100"}
+    assert call.metric("NodesFeasible") == [20]
+    log = next(line for line in call.logs if line.get("message") == "filter")
+    assert (log["pod_namespace"], log["pod_name"]) == ("default", "gpu-a100-2-large")
+    assert log["decision"]["reasons"]["model"] == 40
+
+
+@requires_fixtures()
+def test_names_the_snapshot_lacks_fail_with_a_reason(aws, invoke):
+    put_snapshot(aws, captured_nodes())
+    call = invoke()
+    path = SCHEDULER_FIXTURES / "02e-filter-nodecache-true-180nodes-pct100" / "01-filter-gpu-2-180nodes-pct100.request.json"
+    _, reply = call("POST", "/filter", path.read_bytes())
+    extra = {name for name in load_fixture(path)["NodeNames"] if name.startswith("gpu-extra-")}
+    assert len(extra) == 100
+    assert {n for n, r in reply["FailedNodes"].items() if r == "node is not in the cluster state"} == extra
+
+
+def test_snapshot_usage_enriches_full_node_requests(aws, invoke):
+    nodes = make_nodes("A100", "A100")
+    put_snapshot(aws, nodes, [make_pod("r", 8, node_name="a100-0", phase="Running")])
+    call = invoke()
+    body = json.dumps({"Pod": make_pod("p", 2), "Nodes": {"items": nodes}, "NodeNames": None})
+    status, reply = call("POST", "/filter", body)
+    assert status == 200
+    assert reply["FailedNodes"] == {"a100-0": "0 of 8 GPUs free, pod needs 2"}
+    assert [n["metadata"]["name"] for n in reply["Nodes"]["items"]] == ["a100-1"]
+
+
+def test_base64_encoded_bodies_are_decoded(aws, invoke):
+    put_snapshot(aws, make_nodes("T4"))
+    call = invoke()
+    body = json.dumps({"Pod": make_pod("p", 1), "NodeNames": ["t4-0"]})
+    assert call("POST", "/filter", body, base64=True)[1]["NodeNames"] == ["t4-0"]
+
+
+def test_stale_snapshot_fails_the_filter_with_its_age_and_a_metric(aws, invoke):
+    put_snapshot(aws, make_nodes("T4"), generated_at=time.time() - 600)
+    call = invoke(MAX_SNAPSHOT_AGE_S="180")
+    status, reply = call("POST", "/filter", json.dumps({"Pod": make_pod("p", 1), "NodeNames": ["t4-0"]}))
+    assert status == 200
+    assert reply["Error"].startswith("cluster snapshot is 60")
+    assert reply["NodeNames"] == []
+    assert call.metric("Unschedulable", reason="stale") == [1]
+    assert call.metric("SnapshotAgeSeconds")[0] >= 600
+
+
+def test_missing_snapshot_fails_the_filter_and_counts_the_refresh_failure(aws, invoke):
+    call = invoke()
+    status, reply = call("POST", "/filter", json.dumps({"Pod": make_pod("p", 1), "NodeNames": ["a"]}))
+    assert status == 200
+    assert "no cluster snapshot" in reply["Error"] and "no such object" in reply["Error"]
+    assert call.metric("SnapshotRefreshFailures", reason="missing") == [1]
+    assert call.metric("Unschedulable", reason="missing") == [1]
+    status, _ = call("POST", "/prioritize", json.dumps({"Pod": make_pod("p", 1), "NodeNames": ["a"]}))
+    assert status == 503
+
+
+def test_corrupt_snapshot_fails_the_filter_with_a_metric(aws, invoke):
+    aws.put_object(Bucket=BUCKET, Key=KEY, Body=b"PK\x03\x04 not really")
+    call = invoke()
+    _, reply = call("POST", "/filter", json.dumps({"Pod": make_pod("p", 1), "NodeNames": ["a"]}))
+    assert "truncated or corrupt" in reply["Error"]
+    assert call.metric("SnapshotRefreshFailures", reason="corrupt") == [1]
+
+
+def test_s3_errors_fail_the_filter_with_a_metric(aws, invoke):
+    call = invoke(SNAPSHOT_URI="s3://no-such-bucket/snapshot.npz")
+    _, reply = call("POST", "/filter", json.dumps({"Pod": make_pod("p", 1), "NodeNames": ["a"]}))
+    assert "NoSuchBucket" in reply["Error"]
+    assert call.metric("SnapshotRefreshFailures", reason="store_error") == [1]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        pytest.param("{not json", "not valid JSON", id="non-JSON"),
+        pytest.param("[1, 2]", "expected a JSON object", id="wrong type"),
+        pytest.param('{"NodeNames": []}', "Pod: required", id="missing Pod"),
+        pytest.param(None, "not valid JSON", id="no body"),
+        pytest.param(" " * 2000, "request body is 2000 bytes; the limit is 1000", id="huge body"),
+    ],
+)
+def test_bad_client_input_is_a_400_with_a_metric_never_a_5xx(aws, invoke, body, message):
+    put_snapshot(aws, make_nodes("T4"))
+    call = invoke(MAX_BODY_BYTES="1000")
+    status, reply = call("POST", "/filter", body)
+    assert status == 400
+    assert message in reply["Error"]
+    assert call.metric("BadRequests") == [1]
+
+
+def test_invalid_pod_annotation_is_a_200_with_error(aws, invoke):
+    put_snapshot(aws, make_nodes("T4"))
+    call = invoke()
+    status, reply = call("POST", "/filter", json.dumps({"Pod": make_pod("p", 1, models="T4!"), "NodeNames": ["t4-0"]}))
+    assert status == 200
+    assert "gpu.nvidia.com/model" in reply["Error"]
+    assert call.metric("Unschedulable", reason="invalid_pod") == [1]
+
+
+def test_internal_fault_is_a_logged_500_without_details(aws, invoke, monkeypatch):
+    put_snapshot(aws, make_nodes("T4"))
+    call = invoke()
+
+    def explode(*_args):
+        raise ZeroDivisionError("secret detail")
+
+    monkeypatch.setattr(call.handler.EXTENDER, "respond", explode)  # a fault injected below the handler
+    status, reply = call("POST", "/filter", json.dumps({"Pod": make_pod("p", 1), "NodeNames": ["t4-0"]}))
+    assert status == 500
+    assert "secret detail" not in reply["Error"]
+    assert call.metric("InternalErrors") == [1]
+    error_log = next(line for line in call.logs if line.get("message") == "internal error")
+    assert "ZeroDivisionError" in error_log["exception"] and error_log["path"] == "/filter"
+
+
+def test_healthz_and_unknown_routes(aws, invoke):
+    call = invoke()
+    assert call("GET", "/healthz") == (200, {"status": "ok", "snapshot": f"s3://{BUCKET}/{KEY}"})
+    assert call("POST", "/bind", "{}")[0] == 404
+
+
+def test_invalid_settings_fail_at_import_listing_every_problem(aws, load_handler):
+    from scheduler_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"MAX_SNAPSHOT_AGE_S: expected float, got 'soon'; SCORE_WEIGHT_FIT: must be"):
+        load_handler(MAX_SNAPSHOT_AGE_S="soon", SCORE_WEIGHT_FIT="7")
+
+
+def test_handler_does_not_import_kubernetes():
+    import subprocess
+    import sys
+
+    code = "import sys, lambdas.extender.handler; print('kubernetes' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "SNAPSHOT_URI": "/nonexistent.npz"})
+    assert out.stdout.strip() == "False"
