@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from adapters.runtime import tune_allocator
+from bench.lambda_path import warm_path
 from bench.timing import time_us
 from scheduler_core._reference import reference_reasons, reference_scores
 from scheduler_core.cluster import ClusterState
@@ -113,4 +114,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "demand": {"gpus": DEMAND.gpus, "models": sorted(DEMAND.models or ()), "min_memory_mib": DEMAND.min_memory_mib},
         "core": _core([_CoreCase.build(n, rng) for n in args.nodes], args.repeat),
         "handle_full_nodes": [_handle(n, args.repeat, rng) for n in args.payload_nodes],
+        "lambda_names_only": (
+            warm_path(args.snapshot_nodes, args.names, args.repeat, args.seed) if args.snapshot_nodes else None
+        ),
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 from scheduler_core.errors import ConfigError, InvalidArgsError, InvalidPodError
 from scheduler_core.explain import NodeExplanation, explain
-from scheduler_core.extender import DEFAULT_MAX_BODY_BYTES, Extender, ExtenderConfig, decode_json
+from scheduler_core.extender import DEFAULT_MAX_BODY_BYTES, ClusterSource, Extender, ExtenderConfig, decode_json
 from scheduler_core.gpu_fit import ScoreWeights
 from scheduler_core.pods import pod_demand
 
@@ -59,8 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the extender as a local HTTP server")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8888, help="0 picks a free port (printed on stdout)")
-    serve.add_argument("--cluster", type=Path, help='JSON {"nodes": [v1 Node], "pods": [v1 Pod]} for GPU usage')
-    serve.add_argument("--refresh-s", type=float, default=1.0, help="re-check --cluster for changes this often")
+    state = serve.add_mutually_exclusive_group()
+    state.add_argument("--cluster", type=Path, help='JSON {"nodes": [v1 Node], "pods": [v1 Pod]} for GPU usage')
+    state.add_argument(
+        "--snapshot",
+        default=os.environ.get("SNAPSHOT_URI") or None,
+        help="cluster snapshot: s3://bucket/key, file:///path or a path (default: $SNAPSHOT_URI)",
+    )
+    serve.add_argument("--refresh-s", type=float, default=None, help="re-check the state this often (1 s; 10 s for S3)")
+    serve.add_argument("--max-snapshot-age-s", type=float, default=180.0, help="refuse an older snapshot")
     serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     _add_weights(serve)
 
@@ -83,7 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--payload-nodes", type=_int_list, default=[100, 500, 1000], help="full Node payload sizes")
     ext.add_argument("--repeat", type=int, default=200, help="timed iterations per size")
     ext.add_argument("--seed", type=int, default=1)
+    ext.add_argument("--snapshot-nodes", type=int, default=0, help="time the Lambda path over a snapshot this big")
+    ext.add_argument("--names", type=_int_list, default=[1000, 10000, 100000], help="NodeNames per request")
     ext.add_argument("--json", action="store_true", help="JSON output (the default; kept for scripts)")
+    cold = suites.add_parser("cold-start", help="fresh interpreter: import + init + first request (S3 via moto)")
+    cold.add_argument("--runs", type=int, default=5)
+    cold.add_argument("--snapshot-nodes", type=int, default=10000)
+    cold.add_argument("--seed", type=int, default=1)
+    cold.add_argument("--json", action="store_true", help="JSON output (the default; kept for scripts)")
     return parser
 
 
@@ -103,6 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpu_scheduler.demo import run_demo
 
             return run_demo(n_nodes=args.nodes, n_pods=args.pods, seed=args.seed, as_json=args.json)
+        if args.command == "bench" and args.suite == "cold-start":
+            from bench.lambda_path import cold_start
+
+            print(json.dumps(cold_start(args.runs, args.snapshot_nodes, args.seed), indent=2))
+            return 0
         if args.command == "bench":
             from bench.extender import run as run_extender_bench
 
@@ -120,7 +140,18 @@ def _serve(args: argparse.Namespace) -> int:
     from gpu_scheduler.server import ClusterFile, print_ready, serve
 
     config = ExtenderConfig(weights=_weights(args), max_body_bytes=args.max_body_bytes).validated()
-    cluster = ClusterFile(args.cluster, refresh_s=args.refresh_s) if args.cluster else None
+    cluster: ClusterSource | None = None
+    if args.cluster:
+        cluster = ClusterFile(args.cluster, refresh_s=1.0 if args.refresh_s is None else args.refresh_s)
+    elif args.snapshot:
+        from adapters.snapshot_store import DEFAULT_REFRESH_S, SnapshotSource, open_store
+
+        try:
+            store = open_store(args.snapshot)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        refresh_s = DEFAULT_REFRESH_S if args.refresh_s is None else args.refresh_s
+        cluster = SnapshotSource(store, refresh_s=refresh_s, max_age_s=args.max_snapshot_age_s)
     serve(Extender(config, cluster), args.host, args.port, ready=print_ready)
     return 0
 

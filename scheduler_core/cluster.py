@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -39,8 +40,9 @@ class ClusterState:
     utilization: npt.NDArray[np.float64]
     problems: tuple[str, ...] = ()
 
-    @property
+    @cached_property
     def free_gpus(self) -> npt.NDArray[np.int32]:
+        """Shape (n_nodes,): computed once, since the state never changes."""
         return free_gpus(self.table, self.used_gpus)
 
     @classmethod

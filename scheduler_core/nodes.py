@@ -139,9 +139,10 @@ class NodeTable:
         picked = np.asarray(rows, dtype=np.int64)
         if picked.ndim != 1:
             raise ValueError(f"rows: expected shape (k,), got {picked.shape}")
-        errors = {
-            new: self.gpu_info_errors[old] for new, old in enumerate(picked.tolist()) if old in self.gpu_info_errors
-        }
+        errors = {}
+        if self.gpu_info_errors:  # usually empty: skip the loop over rows
+            known = self.gpu_info_errors
+            errors = {new: known[old] for new, old in enumerate(picked.tolist()) if old in known}
         names = self.names
         table = NodeTable(
             names=tuple(names[row] for row in picked.tolist()),

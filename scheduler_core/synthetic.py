@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from scheduler_core.cluster import ClusterState
 from scheduler_core.nodes import (
     GFD_COUNT,
     GFD_MEMORY,
@@ -26,6 +27,7 @@ from scheduler_core.nodes import (
     LABEL_ZONE,
     NodeTable,
 )
+from scheduler_core.snapshot import MILLI_PER_GPU, AppIndex, ClusterSnapshot
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,22 @@ def synthetic_table(n_nodes: int, rng: np.random.Generator, mix: Sequence[float]
         memory_mib=memory,
         alloc_gpus=gpus,
     )
+
+
+def synthetic_snapshot(
+    n_nodes: int, rng: np.random.Generator, *, generated_at: float, cluster: str = "synthetic"
+) -> ClusterSnapshot:
+    """A snapshot of :func:`synthetic_table` with random whole-GPU use and utilisation."""
+    table = synthetic_table(n_nodes, rng)
+    used = rng.integers(0, table.alloc_gpus + 1).astype(np.int32)
+    max_gpus = int(table.alloc_gpus.max()) if n_nodes else 1
+    gpu_index = np.arange(max_gpus)[None, :]
+    exists = gpu_index < table.alloc_gpus[:, None]
+    free_milli = np.where(exists & (gpu_index >= used[:, None]), MILLI_PER_GPU, 0).astype(np.int32)
+    util = np.where(exists, rng.random((n_nodes, max_gpus)), np.nan).astype(np.float32)
+    node_util = np.nan_to_num(np.nanmean(util, axis=1)).astype(np.float64)
+    apps = AppIndex((), np.zeros((3, 0), dtype=np.int32), np.zeros((0, len(ZONES)), dtype=np.int32))
+    return ClusterSnapshot(cluster, generated_at, ClusterState(table, used, node_util), free_milli, util, apps)
 
 
 def make_node(name: str, shape: InstanceShape, zone: str, *, gfd: bool = True) -> dict[str, Any]:

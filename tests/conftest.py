@@ -52,8 +52,15 @@ __all__ = ["make_nodes", "make_pod"]
 
 
 APISERVER_FIXTURES = SHARED / "fixtures" / "kube-apiserver"
-NODE_PAGES = [APISERVER_FIXTURES / f"b1{page}" for page in ("a-nodes-list-limit25-page1", "b-nodes-list-limit25-page2",
-                                                                  "c-nodes-list-limit25-page3", "d-nodes-list-limit25-page4-last")]
+NODE_PAGES = [
+    APISERVER_FIXTURES / name
+    for name in (
+        "b1a-nodes-list-limit25-page1",
+        "b1b-nodes-list-limit25-page2",
+        "b1c-nodes-list-limit25-page3",
+        "b1d-nodes-list-limit25-page4-last",
+    )
+]
 
 
 def captured_nodes() -> list[dict[str, Any]]:
@@ -63,15 +70,21 @@ def captured_nodes() -> list[dict[str, Any]]:
     return nodes + load_fixture(small)["Nodes"]["items"]
 
 
-def api_gateway_event(method: str, path: str, body: bytes | str | None = None, *, base64: bool = False) -> dict[str, Any]:
+def api_gateway_event(
+    method: str, path: str, body: bytes | str | None = None, *, base64: bool = False
+) -> dict[str, Any]:
     """An API Gateway REST API proxy event (payload v1), as a private API with a VPC endpoint sends it."""
     import base64 as b64
 
     text = body.decode() if isinstance(body, bytes) else body
     if base64 and text is not None:
         text = b64.b64encode(text.encode()).decode()
-    headers = {"Content-Type": "application/json", "Host": "abc123.execute-api.us-east-1.amazonaws.com",
-               "User-Agent": "Go-http-client/1.1", "x-amzn-vpce-id": "vpce-0123456789abcdef0"}
+    headers = {
+        "Content-Type": "application/json",
+        "Host": "abc123.execute-api.us-east-1.amazonaws.com",
+        "User-Agent": "Go-http-client/1.1",
+        "x-amzn-vpce-id": "vpce-0123456789abcdef0",
+    }
     return {
         "resource": path,
         "path": path,

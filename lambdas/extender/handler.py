@@ -15,20 +15,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from adapters.runtime import tune_allocator
 from adapters.snapshot_store import RefreshEvent, SnapshotSource, open_store
+from adapters.tracing import make_tracer
 from lambdas.extender.config import ExtenderSettings
 from scheduler_core.extender import Extender, FilterOutcome, PrioritizeOutcome, Reply, encode_json
 
 SETTINGS = ExtenderSettings.from_env()
 logger = Logger(service=SETTINGS.service)
 metrics = Metrics(namespace=SETTINGS.metrics_namespace, service=SETTINGS.service)
-tracer = Tracer(service=SETTINGS.service)
+tracer = make_tracer(SETTINGS.service)
 tune_allocator()
 
 
@@ -82,7 +83,7 @@ def healthz() -> dict[str, Any]:
     return {"status": "ok", "snapshot": SOURCE.store.uri if SOURCE else None}
 
 
-@app.not_found  # type: ignore[untyped-decorator]  # Powertools leaves it untyped
+@app.not_found
 def not_found(_exc: Exception) -> Response[str]:
     event = app.current_event
     message = f"no route {event.http_method} {event.path[:64]!r}: POST /filter, POST /prioritize, GET /healthz"

@@ -91,7 +91,9 @@ def test_s3_missing_object_and_bucket_are_errors_naming_the_uri(s3):
 def test_s3_access_denied_is_a_store_error():
     client = boto3.client("s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
     with Stubber(client) as stub:
-        stub.add_client_error("get_object", service_error_code="AccessDenied", service_message="no", http_status_code=403)
+        stub.add_client_error(
+            "get_object", service_error_code="AccessDenied", service_message="no", http_status_code=403
+        )
         with pytest.raises(SnapshotStoreError, match="AccessDenied: no"):
             S3SnapshotStore("b", "k", client).fetch(None)
 

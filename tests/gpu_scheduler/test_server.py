@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -198,3 +199,43 @@ def test_serve_shuts_down_cleanly_on_signal(sig):
     assert "shutting down" in proc.stderr.read()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=1)
+
+
+def test_serve_with_a_snapshot_answers_names_only_requests(tmp_path):
+    from scheduler_core.snapshot import build_snapshot, write_snapshot
+
+    path = tmp_path / "snapshot.npz"
+    pods = [make_pod("r", 6, node_name="a100-0", phase="Running")]
+    path.write_bytes(
+        write_snapshot(build_snapshot(make_nodes("A100", "T4"), pods, cluster="c", generated_at=time.time()))
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpu_scheduler", "serve", "--port", "0", "--snapshot", f"file://{path}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(json.loads(proc.stdout.readline())["serving"].rsplit(":", 1)[1])
+        payload = json.dumps({"Pod": make_pod("p", 4), "NodeNames": ["a100-0", "t4-1", "gone"]})
+        status, _, reply = post(port, "/filter", payload)
+        assert status == 200
+        assert reply["NodeNames"] == ["t4-1"]
+        assert reply["FailedNodes"] == {
+            "a100-0": "2 of 8 GPUs free, pod needs 4",
+            "gone": "node is not in the cluster state",
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_serve_rejects_a_bad_snapshot_uri():
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpu_scheduler", "serve", "--port", "0", "--snapshot", "s3://bucket-only"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2
+    assert "expected s3://bucket/key" in proc.stderr

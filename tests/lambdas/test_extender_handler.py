@@ -46,7 +46,8 @@ def aws(monkeypatch):
 
 
 def put_snapshot(s3, nodes, pods=(), generated_at=None, key=KEY):
-    snap = build_snapshot(nodes, list(pods), cluster="test", generated_at=time.time() if generated_at is None else generated_at)
+    when = time.time() if generated_at is None else generated_at
+    snap = build_snapshot(nodes, list(pods), cluster="test", generated_at=when)
     s3.put_object(Bucket=BUCKET, Key=key, Body=write_snapshot(snap))
 
 
@@ -122,13 +123,15 @@ def test_every_captured_request_in_both_node_modes(aws, invoke, path):
 def test_names_only_request_is_decided_from_the_snapshot(aws, invoke):
     put_snapshot(aws, captured_nodes())
     call = invoke()
-    path = SCHEDULER_FIXTURES / "02-filter-prioritize-nodecache-true-60gpu-20cpu" / "01-filter-gpu-a100-2-large.request.json"
+    case = SCHEDULER_FIXTURES / "02-filter-prioritize-nodecache-true-60gpu-20cpu"
+    path = case / "01-filter-gpu-a100-2-large.request.json"
     status, reply = call("POST", "/filter", path.read_bytes())
     assert status == 200
     # The pod wants A100 with 40960 MiB: the 20 A100 nodes (40 GB and 80 GB) of the 60 sent.
     assert sorted(reply["NodeNames"]) == [f"gpu-a100-{i:02d}" for i in range(1, 21)]
     assert reply["Nodes"] is None
-    assert set(reply["FailedAndUnresolvableNodes"].values()) >= {"GPU model V100 not in A100", "GPU model T4 not in A100"}
+    reasons = set(reply["FailedAndUnresolvableNodes"].values())
+    assert reasons >= {"GPU model V100 not in A100", "GPU model T4 not in A100"}
     assert call.metric("NodesFeasible") == [20]
     log = next(line for line in call.logs if line.get("message") == "filter")
     assert (log["pod_namespace"], log["pod_name"]) == ("default", "gpu-a100-2-large")
@@ -139,7 +142,11 @@ def test_names_only_request_is_decided_from_the_snapshot(aws, invoke):
 def test_names_the_snapshot_lacks_fail_with_a_reason(aws, invoke):
     put_snapshot(aws, captured_nodes())
     call = invoke()
-    path = SCHEDULER_FIXTURES / "02e-filter-nodecache-true-180nodes-pct100" / "01-filter-gpu-2-180nodes-pct100.request.json"
+    path = (
+        SCHEDULER_FIXTURES
+        / "02e-filter-nodecache-true-180nodes-pct100"
+        / ("01-filter-gpu-2-180nodes-pct100.request.json")
+    )
     _, reply = call("POST", "/filter", path.read_bytes())
     extra = {name for name in load_fixture(path)["NodeNames"] if name.startswith("gpu-extra-")}
     assert len(extra) == 100
@@ -258,11 +265,15 @@ def test_invalid_settings_fail_at_import_listing_every_problem(aws, load_handler
         load_handler(MAX_SNAPSHOT_AGE_S="soon", SCORE_WEIGHT_FIT="7")
 
 
-def test_handler_does_not_import_kubernetes():
+def test_handler_imports_neither_kubernetes_nor_xray_when_tracing_is_off():
     import subprocess
-    import sys
 
-    code = "import sys, lambdas.extender.handler; print('kubernetes' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PATH": "/usr/bin:/bin", "SNAPSHOT_URI": "/nonexistent.npz"})
+    code = "import sys, lambdas.extender.handler; print(any(m in sys.modules for m in ('kubernetes', 'aws_xray_sdk')))"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "SNAPSHOT_URI": "/nonexistent.npz"},
+    )
     assert out.stdout.strip() == "False"

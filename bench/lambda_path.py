@@ -1,0 +1,177 @@
+"""The extender Lambda's full event-to-response path over a large snapshot, and its cold start.
+
+``gpu-scheduler bench extender --snapshot-nodes 100000 --names 1000,10000,100000 --json`` times
+``lambda_handler(event, context)`` on API Gateway REST proxy events carrying ``NodeNames`` (the
+``nodeCacheCapable: true`` form), with the snapshot already loaded, as in a warm Lambda.
+``gpu-scheduler bench cold-start --json`` times a fresh interpreter: import and init of the handler
+module, then the first request, which loads the snapshot from S3 (moto's server on loopback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.timing import time_us
+from scheduler_core.snapshot import write_snapshot
+from scheduler_core.synthetic import make_pod, synthetic_snapshot
+
+
+class _Discard:
+    """A stdout that drops what the handler prints (EMF and logs), so the JSON report stays clean."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+class _Context:
+    function_name = "gpu-scheduler-extender"
+    memory_limit_in_mb = 512
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:gpu-scheduler-extender"
+    aws_request_id = "bench"
+
+
+def _event(path: str, body: str) -> dict[str, Any]:
+    return {
+        "resource": path,
+        "path": path,
+        "httpMethod": "POST",
+        "headers": {"Content-Type": "application/json"},
+        "multiValueHeaders": {},
+        "queryStringParameters": None,
+        "pathParameters": None,
+        "requestContext": {"resourcePath": path, "httpMethod": "POST", "stage": "prod", "requestId": "bench"},
+        "body": body,
+        "isBase64Encoded": False,
+    }
+
+
+def warm_path(snapshot_nodes: int, names: list[int], repeat: int, seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    snapshot = synthetic_snapshot(snapshot_nodes, rng, generated_at=time.time())
+    all_names = np.array(snapshot.table.names)
+    pod = make_pod("bench", 2, models="A100,H100,L40S", memory="40Gi")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "snapshot.npz"
+        path.write_bytes(write_snapshot(snapshot))
+        os.environ["SNAPSHOT_URI"] = str(path)
+        sink = _Discard()
+        with contextlib.redirect_stdout(sink):
+            import lambdas.extender.handler as handler
+
+            handler = importlib.reload(handler)
+            handler.logger.logger_handler.stream = sink  # type: ignore[attr-defined]
+            results = []
+            for count in names:
+                picked = rng.choice(all_names, size=min(count, snapshot_nodes), replace=False).tolist()
+                body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": picked})
+                row: dict[str, Any] = {"names": len(picked), "request_bytes": len(body)}
+                for verb in ("filter", "prioritize"):
+                    event = _event(f"/{verb}", body)
+                    response = handler.lambda_handler(event, _Context())
+                    assert response["statusCode"] == 200, response["body"][:300]
+                    call = partial(handler.lambda_handler, event, _Context())
+                    row[verb] = time_us(call, max(5, repeat // 4))
+                reply = json.loads(handler.lambda_handler(_event("/filter", body), _Context())["body"])
+                row["filter_feasible"] = len(reply["NodeNames"])
+                results.append(row)
+        snapshot_bytes = path.stat().st_size
+    return {"snapshot_nodes": snapshot_nodes, "snapshot_bytes": snapshot_bytes, "by_names": results}
+
+
+_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import lambdas.extender.handler as handler
+t1 = time.perf_counter()
+event = json.loads(sys.stdin.read())
+class Ctx:
+    function_name = "cold"; memory_limit_in_mb = 512; aws_request_id = "cold"
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:cold"
+response = handler.lambda_handler(event, Ctx())
+t2 = time.perf_counter()
+assert response["statusCode"] == 200, response
+assert json.loads(response["body"])["Error"] == "", response["body"][:300]
+sys.stderr.write(json.dumps({"import_init_ms": 1000 * (t1 - t0), "first_request_ms": 1000 * (t2 - t1),
+                             "kubernetes_imported": "kubernetes" in sys.modules}) + "\n")
+"""
+
+
+def cold_start(runs: int, snapshot_nodes: int, seed: int) -> dict[str, Any]:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        creds = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+        )
+        s3.create_bucket(Bucket="state")
+        snapshot = synthetic_snapshot(snapshot_nodes, np.random.default_rng(seed), generated_at=time.time())
+        s3.put_object(Bucket="state", Key="snapshot.npz", Body=write_snapshot(snapshot))
+        names = list(snapshot.table.names[: min(1000, snapshot_nodes)])
+        event = _event("/filter", json.dumps({"Pod": make_pod("p", 1), "NodeNames": names}))
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "SNAPSHOT_URI": "s3://state/snapshot.npz",
+            "AWS_ENDPOINT_URL_S3": endpoint,
+            **creds,
+        }
+        samples = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            proc = subprocess.run(
+                [sys.executable, "-c", _CHILD],
+                input=json.dumps(event),
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            wall_ms = 1000 * (time.perf_counter() - started)
+            if proc.returncode != 0:
+                raise RuntimeError(f"cold-start child failed: {proc.stderr[-2000:]}")
+            child = json.loads(proc.stderr.strip().splitlines()[-1])
+            samples.append({**child, "process_wall_ms": wall_ms})
+    finally:
+        server.stop()
+
+    def stat(key: str) -> dict[str, float]:
+        values = np.array([s[key] for s in samples])
+        return {"p50": round(float(np.median(values)), 1), "max": round(float(values.max()), 1)}
+
+    return {
+        "benchmark": "cold-start",
+        "runs": runs,
+        "snapshot_nodes": snapshot_nodes,
+        "first_request_names": len(names),
+        "import_init_ms": stat("import_init_ms"),
+        "first_request_ms": stat("first_request_ms"),
+        "import_init_plus_first_request_ms": {
+            "p50": round(float(np.median([s["import_init_ms"] + s["first_request_ms"] for s in samples])), 1)
+        },
+        "process_wall_ms": stat("process_wall_ms"),
+        "kubernetes_imported": any(s["kubernetes_imported"] for s in samples),
+    }
