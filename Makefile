@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench lock clean
+.PHONY: demo test lint typecheck unit bench lock clean package
 
 $(STAMP): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -40,3 +40,9 @@ lock:
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
+
+# Lambda bundle and dependency layer, built without Docker (DESIGN section 8).
+LAMBDA_ARCH ?= arm64
+LAMBDA_PYTHON ?= 3.13
+package: $(STAMP)
+	$(BIN)/python tools/package_lambda.py --arch $(LAMBDA_ARCH) --python-version $(LAMBDA_PYTHON)

@@ -268,7 +268,10 @@ def test_invalid_settings_fail_at_import_listing_every_problem(aws, load_handler
 def test_handler_imports_neither_kubernetes_nor_xray_when_tracing_is_off():
     import subprocess
 
-    code = "import sys, lambdas.extender.handler; print(any(m in sys.modules for m in ('kubernetes', 'aws_xray_sdk.core')))"
+    code = (
+        "import sys, lambdas.extender.handler\n"
+        "print(any(m in sys.modules for m in ('kubernetes', 'aws_xray_sdk.core')))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
