@@ -15,6 +15,7 @@ and answers 500.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -105,16 +106,29 @@ class FilterOutcome:
 
 @dataclass(frozen=True, eq=False)
 class PrioritizeOutcome:
-    reply: list[HostPriority]
+    """A prioritize decision: one integer score per host, in the request's order."""
+
+    hosts: list[str]
+    values: list[int]
     demand: PodDemand | None = None
     scores: ScoreResult | None = None
 
+    @property
+    def reply(self) -> list[HostPriority]:
+        return [HostPriority(host, score) for host, score in zip(self.hosts, self.values, strict=True)]
+
+    def to_json(self) -> bytes:
+        """The ``HostPriorityList`` as JSON, written directly: with 10,000s of hosts per call this is
+        about 4x faster than building dicts for ``json.dumps``."""
+        items = [f'{{"Host":{_json_string(h)},"Score":{int(s)}}}' for h, s in zip(self.hosts, self.values, strict=True)]
+        return ("[" + ",".join(items) + "]").encode()
+
     def summary(self) -> dict[str, Any]:
-        top = max(self.reply, key=lambda p: p.score, default=None)
+        best = max(range(len(self.values)), key=self.values.__getitem__, default=None)
         return {
-            "nodes_in": len(self.reply),
-            "top_node": top.host if top else None,
-            "top_score": top.score if top else None,
+            "nodes_in": len(self.hosts),
+            "top_node": None if best is None else self.hosts[best],
+            "top_score": None if best is None else self.values[best],
         }
 
 
@@ -169,7 +183,7 @@ class Extender:
                 outcome = self.filter(args)
                 return Reply(200, encode_json(outcome.reply.to_wire()), outcome, outcome.error_kind)
             scored = self.prioritize(args)
-            return Reply(200, encode_json(HostPriority.list_to_wire(scored.reply)), scored)
+            return Reply(200, scored.to_json(), scored)
         except InvalidArgsError as exc:
             return Reply(400, _error_body(str(exc)), error_kind="bad_request")
         except InvalidPodError as exc:  # prioritize only: filter reports it as Error in a 200
@@ -194,7 +208,7 @@ class Extender:
         for name in view.unknown:
             failed[name] = UNKNOWN_NODE_REASON
         reply = ExtenderFilterResult(
-            nodes=None if args.nodes is None else [args.nodes[view.rows[row]] for row in kept],
+            nodes=None if args.nodes is None else [args.nodes[row] for row in kept],
             node_names=None if args.nodes is not None else [view.table.names[row] for row in kept],
             failed=failed,
             failed_unresolvable=result.failed_unresolvable,
@@ -213,23 +227,19 @@ class Extender:
         view = self._view(args)
         feasible = filter_nodes(view.table, view.free, demand).feasible
         scores = score_nodes(view.table, view.free, view.utilization, demand, self.config.weights, feasible=feasible)
-        reply = [
-            HostPriority(host=name, score=int(s))
-            for name, s in zip(view.table.names, scores.score.tolist(), strict=True)
-        ]
         # Names the cluster state does not know cannot be ranked; they score 0 rather than vanish.
-        reply.extend(HostPriority(host=name, score=0) for name in view.unknown)
-        return PrioritizeOutcome(reply=reply, demand=demand, scores=scores)
+        hosts = [*view.table.names, *view.unknown]
+        values = [*scores.score.tolist(), *([0] * len(view.unknown))]
+        return PrioritizeOutcome(hosts=hosts, values=values, demand=demand, scores=scores)
 
     def _view(self, args: ExtenderArgs) -> _NodeView:
         state = self._cluster()
         if args.nodes is not None:
             table = NodeTable.from_nodes(args.nodes)
-            rows = list(range(table.n_nodes))
             if state is None:
-                return _NodeView(table, rows, table.alloc_gpus.copy(), np.zeros(table.n_nodes), [])
+                return _NodeView(table, table.alloc_gpus.copy(), np.zeros(table.n_nodes), [])
             used, utilization = state.usage_for(table.names)
-            return _NodeView(table, rows, free_gpus(table, used), utilization, [])
+            return _NodeView(table, free_gpus(table, used), utilization, [])
         if state is None:
             raise ClusterStateUnavailableError(
                 "NodeNames (nodeCacheCapable: true) needs cluster state and this extender has none: "
@@ -237,22 +247,28 @@ class Extender:
             )
         names = args.node_names or []
         index = state.table.index
-        found = [index.get(name, -1) for name in names]
-        rows = [row for row in found if row >= 0]
-        unknown = [name for name, row in zip(names, found, strict=True) if row < 0]
-        return _NodeView(state.table.take(rows), rows, state.free_gpus[rows], state.utilization[rows], unknown)
+        found = np.fromiter(map(index.get, names, itertools.repeat(-1)), dtype=np.intp, count=len(names))
+        known = found >= 0
+        known_names: list[str] = names
+        unknown: list[str] = []
+        if not known.all():
+            flags = known.tolist()
+            known_names = [name for name, ok in zip(names, flags, strict=True) if ok]
+            unknown = [name for name, ok in zip(names, flags, strict=True) if not ok]
+        rows = found[known]
+        table = state.table.take(rows, names=known_names)
+        return _NodeView(table, state.free_gpus[rows], state.utilization[rows], unknown)
 
 
 @dataclass(frozen=True, eq=False)
 class _NodeView:
     """The request's nodes as a table, with free GPUs and utilisation per row.
 
-    ``rows`` maps each table row back to its position in ``Nodes.items`` (full-object form) or to
-    its row in the cluster state (names form); ``unknown`` lists names the state does not have.
+    In the full-object form, row i is ``Nodes.items[i]``; in the names form the rows follow the
+    request's order, and ``unknown`` lists the names the cluster state does not have.
     """
 
     table: NodeTable
-    rows: list[int]
     free: npt.NDArray[np.int32]
     utilization: npt.NDArray[np.float64]
     unknown: list[str]
@@ -266,6 +282,10 @@ def decode_json(body: bytes) -> Any:
         raise InvalidArgsError("request body is nested too deeply to be an extender request") from exc
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise InvalidArgsError(f"request body is not valid JSON: {exc}") from exc
+
+
+# The C string encoder behind json.dumps: escapes and quotes one string.
+_json_string: Callable[[str], str] = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
 
 
 def encode_json(obj: Any) -> bytes:

@@ -134,18 +134,24 @@ class NodeTable:
             alloc_gpus=np.ascontiguousarray(unique[:, 2]),
         )
 
-    def take(self, rows: npt.ArrayLike) -> NodeTable:
-        """The sub-table of ``rows`` (shape (k,), int), in that order; vocabularies are shared."""
-        picked = np.asarray(rows, dtype=np.int64)
+    def take(self, rows: npt.ArrayLike, names: Sequence[str] | None = None) -> NodeTable:
+        """The sub-table of ``rows`` (shape (k,), int), in that order; vocabularies are shared.
+
+        ``names``, when the caller has them already, must be the names of ``rows``; it saves a
+        lookup per row. The parent's :attr:`gpu_shapes` are computed once and shared.
+        """
+        picked = np.asarray(rows, dtype=np.intp)
         if picked.ndim != 1:
             raise ValueError(f"rows: expected shape (k,), got {picked.shape}")
         errors = {}
         if self.gpu_info_errors:  # usually empty: skip the loop over rows
             known = self.gpu_info_errors
             errors = {new: known[old] for new, old in enumerate(picked.tolist()) if old in known}
-        names = self.names
+        if names is None:
+            names = list(map(self.names.__getitem__, picked.tolist()))
+        shapes = self.gpu_shapes
         table = NodeTable(
-            names=tuple(names[row] for row in picked.tolist()),
+            names=tuple(names),
             zone_id=self.zone_id[picked],
             zones=self.zones,
             instance_type_id=self.instance_type_id[picked],
@@ -157,11 +163,10 @@ class NodeTable:
             alloc_gpus=self.alloc_gpus[picked],
             gpu_info_errors=errors,
         )
-        if "gpu_shapes" in self.__dict__:  # computed already: reuse the shapes, gather the ids
-            shapes = self.gpu_shapes
-            table.__dict__["gpu_shapes"] = GpuShapes(
-                shapes.shape_id[picked], shapes.model_id, shapes.memory_mib, shapes.alloc_gpus
-            )
+        # Share the parent's shapes (cached_property storage): no np.unique per sub-table.
+        table.__dict__["gpu_shapes"] = GpuShapes(
+            shapes.shape_id[picked], shapes.model_id, shapes.memory_mib, shapes.alloc_gpus
+        )
         return table
 
     def model_name(self, row: int) -> str | None:

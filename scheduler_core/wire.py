@@ -99,7 +99,7 @@ class ExtenderArgs:
             items = _object(raw_nodes, "Nodes").get("items")
             nodes = _optional_list(items, "Nodes.items") or []
         names = _optional_list(_field(body, "NodeNames"), "NodeNames")
-        if names is not None and not all(isinstance(name, str) for name in names):
+        if names is not None and not set(map(type, names)) <= {str}:
             raise InvalidArgsError("NodeNames: expected a list of strings")
         if nodes is None and names is None:
             raise InvalidArgsError("Nodes and NodeNames are both null; one of them must carry the candidate nodes")
