@@ -15,7 +15,6 @@ and answers 500.
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -246,8 +245,7 @@ class Extender:
                 "give it a cluster snapshot, or set nodeCacheCapable: false"
             )
         names = args.node_names or []
-        index = state.table.index
-        found = np.fromiter(map(index.get, names, itertools.repeat(-1)), dtype=np.intp, count=len(names))
+        found = state.table.rows_of(names)
         known = found >= 0
         known_names: list[str] = names
         unknown: list[str] = []
@@ -285,7 +283,7 @@ def decode_json(body: bytes) -> Any:
 
 
 # The C string encoder behind json.dumps: escapes and quotes one string.
-_json_string: Callable[[str], str] = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+_json_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
 
 def encode_json(obj: Any) -> bytes:

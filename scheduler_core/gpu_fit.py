@@ -101,9 +101,14 @@ class FilterResult:
         return mask
 
     @cached_property
+    def _texts(self) -> _FailureTexts:
+        return _failure_texts(self)
+
+    @property
     def messages(self) -> dict[int, str]:
         """A short reason for every node that failed, keyed by row."""
-        return _failure_messages(self)
+        texts = self._texts
+        return dict(zip(texts.rows.tolist(), map(texts.texts.__getitem__, texts.text_id.tolist()), strict=True))
 
     @property
     def failed(self) -> dict[str, str]:
@@ -116,9 +121,11 @@ class FilterResult:
         return self._named(self.unresolvable)
 
     def _named(self, mask: npt.NDArray[np.bool_]) -> dict[str, str]:
-        rows = np.flatnonzero(mask).tolist()
+        texts = self._texts
+        picked = mask[texts.rows]
+        rows, text_id = texts.rows[picked].tolist(), texts.text_id[picked].tolist()
         # map() keeps the per-row work in C: tens of thousands of failed nodes per call are common.
-        return dict(zip(map(self.table.names.__getitem__, rows), map(self.messages.__getitem__, rows), strict=True))
+        return dict(zip(map(self.table.names.__getitem__, rows), map(texts.texts.__getitem__, text_id), strict=True))
 
 
 @dataclass(frozen=True, eq=False)
@@ -327,7 +334,16 @@ def _compute_scores(
     return ScoreResult(score=score, rows=rows, fit_rows=fit_rows, utilization_rows=util_rows, raw_rows=raw_rows)
 
 
-def _failure_messages(result: FilterResult) -> dict[int, str]:
+@dataclass(frozen=True)
+class _FailureTexts:
+    """Failed rows (shape (k,)) and, for each, an index into the distinct ``texts``."""
+
+    rows: npt.NDArray[np.intp]
+    text_id: npt.NDArray[np.intp]
+    texts: tuple[str, ...]
+
+
+def _failure_texts(result: FilterResult) -> _FailureTexts:
     """Format one message per failed node, formatting each distinct message only once.
 
     Nodes that fail for the same reason with the same numbers share a message, so the work is
@@ -336,7 +352,7 @@ def _failure_messages(result: FilterResult) -> dict[int, str]:
     table, demand = result.table, result.demand
     rows = np.flatnonzero(result.reason != Reason.FITS)
     if rows.size == 0:
-        return {}
+        return _FailureTexts(rows, np.zeros(0, dtype=np.intp), ())
     code = result.reason[rows].astype(np.int64)
     # Two numbers per message, packed with the reason into one int64 key. Each is clamped to
     # 24 bits (16.7 M), far above any GPU count, MiB per GPU or model id.
@@ -353,9 +369,10 @@ def _failure_messages(result: FilterResult) -> dict[int, str]:
     limit = (1 << 24) - 1
     keys = (code << 48) | ((np.clip(first, -1, limit) + 1) << 24) | np.clip(second, 0, limit)
     _, first_index, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    texts = [_message(table, demand, Reason(int(code[i])), int(first[i]), int(second[i])) for i in first_index.tolist()]
-    messages = np.array(texts, dtype=object)[inverse]
-    return dict(zip(rows.tolist(), messages.tolist(), strict=True))
+    texts = tuple(
+        _message(table, demand, Reason(int(code[i])), int(first[i]), int(second[i])) for i in first_index.tolist()
+    )
+    return _FailureTexts(rows, inverse.reshape(-1).astype(np.intp), texts)
 
 
 def _wanted_models(demand: PodDemand) -> str:
