@@ -1,8 +1,11 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.nodes import NodeTable, gpu_facts
+from scheduler_core.synthetic import table_from_columns
 from tests.conftest import SCHEDULER_FIXTURES, load_fixture, make_nodes, requires_fixtures
 
 
@@ -111,3 +114,14 @@ def test_real_captured_nodes_read_as_the_fixture_readme_describes():
     assert table.alloc_gpus.tolist() == [8, 4, 4]
     assert [table.instance_types[i] for i in table.instance_type_id] == ["p4d.24xlarge", "p3.8xlarge", "g4dn.12xlarge"]
     assert not table.gpu_info_errors
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.text(min_size=1, max_size=12), unique=True, max_size=60),
+    st.lists(st.text(min_size=1, max_size=12), max_size=30),
+)
+def test_rows_of_agrees_with_the_name_index(names, extra):
+    table = table_from_columns(alloc_gpus=[1] * len(names), names=names)
+    queries = names[::2] + extra
+    assert table.rows_of(queries).tolist() == [table.index.get(q, -1) for q in queries]
