@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--nodes", type=int, default=200)
     demo.add_argument("--pods", type=int, default=350)
     demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument(
+        "--mode", choices=("names", "nodes"), default="names", help="nodeCacheCapable true (names) or false (nodes)"
+    )
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     bench = commands.add_parser("bench", help="benchmarks (JSON on stdout)")
@@ -117,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from gpu_scheduler.demo import run_demo
 
-            return run_demo(n_nodes=args.nodes, n_pods=args.pods, seed=args.seed, as_json=args.json)
+            return run_demo(n_nodes=args.nodes, n_pods=args.pods, seed=args.seed, mode=args.mode, as_json=args.json)
         if args.command == "bench" and args.suite == "cold-start":
             from bench.lambda_path import cold_start
 

@@ -2,13 +2,14 @@
 
 The demo plays kube-scheduler and the API server around a ``gpu-scheduler serve`` subprocess:
 
-1. writes a synthetic cluster (mixed A100/H100/L40S/T4 nodes over 3 zones, partly used) to a file;
-2. starts ``serve --cluster FILE --port 0`` and reads the bound address from its stdout;
+1. writes a synthetic cluster (mixed A100/H100/L40S/T4 nodes over 3 zones, partly used) as a snapshot;
+2. starts ``serve --snapshot FILE --port 0`` (``--cluster FILE`` with ``--mode nodes``) and reads the
+   bound address from its stdout;
 3. for each pending pod, in kube-scheduler's order: the in-tree resource fit on ``nvidia.com/gpu``
-   (``managedResources`` with ``ignoredByScheduler: false``), ``POST /filter`` with the full Node
-   objects (``nodeCacheCapable: false``), ``POST /prioritize`` when more than one node is left,
-   then the highest score (ties broken at random, as ``selectHost`` does), then "binds" the pod by
-   rewriting the cluster file, which the server re-reads;
+   (``managedResources`` with ``ignoredByScheduler: false``), ``POST /filter`` with ``NodeNames``
+   (``nodeCacheCapable: true``; full Node objects with ``--mode nodes``), ``POST /prioritize`` when
+   more than one node is left, then the highest score (ties broken at random, as ``selectHost``
+   does), then "binds" the pod by publishing a new snapshot, which the server re-reads;
 4. prints placements, free and stranded GPUs, and client-side latency per verb.
 
 Only the extender's score ranks nodes here; a real kube-scheduler adds its own plugin scores.
@@ -30,9 +31,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from adapters.snapshot_store import FileSnapshotStore
 from scheduler_core.cluster import ClusterState
 from scheduler_core.gpu_fit import filter_nodes
 from scheduler_core.pods import effective_gpu_request, pod_demand
+from scheduler_core.snapshot import build_snapshot, write_snapshot
 from scheduler_core.synthetic import demo_pod_stream, synthetic_cluster
 
 
@@ -59,20 +62,9 @@ class ExtenderClient:
         self._conn.close()
 
 
-def start_server(cluster_path: Path) -> tuple[subprocess.Popen[str], str]:
+def start_server(state_args: list[str]) -> tuple[subprocess.Popen[str], str]:
     """Start ``gpu-scheduler serve`` on a free loopback port; return the process and its URL."""
-    command = [
-        sys.executable,
-        "-m",
-        "gpu_scheduler",
-        "serve",
-        "--port",
-        "0",
-        "--cluster",
-        str(cluster_path),
-        "--refresh-s",
-        "0",
-    ]
+    command = [sys.executable, "-m", "gpu_scheduler", "serve", "--port", "0", "--refresh-s", "0", *state_args]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -82,18 +74,59 @@ def start_server(cluster_path: Path) -> tuple[subprocess.Popen[str], str]:
     return proc, json.loads(line)["serving"]
 
 
-def _write_atomically(path: Path, document: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(document, separators=(",", ":")))
-    os.replace(tmp, path)
+class _Cluster:
+    """The demo's API server: nodes, bound pods, and the state file the extender reads.
+
+    ``names`` mode publishes a cluster snapshot (what the node-state refresher does in production)
+    and sends ``NodeNames`` (``nodeCacheCapable: true``); ``nodes`` mode publishes a cluster JSON
+    file and sends full Node objects (``nodeCacheCapable: false``).
+    """
+
+    def __init__(self, nodes: list[dict[str, Any]], bound: list[dict[str, Any]], mode: str, folder: Path) -> None:
+        self.nodes, self.bound, self.mode = nodes, bound, mode
+        self.by_name = {node["metadata"]["name"]: node for node in nodes}
+        self.path = folder / ("snapshot.npz" if mode == "names" else "cluster.json")
+        self.publish()
+
+    @property
+    def serve_args(self) -> list[str]:
+        return ["--snapshot" if self.mode == "names" else "--cluster", str(self.path)]
+
+    def publish(self) -> None:
+        if self.mode == "names":
+            snapshot = build_snapshot(self.nodes, self.bound, cluster="demo", generated_at=time.time())
+            FileSnapshotStore(self.path).put(write_snapshot(snapshot))
+        else:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"nodes": self.nodes, "pods": self.bound}, separators=(",", ":")))
+            os.replace(tmp, self.path)
+
+    def request(self, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
+        if self.mode == "names":
+            return {"Pod": pod, "Nodes": None, "NodeNames": names}
+        return {"Pod": pod, "Nodes": {"metadata": {}, "items": [self.by_name[n] for n in names]}, "NodeNames": None}
+
+    def kept(self, reply: dict[str, Any]) -> list[str]:
+        if self.mode == "names":
+            return list(reply.get("NodeNames") or [])
+        return [node["metadata"]["name"] for node in (reply.get("Nodes") or {}).get("items") or []]
+
+    def bind(self, pod: dict[str, Any], node: str) -> None:
+        pod["spec"]["nodeName"] = node
+        pod["status"]["phase"] = "Running"
+        self.bound.append(pod)
+        self.publish()
 
 
-def run_demo(*, n_nodes: int = 200, n_pods: int = 350, seed: int = 7, as_json: bool = False) -> int:
+def run_demo(
+    *, n_nodes: int = 200, n_pods: int = 350, seed: int = 7, mode: str = "names", as_json: bool = False
+) -> int:
+    if mode not in ("names", "nodes"):
+        raise ValueError(f"mode: expected 'names' or 'nodes', got {mode!r}")
     rng = np.random.default_rng(seed)
     nodes, bound = synthetic_cluster(n_nodes, rng)
     pending = demo_pod_stream(n_pods, rng)
-    node_by_name = {node["metadata"]["name"]: node for node in nodes}
-    alloc = {name: int(node["status"]["allocatable"]["nvidia.com/gpu"]) for name, node in node_by_name.items()}
+    alloc = {node["metadata"]["name"]: int(node["status"]["allocatable"]["nvidia.com/gpu"]) for node in nodes}
     used = Counter({name: 0 for name in alloc})
     for pod in bound:
         used[pod["spec"]["nodeName"]] += effective_gpu_request(pod["spec"])
@@ -102,43 +135,35 @@ def run_demo(*, n_nodes: int = 200, n_pods: int = 350, seed: int = 7, as_json: b
     unplaced_pods: list[dict[str, Any]] = []
     placed = 0
     with tempfile.TemporaryDirectory(prefix="gpu-scheduler-demo-") as tmp:
-        cluster_path = Path(tmp) / "cluster.json"
-        _write_atomically(cluster_path, {"nodes": nodes, "pods": bound})
-        proc, url = start_server(cluster_path)
+        cluster = _Cluster(nodes, bound, mode, Path(tmp))
+        proc, url = start_server(cluster.serve_args)
         client = ExtenderClient(url)
         started = time.perf_counter()
         try:
             for pod in tqdm(pending, desc="scheduling", unit="pod", file=sys.stderr, disable=None):
                 gpus = effective_gpu_request(pod["spec"])
                 # kube-scheduler's in-tree NodeResourcesFit runs first and keeps only nodes with room.
-                candidates = [node_by_name[name] for name in alloc if alloc[name] - used[name] >= gpus]
+                candidates = [name for name in alloc if alloc[name] - used[name] >= gpus]
                 if not candidates:
                     unplaced[f"in-tree: no node has {gpus} free GPU(s)"] += 1
                     unplaced_pods.append(pod)
                     continue
-                reply = client.call(
-                    "filter", {"Pod": pod, "Nodes": {"metadata": {}, "items": candidates}, "NodeNames": None}
-                )
-                kept = (reply.get("Nodes") or {}).get("items") or []
+                reply = client.call("filter", cluster.request(pod, candidates))
+                kept = cluster.kept(reply)
                 if reply.get("Error") or not kept:
                     unplaced[f"extender: {reply.get('Error') or _wanted(pod, gpus)}"] += 1
                     unplaced_pods.append(pod)
                     continue
                 if len(kept) == 1:
-                    choice = kept[0]["metadata"]["name"]
+                    choice = kept[0]
                 else:
-                    scores = client.call(
-                        "prioritize", {"Pod": pod, "Nodes": {"metadata": {}, "items": kept}, "NodeNames": None}
-                    )
+                    scores = client.call("prioritize", cluster.request(pod, kept))
                     best = max(entry["Score"] for entry in scores)
                     top = [entry["Host"] for entry in scores if entry["Score"] == best]
                     choice = top[int(rng.integers(len(top)))]
-                pod["spec"]["nodeName"] = choice
-                pod["status"]["phase"] = "Running"
-                bound.append(pod)
+                cluster.bind(pod, choice)
                 used[choice] += gpus
                 placed += 1
-                _write_atomically(cluster_path, {"nodes": nodes, "pods": bound})
             elapsed = time.perf_counter() - started
         finally:
             client.close()
@@ -146,6 +171,7 @@ def run_demo(*, n_nodes: int = 200, n_pods: int = 350, seed: int = 7, as_json: b
             proc.wait(timeout=10)
 
     summary = _summary(nodes, bound, unplaced_pods, placed, unplaced, client.latency_ms, elapsed)
+    summary["mode"] = mode
     summary["server_exit_code"] = proc.returncode
     print(json.dumps(summary, indent=2) if as_json else _format(summary))
     return 0 if proc.returncode == 0 else 1
@@ -210,8 +236,10 @@ def _format(s: dict[str, Any]) -> str:
         f"  GPUs        {s['gpus_total']} total, {s['gpus_free']} free, {s['gpus_stranded']} stranded "
         "(free, but on nodes no waiting pod fits)",
         f"  nodes partly used: {s['nodes_partly_used']}",
-        "  latency per call (client side, HTTP round trip with full Node objects; each filter after a",
-        "  bind also re-reads the rewritten cluster file, as the extender re-reads a fresh snapshot):",
+        "  latency per call (client side, HTTP round trip; "
+        + ("NodeNames with a snapshot" if s["mode"] == "names" else "full Node objects")
+        + "; each filter after a bind",
+        "  also re-reads the state the demo rewrote, as the extender re-reads a fresh snapshot):",
     ]
     for verb, stats in s["latency_ms"].items():
         lines.append(f"      {verb:<10} calls {stats['calls']:4d}  p50 {stats['p50']} ms  p99 {stats['p99']} ms")

@@ -67,15 +67,28 @@ def test_serve_rejects_invalid_weights_at_start(capsys):
     assert "weights.fit: must be in [0, 1], got 2.0" in capsys.readouterr().err
 
 
-def test_demo_places_pods_and_accounts_for_every_pod_and_gpu(capsys):
-    assert main(["demo", "--nodes", "24", "--pods", "40", "--seed", "3", "--json"]) == 0
-    summary = json.loads(capsys.readouterr().out)
+def run_demo(capsys, mode):
+    assert main(["demo", "--nodes", "24", "--pods", "40", "--seed", "3", "--mode", mode, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("mode", ["names", "nodes"])
+def test_demo_places_pods_and_accounts_for_every_pod_and_gpu(capsys, mode):
+    summary = run_demo(capsys, mode)
+    assert summary["mode"] == mode
     assert summary["pods_placed"] + summary["pods_unplaced"] == 40
     assert summary["pods_placed"] > 0
     assert sum(summary["unplaced_by_reason"].values()) == summary["pods_unplaced"]
     assert 0 <= summary["gpus_stranded"] <= summary["gpus_free"] <= summary["gpus_total"]
     assert summary["latency_ms"]["filter"]["calls"] >= summary["pods_placed"]
     assert summary["server_exit_code"] == 0
+
+
+def test_both_node_forms_make_the_same_decisions(capsys):
+    """NodeNames against a snapshot and full Node objects against a cluster file are one decision."""
+    names, nodes = run_demo(capsys, "names"), run_demo(capsys, "nodes")
+    for key in ("pods_placed", "unplaced_by_reason", "gpus_free", "gpus_stranded", "nodes_partly_used"):
+        assert names[key] == nodes[key], key
 
 
 def test_bench_extender_reports_each_size_and_agreeing_results(capsys):
