@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -63,23 +64,55 @@ class ExtenderConfig:
 
 @dataclass(frozen=True, eq=False)
 class FilterOutcome:
-    """A filter decision: the wire reply plus what an adapter logs about it."""
+    """A filter decision: what goes on the wire, plus what an adapter logs about it.
 
-    reply: ExtenderFilterResult
+    ``kept`` holds node names (``names_only``) or the Node objects sent; ``unknown`` the names the
+    cluster state lacks. ``error_kind`` says why ``error`` is set: ``invalid_pod`` or a
+    :class:`ClusterStateUnavailableError` kind.
+    """
+
+    names_only: bool
+    kept: list[Any]
     demand: PodDemand | None = None
     result: FilterResult | None = None
-    unknown_nodes: int = 0
+    unknown: list[str] = field(default_factory=list)
+    error: str = ""
     error_kind: str = ""
-    """Why ``reply.error`` is set: ``invalid_pod`` or a :class:`ClusterStateUnavailableError` kind."""
+
+    @cached_property
+    def reply(self) -> ExtenderFilterResult:
+        failed: dict[str, str] = {} if self.result is None else self.result.failed
+        failed.update(dict.fromkeys(self.unknown, UNKNOWN_NODE_REASON))
+        return ExtenderFilterResult(
+            nodes=None if self.names_only else self.kept,
+            node_names=self.kept if self.names_only else None,
+            failed=failed,
+            failed_unresolvable={} if self.result is None else self.result.failed_unresolvable,
+            error=self.error,
+        )
+
+    def to_json(self) -> bytes:
+        """``reply.to_wire()`` as JSON, written directly: each distinct reason is encoded once, and no
+        dict is built per failed node (tens of thousands per call with ``NodeNames``)."""
+        if self.result is None:
+            return encode_json(self.reply.to_wire())
+        kept = encode_json(self.kept).decode()
+        nodes, names = ("null", kept) if self.names_only else (f'{{"metadata":{{}},"items":{kept}}}', "null")
+        failed = _json_map(*self.result.failed_items(unresolvable=False), extra=self.unknown)
+        unresolvable = _json_map(*self.result.failed_items(unresolvable=True))
+        return (
+            f'{{"Nodes":{nodes},"NodeNames":{names},"FailedNodes":{failed},'
+            f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
+        ).encode()
 
     @property
     def nodes_feasible(self) -> int:
-        kept = self.reply.node_names if self.reply.node_names is not None else self.reply.nodes
-        return len(kept or [])
+        return len(self.kept)
 
     @property
     def nodes_in(self) -> int:
-        return self.nodes_feasible + len(self.reply.failed) + len(self.reply.failed_unresolvable)
+        failed = 0 if self.result is None else int(np.count_nonzero(self.result.reason))
+        return len(self.kept) + failed + len(self.unknown)
 
     def reason_counts(self) -> dict[str, int]:
         """Rejected nodes per reason category (``model``, ``too_few_free``, ``unknown_node``...)."""
@@ -87,19 +120,29 @@ class FilterOutcome:
         if self.result is not None:
             tally = np.bincount(self.result.reason, minlength=len(Reason))
             counts = {Reason(code).name.lower(): int(n) for code, n in enumerate(tally.tolist()) if code and n}
-        if self.unknown_nodes:
-            counts["unknown_node"] = self.unknown_nodes
+        if self.unknown:
+            counts["unknown_node"] = len(self.unknown)
         return counts
+
+    def top_messages(self, count: int = 3) -> dict[str, int]:
+        """The most common rejection messages, with how many nodes got each."""
+        tally: Counter[str] = Counter()
+        if self.result is not None:
+            for unresolvable in (False, True):
+                _, text_id, texts = self.result.failed_items(unresolvable=unresolvable)
+                tally.update(dict(zip(texts, np.bincount(text_id, minlength=len(texts)).tolist(), strict=True)))
+        if self.unknown:
+            tally[UNKNOWN_NODE_REASON] += len(self.unknown)
+        return {text: n for text, n in tally.most_common(count) if n}
 
     def summary(self) -> dict[str, Any]:
         """Nodes in and out and a histogram of reasons, for one structured log line."""
-        failed = {**self.reply.failed, **self.reply.failed_unresolvable}
         return {
             "nodes_in": self.nodes_in,
             "nodes_feasible": self.nodes_feasible,
             "reasons": self.reason_counts(),
-            "top_messages": dict(Counter(failed.values()).most_common(3)),
-            "error": self.reply.error,
+            "top_messages": self.top_messages(),
+            "error": self.error,
         }
 
 
@@ -180,7 +223,7 @@ class Extender:
             args = ExtenderArgs.from_wire(decode_json(body))
             if verb == "filter":
                 outcome = self.filter(args)
-                return Reply(200, encode_json(outcome.reply.to_wire()), outcome, outcome.error_kind)
+                return Reply(200, outcome.to_json(), outcome, outcome.error_kind)
             scored = self.prioritize(args)
             return Reply(200, scored.to_json(), scored)
         except InvalidArgsError as exc:
@@ -198,21 +241,12 @@ class Extender:
             view = self._view(args)
         except (InvalidPodError, ClusterStateUnavailableError) as exc:
             kind = exc.kind if isinstance(exc, ClusterStateUnavailableError) else "invalid_pod"
-            if args.names_only:
-                return FilterOutcome(ExtenderFilterResult(node_names=[], error=str(exc)), error_kind=kind)
-            return FilterOutcome(ExtenderFilterResult(nodes=[], error=str(exc)), error_kind=kind)
+            return FilterOutcome(args.names_only, [], error=str(exc), error_kind=kind)
         result = filter_nodes(view.table, view.free, demand)
-        kept = np.flatnonzero(result.feasible).tolist()
-        failed = result.failed
-        for name in view.unknown:
-            failed[name] = UNKNOWN_NODE_REASON
-        reply = ExtenderFilterResult(
-            nodes=None if args.nodes is None else [args.nodes[row] for row in kept],
-            node_names=None if args.nodes is not None else [view.table.names[row] for row in kept],
-            failed=failed,
-            failed_unresolvable=result.failed_unresolvable,
-        )
-        return FilterOutcome(reply=reply, demand=demand, result=result, unknown_nodes=len(view.unknown))
+        rows = np.flatnonzero(result.feasible).tolist()
+        source = view.table.names if args.nodes is None else args.nodes
+        kept = list(map(source.__getitem__, rows))
+        return FilterOutcome(args.names_only, kept, demand, result, view.unknown)
 
     def prioritize(self, args: ExtenderArgs) -> PrioritizeOutcome:
         """Score every node of ``args``; nodes that would not pass the filter score 0.
@@ -284,6 +318,15 @@ def decode_json(body: bytes) -> Any:
 
 # The C string encoder behind json.dumps: escapes and quotes one string.
 _json_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
+
+
+def _json_map(names: list[str], text_id: list[int], texts: tuple[str, ...], extra: Sequence[str] = ()) -> str:
+    """``{"name": "reason", ...}`` for failed nodes, plus ``extra`` names with the unknown-node reason."""
+    encoded = [_json_string(text) for text in texts]
+    pairs = list(map("{}:{}".format, map(_json_string, names), map(encoded.__getitem__, text_id)))
+    unknown = _json_string(UNKNOWN_NODE_REASON)
+    pairs.extend(f"{_json_string(name)}:{unknown}" for name in extra)
+    return "{" + ",".join(pairs) + "}"
 
 
 def encode_json(obj: Any) -> bytes:

@@ -113,19 +113,28 @@ class FilterResult:
     @property
     def failed(self) -> dict[str, str]:
         """Nodes that would fit once GPUs are freed (``FailedNodes``)."""
-        return self._named(~self.unresolvable & ~self.feasible)
+        return self._named(unresolvable=False)
 
     @property
     def failed_unresolvable(self) -> dict[str, str]:
         """Nodes that can never host the pod (``FailedAndUnresolvableNodes``)."""
-        return self._named(self.unresolvable)
+        return self._named(unresolvable=True)
 
-    def _named(self, mask: npt.NDArray[np.bool_]) -> dict[str, str]:
+    def failed_items(self, *, unresolvable: bool) -> tuple[list[str], list[int], tuple[str, ...]]:
+        """Failed node names, the index of each one's reason, and the distinct reasons.
+
+        The compact form of :attr:`failed` / :attr:`failed_unresolvable`, for writers that encode
+        each distinct reason once.
+        """
         texts = self._texts
-        picked = mask[texts.rows]
-        rows, text_id = texts.rows[picked].tolist(), texts.text_id[picked].tolist()
+        picked = self.unresolvable[texts.rows] == unresolvable
+        rows = texts.rows[picked].tolist()
         # map() keeps the per-row work in C: tens of thousands of failed nodes per call are common.
-        return dict(zip(map(self.table.names.__getitem__, rows), map(texts.texts.__getitem__, text_id), strict=True))
+        return list(map(self.table.names.__getitem__, rows)), texts.text_id[picked].tolist(), texts.texts
+
+    def _named(self, *, unresolvable: bool) -> dict[str, str]:
+        names, text_id, texts = self.failed_items(unresolvable=unresolvable)
+        return dict(zip(names, map(texts.__getitem__, text_id), strict=True))
 
 
 @dataclass(frozen=True, eq=False)

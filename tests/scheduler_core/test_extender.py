@@ -2,11 +2,14 @@ import json
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ConfigError
 from scheduler_core.extender import Extender, ExtenderConfig
 from scheduler_core.gpu_fit import ScoreWeights
+from scheduler_core.wire import ExtenderArgs
 from tests.conftest import (
     SCHEDULER_FIXTURES,
     SHARED,
@@ -226,3 +229,30 @@ def test_pod_error_in_filter_keeps_the_request_form():
 def test_invalid_config_is_rejected_at_start_with_every_problem():
     with pytest.raises(ConfigError, match=r"weights.fit: .*; max_body_bytes: must be a positive integer"):
         Extender(ExtenderConfig(weights=ScoreWeights(fit=3.0), max_body_bytes=0))
+
+
+# -- the direct JSON writer equals the wire type's encoding ----------------------------------------
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from(["A100", "H100", "T4"]), min_size=1, max_size=12),
+    st.lists(st.integers(0, 8), min_size=12, max_size=12),
+    st.lists(st.text(alphabet='ab"\\\\é\u2028-', min_size=1, max_size=6), max_size=4),
+    st.integers(0, 8),
+    st.sampled_from([None, "A100", "H100,T4"]),
+)
+def test_filter_json_equals_the_wire_encoding(models, used, unknown, gpus, wanted):
+    nodes = make_nodes(*models)
+    pods = [
+        make_pod(f"r{i}", n, node_name=node["metadata"]["name"], phase="Running")
+        for i, (n, node) in enumerate(zip(used, nodes, strict=False))
+    ]
+    state = ClusterState.from_objects(nodes, pods)
+    extender = Extender(cluster=lambda: state)
+    names = [n["metadata"]["name"] for n in nodes] + [u for u in unknown if u not in state.table.index]
+    for args in (
+        ExtenderArgs(pod=make_pod("p", gpus, models=wanted), node_names=names),
+        ExtenderArgs(pod=make_pod("p", gpus, models=wanted), nodes=nodes),
+    ):
+        outcome = extender.filter(args)
+        assert json.loads(outcome.to_json()) == outcome.reply.to_wire()
+        assert outcome.nodes_in == len(args.node_names or args.nodes)
