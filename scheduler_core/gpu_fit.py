@@ -132,6 +132,12 @@ class FilterResult:
         # map() keeps the per-row work in C: tens of thousands of failed nodes per call are common.
         return list(map(self.table.names.__getitem__, rows)), texts.text_id[picked].tolist(), texts.texts
 
+    def message_counts(self) -> dict[str, int]:
+        """How many nodes got each distinct failure message."""
+        texts = self._texts
+        counts = np.bincount(texts.text_id, minlength=len(texts.texts)).tolist()
+        return dict(zip(texts.texts, counts, strict=True))
+
     def _named(self, *, unresolvable: bool) -> dict[str, str]:
         names, text_id, texts = self.failed_items(unresolvable=unresolvable)
         return dict(zip(names, map(texts.__getitem__, text_id), strict=True))
