@@ -3,17 +3,24 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+RUNTIME := $(VENV)/.installed-runtime
+STAMP  := $(VENV)/.installed-dev
+PIP    := $(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock
 
 .PHONY: demo test lint typecheck unit bench lock clean package
 
-$(STAMP): pyproject.toml requirements.lock
+# The demo needs only the runtime dependencies; the tests add the dev ones on top.
+$(RUNTIME): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	$(PIP) -e .
+	@touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME)
+	$(PIP) -e '.[dev]'
 	@touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(BIN)/gpu-scheduler demo
 
 test: lint typecheck unit
