@@ -111,6 +111,7 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
 class ExtenderRequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # TCP_NODELAY on the connection socket
+    timeout = 60  # seconds; a client that stalls mid-request cannot hold a thread forever
     server: ExtenderHTTPServer
 
     def do_POST(self) -> None:

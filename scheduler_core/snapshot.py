@@ -254,6 +254,15 @@ def read_snapshot(data: bytes) -> ClusterSnapshot:
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as exc:
         raise SnapshotFormatError(f"snapshot is truncated or corrupt ({len(data)} bytes): {exc}") from exc
     header = _header(members)
+    try:
+        return _snapshot_from(members, header)
+    except (TypeError, ValueError, KeyError, UnicodeDecodeError) as exc:
+        if isinstance(exc, SnapshotFormatError):
+            raise
+        raise SnapshotFormatError(f"snapshot is inconsistent: {type(exc).__name__}: {exc}") from exc
+
+
+def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, Any]) -> ClusterSnapshot:
     n_nodes, max_gpus = header["n_nodes"], header["max_gpus"]
     expected: dict[str, tuple[int, ...]] = {name: (n_nodes,) for name in _NODE_COLUMNS}
     expected |= {"free_milli": (n_nodes, max_gpus), "gpu_utilization": (n_nodes, max_gpus)}

@@ -12,6 +12,8 @@ dimension.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 from typing import Any
 
@@ -99,9 +101,25 @@ def internal_error(exc: Exception) -> Response[str]:
     )
 
 
-def _answer(verb: str) -> Response[str]:
+def _request_bytes() -> bytes | None:
+    """The raw body, or None if it is marked base64 but is not. Not Powertools' ``decoded_body``,
+    which raises on bytes that are not UTF-8: those must reach the JSON decoder and get a 400."""
     event = app.current_event
-    body = (event.decoded_body or "").encode()
+    body = event.body or ""
+    if not event.is_base64_encoded:
+        return body.encode()
+    try:
+        return base64.b64decode(body, validate=True)
+    except binascii.Error:
+        return None
+
+
+def _answer(verb: str) -> Response[str]:
+    body = _request_bytes()
+    if body is None:
+        metrics.add_metric(name="BadRequests", unit=MetricUnit.Count, value=1)
+        message = "request body is marked base64-encoded but is not valid base64"
+        return Response(400, "application/json", encode_json({"Error": message}).decode())
     started = time.perf_counter()
     with tracer.provider.in_subsegment(name=f"## {verb}"):
         reply = EXTENDER.respond(verb, body)

@@ -1,6 +1,7 @@
 """The extender Lambda, driven by API Gateway REST proxy events built from the real captures,
 with the snapshot in moto S3."""
 
+import base64
 import importlib
 import json
 import sys
@@ -280,3 +281,17 @@ def test_handler_imports_neither_kubernetes_nor_xray_when_tracing_is_off():
         env={"PATH": "/usr/bin:/bin", "SNAPSHOT_URI": "/nonexistent.npz"},
     )
     assert out.stdout.strip() == "False"
+
+
+def test_base64_bodies_that_are_not_base64_or_not_utf8_are_400s(aws, invoke):
+    put_snapshot(aws, make_nodes("T4"))
+    call = invoke()
+    event = api_gateway_event("POST", "/filter", "%%%not-base64%%%")
+    event["isBase64Encoded"] = True
+    response = call.handler.lambda_handler(event, FakeLambdaContext())
+    assert response["statusCode"] == 400
+    assert "not valid base64" in json.loads(response["body"])["Error"]
+    event["body"] = base64.b64encode(b'{"Pod": {"x": "\xff"}}').decode()
+    response = call.handler.lambda_handler(event, FakeLambdaContext())
+    assert response["statusCode"] == 400
+    assert "not valid JSON" in json.loads(response["body"])["Error"]

@@ -124,3 +124,15 @@ def test_snapshot_is_a_plain_npz_without_pickles():
         assert "header.npy" in archive.namelist()
     members = np.load(io.BytesIO(data), allow_pickle=False)
     assert all(members[name].dtype != object for name in members.files)
+
+
+def test_names_that_are_not_utf8_are_a_format_error():
+    data = write_snapshot(small_snapshot())
+    with pytest.raises(SnapshotFormatError, match="inconsistent: UnicodeDecodeError"):
+        read_snapshot(_rewrite(data, names_utf8=np.frombuffer(b"\xff\xfe\n\xff", dtype=np.uint8)))
+
+
+def test_a_header_vocabulary_of_the_wrong_type_is_a_format_error():
+    data = write_snapshot(small_snapshot())
+    with pytest.raises(SnapshotFormatError, match="inconsistent: TypeError"):
+        read_snapshot(_rewrite(data, header={"zones": 7}))
