@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def cold_start(runs: int, snapshot_nodes: int, seed: int) -> dict[str, Any]:
     import boto3
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per moto request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:

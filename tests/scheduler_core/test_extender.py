@@ -9,7 +9,7 @@ from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ConfigError
 from scheduler_core.extender import Extender, ExtenderConfig
 from scheduler_core.gpu_fit import ScoreWeights
-from scheduler_core.wire import ExtenderArgs
+from scheduler_core.wire import ExtenderArgs, HostPriority
 from tests.conftest import (
     SCHEDULER_FIXTURES,
     SHARED,
@@ -256,3 +256,5 @@ def test_filter_json_equals_the_wire_encoding(models, used, unknown, gpus, wante
         outcome = extender.filter(args)
         assert json.loads(outcome.to_json()) == outcome.reply.to_wire()
         assert outcome.nodes_in == len(args.node_names or args.nodes)
+        scored = extender.prioritize(args)
+        assert json.loads(scored.to_json()) == HostPriority.list_to_wire(scored.reply)
