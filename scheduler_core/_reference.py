@@ -38,20 +38,60 @@ def reference_reasons(table: NodeTable, free: list[int], demand: PodDemand) -> l
 
 
 def reference_scores(
-    free: list[int], utilization: list[float], feasible: list[bool], gpus: int, weights: ScoreWeights
+    free: list[int],
+    utilization: list[float],
+    feasible: list[bool],
+    gpus: int,
+    weights: ScoreWeights,
+    locality: list[float] | None = None,
 ) -> list[int]:
-    if gpus == 0:
+    if gpus == 0 and locality is None:
         return [0] * len(free)
     raw = []
     for row, node_free in enumerate(free):
         if not feasible[row]:
             raw.append(0.0)
             continue
+        local = 0.0 if locality is None or math.isnan(locality[row]) else min(1.0, max(0.0, locality[row]))
+        if gpus == 0:
+            raw.append(local)
+            continue
         fit = min(1.0, max(0.0, 1.0 - (node_free - gpus) / FIT_STEP_GPUS))
         util = utilization[row]
         util = 0.0 if math.isnan(util) else min(1.0, max(0.0, util))
-        raw.append((weights.fit * fit + weights.utilization * (1.0 - util)) / (weights.fit + weights.utilization))
+        local_weight = weights.locality if locality is not None else 0.0
+        total = weights.fit + weights.utilization + local_weight
+        raw.append((weights.fit * fit + weights.utilization * (1.0 - util) + local_weight * local) / total)
     best = max(raw, default=0.0)
     if best <= 0.0:
         return [0] * len(free)
     return [math.floor(MAX_EXTENDER_PRIORITY * value / best + 1e-9) for value in raw]
+
+
+def reference_locality(
+    peers: list[tuple[float, dict[int, int], dict[int, int]]],
+    candidate_rows: list[int],
+    candidate_zones: list[int],
+    zone_value: list[list[float]],
+) -> list[float]:
+    """Locality straight from its definition, one candidate and one peer pod group at a time.
+
+    ``peers`` holds (weight, pods per node row, pods per zone); ``zone_value[a][b]`` is the value of
+    a peer pod in zone b for a candidate in zone a (the same-node value is 1.0).
+    """
+    total_weight = sum(weight for weight, _, _ in peers)
+    scores = []
+    for row, zone in zip(candidate_rows, candidate_zones, strict=True):
+        value = 0.0
+        for weight, by_node, by_zone in peers:
+            total = sum(by_node.values())
+            if total == 0:
+                continue
+            here = by_node.get(row, 0) if row >= 0 else 0
+            near = 0.0
+            if zone >= 0:
+                near = sum(pods * zone_value[zone][other] for other, pods in by_zone.items())
+                near -= here * zone_value[zone][zone]  # those pods are on the node itself
+            value += weight * (here * 1.0 + near) / total
+        scores.append(min(1.0, max(0.0, value / total_weight)) if total_weight > 0 else 0.0)
+    return scores

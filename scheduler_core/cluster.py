@@ -7,7 +7,7 @@ are free on each node, and how busy they are.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.gpu_fit import free_gpus
+from scheduler_core.locality import DEFAULT_LABEL_KEYS, AppIndex, index_apps
 from scheduler_core.nodes import NodeTable
 from scheduler_core.pods import gpus_in_use
 
@@ -39,6 +40,8 @@ class ClusterState:
     used_gpus: npt.NDArray[np.int32]
     utilization: npt.NDArray[np.float64]
     problems: tuple[str, ...] = ()
+    apps: AppIndex = field(default_factory=AppIndex.empty)
+    """Pods per label selector, per node and per zone, for locality scoring."""
 
     @cached_property
     def free_gpus(self) -> npt.NDArray[np.int32]:
@@ -51,6 +54,7 @@ class ClusterState:
         nodes: Sequence[Any],
         pods: Sequence[Any] = (),
         utilization: Mapping[str, Any] | None = None,
+        label_keys: Sequence[str] = DEFAULT_LABEL_KEYS,
     ) -> ClusterState:
         """Build from v1 Node and Pod objects and an optional ``{node name: utilisation}`` map.
 
@@ -62,6 +66,7 @@ class ClusterState:
         """
         table = NodeTable.from_nodes(nodes)
         used, problems = gpus_in_use(table, pods)
+        apps = index_apps(table, pods, label_keys)
         util = np.zeros(table.n_nodes, dtype=np.float64)
         for name, value in (utilization or {}).items():
             row = table.index.get(name)
@@ -71,7 +76,7 @@ class ClusterState:
                 problems.append(f"utilization[{name!r}]: expected a number in [0, 1], got {value!r}")
                 continue
             util[row] = value
-        return cls(table=table, used_gpus=used, utilization=util, problems=tuple(problems))
+        return cls(table=table, used_gpus=used, utilization=util, problems=tuple(problems), apps=apps)
 
     @classmethod
     def from_document(cls, document: Any) -> ClusterState:

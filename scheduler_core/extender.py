@@ -28,6 +28,7 @@ import numpy.typing as npt
 from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
 from scheduler_core.gpu_fit import FilterResult, Reason, ScoreResult, ScoreWeights, filter_nodes, free_gpus, score_nodes
+from scheduler_core.locality import PEERS_ANNOTATION, LocalitySettings, locality_scores, peer_placement
 from scheduler_core.nodes import NodeTable
 from scheduler_core.pods import PodDemand, pod_demand
 from scheduler_core.wire import ExtenderArgs, ExtenderFilterResult, HostPriority
@@ -47,10 +48,11 @@ class ExtenderConfig:
 
     weights: ScoreWeights = field(default_factory=ScoreWeights)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    locality: LocalitySettings = field(default_factory=LocalitySettings)
 
     def validated(self) -> ExtenderConfig:
         """Return ``self``, or raise :class:`ConfigError` listing every problem."""
-        problems = self.weights.problems("weights")
+        problems = self.weights.problems("weights") + self.locality.problems("locality")
         if (
             isinstance(self.max_body_bytes, bool)
             or not isinstance(self.max_body_bytes, int)
@@ -233,7 +235,7 @@ class Extender:
     def filter(self, args: ExtenderArgs) -> FilterOutcome:
         """Filter ``args`` and build the reply in the request's node form."""
         try:
-            demand = pod_demand(args.pod)
+            demand = self._demand(args)
             view = self._view(args)
         except (InvalidPodError, ClusterStateUnavailableError) as exc:
             kind = exc.kind if isinstance(exc, ClusterStateUnavailableError) else "invalid_pod"
@@ -252,14 +254,46 @@ class Extender:
         InvalidPodError, ClusterStateUnavailableError
             ``prioritize`` has no ``Error`` field; :meth:`handle` maps these to 400 and 503.
         """
-        demand = pod_demand(args.pod)
+        demand = self._demand(args)
         view = self._view(args)
         feasible = filter_nodes(view.table, view.free, demand).feasible
-        scores = score_nodes(view.table, view.free, view.utilization, demand, self.config.weights, feasible=feasible)
+        locality = self._locality(view, demand)
+        scores = score_nodes(
+            view.table, view.free, view.utilization, demand, self.config.weights, feasible=feasible, locality=locality
+        )
         # Names the cluster state does not know cannot be ranked; they score 0 rather than vanish.
         hosts = [*view.table.names, *view.unknown]
         values = [*scores.score.tolist(), *([0] * len(view.unknown))]
         return PrioritizeOutcome(hosts=hosts, values=values, demand=demand, scores=scores)
+
+    def _demand(self, args: ExtenderArgs) -> PodDemand:
+        demand = pod_demand(args.pod)
+        keys = self.config.locality.label_keys
+        for peer in demand.peers:
+            if peer.key not in keys:
+                raise InvalidPodError(
+                    f"annotation {PEERS_ANNOTATION}: label key {peer.key!r} (in {peer.selector!r}) is not indexed; "
+                    f"use one of {', '.join(keys)}"
+                )
+        return demand
+
+    def _locality(self, view: _NodeView, demand: PodDemand) -> npt.NDArray[np.float64] | None:
+        """Locality per row of ``view`` for a pod with peers, from the cluster state's app index."""
+        state = view.state
+        if not demand.peers or state is None:
+            return None
+        zones = state.table.zones
+        zone_id: npt.NDArray[np.intp]
+        if view.state_rows is not None:  # names form: rows of the state itself
+            rows = view.state_rows
+            zone_id = state.table.zone_id[rows].astype(np.intp)
+        else:  # full objects: match by name, and map the request's zone names to the state's
+            rows = state.table.rows_of(view.table.names)
+            position = {zone: i for i, zone in enumerate(zones)}
+            lookup = np.array([position.get(zone, -1) for zone in view.table.zones] + [-1], dtype=np.intp)
+            zone_id = lookup[view.table.zone_id]  # -1 indexes the trailing -1
+        placement = peer_placement(state.apps, zones, demand.peers, rows)
+        return locality_scores(placement, zone_id, self.config.locality)
 
     def _view(self, args: ExtenderArgs) -> _NodeView:
         state = self._cluster()
@@ -268,7 +302,7 @@ class Extender:
             if state is None:
                 return _NodeView(table, table.alloc_gpus.copy(), np.zeros(table.n_nodes), [])
             used, utilization = state.usage_for(table.names)
-            return _NodeView(table, free_gpus(table, used), utilization, [])
+            return _NodeView(table, free_gpus(table, used), utilization, [], state)
         if state is None:
             raise ClusterStateUnavailableError(
                 "NodeNames (nodeCacheCapable: true) needs cluster state and this extender has none: "
@@ -285,7 +319,7 @@ class Extender:
             unknown = [name for name, ok in zip(names, flags, strict=True) if not ok]
         rows = found[known]
         table = state.table.take(rows, names=known_names)
-        return _NodeView(table, state.free_gpus[rows], state.utilization[rows], unknown)
+        return _NodeView(table, state.free_gpus[rows], state.utilization[rows], unknown, state, rows)
 
 
 @dataclass(frozen=True, eq=False)
@@ -300,6 +334,8 @@ class _NodeView:
     free: npt.NDArray[np.int32]
     utilization: npt.NDArray[np.float64]
     unknown: list[str]
+    state: ClusterState | None = None
+    state_rows: npt.NDArray[np.intp] | None = None
 
 
 def decode_json(body: bytes) -> Any:

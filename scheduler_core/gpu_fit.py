@@ -51,16 +51,19 @@ _UNRESOLVABLE_CODES = np.array([Reason(code).unresolvable for code in range(len(
 class ScoreWeights:
     """Weights of the score components; they are normalised by their sum.
 
-    The default 0.7/0.3 split between best fit and low utilisation is the source's.
+    The default 0.7/0.3 split between best fit and low utilisation is the source's. ``locality``
+    weighs network locality against those two, for pods that name peers; a pod without peers is
+    scored on fit and utilisation alone.
     """
 
     fit: float = 0.7
     utilization: float = 0.3
+    locality: float = 0.5
 
     def problems(self, path: str = "weights") -> list[str]:
         found = [
             f"{path}.{name}: must be in [0, 1], got {value!r}"
-            for name, value in (("fit", self.fit), ("utilization", self.utilization))
+            for name, value in (("fit", self.fit), ("utilization", self.utilization), ("locality", self.locality))
             if not (isinstance(value, int | float) and 0.0 <= value <= 1.0)
         ]
         if not found and self.fit + self.utilization <= 0:
@@ -158,6 +161,7 @@ class ScoreResult:
     fit_rows: npt.NDArray[np.float64]
     utilization_rows: npt.NDArray[np.float64]
     raw_rows: npt.NDArray[np.float64]
+    locality_rows: npt.NDArray[np.float64] | None = None
 
     def _expand(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         full = np.zeros(self.score.shape[0])
@@ -175,6 +179,11 @@ class ScoreResult:
     @cached_property
     def raw(self) -> npt.NDArray[np.float64]:
         return self._expand(self.raw_rows)
+
+    @cached_property
+    def locality(self) -> npt.NDArray[np.float64]:
+        """Locality component, shape (n_nodes,); zeros when the pod names no peers."""
+        return self._expand(self.locality_rows if self.locality_rows is not None else np.zeros(self.rows.size))
 
 
 def free_gpus(table: NodeTable, used_gpus: npt.ArrayLike) -> npt.NDArray[np.int32]:
@@ -228,6 +237,7 @@ def score_nodes(
     demand: PodDemand,
     weights: ScoreWeights | None = None,
     feasible: npt.ArrayLike | None = None,
+    locality: npt.ArrayLike | None = None,
 ) -> ScoreResult:
     """Score nodes for ``demand``: best fit on free GPUs, blended with low GPU utilisation.
 
@@ -237,6 +247,9 @@ def score_nodes(
     ``raw = (w_fit * fit + w_util * utilization score) / (w_fit + w_util)``, then
     :func:`normalize_scores`. Nodes outside ``feasible`` (default: those with enough free GPUs)
     score 0, and a pod that requests no GPU scores 0 everywhere: the extender has no opinion.
+
+    With ``locality`` (shape (n_nodes,), in [0, 1]; see :mod:`scheduler_core.locality`) it joins the
+    weighted mean with weight ``w_locality``; for a pod that requests no GPU it is the whole score.
 
     Parameters
     ----------
@@ -255,7 +268,8 @@ def score_nodes(
     free_arr = _node_column(table, free, "free", np.int32)
     util = _node_column(table, utilization, "utilization", np.float64)
     mask = free_arr >= demand.gpus if feasible is None else _node_column(table, feasible, "feasible", np.bool_)
-    return _compute_scores(free_arr, util, mask, demand.gpus, (weights or ScoreWeights()).validated())
+    local = None if locality is None else _node_column(table, locality, "locality", np.float64)
+    return _compute_scores(free_arr, util, mask, demand.gpus, (weights or ScoreWeights()).validated(), local)
 
 
 def normalize_scores(raw: npt.ArrayLike, max_score: int = MAX_EXTENDER_PRIORITY) -> npt.NDArray[np.int64]:
@@ -324,12 +338,20 @@ def _compute_scores(
     feasible: npt.NDArray[np.bool_],
     gpus: int,
     weights: ScoreWeights,
+    locality: npt.NDArray[np.float64] | None = None,
 ) -> ScoreResult:
     score = np.zeros(free.shape[0], dtype=np.int64)
-    rows = np.flatnonzero(feasible) if gpus > 0 else np.zeros(0, dtype=np.intp)
+    rows = np.flatnonzero(feasible) if gpus > 0 or locality is not None else np.zeros(0, dtype=np.intp)
     if rows.size == 0:
         empty = np.zeros(0)
         return ScoreResult(score, rows, empty, empty, empty)
+    if gpus == 0:
+        # No GPU to fit: locality is the only opinion (NaN and out-of-range values clamped into [0, 1]).
+        assert locality is not None
+        only_local = np.fmin(np.fmax(locality[rows], 0.0), 1.0)
+        score[rows] = _compute_normalized(only_local, MAX_EXTENDER_PRIORITY)
+        zeros = np.zeros(rows.size)
+        return ScoreResult(score, rows, zeros, zeros, only_local, only_local)
     # Work on the feasible rows only (the others score 0), in place to spare allocations.
     fit_rows = (gpus - free[rows]).astype(np.float64)  # minus the GPUs left, <= 0
     fit_rows *= 1.0 / FIT_STEP_GPUS
@@ -342,11 +364,16 @@ def _compute_scores(
     np.fmax(util_rows, 0.0, out=util_rows)
     np.fmin(util_rows, 1.0, out=util_rows)
     np.subtract(1.0, util_rows, out=util_rows)
-    total = weights.fit + weights.utilization
+    local_weight = weights.locality if locality is not None else 0.0
+    total = weights.fit + weights.utilization + local_weight
     raw_rows = fit_rows * (weights.fit / total)
     raw_rows += util_rows * (weights.utilization / total)
+    local_rows: npt.NDArray[np.float64] | None = None
+    if locality is not None:
+        local_rows = np.fmin(np.fmax(locality[rows], 0.0), 1.0)
+        raw_rows += local_rows * (local_weight / total)
     score[rows] = _compute_normalized(raw_rows, MAX_EXTENDER_PRIORITY)
-    return ScoreResult(score=score, rows=rows, fit_rows=fit_rows, utilization_rows=util_rows, raw_rows=raw_rows)
+    return ScoreResult(score, rows, fit_rows, util_rows, raw_rows, local_rows)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.gpu_models import normalize_model
+from scheduler_core.locality import PEERS_ANNOTATION, Peer, parse_peers
 from scheduler_core.nodes import GPU_RESOURCE, LABEL_MEMORY, LABEL_MODEL, NodeTable
 from scheduler_core.quantity import MIB, parse_quantity, parse_whole_count
 
@@ -37,6 +38,8 @@ class PodDemand:
         Allowed short model names (``{"A100", "H100"}``); ``None`` allows any model.
     min_memory_mib : int
         Minimum memory per GPU in MiB; 0 means no constraint.
+    peers : tuple of Peer
+        Workloads the pod talks to (annotation ``gpu-scheduler.io/peers``), for locality scoring.
     """
 
     namespace: str = ""
@@ -45,6 +48,7 @@ class PodDemand:
     gpus: int = 0
     models: frozenset[str] | None = None
     min_memory_mib: int = 0
+    peers: tuple[Peer, ...] = ()
 
     @property
     def key(self) -> str:
@@ -83,6 +87,7 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
         gpus=effective_gpu_request(spec or {}),
         models=_parse_models(annotations.get(LABEL_MODEL)),
         min_memory_mib=_parse_memory_mib(annotations.get(LABEL_MEMORY)),
+        peers=parse_peers(annotations[PEERS_ANNOTATION]) if PEERS_ANNOTATION in annotations else (),
     )
 
 

@@ -35,12 +35,12 @@ import numpy.typing as npt
 
 from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import SchedulerCoreError
+from scheduler_core.locality import DEFAULT_LABEL_KEYS, AppIndex, index_apps
 from scheduler_core.nodes import NodeTable
-from scheduler_core.pods import TERMINAL_PHASES, gpus_in_use
+from scheduler_core.pods import gpus_in_use
 
 SCHEMA_VERSION = 1
 MILLI_PER_GPU = 1000
-DEFAULT_APP_LABEL_KEYS = ("app", "app.kubernetes.io/name")
 
 _NODE_COLUMNS = ("zone_id", "instance_type_id", "model_id", "gpu_count", "memory_mib", "alloc_gpus", "used_gpus")
 _HEADER_KEYS = (
@@ -61,32 +61,6 @@ class SnapshotFormatError(SchedulerCoreError, ValueError):
 
 
 @dataclass(frozen=True, eq=False)
-class AppIndex:
-    """Pods per ``app`` label value (``"app=feature-store"``), counted per node and per zone.
-
-    Attributes
-    ----------
-    apps : tuple of str, length n_apps
-    node_entries : ndarray of shape (3, n_entries), int32
-        Sparse (app_id, node row, pod count) triples.
-    zone_counts : ndarray of shape (n_apps, n_zones), int32
-    """
-
-    apps: tuple[str, ...]
-    node_entries: npt.NDArray[np.int32]
-    zone_counts: npt.NDArray[np.int32]
-
-    def node_counts(self, app: str, n_nodes: int) -> npt.NDArray[np.int32]:
-        """Pods of ``app`` on each node, shape (n_nodes,); zeros for an unknown app."""
-        counts = np.zeros(n_nodes, dtype=np.int32)
-        if app in self.apps:
-            app_id, rows, pods = self.node_entries
-            mine = app_id == self.apps.index(app)
-            counts[rows[mine]] = pods[mine]
-        return counts
-
-
-@dataclass(frozen=True, eq=False)
 class ClusterSnapshot:
     """Node facts plus GPU usage, aligned row by row with ``state.table``."""
 
@@ -95,8 +69,11 @@ class ClusterSnapshot:
     state: ClusterState
     free_milli: npt.NDArray[np.int32]
     gpu_utilization: npt.NDArray[np.float32]
-    apps: AppIndex
     problems: tuple[str, ...] = ()
+
+    @property
+    def apps(self) -> AppIndex:
+        return self.state.apps
 
     @property
     def table(self) -> NodeTable:
@@ -118,7 +95,7 @@ def build_snapshot(
     cluster: str,
     generated_at: float,
     gpu_utilization: Mapping[str, Sequence[float]] | None = None,
-    app_label_keys: Sequence[str] = DEFAULT_APP_LABEL_KEYS,
+    app_label_keys: Sequence[str] = DEFAULT_LABEL_KEYS,
 ) -> ClusterSnapshot:
     """Build a snapshot from v1 Node and Pod objects.
 
@@ -156,14 +133,15 @@ def build_snapshot(
             problems.append(f"gpu_utilization[{name!r}]: expected numbers in [0, 1], got {list(values)[:8]!r}")
             continue
         util[row, : len(clean)] = clean
+    apps = index_apps(table, pods, app_label_keys)
     state = ClusterState(
         table=table,
         used_gpus=used,
         utilization=_node_utilization(util, table.alloc_gpus),
         problems=tuple(problems),
+        apps=apps,
     )
-    apps = _app_index(table, pods, app_label_keys)
-    return ClusterSnapshot(cluster, float(generated_at), state, free_milli, util, apps, tuple(problems))
+    return ClusterSnapshot(cluster, float(generated_at), state, free_milli, util, tuple(problems))
 
 
 def _node_utilization(util: npt.NDArray[np.float32], alloc: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:
@@ -174,35 +152,6 @@ def _node_utilization(util: npt.NDArray[np.float32], alloc: npt.NDArray[np.int32
     count = known.sum(axis=1)
     mean: npt.NDArray[np.float64] = np.divide(total, count, out=np.zeros(util.shape[0]), where=count > 0)
     return mean
-
-
-def _app_index(table: NodeTable, pods: Sequence[Any], keys: Sequence[str]) -> AppIndex:
-    counts: dict[tuple[str, int], int] = {}
-    index = table.index
-    for pod in pods:
-        if not isinstance(pod, Mapping):
-            continue
-        spec, status, metadata = pod.get("spec"), pod.get("status"), pod.get("metadata")
-        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
-        row = index.get(node) if isinstance(node, str) else None
-        phase = status.get("phase") if isinstance(status, Mapping) else None
-        labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
-        if row is None or phase in TERMINAL_PHASES or not isinstance(labels, Mapping):
-            continue
-        key = next((k for k in keys if isinstance(labels.get(k), str)), None)
-        if key is not None:
-            app = f"{key}={labels[key]}"
-            counts[(app, row)] = counts.get((app, row), 0) + 1
-    apps = tuple(sorted({app for app, _ in counts}))
-    app_id = {app: i for i, app in enumerate(apps)}
-    entries = (
-        np.array([(app_id[app], row, n) for (app, row), n in sorted(counts.items())], dtype=np.int32).reshape(-1, 3).T
-    )
-    zone_counts = np.zeros((len(apps), len(table.zones)), dtype=np.int32)
-    zones = table.zone_id[entries[1]] if entries.shape[1] else np.zeros(0, dtype=np.int32)
-    known = zones >= 0
-    np.add.at(zone_counts, (entries[0][known], zones[known]), entries[2][known])
-    return AppIndex(apps=apps, node_entries=np.ascontiguousarray(entries), zone_counts=zone_counts)
 
 
 def write_snapshot(snapshot: ClusterSnapshot) -> bytes:
@@ -293,16 +242,14 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
     _check_ids(table)
     util = np.ascontiguousarray(members["gpu_utilization"], dtype=np.float32)
     problems = tuple(str(p) for p in header.get("problems", []))
-    state = ClusterState(table, column["used_gpus"], _node_utilization(util, table.alloc_gpus), problems)
     apps = AppIndex(
         apps=tuple(header["apps"]),
         node_entries=np.ascontiguousarray(members.get("app_node", np.zeros((3, 0))), dtype=np.int32),
         zone_counts=np.ascontiguousarray(members.get("app_zone_counts", np.zeros((0, 0))), dtype=np.int32),
     )
+    state = ClusterState(table, column["used_gpus"], _node_utilization(util, table.alloc_gpus), problems, apps)
     free_milli = np.ascontiguousarray(members["free_milli"], dtype=np.int32)
-    return ClusterSnapshot(
-        str(header["cluster"]), float(header["generated_at"]), state, free_milli, util, apps, problems
-    )
+    return ClusterSnapshot(str(header["cluster"]), float(header["generated_at"]), state, free_milli, util, problems)
 
 
 def _header(members: Mapping[str, npt.NDArray[Any]]) -> dict[str, Any]:

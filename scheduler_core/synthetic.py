@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from scheduler_core.cluster import ClusterState
+from scheduler_core.locality import AppIndex
 from scheduler_core.nodes import (
     GFD_COUNT,
     GFD_MEMORY,
@@ -27,7 +28,7 @@ from scheduler_core.nodes import (
     LABEL_ZONE,
     NodeTable,
 )
-from scheduler_core.snapshot import MILLI_PER_GPU, AppIndex, ClusterSnapshot
+from scheduler_core.snapshot import MILLI_PER_GPU, ClusterSnapshot
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,8 @@ def synthetic_snapshot(
     free_milli = np.where(exists & (gpu_index >= used[:, None]), MILLI_PER_GPU, 0).astype(np.int32)
     util = np.where(exists, rng.random((n_nodes, max_gpus)), np.nan).astype(np.float32)
     node_util = np.nan_to_num(np.nanmean(util, axis=1)).astype(np.float64)
-    apps = AppIndex((), np.zeros((3, 0), dtype=np.int32), np.zeros((0, len(ZONES)), dtype=np.int32))
-    return ClusterSnapshot(cluster, generated_at, ClusterState(table, used, node_util), free_milli, util, apps)
+    state = ClusterState(table, used, node_util, apps=AppIndex.empty(len(ZONES)))
+    return ClusterSnapshot(cluster, generated_at, state, free_milli, util)
 
 
 def make_node(name: str, shape: InstanceShape, zone: str, *, gfd: bool = True) -> dict[str, Any]:
