@@ -19,6 +19,7 @@ from scheduler_core.errors import ConfigError, InvalidArgsError, InvalidPodError
 from scheduler_core.explain import NodeExplanation, explain
 from scheduler_core.extender import DEFAULT_MAX_BODY_BYTES, ClusterSource, Extender, ExtenderConfig, decode_json
 from scheduler_core.gpu_fit import ScoreWeights
+from scheduler_core.locality import DEFAULT_LABEL_KEYS, LocalitySettings
 from scheduler_core.pods import pod_demand
 
 log = logging.getLogger("gpu_scheduler")
@@ -46,10 +47,24 @@ def _add_weights(parser: argparse.ArgumentParser) -> None:
         default=ScoreWeights.utilization,
         help="low-utilisation weight (default 0.3)",
     )
+    parser.add_argument(
+        "--weight-locality", type=float, default=ScoreWeights.locality, help="network-locality weight (default 0.5)"
+    )
+    parser.add_argument(
+        "--locality-label-keys",
+        default=",".join(DEFAULT_LABEL_KEYS),
+        help="label keys peers may select on (default app,app.kubernetes.io/name)",
+    )
+    parser.add_argument("--zone-alpha", type=float, default=LocalitySettings.zone_alpha, help="same-zone value (0.5)")
 
 
 def _weights(args: argparse.Namespace) -> ScoreWeights:
-    return ScoreWeights(fit=args.weight_fit, utilization=args.weight_utilization)
+    return ScoreWeights(fit=args.weight_fit, utilization=args.weight_utilization, locality=args.weight_locality)
+
+
+def _locality(args: argparse.Namespace) -> LocalitySettings:
+    keys = tuple(key.strip() for key in args.locality_label_keys.split(",") if key.strip())
+    return LocalitySettings(label_keys=keys, zone_alpha=args.zone_alpha)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,7 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from gpu_scheduler.server import ClusterFile, print_ready, serve
 
-    config = ExtenderConfig(weights=_weights(args), max_body_bytes=args.max_body_bytes).validated()
+    config = ExtenderConfig(
+        weights=_weights(args), max_body_bytes=args.max_body_bytes, locality=_locality(args)
+    ).validated()
     cluster: ClusterSource | None = None
     if args.cluster:
         cluster = ClusterFile(args.cluster, refresh_s=1.0 if args.refresh_s is None else args.refresh_s)
@@ -176,7 +193,8 @@ def _explain(args: argparse.Namespace) -> int:
         raise UsageError(f"pod file {args.pod}: expected a v1 Pod object")
     demand = pod_demand(pod)
     state = load_cluster_file(args.cluster)
-    rows = explain(state, demand, _weights(args).validated())
+    config = ExtenderConfig(weights=_weights(args), locality=_locality(args)).validated()
+    rows = explain(state, demand, config.weights, config.locality)
     if args.json:
         print(json.dumps({"pod": demand.key, "gpus": demand.gpus, "nodes": [r.to_json() for r in rows]}, indent=2))
     else:
@@ -185,7 +203,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _explain_table(pod: str, gpus: int, rows: list[NodeExplanation]) -> str:
-    header = ("NODE", "ZONE", "MODEL", "MEM MiB", "FREE/ALLOC", "UTIL", "FIT", "UTIL.S", "SCORE", "VERDICT")
+    header = ("NODE", "ZONE", "MODEL", "MEM MiB", "FREE/ALLOC", "UTIL", "FIT", "UTIL.S", "LOCAL", "SCORE", "VERDICT")
     lines = [header]
     for r in rows:
         verdict = "ok" if r.passed else ("never: " if r.unresolvable else "not now: ") + r.reason
@@ -199,6 +217,7 @@ def _explain_table(pod: str, gpus: int, rows: list[NodeExplanation]) -> str:
                 f"{r.utilization:.2f}",
                 f"{r.fit:.2f}",
                 f"{r.utilization_score:.2f}",
+                f"{r.locality:.2f}",
                 str(r.score),
                 verdict,
             )

@@ -9,6 +9,7 @@ import numpy as np
 
 from scheduler_core.cluster import ClusterState
 from scheduler_core.gpu_fit import Reason, ScoreWeights, filter_nodes, score_nodes
+from scheduler_core.locality import LocalitySettings, locality_scores, peer_placement
 from scheduler_core.pods import PodDemand
 
 
@@ -27,6 +28,7 @@ class NodeExplanation:
     reason: str
     fit: float
     utilization_score: float
+    locality: float
     raw_score: float
     score: int
 
@@ -34,7 +36,12 @@ class NodeExplanation:
         return asdict(self)
 
 
-def explain(state: ClusterState, demand: PodDemand, weights: ScoreWeights | None = None) -> list[NodeExplanation]:
+def explain(
+    state: ClusterState,
+    demand: PodDemand,
+    weights: ScoreWeights | None = None,
+    locality: LocalitySettings | None = None,
+) -> list[NodeExplanation]:
     """Explain the decision for every node of ``state``, best score first, then by name.
 
     Scores are computed as ``prioritize`` would for the nodes that pass, so the 0..10 values are
@@ -49,7 +56,11 @@ def explain(state: ClusterState, demand: PodDemand, weights: ScoreWeights | None
     table = state.table
     free = state.free_gpus
     verdict = filter_nodes(table, free, demand)
-    scores = score_nodes(table, free, state.utilization, demand, weights, feasible=verdict.feasible)
+    local = None
+    if demand.peers:
+        placement = peer_placement(state.apps, table.zones, demand.peers, np.arange(table.n_nodes))
+        local = locality_scores(placement, table.zone_id, locality)
+    scores = score_nodes(table, free, state.utilization, demand, weights, feasible=verdict.feasible, locality=local)
     messages = verdict.messages
     rows = [
         NodeExplanation(
@@ -66,6 +77,7 @@ def explain(state: ClusterState, demand: PodDemand, weights: ScoreWeights | None
             reason=messages.get(row, ""),
             fit=round(float(scores.fit[row]), 4),
             utilization_score=round(float(scores.utilization[row]), 4),
+            locality=round(float(local[row]), 4) if local is not None else 0.0,
             raw_score=round(float(scores.raw[row]), 4),
             score=int(scores.score[row]),
         )

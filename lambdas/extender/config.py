@@ -8,12 +8,17 @@
 | ``MAX_BODY_BYTES`` | 6291456 | largest request body (Lambda's own limit is 6 MB) |
 | ``SCORE_WEIGHT_FIT`` | 0.7 | best-fit weight |
 | ``SCORE_WEIGHT_UTILIZATION`` | 0.3 | low-utilisation weight |
+| ``SCORE_WEIGHT_LOCALITY`` | 0.5 | network-locality weight (pods with ``gpu-scheduler.io/peers``) |
+| ``LOCALITY_LABEL_KEYS`` | app,app.kubernetes.io/name | label keys peers may select on |
+| ``LOCALITY_ZONE_ALPHA`` | 0.5 | value of a peer pod in the same zone, on another node |
+| ``LOCALITY_ZONE_VALUES`` | (none) | JSON ``{zone: {zone: value}}`` replacing the same-zone/other-zone steps |
 | ``POWERTOOLS_METRICS_NAMESPACE`` | GpuScheduler | CloudWatch namespace of the EMF metrics |
 | ``POWERTOOLS_SERVICE_NAME`` | gpu-scheduler-extender | service name in logs, metrics, traces |
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -22,6 +27,7 @@ from typing import Any
 from scheduler_core.errors import ConfigError
 from scheduler_core.extender import ExtenderConfig
 from scheduler_core.gpu_fit import ScoreWeights
+from scheduler_core.locality import DEFAULT_LABEL_KEYS, LocalitySettings
 
 LAMBDA_MAX_BODY_BYTES = 6 * 2**20
 
@@ -33,6 +39,10 @@ _ENV = {
     "max_body_bytes": "MAX_BODY_BYTES",
     "weight_fit": "SCORE_WEIGHT_FIT",
     "weight_utilization": "SCORE_WEIGHT_UTILIZATION",
+    "weight_locality": "SCORE_WEIGHT_LOCALITY",
+    "locality_label_keys": "LOCALITY_LABEL_KEYS",
+    "locality_zone_alpha": "LOCALITY_ZONE_ALPHA",
+    "locality_zone_values": "LOCALITY_ZONE_VALUES",
     "metrics_namespace": "POWERTOOLS_METRICS_NAMESPACE",
     "service": "POWERTOOLS_SERVICE_NAME",
 }
@@ -47,6 +57,10 @@ class ExtenderSettings:
     max_body_bytes: int = LAMBDA_MAX_BODY_BYTES
     weight_fit: float = 0.7
     weight_utilization: float = 0.3
+    weight_locality: float = 0.5
+    locality_label_keys: str = ",".join(DEFAULT_LABEL_KEYS)
+    locality_zone_alpha: float = 0.5
+    locality_zone_values: str = ""
     metrics_namespace: str = "GpuScheduler"
     service: str = "gpu-scheduler-extender"
 
@@ -89,15 +103,36 @@ class ExtenderSettings:
                 found.append(f"{_ENV[name]}: must be a non-negative number of seconds, got {value!r}")
         if "://" in self.snapshot_uri and not self.snapshot_uri.startswith(("s3://", "file://")):
             found.append(f"SNAPSHOT_URI: expected s3://bucket/key, file:///path or a path, got {self.snapshot_uri!r}")
-        weights = ScoreWeights(fit=self.weight_fit, utilization=self.weight_utilization)
-        found += [
-            p.replace("weights.fit", _ENV["weight_fit"]).replace("weights.utilization", _ENV["weight_utilization"])
-            for p in weights.problems()
-        ]
+        # The core names fields by path (weights.fit, locality.zone_alpha...): name the variables instead.
+        renames = {f"weights.{name}": _ENV[f"weight_{name}"] for name in ("fit", "utilization", "locality")}
+        renames |= {
+            f"locality.{name}": _ENV[f"locality_{name}"] for name in ("label_keys", "zone_alpha", "zone_values")
+        }
+        try:
+            problems = self._weights().problems() + self._locality().problems()
+        except ValueError as exc:
+            problems = [f"locality.zone_values: {exc}"]
+        for problem in problems:
+            for old, new in renames.items():
+                problem = problem.replace(old, new)
+            found.append(problem)
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes <= 0:
             found.append(f"MAX_BODY_BYTES: must be a positive integer, got {self.max_body_bytes!r}")
         return found
 
+    def _weights(self) -> ScoreWeights:
+        return ScoreWeights(fit=self.weight_fit, utilization=self.weight_utilization, locality=self.weight_locality)
+
+    def _locality(self) -> LocalitySettings:
+        """Raises ValueError when ``locality_zone_values`` is not a JSON object of objects."""
+        zone_values = None
+        if self.locality_zone_values:
+            zone_values = json.loads(self.locality_zone_values)
+            if not isinstance(zone_values, dict) or not all(isinstance(row, dict) for row in zone_values.values()):
+                raise ValueError("expected a JSON object mapping each zone to an object of zone: value")
+        keys = tuple(key.strip() for key in self.locality_label_keys.split(",") if key.strip())
+        return LocalitySettings(label_keys=keys, zone_alpha=self.locality_zone_alpha, zone_values=zone_values)
+
     def extender_config(self) -> ExtenderConfig:
-        weights = ScoreWeights(fit=self.weight_fit, utilization=self.weight_utilization)
-        return ExtenderConfig(weights=weights, max_body_bytes=self.max_body_bytes).validated()
+        config = ExtenderConfig(weights=self._weights(), max_body_bytes=self.max_body_bytes, locality=self._locality())
+        return config.validated()
