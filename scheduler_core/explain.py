@@ -58,7 +58,8 @@ def explain(
     verdict = filter_nodes(table, free, demand)
     local = None
     if demand.peers:
-        placement = peer_placement(state.apps, table.zones, demand.peers, np.arange(table.n_nodes))
+        peers = (locality or LocalitySettings()).with_self(demand.peers, demand.labels)
+        placement = peer_placement(state.apps, table.zones, peers, np.arange(table.n_nodes))
         local = locality_scores(placement, table.zone_id, locality)
     scores = score_nodes(table, free, state.utilization, demand, weights, feasible=verdict.feasible, locality=local)
     messages = verdict.messages

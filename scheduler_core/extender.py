@@ -292,7 +292,8 @@ class Extender:
             position = {zone: i for i, zone in enumerate(zones)}
             lookup = np.array([position.get(zone, -1) for zone in view.table.zones] + [-1], dtype=np.intp)
             zone_id = lookup[view.table.zone_id]  # -1 indexes the trailing -1
-        placement = peer_placement(state.apps, zones, demand.peers, rows)
+        peers = self.config.locality.with_self(demand.peers, demand.labels)
+        placement = peer_placement(state.apps, zones, peers, rows)
         return locality_scores(placement, zone_id, self.config.locality)
 
     def _view(self, args: ExtenderArgs) -> _NodeView:

@@ -61,11 +61,29 @@ class LocalitySettings:
     ``zone_alpha`` is the value of a peer pod in the same zone but on another node (1.0 is the same
     node, 0 another zone). ``zone_values``, when given, replaces those steps per pair of zones:
     ``{"us-east-1a": {"us-east-1a": 0.5, "us-east-1b": 0.1}}``; pairs it omits are 0.
+
+    ``self_weight``: a pod that names peers also counts its own workload (its own value of the first
+    indexed label key) as a peer, weighted ``self_weight`` x the sum of its peers' weights. Without
+    it, the first workload of a call graph spreads over every zone before any peer exists, and with
+    requests spread evenly over replicas nothing downstream can then be local. The price is that such
+    workloads gather in fewer zones; a hard zone spread constraint (kube-scheduler enforces it before
+    the extender runs) keeps the replicas of a workload that must survive a zone outage apart. 0
+    turns it off.
     """
 
     label_keys: tuple[str, ...] = DEFAULT_LABEL_KEYS
     zone_alpha: float = 0.5
     zone_values: Mapping[str, Mapping[str, float]] | None = None
+    self_weight: float = 1.0
+
+    def with_self(self, peers: Sequence[Peer], labels: Mapping[str, Any]) -> tuple[Peer, ...]:
+        """``peers`` plus the pod's own workload, when it names peers (see ``self_weight``)."""
+        if not peers or self.self_weight <= 0:
+            return tuple(peers)
+        key = next((k for k in self.label_keys if isinstance(labels.get(k), str)), None)
+        if key is None or any(p.key == key and p.value == labels[key] for p in peers):
+            return tuple(peers)
+        return (*peers, Peer(key, str(labels[key]), self.self_weight * sum(p.weight for p in peers)))
 
     def problems(self, path: str = "locality") -> list[str]:
         found = [f"{path}.label_keys: {key!r} is not a label key" for key in self.label_keys if not _KEY.match(key)]
@@ -73,6 +91,8 @@ class LocalitySettings:
             found.append(f"{path}.label_keys: at least one key is needed")
         if not (isinstance(self.zone_alpha, int | float) and 0.0 <= self.zone_alpha <= 1.0):
             found.append(f"{path}.zone_alpha: must be in [0, 1], got {self.zone_alpha!r}")
+        if not (isinstance(self.self_weight, int | float) and 0.0 <= self.self_weight <= 10.0):
+            found.append(f"{path}.self_weight: must be in [0, 10], got {self.self_weight!r}")
         for zone, row in (self.zone_values or {}).items():
             for other, value in row.items():
                 if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):

@@ -9,7 +9,7 @@ resource the request defaults to the limit, so a limit with no request counts.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -49,6 +49,7 @@ class PodDemand:
     models: frozenset[str] | None = None
     min_memory_mib: int = 0
     peers: tuple[Peer, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -88,6 +89,7 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
         models=_parse_models(annotations.get(LABEL_MODEL)),
         min_memory_mib=_parse_memory_mib(annotations.get(LABEL_MEMORY)),
         peers=parse_peers(annotations[PEERS_ANNOTATION]) if PEERS_ANNOTATION in annotations else (),
+        labels=_string_map(metadata.get("labels")),
     )
 
 
@@ -147,6 +149,12 @@ def gpus_in_use(table: NodeTable, pods: Iterable[Any]) -> tuple[npt.NDArray[np.i
             problems.append(f"pod {name or f'pods[{position}]'} on {node}: {exc}")
     # Clamp to int32: more than 2**31 GPUs in use on a node is impossible; keep the dtype narrow.
     return np.minimum(used, _INT32_MAX).astype(np.int32), problems
+
+
+def _string_map(value: object) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _text(value: object) -> str:

@@ -239,3 +239,40 @@ def test_serve_rejects_a_bad_snapshot_uri():
     )
     assert proc.returncode == 2
     assert "expected s3://bucket/key" in proc.stderr
+
+
+def test_peers_annotation_pulls_a_pod_next_to_its_peers_through_serve(tmp_path):
+    """End to end: a snapshot with a feature store on one node, a GPU pod that names it as a peer."""
+    from scheduler_core.snapshot import build_snapshot, write_snapshot
+
+    store = make_pod("fs", 0, node_name="a100-2", phase="Running")
+    store["metadata"]["labels"] = {"app": "feature-store"}
+    path = tmp_path / "snapshot.npz"
+    path.write_bytes(
+        write_snapshot(
+            build_snapshot(make_nodes("A100", "A100", "A100"), [store], cluster="c", generated_at=time.time())
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpu_scheduler", "serve", "--port", "0", "--snapshot", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(json.loads(proc.stdout.readline())["serving"].rsplit(":", 1)[1])
+        pod = make_pod("infer", 8)
+        pod["metadata"]["annotations"]["gpu-scheduler.io/peers"] = "app=feature-store:3"
+        names = ["a100-0", "a100-1", "a100-2"]
+        status, _, scores = post(port, "/prioritize", json.dumps({"Pod": pod, "NodeNames": names}))
+        assert status == 200
+        best = max(scores, key=lambda p: p["Score"])
+        assert best == {"Host": "a100-2", "Score": 10}
+        assert all(p["Score"] < 10 for p in scores if p["Host"] != "a100-2")
+        pod["metadata"]["annotations"]["gpu-scheduler.io/peers"] = "app=feature-store:lots"
+        status, _, reply = post(port, "/filter", json.dumps({"Pod": pod, "NodeNames": names}))
+        assert status == 200
+        assert "weight 'lots' of 'app=feature-store'" in reply["Error"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
