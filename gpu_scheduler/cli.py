@@ -56,6 +56,12 @@ def _add_weights(parser: argparse.ArgumentParser) -> None:
         help="label keys peers may select on (default app,app.kubernetes.io/name)",
     )
     parser.add_argument("--zone-alpha", type=float, default=LocalitySettings.zone_alpha, help="same-zone value (0.5)")
+    parser.add_argument(
+        "--locality-self-weight",
+        type=float,
+        default=LocalitySettings.self_weight,
+        help="weight of a pod's own workload among its peers (1.0; 0 turns it off)",
+    )
 
 
 def _weights(args: argparse.Namespace) -> ScoreWeights:
@@ -64,7 +70,7 @@ def _weights(args: argparse.Namespace) -> ScoreWeights:
 
 def _locality(args: argparse.Namespace) -> LocalitySettings:
     keys = tuple(key.strip() for key in args.locality_label_keys.split(",") if key.strip())
-    return LocalitySettings(label_keys=keys, zone_alpha=args.zone_alpha)
+    return LocalitySettings(label_keys=keys, zone_alpha=args.zone_alpha, self_weight=args.locality_self_weight)
 
 
 def build_parser() -> argparse.ArgumentParser:

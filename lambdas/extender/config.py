@@ -12,6 +12,7 @@
 | ``LOCALITY_LABEL_KEYS`` | app,app.kubernetes.io/name | label keys peers may select on |
 | ``LOCALITY_ZONE_ALPHA`` | 0.5 | value of a peer pod in the same zone, on another node |
 | ``LOCALITY_ZONE_VALUES`` | (none) | JSON ``{zone: {zone: value}}`` replacing the same-zone/other-zone steps |
+| ``LOCALITY_SELF_WEIGHT`` | 1.0 | weight of a pod's own workload among its peers (0: off) |
 | ``POWERTOOLS_METRICS_NAMESPACE`` | GpuScheduler | CloudWatch namespace of the EMF metrics |
 | ``POWERTOOLS_SERVICE_NAME`` | gpu-scheduler-extender | service name in logs, metrics, traces |
 """
@@ -43,6 +44,7 @@ _ENV = {
     "locality_label_keys": "LOCALITY_LABEL_KEYS",
     "locality_zone_alpha": "LOCALITY_ZONE_ALPHA",
     "locality_zone_values": "LOCALITY_ZONE_VALUES",
+    "locality_self_weight": "LOCALITY_SELF_WEIGHT",
     "metrics_namespace": "POWERTOOLS_METRICS_NAMESPACE",
     "service": "POWERTOOLS_SERVICE_NAME",
 }
@@ -61,6 +63,7 @@ class ExtenderSettings:
     locality_label_keys: str = ",".join(DEFAULT_LABEL_KEYS)
     locality_zone_alpha: float = 0.5
     locality_zone_values: str = ""
+    locality_self_weight: float = 1.0
     metrics_namespace: str = "GpuScheduler"
     service: str = "gpu-scheduler-extender"
 
@@ -106,7 +109,8 @@ class ExtenderSettings:
         # The core names fields by path (weights.fit, locality.zone_alpha...): name the variables instead.
         renames = {f"weights.{name}": _ENV[f"weight_{name}"] for name in ("fit", "utilization", "locality")}
         renames |= {
-            f"locality.{name}": _ENV[f"locality_{name}"] for name in ("label_keys", "zone_alpha", "zone_values")
+            f"locality.{name}": _ENV[f"locality_{name}"]
+            for name in ("label_keys", "zone_alpha", "zone_values", "self_weight")
         }
         try:
             problems = self._weights().problems() + self._locality().problems()
@@ -131,7 +135,12 @@ class ExtenderSettings:
             if not isinstance(zone_values, dict) or not all(isinstance(row, dict) for row in zone_values.values()):
                 raise ValueError("expected a JSON object mapping each zone to an object of zone: value")
         keys = tuple(key.strip() for key in self.locality_label_keys.split(",") if key.strip())
-        return LocalitySettings(label_keys=keys, zone_alpha=self.locality_zone_alpha, zone_values=zone_values)
+        return LocalitySettings(
+            label_keys=keys,
+            zone_alpha=self.locality_zone_alpha,
+            zone_values=zone_values,
+            self_weight=self.locality_self_weight,
+        )
 
     def extender_config(self) -> ExtenderConfig:
         config = ExtenderConfig(weights=self._weights(), max_body_bytes=self.max_body_bytes, locality=self._locality())

@@ -295,3 +295,20 @@ def test_base64_bodies_that_are_not_base64_or_not_utf8_are_400s(aws, invoke):
     response = call.handler.lambda_handler(event, FakeLambdaContext())
     assert response["statusCode"] == 400
     assert "not valid JSON" in json.loads(response["body"])["Error"]
+
+
+def test_locality_settings_come_from_the_environment_and_are_validated():
+    from lambdas.extender.config import ExtenderSettings
+    from scheduler_core.errors import ConfigError
+
+    settings = ExtenderSettings.from_env(
+        {"LOCALITY_LABEL_KEYS": "app, tier", "LOCALITY_ZONE_ALPHA": "0.3", "LOCALITY_ZONE_VALUES": '{"a": {"b": 0.2}}'}
+    )
+    locality = settings.extender_config().locality
+    assert (locality.label_keys, locality.zone_alpha, locality.zone_values) == (("app", "tier"), 0.3, {"a": {"b": 0.2}})
+    with pytest.raises(
+        ConfigError, match=r"SCORE_WEIGHT_LOCALITY: must .*; LOCALITY_ZONE_ALPHA: must be in \[0, 1\], got 2.0"
+    ):
+        ExtenderSettings.from_env({"LOCALITY_ZONE_ALPHA": "2", "SCORE_WEIGHT_LOCALITY": "-1"})
+    with pytest.raises(ConfigError, match="LOCALITY_ZONE_VALUES: expected a JSON object"):
+        ExtenderSettings.from_env({"LOCALITY_ZONE_VALUES": "[1]"})

@@ -186,3 +186,25 @@ def test_empty_index_is_well_formed():
     assert apps.node_counts("app=x", 2).tolist() == [0, 0]
     assert index_apps(ClusterState.from_objects(NODES).table, []).apps == ()
     assert json.dumps(list(apps.apps)) == "[]"
+
+
+def test_a_pod_with_peers_also_counts_its_own_workload():
+    settings = LocalitySettings()
+    peers = (Peer("app", "redis", 2.0), Peer("app", "db", 1.0))
+    assert settings.with_self(peers, {"app": "api"})[-1] == Peer("app", "api", 3.0)
+    assert settings.with_self(peers, {"team": "x"}) == peers, "no indexed label: nothing to add"
+    assert settings.with_self((), {"app": "api"}) == (), "no peers: locality stays off"
+    assert LocalitySettings(self_weight=0).with_self(peers, {"app": "api"}) == peers
+    assert settings.with_self((Peer("app", "api"),), {"app": "api"}) == (Peer("app", "api"),), "not twice"
+
+
+def test_own_workload_pulls_replicas_together():
+    pods = [app_pod("api-0", "api", "t4-1")]
+    state = ClusterState.from_objects(NODES, pods)
+    pod = peer_pod("api-1", "app=redis", gpus=0)  # redis has no pods yet
+    pod["metadata"]["labels"] = {"app": "api"}
+    names = ["a100-0", "t4-1", "a100-2"]
+    with_self = Extender(cluster=lambda: state).prioritize(ExtenderArgs(pod=pod, node_names=names))
+    assert dict(zip(with_self.hosts, with_self.values, strict=True)) == {"a100-0": 0, "t4-1": 10, "a100-2": 0}
+    off = Extender(ExtenderConfig(locality=LocalitySettings(self_weight=0)), cluster=lambda: state)
+    assert off.prioritize(ExtenderArgs(pod=pod, node_names=names)).values == [0, 0, 0]
