@@ -66,6 +66,9 @@ def warm_path(snapshot_nodes: int, names: list[int], repeat: int, seed: int) -> 
     snapshot = synthetic_snapshot(snapshot_nodes, rng, generated_at=time.time())
     all_names = np.array(snapshot.table.names)
     pod = make_pod("bench", 2, models="A100,H100,L40S", memory="40Gi")
+    peered = make_pod("bench-peers", 2, models="A100,H100,L40S", memory="40Gi")
+    peered["metadata"]["labels"] = {"app": "svc-9"}
+    peered["metadata"]["annotations"]["gpu-scheduler.io/peers"] = "app=svc-1:3,app=svc-2:1,app=svc-3:1"
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "snapshot.npz"
         path.write_bytes(write_snapshot(snapshot))
@@ -87,6 +90,10 @@ def warm_path(snapshot_nodes: int, names: list[int], repeat: int, seed: int) -> 
                     assert response["statusCode"] == 200, response["body"][:300]
                     call = partial(handler.lambda_handler, event, _Context())
                     row[verb] = time_us(call, max(5, repeat // 4))
+                # The same names for a pod with three peers (plus its own workload): the locality cost.
+                peers_event = _event("/prioritize", json.dumps({"Pod": peered, "Nodes": None, "NodeNames": picked}))
+                call = partial(handler.lambda_handler, peers_event, _Context())
+                row["prioritize_with_peers"] = time_us(call, max(5, repeat // 4))
                 reply = json.loads(handler.lambda_handler(_event("/filter", body), _Context())["body"])
                 row["filter_feasible"] = len(reply["NodeNames"])
                 results.append(row)

@@ -116,7 +116,15 @@ def synthetic_snapshot(
     free_milli = np.where(exists & (gpu_index >= used[:, None]), MILLI_PER_GPU, 0).astype(np.int32)
     util = np.where(exists, rng.random((n_nodes, max_gpus)), np.nan).astype(np.float32)
     node_util = np.nan_to_num(np.nanmean(util, axis=1)).astype(np.float64)
-    state = ClusterState(table, used, node_util, apps=AppIndex.empty(len(ZONES)))
+    # 50 workloads ("app=svc-0" ..), pods on a fifth of the nodes, for locality scoring.
+    hosts = rng.choice(n_nodes, size=n_nodes // 5, replace=False) if n_nodes else np.zeros(0, dtype=np.int64)
+    app_id = rng.integers(0, 50, size=hosts.size)
+    order = np.lexsort((hosts, app_id))
+    entries = np.stack([app_id[order], hosts[order], rng.integers(1, 4, size=hosts.size)]).astype(np.int32)
+    zone_counts = np.zeros((50, len(ZONES)), dtype=np.int32)
+    np.add.at(zone_counts, (entries[0], table.zone_id[entries[1]]), entries[2])
+    apps = AppIndex(tuple(f"app=svc-{i}" for i in range(50)), entries, zone_counts)
+    state = ClusterState(table, used, node_util, apps=apps)
     return ClusterSnapshot(cluster, generated_at, state, free_milli, util)
 
 
