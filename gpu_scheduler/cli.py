@@ -116,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--extender-weight", type=float, default=2.0, help="the extender's weight in kube-scheduler")
     sim.add_argument("--json", action="store_true", help="print the full report as JSON")
 
+    costs = commands.add_parser("deletion-costs", help="dry run: pod deletion costs from a metrics file")
+    costs.add_argument("--pods", type=Path, required=True, help="v1 PodList or a JSON list of v1 Pods")
+    costs.add_argument("--metrics", type=Path, required=True, help='{"namespace/pod": {"active_requests": 3, ...}}')
+    costs.add_argument("--config", type=Path, help="workload config JSON (default: the metrics policy for every pod)")
+    costs.add_argument("--scale-down", type=int, default=0, help="also list the first N pods a scale-down removes")
+    costs.add_argument("--now", help="ISO 8601 time to judge pod age by (default: now)")
+    costs.add_argument("--json", action="store_true")
+
     bench = commands.add_parser("bench", help="benchmarks (JSON on stdout)")
     suites = bench.add_subparsers(dest="suite", required=True)
     ext = suites.add_parser("extender", help="core filter+score and the full handle() path")
@@ -126,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--snapshot-nodes", type=int, default=0, help="time the Lambda path over a snapshot this big")
     ext.add_argument("--names", type=_int_list, default=[1000, 10000, 100000], help="NodeNames per request")
     ext.add_argument("--json", action="store_true", help="JSON output (the default; kept for scripts)")
+    dc = suites.add_parser("deletion-cost", help="deletion-cost computation for many pods at once")
+    dc.add_argument("--pods", type=_int_list, default=[1000, 10000, 100000])
+    dc.add_argument("--repeat", type=int, default=100)
+    dc.add_argument("--seed", type=int, default=1)
+    dc.add_argument("--json", action="store_true", help="JSON output (the default; kept for scripts)")
     cold = suites.add_parser("cold-start", help="fresh interpreter: import + init + first request (S3 via moto)")
     cold.add_argument("--runs", type=int, default=5)
     cold.add_argument("--snapshot-nodes", type=int, default=10000)
@@ -150,8 +163,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpu_scheduler.demo import run_demo
 
             return run_demo(n_nodes=args.nodes, n_pods=args.pods, seed=args.seed, mode=args.mode, as_json=args.json)
+        if args.command == "deletion-costs":
+            return _deletion_costs(args)
         if args.command == "simulate-locality":
             return _simulate_locality(args)
+        if args.command == "bench" and args.suite == "deletion-cost":
+            from bench.deletion_cost import run as run_cost_bench
+
+            print(json.dumps(run_cost_bench(args.pods, args.repeat, args.seed), indent=2))
+            return 0
         if args.command == "bench" and args.suite == "cold-start":
             from bench.lambda_path import cold_start
 
@@ -189,6 +209,40 @@ def _serve(args: argparse.Namespace) -> int:
         refresh_s = DEFAULT_REFRESH_S if args.refresh_s is None else args.refresh_s
         cluster = SnapshotSource(store, refresh_s=refresh_s, max_age_s=args.max_snapshot_age_s)
     serve(Extender(config, cluster), args.host, args.port, ready=print_ready)
+    return 0
+
+
+def _deletion_costs(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from gpu_scheduler.deletion_costs import costs_for, current_cost, pod_key, pod_list, victims
+    from scheduler_core.deletion_cost import CostConfig
+
+    if args.scale_down < 0:
+        raise UsageError(f"--scale-down must not be negative, got {args.scale_down}")
+    try:
+        now = (
+            datetime.fromisoformat(args.now.replace("Z", "+00:00")).timestamp()
+            if args.now
+            else datetime.now(UTC).timestamp()
+        )
+    except ValueError as exc:
+        raise UsageError(f"--now: expected an ISO 8601 time, got {args.now!r}") from exc
+    pods = pod_list(_read_json(args.pods, "pods file"))
+    config = CostConfig.from_json(_read_json(args.config, "config file")) if args.config else CostConfig()
+    costs = costs_for(pods, _read_json(args.metrics, "metrics file"), config, now)
+    order = victims(pods, costs, args.scale_down, now) if args.scale_down else []
+    if args.json:
+        print(json.dumps({"costs": costs, "victims": order}, indent=2))
+        return 0
+    width = max((len(k) for k in costs), default=3)
+    print(f"{'POD':<{width}}  {'CURRENT':>8}  {'NEW':>6}")
+    for pod in pods:
+        key, new = pod_key(pod), costs[pod_key(pod)]
+        old = current_cost(pod)
+        print(f"{key:<{width}}  {'-' if old is None else old:>8}  {'keep' if new is None else new:>6}")
+    if order:
+        print(f"a scale-down by {args.scale_down} removes: {', '.join(order)}")
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from scheduler_core.deletion_cost import CostPolicy
 from scheduler_core.gpu_fit import FIT_STEP_GPUS, MAX_EXTENDER_PRIORITY, Reason, ScoreWeights
 from scheduler_core.nodes import NodeTable
 from scheduler_core.pods import PodDemand
@@ -95,3 +96,34 @@ def reference_locality(
             value += weight * (here * 1.0 + near) / total
         scores.append(min(1.0, max(0.0, value / total_weight)) if total_weight > 0 else 0.0)
     return scores
+
+
+def reference_cost(policy: CostPolicy, metrics: dict[str, float], age_s: float, ready: bool) -> int | None:
+    """One pod's deletion cost straight from the formula; None means "no new value"."""
+    if not ready:
+        return policy.not_ready_cost
+    if age_s < policy.warmup_s:
+        return policy.warmup_cost
+    needed = {
+        "metrics": ("active_requests", "cache_hit_rate", "avg_response_time_ms"),
+        "connections": ("active_connections",),
+        "static": (),
+    }[policy.policy]
+    for name in needed:
+        value = metrics.get(name)
+        if value is None or math.isnan(value) or value < 0:
+            return None
+    if policy.policy == "metrics":
+        latency = metrics["avg_response_time_ms"]
+        bonus = policy.fast_bonus if latency < policy.fast_ms else policy.ok_bonus if latency < policy.ok_ms else 0
+        hit = min(metrics["cache_hit_rate"], 1.0)
+        raw = (
+            math.floor(policy.per_request * metrics["active_requests"])
+            + math.floor(policy.hit_rate_points * hit)
+            + bonus
+        )
+    elif policy.policy == "connections":
+        raw = math.floor(policy.per_connection * metrics["active_connections"])
+    else:
+        raw = policy.static_cost
+    return int(max(policy.min_cost, min(policy.cap, raw)))

@@ -100,3 +100,68 @@ def test_bench_extender_reports_each_size_and_agreeing_results(capsys):
     core = report["core"][0]
     assert 0 < core["feasible"] < 300
     assert core["speedup_p50"] > 0 and core["filter_score"]["n"] == 5
+
+
+def _running_pod(name, started="2026-11-29T08:00:00Z", cost=None):
+    pod = make_pod(name, 0, namespace="web", node_name=f"node-{name}", phase="Running")
+    pod["metadata"]["labels"] = {"app": "api", "gpu-scheduler.io/deletion-cost": "managed"}
+    if cost is not None:
+        pod["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"] = cost
+    pod["status"].update(
+        {"startTime": started, "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": started}]}
+    )
+    return pod
+
+
+def test_deletion_costs_dry_run_and_scale_down_victims(tmp_path, capsys):
+    pods = [_running_pod(f"api-{i}") for i in range(6)] + [_running_pod("fresh", started="2026-11-29T11:59:30Z")]
+    metrics = {
+        f"web/api-{i}": {"active_requests": i * 10, "cache_hit_rate": 0.5, "avg_response_time_ms": 200}
+        for i in range(5)
+    }  # api-5 has no metrics: no new value
+    (tmp_path / "pods.json").write_text(json.dumps({"kind": "PodList", "items": pods}))
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    argv = [
+        "deletion-costs",
+        "--pods",
+        str(tmp_path / "pods.json"),
+        "--metrics",
+        str(tmp_path / "metrics.json"),
+        "--now",
+        "2026-11-29T12:00:00Z",
+        "--scale-down",
+        "3",
+        "--json",
+    ]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    # 5 x requests + int(100 x 0.5) + 20 (200 ms is under 500 ms)
+    assert out["costs"] == {
+        "web/api-0": 70,
+        "web/api-1": 120,
+        "web/api-2": 170,
+        "web/api-3": 220,
+        "web/api-4": 270,
+        "web/api-5": None,
+        "web/fresh": -50,
+    }
+    # The warming pod (-50), then api-5 (no annotation: 0), then the cheapest refreshed pod.
+    assert out["victims"] == ["web/fresh", "web/api-5", "web/api-0"]
+
+
+def test_deletion_costs_table_and_bad_config(tmp_path, capsys):
+    (tmp_path / "pods.json").write_text(json.dumps([_running_pod("a", cost="15")]))
+    (tmp_path / "metrics.json").write_text("{}")
+    (tmp_path / "cfg.json").write_text(json.dumps({"workloads": [{"policy": "nope"}]}))
+    base = ["deletion-costs", "--pods", str(tmp_path / "pods.json"), "--metrics", str(tmp_path / "metrics.json")]
+    assert main(base) == 0
+    assert capsys.readouterr().out.splitlines()[1].split() == ["web/a", "15", "keep"]
+    assert main([*base, "--config", str(tmp_path / "cfg.json")]) == 2
+    assert "workloads[0].policy: expected one of metrics" in capsys.readouterr().err
+
+
+def test_bench_deletion_cost_reports_each_size(capsys):
+    assert main(["bench", "deletion-cost", "--pods", "50,200", "--repeat", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["pods"] for r in report["results"]] == [50, 200]
+    assert all(r["metrics"]["n"] == 3 and r["connections"]["p50_us"] > 0 for r in report["results"])
