@@ -100,20 +100,18 @@ class ClusterState:
             raise InvalidArgsError("cluster document: 'utilization' must map node names to numbers in [0, 1]")
         return cls.from_objects(nodes, pods, utilization)
 
-    def usage_for(self, names: Sequence[str]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float64]]:
-        """Used GPUs and utilisation for ``names``, in that order; 0 for names this state lacks.
+    def usage_at(self, rows: npt.NDArray[np.intp]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float64]]:
+        """Used GPUs and utilisation at ``rows`` (from ``table.rows_of``); 0 where a row is -1.
 
         Returns
         -------
-        used_gpus : ndarray of shape (len(names),), int32
-        utilization : ndarray of shape (len(names),), float64
+        used_gpus : ndarray of shape (len(rows),), int32
+        utilization : ndarray of shape (len(rows),), float64
         """
-        index = self.table.index
-        rows = np.fromiter((index.get(name, -1) for name in names), dtype=np.int64, count=len(names))
+        if self.table.n_nodes == 0:
+            return np.zeros(rows.size, dtype=np.int32), np.zeros(rows.size, dtype=np.float64)
         known = rows >= 0
         safe = np.where(known, rows, 0)
-        if self.table.n_nodes == 0:
-            return np.zeros(len(names), dtype=np.int32), np.zeros(len(names), dtype=np.float64)
         used = np.where(known, self.used_gpus[safe], 0).astype(np.int32)
         util = np.where(known, self.utilization[safe], 0.0)
         return used, util

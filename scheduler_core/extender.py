@@ -283,12 +283,12 @@ class Extender:
         if not demand.peers or state is None:
             return None
         zones = state.table.zones
+        rows = view.state_rows
+        assert rows is not None  # set whenever state is
         zone_id: npt.NDArray[np.intp]
-        if view.state_rows is not None:  # names form: rows of the state itself
-            rows = view.state_rows
+        if view.names_form:  # the view's table is the state's: same zone vocabulary
             zone_id = state.table.zone_id[rows].astype(np.intp)
-        else:  # full objects: match by name, and map the request's zone names to the state's
-            rows = state.table.rows_of(view.table.names)
+        else:  # full objects: map the request's zone names to the state's
             position = {zone: i for i, zone in enumerate(zones)}
             lookup = np.array([position.get(zone, -1) for zone in view.table.zones] + [-1], dtype=np.intp)
             zone_id = lookup[view.table.zone_id]  # -1 indexes the trailing -1
@@ -302,8 +302,9 @@ class Extender:
             table = NodeTable.from_nodes(args.nodes)
             if state is None:
                 return _NodeView(table, table.alloc_gpus.copy(), np.zeros(table.n_nodes), [])
-            used, utilization = state.usage_for(table.names)
-            return _NodeView(table, free_gpus(table, used), utilization, [], state)
+            rows = state.table.rows_of(table.names)
+            used, utilization = state.usage_at(rows)
+            return _NodeView(table, free_gpus(table, used), utilization, [], state, rows, names_form=False)
         if state is None:
             raise ClusterStateUnavailableError(
                 "NodeNames (nodeCacheCapable: true) needs cluster state and this extender has none: "
@@ -329,6 +330,7 @@ class _NodeView:
 
     In the full-object form, row i is ``Nodes.items[i]``; in the names form the rows follow the
     request's order, and ``unknown`` lists the names the cluster state does not have.
+    ``state_rows`` maps each row to its row in ``state`` (-1 where the state lacks the node).
     """
 
     table: NodeTable
@@ -337,6 +339,7 @@ class _NodeView:
     unknown: list[str]
     state: ClusterState | None = None
     state_rows: npt.NDArray[np.intp] | None = None
+    names_form: bool = True
 
 
 def decode_json(body: bytes) -> Any:

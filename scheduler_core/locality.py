@@ -159,19 +159,17 @@ class AppIndex:
 
 def index_apps(table: NodeTable, pods: Sequence[Any], keys: Sequence[str] = DEFAULT_LABEL_KEYS) -> AppIndex:
     """Count non-terminal bound pods per ``key=value`` of each configured label key."""
-    from scheduler_core.pods import TERMINAL_PHASES
+    from scheduler_core.pods import bound_row  # pods imports this module
 
     counts: dict[tuple[str, int], int] = {}
     index = table.index
     for pod in pods:
         if not isinstance(pod, Mapping):
             continue
-        spec, status, metadata = pod.get("spec"), pod.get("status"), pod.get("metadata")
-        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
-        row = index.get(node) if isinstance(node, str) else None
-        phase = status.get("phase") if isinstance(status, Mapping) else None
+        row = bound_row(pod, index)
+        metadata = pod.get("metadata")
         labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
-        if row is None or phase in TERMINAL_PHASES or not isinstance(labels, Mapping):
+        if row is None or not isinstance(labels, Mapping):
             continue
         for key in keys:
             value = labels.get(key)

@@ -134,19 +134,15 @@ def gpus_in_use(table: NodeTable, pods: Iterable[Any]) -> tuple[npt.NDArray[np.i
         if not isinstance(pod, Mapping):
             problems.append(f"pods[{position}]: expected a v1 Pod object, got {type(pod).__name__}")
             continue
-        spec = pod.get("spec")
-        status = pod.get("status")
-        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
-        phase = status.get("phase") if isinstance(status, Mapping) else None
-        row = index.get(node) if isinstance(node, str) else None
-        if row is None or phase in TERMINAL_PHASES:
+        row = bound_row(pod, index)
+        if row is None:
             continue
         try:
-            used[row] += effective_gpu_request(spec)  # type: ignore[arg-type]  # spec is a Mapping here
+            used[row] += effective_gpu_request(pod["spec"])
         except InvalidPodError as exc:
             metadata = pod.get("metadata")
             name = metadata.get("name") if isinstance(metadata, Mapping) else None
-            problems.append(f"pod {name or f'pods[{position}]'} on {node}: {exc}")
+            problems.append(f"pod {name or f'pods[{position}]'} on {pod['spec']['nodeName']}: {exc}")
     # Clamp to int32: more than 2**31 GPUs in use on a node is impossible; keep the dtype narrow.
     return np.minimum(used, _INT32_MAX).astype(np.int32), problems
 
@@ -155,6 +151,16 @@ def _string_map(value: object) -> dict[str, str]:
     if not isinstance(value, Mapping):
         return {}
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def bound_row(pod: Mapping[str, Any], index: Mapping[str, int]) -> int | None:
+    """Row of the node a non-terminal pod is bound to, or None (unbound, finished, or unknown node)."""
+    spec, status = pod.get("spec"), pod.get("status")
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    if not isinstance(node, str) or phase in TERMINAL_PHASES:
+        return None
+    return index.get(node)
 
 
 def _text(value: object) -> str:

@@ -137,14 +137,14 @@ def build_snapshot(
     state = ClusterState(
         table=table,
         used_gpus=used,
-        utilization=_node_utilization(util, table.alloc_gpus),
+        utilization=node_utilization(util, table.alloc_gpus),
         problems=tuple(problems),
         apps=apps,
     )
     return ClusterSnapshot(cluster, float(generated_at), state, free_milli, util, tuple(problems))
 
 
-def _node_utilization(util: npt.NDArray[np.float32], alloc: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:
+def node_utilization(util: npt.NDArray[np.float32], alloc: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:
     """Mean utilisation over each node's existing GPUs with a known value; 0 where none is known."""
     exists = np.arange(util.shape[1])[None, :] < alloc[:, None]
     known = exists & ~np.isnan(util)
@@ -247,7 +247,7 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
         node_entries=np.ascontiguousarray(members.get("app_node", np.zeros((3, 0))), dtype=np.int32),
         zone_counts=np.ascontiguousarray(members.get("app_zone_counts", np.zeros((0, 0))), dtype=np.int32),
     )
-    state = ClusterState(table, column["used_gpus"], _node_utilization(util, table.alloc_gpus), problems, apps)
+    state = ClusterState(table, column["used_gpus"], node_utilization(util, table.alloc_gpus), problems, apps)
     free_milli = np.ascontiguousarray(members["free_milli"], dtype=np.int32)
     return ClusterSnapshot(str(header["cluster"]), float(header["generated_at"]), state, free_milli, util, problems)
 

@@ -28,7 +28,7 @@ from scheduler_core.nodes import (
     LABEL_ZONE,
     NodeTable,
 )
-from scheduler_core.snapshot import MILLI_PER_GPU, ClusterSnapshot
+from scheduler_core.snapshot import MILLI_PER_GPU, ClusterSnapshot, node_utilization
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def synthetic_snapshot(
     exists = gpu_index < table.alloc_gpus[:, None]
     free_milli = np.where(exists & (gpu_index >= used[:, None]), MILLI_PER_GPU, 0).astype(np.int32)
     util = np.where(exists, rng.random((n_nodes, max_gpus)), np.nan).astype(np.float32)
-    node_util = np.nan_to_num(np.nanmean(util, axis=1)).astype(np.float64)
+    node_util = node_utilization(util, table.alloc_gpus)
     # 50 workloads ("app=svc-0" ..), pods on a fifth of the nodes, for locality scoring.
     hosts = rng.choice(n_nodes, size=n_nodes // 5, replace=False) if n_nodes else np.zeros(0, dtype=np.int64)
     app_id = rng.integers(0, 50, size=hosts.size)
