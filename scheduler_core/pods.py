@@ -100,20 +100,31 @@ def effective_gpu_request(spec: Mapping[str, Any]) -> int:
     ...                        "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]})
     4
     """
+    return effective_request(spec, GPU_RESOURCE)
+
+
+def effective_request(spec: Mapping[str, Any], resource: str) -> int:
+    """Effective request of the whole-number extended ``resource`` (see the module docstring).
+
+    Raises
+    ------
+    InvalidPodError
+        A malformed container list or quantity, or a total past int32; the message names the field.
+    """
     containers = _container_list(spec, "containers")
-    app_total = sum(_container_gpus(c, f"containers[{i}]") for i, c in enumerate(containers))
+    app_total = sum(_container_count(c, f"containers[{i}]", resource) for i, c in enumerate(containers))
     sidecars = 0
     init_peak = 0
     for i, container in enumerate(_container_list(spec, "initContainers")):
-        gpus = _container_gpus(container, f"initContainers[{i}]")
+        amount = _container_count(container, f"initContainers[{i}]", resource)
         if container.get("restartPolicy") == "Always":
-            sidecars += gpus
+            sidecars += amount
             init_peak = max(init_peak, sidecars)
         else:
-            init_peak = max(init_peak, sidecars + gpus)
+            init_peak = max(init_peak, sidecars + amount)
     total = max(app_total + sidecars, init_peak)
     if total > _INT32_MAX:
-        raise InvalidPodError(f"{GPU_RESOURCE}: request of {total} GPUs is out of range")
+        raise InvalidPodError(f"{resource}: request of {total} is out of range")
     return total
 
 
@@ -176,7 +187,7 @@ def _container_list(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]
     return items
 
 
-def _container_gpus(container: Mapping[str, Any], where: str) -> int:
+def _container_count(container: Mapping[str, Any], where: str, resource: str) -> int:
     resources = container.get("resources")
     if not isinstance(resources, Mapping):
         return 0
@@ -185,13 +196,11 @@ def _container_gpus(container: Mapping[str, Any], where: str) -> int:
     limits = limits if isinstance(limits, Mapping) else {}
     requests = requests if isinstance(requests, Mapping) else {}
     # Extended resources cannot be overcommitted: the request defaults to the limit.
-    source, value = (
-        ("limits", limits[GPU_RESOURCE]) if GPU_RESOURCE in limits else ("requests", requests.get(GPU_RESOURCE))
-    )
+    source, value = ("limits", limits[resource]) if resource in limits else ("requests", requests.get(resource))
     if value is None:
         return 0
     try:
-        return parse_whole_count(value, what=f"{where}.resources.{source}.{GPU_RESOURCE}")
+        return parse_whole_count(value, what=f"{where}.resources.{source}.{resource}")
     except ValueError as exc:
         raise InvalidPodError(str(exc)) from exc
 

@@ -33,14 +33,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from scheduler_core.allocation import gpu_usage
 from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import SchedulerCoreError
 from scheduler_core.locality import DEFAULT_LABEL_KEYS, AppIndex, index_apps
 from scheduler_core.nodes import NodeTable
-from scheduler_core.pods import gpus_in_use
 
 SCHEMA_VERSION = 1
-MILLI_PER_GPU = 1000
 
 _NODE_COLUMNS = ("zone_id", "instance_type_id", "model_id", "gpu_count", "memory_mib", "alloc_gpus", "used_gpus")
 _HEADER_KEYS = (
@@ -105,8 +104,9 @@ def build_snapshot(
         For example from DCGM ``DCGM_FI_DEV_GPU_UTIL / 100``. Missing GPUs are NaN (unknown).
     app_label_keys : label keys indexed for locality, first present key wins per pod.
 
-    Whole GPUs used by bound pods are taken from the lowest GPU indices: the device plugin's
-    actual choice is not visible in the API, and whole-GPU scheduling only needs the count.
+    GPU use per GPU follows :func:`scheduler_core.allocation.gpu_usage`: fractional shares where
+    ``gpu-scheduler.io/assigned-gpus`` puts them, whole GPUs on the lowest-index untouched GPUs.
+    ``used_gpus`` counts the GPUs that are not entirely free.
 
     >>> from scheduler_core.synthetic import CATALOGUE, make_node, make_pod
     >>> snap = build_snapshot([make_node("n", CATALOGUE[3], "z")], [make_pod("p", 1, node_name="n", phase="Running")],
@@ -115,13 +115,12 @@ def build_snapshot(
     [[0, 1000, 1000, 1000]]
     """
     table = NodeTable.from_nodes(nodes)
-    used, problems = gpus_in_use(table, pods)
     n_nodes = table.n_nodes
     max_gpus = max(1, int(table.alloc_gpus.max())) if n_nodes else 1
-    gpu_index = np.arange(max_gpus)
-    exists = gpu_index[None, :] < table.alloc_gpus[:, None]
-    taken = gpu_index[None, :] < used[:, None]
-    free_milli = np.where(exists & ~taken, MILLI_PER_GPU, 0).astype(np.int32)
+    usage = gpu_usage(table, pods, max_gpus)
+    problems = list(usage.problems)
+    free_milli = usage.free_milli(table.alloc_gpus)
+    used = usage.busy_gpus(table.alloc_gpus)
 
     util = np.full((n_nodes, max_gpus), np.nan, dtype=np.float32)
     for name, values in (gpu_utilization or {}).items():

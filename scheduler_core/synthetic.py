@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from scheduler_core.allocation import MILLI_PER_GPU
 from scheduler_core.cluster import ClusterState
 from scheduler_core.locality import AppIndex
 from scheduler_core.nodes import (
@@ -28,7 +29,7 @@ from scheduler_core.nodes import (
     LABEL_ZONE,
     NodeTable,
 )
-from scheduler_core.snapshot import MILLI_PER_GPU, ClusterSnapshot, node_utilization
+from scheduler_core.snapshot import ClusterSnapshot, node_utilization
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,238 @@
+"""GPU use per node and per GPU, from the pods bound to each node.
+
+Two kinds of request share a node's GPUs:
+
+- whole GPUs, ``nvidia.com/gpu``, handed out by the NVIDIA device plugin. Which devices it chose is
+  not visible in the API, so the count is what matters; they are placed on the lowest-index GPUs
+  that carry no fractional share.
+- fractions, ``gpu-scheduler.io/gpu-milli`` (1000 is one GPU). The extender's bind records where a
+  pod's share went in the annotation ``gpu-scheduler.io/assigned-gpus``, a comma list of
+  ``index:milli`` pairs such as ``0:500`` or ``2:250,3:250``. That annotation is authoritative. A
+  bound pod that requests milli but carries no valid annotation is still counted, on the GPU with
+  the most room, and reported in ``problems`` so that nothing is lost silently.
+
+Everything here is pure: the node-state refresher and the local tools feed it v1 Pod objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.errors import InvalidPodError
+from scheduler_core.nodes import GPU_RESOURCE, LABEL_MEMORY, LABEL_MODEL, NodeTable
+from scheduler_core.pods import bound_row, effective_request
+
+MILLI_PER_GPU = 1000
+MILLI_RESOURCE = "gpu-scheduler.io/gpu-milli"
+ASSIGNED_GPUS_ANNOTATION = "gpu-scheduler.io/assigned-gpus"
+
+# Annotations the snapshot and the scheduler read; slim_pod keeps only these.
+_KEPT_ANNOTATIONS = (ASSIGNED_GPUS_ANNOTATION, LABEL_MODEL, LABEL_MEMORY, "gpu-scheduler.io/peers")
+_KEPT_RESOURCES = (GPU_RESOURCE, MILLI_RESOURCE)
+
+
+def parse_assigned_gpus(value: object) -> tuple[tuple[int, int], ...]:
+    """Parse ``"index:milli,..."``; the same index may not appear twice.
+
+    Raises
+    ------
+    InvalidPodError
+        The value is not such a list, an index is negative, or a milli amount is not in 1..1000.
+
+    >>> parse_assigned_gpus("0:500, 3:1000")
+    ((0, 500), (3, 1000))
+    >>> format_assigned_gpus(((3, 250), (1, 250)))
+    '1:250,3:250'
+    """
+    where = f"annotation {ASSIGNED_GPUS_ANNOTATION}={value!r}"
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidPodError(f"{where}: expected index:milli pairs such as '0:500'")
+    pairs: dict[int, int] = {}
+    for part in value.split(","):
+        index_text, sep, milli_text = part.strip().partition(":")
+        if not sep or not index_text.isdigit() or not milli_text.isdigit():
+            raise InvalidPodError(f"{where}: {part.strip()!r} is not index:milli")
+        index, milli = int(index_text), int(milli_text)
+        if not 1 <= milli <= MILLI_PER_GPU:
+            raise InvalidPodError(f"{where}: milli {milli} on GPU {index} is outside 1..{MILLI_PER_GPU}")
+        if index in pairs:
+            raise InvalidPodError(f"{where}: GPU {index} appears twice")
+        pairs[index] = milli
+    return tuple(pairs.items())
+
+
+def format_assigned_gpus(pairs: Iterable[tuple[int, int]]) -> str:
+    """Canonical annotation text: pairs sorted by GPU index."""
+    return ",".join(f"{index}:{milli}" for index, milli in sorted(pairs))
+
+
+@dataclass(frozen=True, eq=False)
+class GpuUsage:
+    """Per-GPU use on every node of a table.
+
+    Attributes
+    ----------
+    used_milli : ndarray of shape (n_nodes, max_gpus), int32
+        Thousandths of each GPU in use, in 0..1000; 0 past a node's allocatable GPUs.
+    whole_gpus : ndarray of shape (n_nodes,), int32
+        GPUs requested as ``nvidia.com/gpu`` by bound, non-terminal pods.
+    problems : tuple of str
+        Pods counted by a best guess or not at all, one line each.
+    """
+
+    used_milli: npt.NDArray[np.int32]
+    whole_gpus: npt.NDArray[np.int32]
+    problems: tuple[str, ...]
+
+    def free_milli(self, alloc_gpus: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+        exists = np.arange(self.used_milli.shape[1])[None, :] < alloc_gpus[:, None]
+        return np.where(exists, MILLI_PER_GPU - self.used_milli, 0).astype(np.int32)
+
+    def busy_gpus(self, alloc_gpus: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+        """GPUs per node that are not entirely free: what a whole-GPU pod cannot have."""
+        idle = (self.free_milli(alloc_gpus) == MILLI_PER_GPU).sum(axis=1)
+        busy: npt.NDArray[np.int32] = (alloc_gpus - idle).astype(np.int32)
+        return busy
+
+
+def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
+    """Whole and fractional GPU use per GPU (see the module docstring for the placement rules).
+
+    >>> from scheduler_core.synthetic import CATALOGUE, make_node, make_pod
+    >>> table = NodeTable.from_nodes([make_node("n", CATALOGUE[3], "z")])
+    >>> shared = make_pod("s", 0, node_name="n", phase="Running")
+    >>> shared["metadata"]["annotations"] = {ASSIGNED_GPUS_ANNOTATION: "0:250"}
+    >>> gpu_usage(table, [make_pod("w", 1, node_name="n", phase="Running"), shared], 4).used_milli.tolist()
+    [[250, 1000, 0, 0]]
+    """
+    n_nodes = table.n_nodes
+    used = np.zeros((n_nodes, max_gpus), dtype=np.int64)
+    whole = np.zeros(n_nodes, dtype=np.int64)
+    unplaced: list[tuple[int, int, str]] = []  # (row, milli, pod) without a usable annotation
+    problems: list[str] = []
+    index = table.index
+    for position, pod in enumerate(pods):
+        if not isinstance(pod, Mapping):
+            problems.append(f"pods[{position}]: expected a v1 Pod object, got {type(pod).__name__}")
+            continue
+        row = bound_row(pod, index)
+        if row is None:
+            continue
+        metadata = pod.get("metadata")
+        metadata = metadata if isinstance(metadata, Mapping) else {}
+        name = f"{metadata.get('namespace', '')}/{metadata.get('name', f'pods[{position}]')}"
+        node = table.names[row]
+        try:
+            whole[row] += effective_request(pod["spec"], GPU_RESOURCE)
+            milli = effective_request(pod["spec"], MILLI_RESOURCE)
+        except InvalidPodError as exc:
+            problems.append(f"pod {name} on {node}: {exc}")
+            continue
+        annotations = metadata.get("annotations")
+        assigned = annotations.get(ASSIGNED_GPUS_ANNOTATION) if isinstance(annotations, Mapping) else None
+        if assigned is None:
+            if milli:
+                unplaced.append((row, milli, name))
+            continue
+        try:
+            pairs = parse_assigned_gpus(assigned)
+        except InvalidPodError as exc:
+            problems.append(f"pod {name} on {node}: {exc}")
+            if milli:
+                unplaced.append((row, milli, name))
+            continue
+        alloc = int(table.alloc_gpus[row])
+        for gpu, amount in pairs:
+            if gpu >= alloc:
+                problems.append(f"pod {name} on {node}: assigned GPU {gpu}, but the node has {alloc}")
+                continue
+            used[row, gpu] += amount
+    _place_whole(used, whole, table.alloc_gpus)
+    for row, milli, name in unplaced:
+        problems.append(_place_unannotated(used[row], milli, int(table.alloc_gpus[row]), name, table.names[row]))
+    int32_max = int(np.iinfo(np.int32).max)
+    return GpuUsage(
+        used_milli=np.minimum(used, MILLI_PER_GPU).astype(np.int32),
+        whole_gpus=np.minimum(whole, int32_max).astype(np.int32),
+        problems=tuple(problems),
+    )
+
+
+def _place_whole(used: npt.NDArray[np.int64], whole: npt.NDArray[np.int64], alloc: npt.NDArray[np.int32]) -> None:
+    """Mark ``whole[row]`` GPUs per row as fully used: untouched GPUs first, lowest index first."""
+    max_gpus = used.shape[1]
+    exists = np.arange(max_gpus)[None, :] < alloc[:, None]
+    # Rank each GPU: untouched existing ones first (by index), then shared ones, then missing ones.
+    rank = np.where(exists & (used == 0), 0, np.where(exists, 1, 2)) * max_gpus + np.arange(max_gpus)[None, :]
+    order = np.argsort(rank, axis=1, kind="stable")
+    take = np.arange(max_gpus)[None, :] < np.minimum(whole, alloc)[:, None]
+    rows = np.nonzero(take)[0]
+    used[rows, order[take]] = MILLI_PER_GPU
+
+
+def _place_unannotated(used_row: npt.NDArray[np.int64], milli: int, alloc: int, pod: str, node: str) -> str:
+    """Count a share with no annotation on the GPU with the most room; whole GPUs for >= 1000."""
+    if alloc == 0:
+        return f"pod {pod} on {node}: requests {milli} {MILLI_RESOURCE}, but the node has no GPUs"
+    remaining, touched = milli, []
+    while remaining > 0:
+        gpu = int(np.argmin(used_row[:alloc]))
+        amount = min(remaining, MILLI_PER_GPU)
+        used_row[gpu] += amount
+        touched.append(gpu)
+        remaining -= amount
+        if used_row[:alloc].min() >= MILLI_PER_GPU:
+            break
+    return (
+        f"pod {pod} on {node}: requests {milli} {MILLI_RESOURCE} with no valid {ASSIGNED_GPUS_ANNOTATION};"
+        f" counted on GPU {','.join(map(str, touched))}"
+    )
+
+
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a v1 Pod that scheduling reads, so that 200,000 pods fit in a Lambda's memory.
+
+    Keeps name, namespace, uid, labels, the project's annotations, ``spec.nodeName``, the GPU
+    resources of every container and init container, init ``restartPolicy`` and ``status.phase``.
+    Input that is not shaped like a Pod is returned unchanged, for the readers to report.
+    """
+    metadata, spec, status = pod.get("metadata"), pod.get("spec"), pod.get("status")
+    if not isinstance(metadata, Mapping) or not isinstance(spec, Mapping):
+        return dict(pod)
+    annotations = metadata.get("annotations")
+    slim_meta = {key: metadata[key] for key in ("name", "namespace", "uid", "labels") if key in metadata}
+    if isinstance(annotations, Mapping):
+        slim_meta["annotations"] = {k: annotations[k] for k in _KEPT_ANNOTATIONS if k in annotations}
+    slim_spec: dict[str, Any] = {"nodeName": spec.get("nodeName")}
+    for key in ("containers", "initContainers"):
+        containers = spec.get(key)
+        if isinstance(containers, list):
+            slim_spec[key] = [_slim_container(c) for c in containers]
+        elif containers is not None:
+            slim_spec[key] = containers
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    return {"metadata": slim_meta, "spec": slim_spec, "status": {"phase": phase}}
+
+
+def _slim_container(container: object) -> object:
+    if not isinstance(container, Mapping):
+        return container
+    slim: dict[str, Any] = {}
+    if "restartPolicy" in container:
+        slim["restartPolicy"] = container["restartPolicy"]
+    resources = container.get("resources")
+    if isinstance(resources, Mapping):
+        kept = {}
+        for kind in ("limits", "requests"):
+            values = resources.get(kind)
+            if isinstance(values, Mapping):
+                kept[kind] = {r: values[r] for r in _KEPT_RESOURCES if r in values}
+            elif values is not None:
+                kept[kind] = values
+        slim["resources"] = kept
+    return slim
