@@ -74,10 +74,14 @@ class FileSnapshotStore:
             raise SnapshotStoreError(f"{self.path}: {exc.strerror}") from exc
 
     def put(self, data: bytes) -> str:
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, self.path)
-        return self._etag()
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, self.path)
+            return self._etag()
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise SnapshotStoreError(f"{self.path}: {exc.strerror or exc}") from exc
 
 
 class S3SnapshotStore:
@@ -106,7 +110,16 @@ class S3SnapshotStore:
             raise SnapshotStoreError(f"{self.uri}: {exc}") from exc
 
     def put(self, data: bytes) -> str:
-        response = self.client.put_object(Bucket=self.bucket, Key=self.key, Body=data)
+        """One PutObject: S3 replaces the object atomically, so readers see the old or the new one."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            response = self.client.put_object(Bucket=self.bucket, Key=self.key, Body=data)
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            raise SnapshotStoreError(f"{self.uri}: {error.get('Code')}: {error.get('Message')}") from exc
+        except BotoCoreError as exc:
+            raise SnapshotStoreError(f"{self.uri}: {exc}") from exc
         return str(response["ETag"])
 
 

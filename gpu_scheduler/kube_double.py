@@ -182,7 +182,10 @@ class KubeApiDouble:
     def fail_next(
         self, method: str, path_pattern: str, code: int, *, times: int = 1, retry_after: str | None = None
     ) -> None:
-        """Answer the next ``times`` requests matching ``method`` and ``path_pattern`` with ``code``."""
+        """Answer the next ``times`` requests matching ``method`` and ``path_pattern`` with ``code``.
+
+        The pattern is searched in ``path?query``, so ``continue=`` can single out later list pages.
+        """
         with self._lock:
             self._faults.append(_Fault(method.upper(), re.compile(path_pattern), code, times, retry_after))
 
@@ -234,7 +237,7 @@ class KubeApiDouble:
         try:
             route = _route(method, path)
             self._check_auth(headers.get("Authorization"), method, route)
-            fault = self._take_fault(method, path)
+            fault = self._take_fault(method, f"{path}?{parts.query}" if parts.query else path)
             if fault is not None:
                 if fault.retry_after is not None:
                     extra["Retry-After"] = fault.retry_after
@@ -246,10 +249,10 @@ class KubeApiDouble:
             self.requests.append(LoggedRequest(method, path, query, content_type, body, status))
         return status, payload, extra
 
-    def _take_fault(self, method: str, path: str) -> _Fault | None:
+    def _take_fault(self, method: str, target: str) -> _Fault | None:
         with self._lock:
             for fault in self._faults:
-                if fault.remaining > 0 and fault.method == method and fault.path.search(path):
+                if fault.remaining > 0 and fault.method == method and fault.path.search(target):
                     fault.remaining -= 1
                     return fault
         return None
@@ -680,7 +683,7 @@ def _conflict(route: _Route) -> ApiError:
 
 
 def _fault_error(code: int) -> ApiError:
-    reasons = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 409: "Conflict"}
+    reasons = {409: "Conflict", 410: "Expired", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
     return ApiError(code, reasons.get(code, HTTPStatus(code).phrase.replace(" ", "")), f"injected fault {code}", {})
 
 
@@ -716,7 +719,8 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         api: KubeApiDouble = self.server.api  # type: ignore[attr-defined]
-        status, payload, extra = api.handle(self.command, self.path, dict(self.headers.items()), body)
+        # self.headers looks names up case-insensitively, as HTTP requires (client-go sends "authorization").
+        status, payload, extra = api.handle(self.command, self.path, self.headers, body)  # type: ignore[arg-type]
         head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in extra.items())
         head += f"Content-Length: {len(payload)}\r\n\r\n"

@@ -8,7 +8,8 @@ are the arrays below plus ``header``, a UTF-8 JSON document stored as a uint8 ar
 
     header            {"schema_version", "generated_at" (Unix seconds), "cluster", "n_nodes",
                        "max_gpus", "zones", "instance_types", "models", "apps",
-                       "gpu_info_errors" {row: reason}, "problems" [..]}
+                       "gpu_info_errors" {row: reason}, "problems" [..],
+                       "utilization_at" (Unix seconds or null; optional)}
     names_utf8        uint8 (bytes,)         node names joined by "\\n"
     zone_id, instance_type_id, model_id, gpu_count, memory_mib, alloc_gpus, used_gpus
                       int32 (n_nodes,)
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -69,6 +71,9 @@ class ClusterSnapshot:
     free_milli: npt.NDArray[np.int32]
     gpu_utilization: npt.NDArray[np.float32]
     problems: tuple[str, ...] = ()
+    utilization_at: float | None = None
+    """When the utilisation was measured (Unix seconds); older than ``generated_at`` when the
+    refresher kept the last known values because the metrics query failed, None if never."""
 
     @property
     def apps(self) -> AppIndex:
@@ -82,6 +87,12 @@ class ClusterSnapshot:
     def max_gpus(self) -> int:
         return int(self.free_milli.shape[1])
 
+    def utilization_by_node(self) -> dict[str, list[float]]:
+        """Per-GPU utilisation by node name for nodes with any known value (NaN: unknown GPU)."""
+        known = ~np.isnan(self.gpu_utilization).all(axis=1)
+        names = self.table.names
+        return {names[row]: self.gpu_utilization[row].tolist() for row in np.nonzero(known)[0]}
+
     def age_s(self, now: float) -> float:
         """Seconds since the snapshot was generated (``now`` is Unix seconds)."""
         return now - self.generated_at
@@ -94,6 +105,7 @@ def build_snapshot(
     cluster: str,
     generated_at: float,
     gpu_utilization: Mapping[str, Sequence[float]] | None = None,
+    utilization_at: float | None = None,
     app_label_keys: Sequence[str] = DEFAULT_LABEL_KEYS,
 ) -> ClusterSnapshot:
     """Build a snapshot from v1 Node and Pod objects.
@@ -101,7 +113,8 @@ def build_snapshot(
     Parameters
     ----------
     gpu_utilization : mapping of node name to per-GPU utilisation in [0, 1], optional
-        For example from DCGM ``DCGM_FI_DEV_GPU_UTIL / 100``. Missing GPUs are NaN (unknown).
+        For example from DCGM ``DCGM_FI_DEV_GPU_UTIL / 100``. Missing GPUs, and NaN values, are unknown.
+    utilization_at : when ``gpu_utilization`` was measured (Unix seconds), recorded in the header.
     app_label_keys : label keys indexed for locality, first present key wins per pod.
 
     GPU use per GPU follows :func:`scheduler_core.allocation.gpu_usage`: fractional shares where
@@ -128,7 +141,7 @@ def build_snapshot(
         if row is None:
             continue
         clean = [float(v) for v in values[:max_gpus] if isinstance(v, int | float) and not isinstance(v, bool)]
-        if len(clean) != len(values[:max_gpus]) or any(not 0.0 <= v <= 1.0 for v in clean):
+        if len(clean) != len(values[:max_gpus]) or any(not 0.0 <= v <= 1.0 for v in clean if not math.isnan(v)):
             problems.append(f"gpu_utilization[{name!r}]: expected numbers in [0, 1], got {list(values)[:8]!r}")
             continue
         util[row, : len(clean)] = clean
@@ -140,7 +153,7 @@ def build_snapshot(
         problems=tuple(problems),
         apps=apps,
     )
-    return ClusterSnapshot(cluster, float(generated_at), state, free_milli, util, tuple(problems))
+    return ClusterSnapshot(cluster, float(generated_at), state, free_milli, util, tuple(problems), utilization_at)
 
 
 def node_utilization(util: npt.NDArray[np.float32], alloc: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:
@@ -168,6 +181,7 @@ def write_snapshot(snapshot: ClusterSnapshot) -> bytes:
         "apps": list(snapshot.apps.apps),
         "gpu_info_errors": {str(row): reason for row, reason in table.gpu_info_errors.items()},
         "problems": list(snapshot.problems),
+        "utilization_at": snapshot.utilization_at,
     }
     arrays: dict[str, npt.NDArray[Any]] = {
         "header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
@@ -248,7 +262,11 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
     )
     state = ClusterState(table, column["used_gpus"], node_utilization(util, table.alloc_gpus), problems, apps)
     free_milli = np.ascontiguousarray(members["free_milli"], dtype=np.int32)
-    return ClusterSnapshot(str(header["cluster"]), float(header["generated_at"]), state, free_milli, util, problems)
+    measured = header.get("utilization_at")
+    utilization_at = float(measured) if isinstance(measured, int | float) else None
+    return ClusterSnapshot(
+        str(header["cluster"]), float(header["generated_at"]), state, free_milli, util, problems, utilization_at
+    )
 
 
 def _header(members: Mapping[str, npt.NDArray[Any]]) -> dict[str, Any]:

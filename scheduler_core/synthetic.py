@@ -129,8 +129,14 @@ def synthetic_snapshot(
     return ClusterSnapshot(cluster, generated_at, state, free_milli, util)
 
 
-def make_node(name: str, shape: InstanceShape, zone: str, *, gfd: bool = True) -> dict[str, Any]:
-    """A v1 Node as the API server returns it, labelled like a GPU node on EKS."""
+def make_node(
+    name: str, shape: InstanceShape, zone: str, *, gfd: bool = True, project_labels: bool = True
+) -> dict[str, Any]:
+    """A v1 Node as the API server returns it, labelled like a GPU node on EKS.
+
+    ``project_labels=False`` leaves off ``gpu.nvidia.com/*``, as on a node the refresher has not
+    labelled yet; ``shape.gpus == 0`` makes a node with no GPU resource.
+    """
     labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
@@ -138,10 +144,9 @@ def make_node(name: str, shape: InstanceShape, zone: str, *, gfd: bool = True) -
         LABEL_INSTANCE_TYPE: shape.instance_type,
         LABEL_ZONE: zone,
         "topology.kubernetes.io/region": zone[:-1],
-        LABEL_MODEL: shape.model,
-        LABEL_MEMORY: str(shape.memory_mib),
-        LABEL_COUNT: str(shape.gpus),
     }
+    if project_labels:
+        labels |= {LABEL_MODEL: shape.model, LABEL_MEMORY: str(shape.memory_mib), LABEL_COUNT: str(shape.gpus)}
     if gfd:
         labels |= {
             GFD_PRODUCT: shape.gfd_product,
@@ -150,7 +155,9 @@ def make_node(name: str, shape: InstanceShape, zone: str, *, gfd: bool = True) -
             "nvidia.com/gpu.present": "true",
             "nvidia.com/gpu.replicas": "1",
         }
-    resources = {"cpu": shape.cpu, "memory": shape.memory, "pods": "110", GPU_RESOURCE: str(shape.gpus)}
+    resources = {"cpu": shape.cpu, "memory": shape.memory, "pods": "110"}
+    if shape.gpus:
+        resources[GPU_RESOURCE] = str(shape.gpus)
     return {
         "metadata": {"name": name, "uid": f"uid-{name}", "labels": labels},
         "spec": {"providerID": f"aws:///{zone}/i-{zlib.crc32(name.encode()):08x}"},
@@ -238,3 +245,110 @@ def demo_pod_stream(n_pods: int, rng: np.random.Generator) -> list[dict[str, Any
         count = min(count, 4) if k == 3 else count
         pods.append(make_pod(f"train-{i:04d}", count, namespace="ml", models=models, memory=memory))
     return pods
+
+
+CPU_SHAPE = InstanceShape("m5.4xlarge", "", "", 0, 0, "15890m", "57Gi")
+
+
+def eks_cluster(
+    n_nodes: int, n_pods: int, rng: np.random.Generator
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A cluster as the node-state refresher first meets it, for its tests and benchmark.
+
+    Nodes (by position, so counts are exact): 45 % GPU nodes with GFD labels only, 40 % bare GPU nodes
+    (instance type only: EC2 must say what they hold), 10 % CPU nodes, 5 % GPU nodes without GFD
+    whose ``gpu.nvidia.com/model`` is wrong (``enforce`` corrects it, ``fill`` keeps it).
+    Pods: 80 % bound GPU pods (whole GPUs, or a fractional share with ``gpu-scheduler.io/assigned-gpus``
+    in one pod of ten) placed only where they fit, 10 % bound CPU pods, 5 % finished, 5 % unbound.
+    Pods carry the fields real pods do (owner, labels, conditions, status), about 1.5 KB each.
+    """
+    nodes: list[dict[str, Any]] = []
+    gpu_rows: list[int] = []
+    free: list[list[int]] = []  # free milli per GPU, per node
+    for i in range(n_nodes):
+        kind = (i * 20 // max(n_nodes, 1)) if n_nodes >= 20 else i % 20
+        zone = ZONES[i % len(ZONES)]
+        if kind < 9:  # GFD only
+            shape = CATALOGUE[i % len(CATALOGUE)]
+            node = make_node(f"gpu-{i:05d}", shape, zone, gfd=True, project_labels=False)
+        elif kind < 17:  # bare
+            shape = CATALOGUE[i % len(CATALOGUE)]
+            node = make_node(f"gpu-{i:05d}", shape, zone, gfd=False, project_labels=False)
+        elif kind < 19:
+            shape = CPU_SHAPE
+            node = make_node(f"cpu-{i:05d}", shape, zone, gfd=False, project_labels=False)
+        else:
+            shape = CATALOGUE[0]
+            node = make_node(f"gpu-{i:05d}", shape, zone, gfd=False, project_labels=True)
+            node["metadata"]["labels"][LABEL_MODEL] = "V100"
+        nodes.append(node)
+        free.append([MILLI_PER_GPU] * shape.gpus)
+        if shape.gpus:
+            gpu_rows.append(i)
+    cpu_rows = [i for i in range(n_nodes) if not free[i]]
+    pods: list[dict[str, Any]] = []
+    draws = rng.random(n_pods)
+    for j, draw in enumerate(draws.tolist()):
+        name = f"pod-{j:06d}"
+        if draw < 0.8 and gpu_rows:
+            row = gpu_rows[int(rng.integers(len(gpu_rows)))]
+            gpus = free[row]
+            if draw < 0.08:  # a fractional share
+                milli = int(rng.choice([250, 500]))
+                target = next((g for g, left in enumerate(gpus) if left >= milli), None)
+                pod = make_pod(name, 0, namespace="ml", node_name=nodes[row]["metadata"]["name"], phase="Running")
+                if target is not None:
+                    gpus[target] -= milli
+                    pod["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = f"{target}:{milli}"
+                    pod["spec"]["containers"][0]["resources"]["limits"]["gpu-scheduler.io/gpu-milli"] = str(milli)
+            else:
+                whole = sum(1 for left in gpus if left == MILLI_PER_GPU)
+                want = min(int(rng.integers(1, 3)), whole)
+                taken = 0
+                for g, left in enumerate(gpus):
+                    if taken < want and left == MILLI_PER_GPU:
+                        gpus[g] = 0
+                        taken += 1
+                pod = make_pod(name, want, namespace="ml", node_name=nodes[row]["metadata"]["name"], phase="Running")
+        elif draw < 0.9 and cpu_rows:
+            row = cpu_rows[int(rng.integers(len(cpu_rows)))]
+            pod = make_pod(name, 0, namespace="web", node_name=nodes[row]["metadata"]["name"], phase="Running")
+        elif draw < 0.95 and gpu_rows:
+            row = gpu_rows[int(rng.integers(len(gpu_rows)))]
+            pod = make_pod(name, 1, namespace="ml", node_name=nodes[row]["metadata"]["name"], phase="Succeeded")
+        else:
+            pod = make_pod(name, 1, namespace="ml")
+        _dress(pod, j)
+        pods.append(pod)
+    return nodes, pods
+
+
+def _dress(pod: dict[str, Any], j: int) -> None:
+    """Add what real pods carry besides their requests, so that sizes and parse costs are honest."""
+    metadata = pod["metadata"]
+    app = f"svc-{j % 50}"
+    metadata["labels"] = {"app": app, "pod-template-hash": f"{zlib.crc32(app.encode()):08x}"[:10]}
+    metadata["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{app}-rs", "uid": f"rs-{app}", "controller": True}
+    ]
+    metadata["creationTimestamp"] = "2026-11-29T19:56:27Z"
+    container = pod["spec"]["containers"][0]
+    container["env"] = [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
+    container["volumeMounts"] = [{"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io"}]
+    pod["spec"] |= {
+        "restartPolicy": "Always",
+        "serviceAccountName": "default",
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    status = pod["status"]
+    if pod["spec"].get("nodeName"):
+        status |= {
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": "2026-11-29T19:56:30Z"}
+                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            ],
+            "hostIP": "10.0.64.45",
+            "podIP": f"10.1.{j // 250 % 250}.{j % 250}",
+            "startTime": "2026-11-29T19:56:28Z",
+            "qosClass": "Burstable",
+        }

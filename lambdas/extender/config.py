@@ -20,11 +20,11 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
+from adapters.settings import read_env
 from scheduler_core.errors import ConfigError
 from scheduler_core.extender import ExtenderConfig
 from scheduler_core.gpu_fit import ScoreWeights
@@ -48,7 +48,6 @@ _ENV = {
     "metrics_namespace": "POWERTOOLS_METRICS_NAMESPACE",
     "service": "POWERTOOLS_SERVICE_NAME",
 }
-_PARSERS = {"float": float, "int": int, "str": str}
 
 
 @dataclass(frozen=True)
@@ -79,18 +78,7 @@ class ExtenderSettings:
         >>> ExtenderSettings.from_env({"SNAPSHOT_URI": "s3://b/k"}, max_snapshot_age_s=60).max_snapshot_age_s
         60
         """
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        problems: list[str] = []
-        for f in fields(cls):
-            raw = env.get(_ENV[f.name], "")
-            if f.name in overrides:
-                values[f.name] = overrides[f.name]
-            elif raw:
-                try:
-                    values[f.name] = _PARSERS[str(f.type)](raw)
-                except ValueError:
-                    problems.append(f"{_ENV[f.name]}: expected {f.type}, got {raw!r}")
+        values, problems = read_env(cls, _ENV, environ, overrides)
         settings = cls(**values)
         problems += settings.problems()
         if problems:

@@ -192,7 +192,7 @@ def test_bindings_answer_like_the_real_server() -> None:
 
 
 def test_injected_faults_answer_then_clear(api: KubeApiDouble) -> None:
-    api.fail_next("GET", r"^/api/v1/nodes$", 429, retry_after="1")
+    api.fail_next("GET", r"^/api/v1/nodes\?", 429, retry_after="1")
     status, body = call(api, NODE_PAGES[0].name)
     assert status == 429 and json.loads(body)["code"] == 429
     assert call(api, NODE_PAGES[0].name)[0] == 200

@@ -1,0 +1,319 @@
+"""Kubernetes API access for the refreshers: EKS tokens, cached cluster endpoints, retries, raw JSON.
+
+Three ways to connect:
+
+- :func:`connect_eks`: a Lambda's IAM role. The bearer token is an STS presigned
+  ``GetCallerIdentity`` URL carrying the ``x-k8s-aws-id`` header, valid 60 s, sent as
+  ``k8s-aws-v1.`` + base64url without padding (what ``aws eks get-token`` does). It is re-made
+  before it expires. The endpoint and CA come from ``eks:DescribeCluster``, cached per process.
+- :func:`connect_kubeconfig`: a kubeconfig file, for local use.
+- :func:`connect_url`: a URL and a static token (the in-repo API double, a proxy).
+
+Everything goes through the official ``kubernetes`` client, but responses are read as raw JSON
+(``_preload_content=False``): turning 200,000 pods into generated model objects costs minutes and
+gigabytes; dicts cost seconds. ``kubernetes`` is imported only when a client is made, so that the
+extender's hot path never pays for it (DESIGN section 8).
+
+Errors: 409, 429 and 5xx (and dropped connections) are retried with bounded, jittered exponential
+backoff that honours ``Retry-After`` and never runs past the caller's deadline. What is left is
+raised as :class:`KubeApiError`, carrying the code, reason and message from the server's ``Status``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import random
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+TOKEN_PREFIX = "k8s-aws-v1."
+TOKEN_EXPIRY_S = 60
+TOKEN_REFRESH_AFTER_S = 45  # re-made well before the 60 s expiry
+LIST_PAGE_SIZE = 500
+RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeApiError(Exception):
+    """The API answered with an error, or could not be reached, after any retries."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else message)
+        self.status, self.reason, self.message = status, reason, message
+
+
+class ListExpiredError(KubeApiError):
+    """410: the continue token outlived the server's snapshot; the list must start again."""
+
+
+class DeadlineReachedError(Exception):
+    """Not enough time is left to make (or retry) the call."""
+
+
+# ---- EKS token -----------------------------------------------------------------------------------
+class EksTokenSource:
+    """Bearer tokens for one EKS cluster from an STS client, re-made after 45 s."""
+
+    def __init__(self, sts_client: Any, cluster_name: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._sts = sts_client
+        self._cluster = cluster_name
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._token = ""
+        self._made_at = float("-inf")
+        # botocore signs headers added before signing; the presigned URL then covers x-k8s-aws-id.
+        sts_client.meta.events.register(
+            "before-sign.sts.GetCallerIdentity", self._add_cluster_header, unique_id=f"x-k8s-aws-id-{id(self)}"
+        )
+
+    def _add_cluster_header(self, request: Any, **_: Any) -> None:
+        request.headers["x-k8s-aws-id"] = self._cluster
+
+    def token(self) -> str:
+        with self._lock:
+            now = self._clock()
+            if now - self._made_at >= TOKEN_REFRESH_AFTER_S:
+                url = self._sts.generate_presigned_url(
+                    "get_caller_identity", Params={}, ExpiresIn=TOKEN_EXPIRY_S, HttpMethod="GET"
+                )
+                self._token = TOKEN_PREFIX + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
+                self._made_at = now
+            return self._token
+
+
+@dataclass(frozen=True)
+class ClusterEndpoint:
+    endpoint: str
+    ca_file: str
+
+
+_ENDPOINTS: dict[str, ClusterEndpoint] = {}
+
+
+def describe_cluster(eks_client: Any, name: str) -> ClusterEndpoint:
+    """Endpoint and CA of an EKS cluster, from ``DescribeCluster``; cached for the process."""
+    cached = _ENDPOINTS.get(name)
+    if cached is not None:
+        return cached
+    cluster = eks_client.describe_cluster(name=name)["cluster"]
+    ca = base64.b64decode(cluster["certificateAuthority"]["data"])
+    with tempfile.NamedTemporaryFile(prefix=f"eks-{name}-", suffix=".crt", delete=False) as handle:
+        handle.write(ca)
+    endpoint = ClusterEndpoint(cluster["endpoint"], handle.name)
+    _ENDPOINTS[name] = endpoint
+    return endpoint
+
+
+# ---- connecting ----------------------------------------------------------------------------------
+def connect_eks(cluster_name: str, *, session: Any = None, **options: Any) -> KubeClient:
+    """A client for an EKS cluster, authenticated as the caller's IAM identity."""
+    import boto3
+    from kubernetes import client
+
+    session = session or boto3.session.Session()
+    endpoint = describe_cluster(session.client("eks"), cluster_name)
+    tokens = EksTokenSource(session.client("sts"), cluster_name)
+    # The client only asks the refresh hook once a key is present: start with one.
+    configuration = client.Configuration(host=endpoint.endpoint, api_key={"authorization": tokens.token()})
+    configuration.ssl_ca_cert = endpoint.ca_file
+    configuration.api_key_prefix["authorization"] = "Bearer"
+
+    def refresh_token(conf: Any) -> None:
+        conf.api_key["authorization"] = tokens.token()
+
+    configuration.refresh_api_key_hook = refresh_token  # type: ignore[assignment]  # typed None upstream
+    return KubeClient(client.ApiClient(configuration), **options)
+
+
+def connect_kubeconfig(path: str | None = None, context: str | None = None, **options: Any) -> KubeClient:
+    from kubernetes import config
+
+    api_client = config.new_client_from_config(config_file=path, context=context)  # type: ignore[no-untyped-call]
+    return KubeClient(api_client, **options)
+
+
+def connect_url(url: str, token: str, **options: Any) -> KubeClient:
+    from kubernetes import client
+
+    configuration = client.Configuration(host=url, api_key={"authorization": token})
+    configuration.api_key_prefix["authorization"] = "Bearer"
+    return KubeClient(client.ApiClient(configuration), **options)
+
+
+# ---- the client ----------------------------------------------------------------------------------
+@dataclass
+class RetryPolicy:
+    attempts: int = 4
+    base_s: float = 0.2
+    max_s: float = 5.0
+    request_timeout_s: float = 30.0
+
+
+class KubeClient:
+    """The calls the refreshers make, on raw JSON, with retries bounded by an optional deadline.
+
+    Parameters
+    ----------
+    deadline : callable returning the seconds left, or None for no deadline. A call is not started
+        (nor retried) with less than ``min_call_s`` left; :class:`DeadlineReachedError` is raised instead.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        retry: RetryPolicy | None = None,
+        deadline: Callable[[], float] | None = None,
+        min_call_s: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        from kubernetes import client
+
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.retry = retry or RetryPolicy()
+        self.deadline = deadline
+        self.min_call_s = min_call_s
+        self._sleep = sleep
+        self.retries = 0
+
+    # -- reads --
+    def list_pages(
+        self, kind: str, *, label_selector: str = "", field_selector: str = "", limit: int = LIST_PAGE_SIZE
+    ) -> Iterator[list[dict[str, Any]]]:
+        """Yield the items of a cluster-wide list (``nodes`` or ``pods``) page by page.
+
+        Raises :class:`ListExpiredError` when a continue token expires mid-list (the caller starts
+        over: items already yielded would otherwise be seen twice).
+        """
+        methods: dict[str, Callable[..., Any]] = {
+            "nodes": self.core.list_node,
+            "pods": self.core.list_pod_for_all_namespaces,
+        }
+        method = methods[kind]
+        token: str | None = None
+        while True:
+            page = self._json(
+                method,
+                label_selector=label_selector or None,
+                field_selector=field_selector or None,
+                limit=limit,
+                _continue=token,
+            )
+            yield page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    def list_all(
+        self,
+        kind: str,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+        transform: Callable[[dict[str, Any]], Any] = lambda item: item,
+        restarts: int = 2,
+    ) -> list[Any]:
+        """Every item of a list, through ``transform``; starts over (at most ``restarts`` times) on 410."""
+        for attempt in range(restarts + 1):
+            try:
+                pages = self.list_pages(kind, label_selector=label_selector, field_selector=field_selector)
+                return [transform(item) for page in pages for item in page]
+            except ListExpiredError:
+                if attempt == restarts:
+                    raise
+                log.warning("list of %s expired mid-way; starting over (%d/%d)", kind, attempt + 1, restarts)
+        raise AssertionError("unreachable")
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._json(self.core.read_namespaced_pod, name, namespace)
+
+    # -- writes --
+    def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> dict[str, Any]:
+        """One merge patch of ``metadata.labels`` (a ``None`` value removes the label)."""
+        body = {"metadata": {"labels": dict(labels)}}
+        return self._json(self.core.patch_node, name, body, _content_type=MERGE_PATCH)
+
+    def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None], *, retry_conflicts: bool = True
+    ) -> dict[str, Any]:
+        body = {"metadata": {"annotations": dict(annotations)}}
+        return self._json(
+            self.core.patch_namespaced_pod, name, namespace, body, _content_type=MERGE_PATCH, _retry_409=retry_conflicts
+        )
+
+    # -- plumbing --
+    def _json(self, method: Callable[..., Any], *args: Any, _retry_409: bool = True, **kwargs: Any) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError as TransportError
+
+        policy = self.retry
+        for attempt in range(policy.attempts):
+            timeout = self._time_for_call()
+            try:
+                response = method(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+                body: dict[str, Any] = json.loads(response.data)
+                return body
+            except ApiException as exc:
+                error = _api_error(exc)
+                retryable = exc.status in RETRIED_STATUSES and (exc.status != 409 or _retry_409)
+                if not retryable or attempt == policy.attempts - 1:
+                    raise error from exc
+                wait = _retry_after(exc.headers) or _backoff(policy, attempt)
+                log.info("retrying after %s (attempt %d): waiting %.2f s", error, attempt + 1, wait)
+            except TransportError as exc:
+                if attempt == policy.attempts - 1:
+                    raise KubeApiError(0, "Unreachable", f"the API server could not be reached: {exc}") from exc
+                wait = _backoff(policy, attempt)
+            self.retries += 1
+            self._wait(wait)
+        raise AssertionError("unreachable")
+
+    def _time_for_call(self) -> float:
+        timeout = self.retry.request_timeout_s
+        if self.deadline is None:
+            return timeout
+        left = self.deadline()
+        if left < self.min_call_s:
+            raise DeadlineReachedError(f"{left:.1f} s left, under the {self.min_call_s:.1f} s a call needs")
+        return min(timeout, left)
+
+    def _wait(self, seconds: float) -> None:
+        if self.deadline is not None and self.deadline() - seconds < self.min_call_s:
+            raise DeadlineReachedError("no time left to retry")
+        self._sleep(seconds)
+
+
+def _api_error(exc: Any) -> KubeApiError:
+    status = int(exc.status or 0)
+    reason, message = str(exc.reason or ""), ""
+    try:
+        body = json.loads(exc.body or b"{}")
+        if isinstance(body, dict):
+            reason = str(body.get("reason") or reason)
+            message = str(body.get("message") or "")
+    except (TypeError, ValueError):
+        message = str(exc.body or "")[:200]
+    kind = ListExpiredError if status == 410 else KubeApiError
+    return kind(status, reason, message or reason)
+
+
+def _retry_after(headers: Any) -> float | None:
+    raw = (headers or {}).get("Retry-After")
+    try:
+        return min(float(raw), 10.0) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def _backoff(policy: RetryPolicy, attempt: int) -> float:
+    # Full jitter: spreads the retries of concurrent refreshers instead of synchronising them.
+    return random.uniform(0, min(policy.max_s, policy.base_s * 2**attempt))

@@ -1,0 +1,59 @@
+"""Lambda settings from environment variables, read once into a frozen dataclass.
+
+Each Lambda's settings class maps its fields to variable names; :func:`read_env` parses the values
+by the fields' annotated types and collects every problem, so a bad deployment fails at start-up
+with one message that names each variable and value.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import fields
+from typing import Any
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(raw)
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {"float": float, "int": int, "str": str, "bool": _parse_bool}
+
+
+def read_env(
+    cls: type, names: Mapping[str, str], environ: Mapping[str, str] | None, overrides: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """Values for the fields of dataclass ``cls`` that are set, and the problems found.
+
+    An explicit override wins over the environment; an unset or empty variable keeps the default.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass
+    ... class S:
+    ...     dry_run: bool = False
+    ...     limit: int = 5
+    >>> read_env(S, {"dry_run": "DRY_RUN", "limit": "LIMIT"}, {"DRY_RUN": "yes", "LIMIT": "x"}, {})
+    ({'dry_run': True}, ["LIMIT: expected int, got 'x'"])
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for f in fields(cls):
+        if f.name in overrides:
+            values[f.name] = overrides[f.name]
+            continue
+        raw = env.get(names[f.name], "")
+        if raw:
+            try:
+                values[f.name] = _PARSERS[str(f.type)](raw)
+            except ValueError:
+                problems.append(f"{names[f.name]}: expected {f.type}, got {raw!r}")
+    return values, problems

@@ -1,0 +1,1 @@
+"""Node-state refresher Lambda."""

@@ -1,0 +1,329 @@
+"""Node-state refresher: GPU labels on nodes, and the cluster snapshot the extender serves from.
+
+EventBridge invokes it every minute. One run:
+
+1. lists every node (``limit=500`` pages with ``continue``);
+2. looks up EC2 ``GpuInfo`` for the instance types of nodes without complete GFD labels (cached
+   across invocations);
+3. lists the non-terminal pods bound to nodes (field selector, paginated), keeping only what
+   scheduling reads (:func:`scheduler_core.allocation.slim_pod`);
+4. runs one PromQL query for DCGM utilisation; if it fails, the last known values are carried over
+   from the previous snapshot, with their age;
+5. builds the snapshot (whole-GPU and milli use per GPU) and writes it atomically to ``SNAPSHOT_URI``;
+6. patches ``gpu.nvidia.com/model|memory|count`` where they should change: one merge patch per node,
+   concurrently, until the deadline margin; what it skips is reported.
+
+The snapshot is written before the labels, so that a slow API cannot leave the extender stale;
+it already reflects the labels being written.
+
+Metrics (EMF): ``NodesSeen``, ``NodesLabeled``, ``LabelPatchFailures``, ``LabelPatchesSkipped``,
+``NodesWithoutGpuInfo``, ``SnapshotBytes``, ``SnapshotWriteMs``, ``AmpQueryMs``, ``AmpQueryFailures``,
+``RunMs``, ``RunFailures``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, cast
+
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from adapters.amp import PrometheusClient, PrometheusQueryError, utilization_by_node, utilization_query
+from adapters.ec2_gpu import GpuInfoCatalog
+from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
+from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
+from lambdas.node_state.config import NodeStateSettings
+from scheduler_core.allocation import slim_pod
+from scheduler_core.node_labels import LabelPolicy, desired_info, label_changes
+from scheduler_core.nodes import GFD_PRODUCT, LABEL_INSTANCE_TYPE
+from scheduler_core.snapshot import SnapshotFormatError, build_snapshot, read_snapshot, write_snapshot
+
+ASSIGNED_NON_TERMINAL = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+_REASON_SAMPLES = 5  # node names logged per "left unlabelled" reason
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunReport:
+    status: str = "ok"  # "ok", or "failed" when no snapshot could be written
+    error: str = ""
+    nodes_seen: int = 0
+    pods_seen: int = 0
+    nodes_labeled: int = 0
+    label_patch_failures: int = 0
+    label_patches_skipped: int = 0
+    label_patches_planned: int = 0
+    dry_run: bool = False
+    unlabelled: dict[str, int] = field(default_factory=dict)
+    utilization_source: str = "none"  # "amp", "previous" or "none"
+    amp_query_failed: bool = False
+    utilization_age_s: float | None = None
+    snapshot_bytes: int = 0
+    snapshot_write_ms: float = 0.0
+    amp_query_ms: float = 0.0
+    run_ms: float = 0.0
+    problems: int = 0
+    api_retries: int = 0
+
+
+@dataclass
+class Services:
+    kube: KubeClient
+    store: SnapshotStore
+    catalog: GpuInfoCatalog
+    prometheus: PrometheusClient | None
+
+
+def refresh(
+    settings: NodeStateSettings,
+    services: Services,
+    *,
+    time_left: Callable[[], float],
+    now: Callable[[], float] = time.time,
+    logger: Any = log,
+) -> RunReport:
+    """One refresher run (see the module docstring); ``time_left`` gives seconds to the deadline."""
+    started = time.perf_counter()
+    report = RunReport(dry_run=settings.label_dry_run)
+    kube = services.kube
+    kube.deadline = lambda: time_left() - settings.deadline_margin_s
+    retries_before = kube.retries
+    try:
+        nodes = [node for node in kube.list_all("nodes") if _node_name(node)]
+        report.nodes_seen = len(nodes)
+        policy = cast(LabelPolicy, settings.label_policy)  # validated by NodeStateSettings
+        plan = _plan_labels(nodes, services.catalog, policy, report, logger)
+        pods = kube.list_all("pods", field_selector=ASSIGNED_NON_TERMINAL, transform=slim_pod)
+        report.pods_seen = len(pods)
+    except (KubeApiError, DeadlineReachedError) as exc:
+        report.status, report.error = "failed", f"listing the cluster failed: {exc}"
+        logger.error("run failed before a snapshot could be built", extra={"error": str(exc)})
+        report.run_ms = 1000 * (time.perf_counter() - started)
+        return report
+
+    utilization, measured_at = _utilization(settings, services, report, now(), logger)
+    generated_at = now()
+    snapshot = build_snapshot(
+        nodes, pods, cluster=settings.cluster_name or "local", generated_at=generated_at,
+        gpu_utilization=utilization, utilization_at=measured_at,
+    )  # fmt: skip
+    del pods
+    report.problems = len(snapshot.problems)
+    for problem in snapshot.problems[:20]:
+        logger.warning("snapshot input problem", extra={"problem": problem})
+    data = write_snapshot(snapshot)
+    report.snapshot_bytes = len(data)
+    write_started = time.perf_counter()
+    try:
+        services.store.put(data)
+    except SnapshotStoreError as exc:
+        report.status, report.error = "failed", f"writing the snapshot to {services.store.uri} failed: {exc}"
+        logger.error("snapshot write failed", extra={"error": str(exc), "uri": services.store.uri})
+    report.snapshot_write_ms = 1000 * (time.perf_counter() - write_started)
+
+    _apply_labels(plan, settings, kube, report, logger)
+    report.api_retries = kube.retries - retries_before
+    report.run_ms = 1000 * (time.perf_counter() - started)
+    return report
+
+
+def _node_name(node: Any) -> str:
+    metadata = node.get("metadata") if isinstance(node, dict) else None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def _plan_labels(
+    nodes: list[dict[str, Any]], catalog: GpuInfoCatalog, policy: LabelPolicy, report: RunReport, logger: Any
+) -> list[tuple[str, dict[str, str]]]:
+    """Label changes per node; applies them to the listed objects so the snapshot matches."""
+    needs_ec2 = {
+        labels.get(LABEL_INSTANCE_TYPE)
+        for node in nodes
+        if GFD_PRODUCT not in (labels := node["metadata"].get("labels") or {})
+    }
+    ec2 = catalog.lookup(t for t in needs_ec2 if isinstance(t, str))
+    plan: list[tuple[str, dict[str, str]]] = []
+    unlabelled: dict[str, list[str]] = defaultdict(list)
+    for node in nodes:
+        metadata = node["metadata"]
+        labels = metadata.get("labels")
+        if not isinstance(labels, dict):
+            labels = metadata["labels"] = {}
+        desired = desired_info(labels, ec2)
+        if desired.info is None:
+            unlabelled[desired.reason].append(metadata["name"])
+            continue
+        changes = label_changes(labels, desired.info, policy)
+        if changes:
+            plan.append((metadata["name"], changes))
+            labels.update(changes)
+    for reason, names in unlabelled.items():
+        logger.info("nodes left unlabelled", extra={"reason": reason, "nodes": len(names), "sample": names[:5]})
+    report.unlabelled = {reason: len(names) for reason, names in unlabelled.items()}
+    report.label_patches_planned = len(plan)
+    return plan
+
+
+def _utilization(
+    settings: NodeStateSettings, services: Services, report: RunReport, now: float, logger: Any
+) -> tuple[dict[str, list[float]] | None, float | None]:
+    if services.prometheus is not None:
+        started = time.perf_counter()
+        promql = utilization_query(
+            settings.utilization_query,
+            node_label=settings.utilization_node_label,
+            gpu_label=settings.utilization_gpu_label,
+            window=settings.utilization_window,
+        )
+        try:
+            samples = services.prometheus.query(promql)
+            by_node, problems = utilization_by_node(
+                samples, node_label=settings.utilization_node_label, gpu_label=settings.utilization_gpu_label
+            )
+            for problem in problems[:5]:
+                logger.warning("utilisation sample skipped", extra={"problem": problem})
+            report.utilization_source, report.utilization_age_s = "amp", 0.0
+            return by_node, now
+        except PrometheusQueryError as exc:
+            report.amp_query_failed = True
+            logger.warning("utilisation query failed; keeping the last known values", extra={"error": str(exc)})
+        finally:
+            report.amp_query_ms = 1000 * (time.perf_counter() - started)
+    return _previous_utilization(services.store, report, now, logger)
+
+
+def _previous_utilization(
+    store: SnapshotStore, report: RunReport, now: float, logger: Any
+) -> tuple[dict[str, list[float]] | None, float | None]:
+    try:
+        fetched = store.fetch(None)
+        previous = read_snapshot(fetched.data) if fetched is not None else None
+    except (SnapshotStoreError, SnapshotFormatError) as exc:
+        logger.warning("no previous snapshot to keep utilisation from", extra={"error": str(exc)})
+        return None, None
+    if previous is None or previous.utilization_at is None:
+        return None, None
+    report.utilization_source = "previous"
+    report.utilization_age_s = round(now - previous.utilization_at, 1)
+    return previous.utilization_by_node(), previous.utilization_at
+
+
+def _apply_labels(
+    plan: list[tuple[str, dict[str, str]]],
+    settings: NodeStateSettings,
+    kube: KubeClient,
+    report: RunReport,
+    logger: Any,
+) -> None:
+    if settings.label_dry_run:
+        for name, changes in plan:
+            logger.info("dry run: would label node", extra={"node": name, "labels": changes})
+        return
+
+    def patch(item: tuple[str, dict[str, str]]) -> str:
+        name, changes = item
+        try:
+            kube.patch_node_labels(name, changes)
+        except DeadlineReachedError:
+            return "skipped"
+        except KubeApiError as exc:
+            logger.warning("label patch failed", extra={"node": name, "labels": changes, "error": str(exc)})
+            return "failed"
+        logger.info("labelled node", extra={"node": name, "labels": changes})
+        return "labeled"
+
+    with ThreadPoolExecutor(max_workers=settings.patch_concurrency, thread_name_prefix="label") as pool:
+        outcomes = list(pool.map(patch, plan))
+    report.nodes_labeled = outcomes.count("labeled")
+    report.label_patch_failures = outcomes.count("failed")
+    report.label_patches_skipped = outcomes.count("skipped")
+    if report.label_patches_skipped:
+        logger.warning(
+            "deadline reached: label patches skipped until the next run",
+            extra={"skipped": report.label_patches_skipped},
+        )
+
+
+# ---- Lambda entry point --------------------------------------------------------------------------
+_SETTINGS: NodeStateSettings | None = None
+_SERVICES: Services | None = None
+
+
+def _services(settings: NodeStateSettings) -> Services:
+    """Clients built once per container and reused while it stays warm (the EC2 cache with them)."""
+    global _SERVICES
+    if _SERVICES is None:
+        import boto3
+
+        from adapters import kube as kube_adapter
+
+        session = boto3.session.Session(region_name=settings.region or None)
+        if settings.kube_api_url:
+            kube = kube_adapter.connect_url(settings.kube_api_url, settings.kube_token)
+        elif settings.kubeconfig:
+            kube = kube_adapter.connect_kubeconfig(settings.kubeconfig)
+        else:
+            kube = kube_adapter.connect_eks(settings.cluster_name, session=session)
+        prometheus = (
+            PrometheusClient(
+                settings.amp_query_url, region=session.region_name or "", credentials=session.get_credentials()
+            )
+            if settings.amp_query_url
+            else None
+        )
+        _SERVICES = Services(
+            kube=kube,
+            store=open_store(settings.snapshot_uri, s3_client=session.client("s3")),
+            catalog=GpuInfoCatalog(session.client("ec2")),
+            prometheus=prometheus,
+        )
+    return _SERVICES
+
+
+def _settings() -> NodeStateSettings:
+    global _SETTINGS
+    if _SETTINGS is None:
+        _SETTINGS = NodeStateSettings.from_env()
+    return _SETTINGS
+
+
+SERVICE = _settings().service
+logger = Logger(service=SERVICE)
+metrics = Metrics(namespace=_settings().metrics_namespace, service=SERVICE)
+
+_METRICS = (
+    ("NodesSeen", "nodes_seen", MetricUnit.Count),
+    ("NodesLabeled", "nodes_labeled", MetricUnit.Count),
+    ("LabelPatchFailures", "label_patch_failures", MetricUnit.Count),
+    ("LabelPatchesSkipped", "label_patches_skipped", MetricUnit.Count),
+    ("SnapshotBytes", "snapshot_bytes", MetricUnit.Bytes),
+    ("SnapshotWriteMs", "snapshot_write_ms", MetricUnit.Milliseconds),
+    ("AmpQueryMs", "amp_query_ms", MetricUnit.Milliseconds),
+    ("RunMs", "run_ms", MetricUnit.Milliseconds),
+)
+
+
+@logger.inject_lambda_context(clear_state=True)
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    settings = _settings()
+    report = refresh(
+        settings, _services(settings), time_left=lambda: context.get_remaining_time_in_millis() / 1000, logger=logger
+    )
+    for name, attribute, unit in _METRICS:
+        metrics.add_metric(name=name, unit=unit, value=round(float(getattr(report, attribute)), 3))
+    metrics.add_metric(name="NodesWithoutGpuInfo", unit=MetricUnit.Count, value=sum(report.unlabelled.values()))
+    metrics.add_metric(name="AmpQueryFailures", unit=MetricUnit.Count, value=int(report.amp_query_failed))
+    metrics.add_metric(name="RunFailures", unit=MetricUnit.Count, value=int(report.status != "ok"))
+    summary = asdict(report)
+    (logger.info if report.status == "ok" else logger.error)("node-state run", extra={"report": summary})
+    return summary

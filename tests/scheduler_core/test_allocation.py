@@ -1,0 +1,94 @@
+"""Whole and fractional GPU use per GPU, and the assigned-gpus annotation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler_core.allocation import (
+    ASSIGNED_GPUS_ANNOTATION,
+    MILLI_RESOURCE,
+    format_assigned_gpus,
+    gpu_usage,
+    parse_assigned_gpus,
+    slim_pod,
+)
+from scheduler_core.errors import InvalidPodError
+from scheduler_core.nodes import NodeTable
+from scheduler_core.snapshot import build_snapshot
+from scheduler_core.synthetic import CATALOGUE, make_node, make_pod
+
+T4 = CATALOGUE[3]  # 4 GPUs
+
+
+def share(name: str, milli: int, assigned: str | None, node: str = "n") -> dict[str, Any]:
+    pod = make_pod(name, 0, node_name=node, phase="Running")
+    pod["spec"]["containers"][0]["resources"]["limits"][MILLI_RESOURCE] = str(milli)
+    if assigned is not None:
+        pod["metadata"]["annotations"][ASSIGNED_GPUS_ANNOTATION] = assigned
+    return pod
+
+
+def usage(pods: list[dict[str, Any]]) -> Any:
+    table = NodeTable.from_nodes([make_node("n", T4, "z")])
+    return gpu_usage(table, pods, 4)
+
+
+def test_shares_land_where_the_annotation_says_and_whole_gpus_avoid_them() -> None:
+    result = usage(
+        [share("a", 500, "1:500"), share("b", 250, "1:250"), make_pod("w", 2, node_name="n", phase="Running")]
+    )
+    assert result.used_milli.tolist() == [[1000, 750, 1000, 0]]
+    assert result.problems == ()
+    assert result.busy_gpus(np.array([4], dtype=np.int32)).tolist() == [3]
+
+
+def test_a_share_without_annotation_is_counted_on_the_emptiest_gpu_and_reported() -> None:
+    result = usage([share("a", 500, "0:500"), share("b", 300, None)])
+    assert result.used_milli.tolist() == [[500, 300, 0, 0]]
+    assert len(result.problems) == 1 and "default/b" in result.problems[0] and "GPU 1" in result.problems[0]
+
+
+def test_bad_annotations_are_reported_not_raised() -> None:
+    result = usage([share("a", 500, "x:500"), share("b", 500, "9:500")])
+    assert any("'x:500' is not index:milli" in p for p in result.problems)
+    assert any("assigned GPU 9, but the node has 4" in p for p in result.problems)
+    assert result.used_milli.sum() == 500  # the unparsable one is still counted, by a best guess
+
+
+def test_terminal_and_unbound_pods_use_nothing() -> None:
+    result = usage([make_pod("done", 4, node_name="n", phase="Succeeded"), make_pod("pending", 4)])
+    assert result.used_milli.sum() == 0
+
+
+@pytest.mark.parametrize("text", ["", "0", "0:0", "0:1001", "0:5,0:5", "-1:5", "a:b"])
+def test_parse_rejects_with_a_reason(text: str) -> None:
+    with pytest.raises(InvalidPodError, match=ASSIGNED_GPUS_ANNOTATION):
+        parse_assigned_gpus(text)
+
+
+@given(st.dictionaries(st.integers(0, 15), st.integers(1, 1000), min_size=1))
+def test_format_and_parse_round_trip(pairs: dict[int, int]) -> None:
+    assert dict(parse_assigned_gpus(format_assigned_gpus(pairs.items()))) == pairs
+
+
+def test_snapshot_free_milli_and_busy_gpus_follow_the_shares() -> None:
+    snap = build_snapshot([make_node("n", T4, "z")], [share("a", 500, "2:500")], cluster="c", generated_at=0.0)
+    assert snap.free_milli.tolist() == [[1000, 1000, 500, 1000]]
+    assert snap.state.free_gpus.tolist() == [3]  # a shared GPU is not free for a whole-GPU pod
+
+
+def test_slim_pod_keeps_what_scheduling_reads() -> None:
+    pod = share("a", 500, "0:500")
+    pod["metadata"]["labels"] = {"app": "svc"}
+    pod["metadata"]["annotations"]["unrelated"] = "x" * 1000
+    pod["metadata"]["managedFields"] = [{"manager": "kubectl"}]
+    slim = slim_pod(pod)
+    assert "managedFields" not in slim["metadata"] and "unrelated" not in slim["metadata"]["annotations"]
+    table = NodeTable.from_nodes([make_node("n", T4, "z")])
+    assert gpu_usage(table, [slim], 4).used_milli.tolist() == gpu_usage(table, [pod], 4).used_milli.tolist()
+    assert slim["metadata"]["labels"] == {"app": "svc"}
