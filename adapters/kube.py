@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from adapters.kube_types import list_type
+
 log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "k8s-aws-v1."
@@ -133,6 +135,17 @@ def connect_eks(cluster_name: str, *, session: Any = None, **options: Any) -> Ku
     return KubeClient(client.ApiClient(configuration), **options)
 
 
+def connect(
+    *, cluster_name: str = "", api_url: str = "", token: str = "", kubeconfig: str = "", session: Any = None
+) -> KubeClient:
+    """The refreshers' one way in: an API URL and token, else a kubeconfig, else an EKS cluster name."""
+    if api_url:
+        return connect_url(api_url, token)
+    if kubeconfig:
+        return connect_kubeconfig(kubeconfig)
+    return connect_eks(cluster_name, session=session)
+
+
 def connect_kubeconfig(path: str | None = None, context: str | None = None, **options: Any) -> KubeClient:
     from kubernetes import config
 
@@ -187,9 +200,18 @@ class KubeClient:
 
     # -- reads --
     def list_pages(
-        self, kind: str, *, label_selector: str = "", field_selector: str = "", limit: int = LIST_PAGE_SIZE
+        self,
+        kind: str,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+        limit: int = LIST_PAGE_SIZE,
+        item_type: Any = None,
     ) -> Iterator[list[dict[str, Any]]]:
         """Yield the items of a cluster-wide list (``nodes`` or ``pods``) page by page.
+
+        ``item_type`` (a TypedDict from :mod:`adapters.kube_types`) decodes each item into just
+        those keys; a page that does not fit it is decoded in full instead, so nothing is lost.
 
         Raises :class:`ListExpiredError` when a continue token expires mid-list (the caller starts
         over: items already yielded would otherwise be seen twice).
@@ -207,6 +229,7 @@ class KubeClient:
                 field_selector=field_selector or None,
                 limit=limit,
                 _continue=token,
+                _item_type=item_type,
             )
             yield page.get("items") or []
             token = (page.get("metadata") or {}).get("continue")
@@ -219,14 +242,16 @@ class KubeClient:
         *,
         label_selector: str = "",
         field_selector: str = "",
-        transform: Callable[[dict[str, Any]], Any] = lambda item: item,
+        item_type: Any = None,
         restarts: int = 2,
-    ) -> list[Any]:
-        """Every item of a list, through ``transform``; starts over (at most ``restarts`` times) on 410."""
+    ) -> list[dict[str, Any]]:
+        """Every item of a list (see :meth:`list_pages`); starts over (at most ``restarts`` times) on 410."""
         for attempt in range(restarts + 1):
             try:
-                pages = self.list_pages(kind, label_selector=label_selector, field_selector=field_selector)
-                return [transform(item) for page in pages for item in page]
+                pages = self.list_pages(
+                    kind, label_selector=label_selector, field_selector=field_selector, item_type=item_type
+                )
+                return [item for page in pages for item in page]
             except ListExpiredError:
                 if attempt == restarts:
                     raise
@@ -251,7 +276,14 @@ class KubeClient:
         )
 
     # -- plumbing --
-    def _json(self, method: Callable[..., Any], *args: Any, _retry_409: bool = True, **kwargs: Any) -> dict[str, Any]:
+    def _json(
+        self,
+        method: Callable[..., Any],
+        *args: Any,
+        _retry_409: bool = True,
+        _item_type: Any = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError as TransportError
 
@@ -260,8 +292,7 @@ class KubeClient:
             timeout = self._time_for_call()
             try:
                 response = method(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
-                body: dict[str, Any] = json.loads(response.data)
-                return body
+                return _decode(response.data, _item_type)
             except ApiException as exc:
                 error = _api_error(exc)
                 retryable = exc.status in RETRIED_STATUSES and (exc.status != 409 or _retry_409)
@@ -290,6 +321,28 @@ class KubeClient:
         if self.deadline is not None and self.deadline() - seconds < self.min_call_s:
             raise DeadlineReachedError("no time left to retry")
         self._sleep(seconds)
+
+
+_DECODERS: dict[Any, Any] = {}
+
+
+def _decode(data: bytes, item_type: Any) -> dict[str, Any]:
+    import msgspec
+
+    if item_type is not None:
+        decoder = _DECODERS.get(item_type)
+        if decoder is None:
+            decoder = _DECODERS[item_type] = msgspec.json.Decoder(list_type(item_type))
+        try:
+            typed: dict[str, Any] = decoder.decode(data)
+            return typed
+        except msgspec.ValidationError as exc:
+            log.warning("a list page does not fit %s (%s); decoding it in full", item_type.__name__, exc)
+    try:
+        body: dict[str, Any] = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise KubeApiError(0, "BadResponse", f"the API server sent a body that is not JSON: {exc}") from exc
+    return body
 
 
 def _api_error(exc: Any) -> KubeApiError:

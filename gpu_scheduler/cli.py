@@ -139,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     dc.add_argument("--repeat", type=int, default=100)
     dc.add_argument("--seed", type=int, default=1)
     dc.add_argument("--json", action="store_true", help="JSON output (the default; kept for scripts)")
+    ns = suites.add_parser("node-state", help="one node-state refresher run against a synthetic cluster")
+    ns.add_argument("--nodes", type=int, default=10_000)
+    ns.add_argument("--pods", type=int, default=200_000)
+    ns.add_argument("--seed", type=int, default=0)
+    ns.add_argument("--concurrency", type=int, default=8, help="label patches in flight")
+    ns.add_argument("--json", action="store_true", help="JSON output (the only format)")
     cold = suites.add_parser("cold-start", help="fresh interpreter: import + init + first request (S3 via moto)")
     cold.add_argument("--runs", type=int, default=5)
     cold.add_argument("--snapshot-nodes", type=int, default=10000)
@@ -171,6 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bench.deletion_cost import run as run_cost_bench
 
             print(json.dumps(run_cost_bench(args.pods, args.repeat, args.seed), indent=2))
+            return 0
+        if args.command == "bench" and args.suite == "node-state":
+            from bench.node_state import run as run_node_state_bench
+
+            print(json.dumps(run_node_state_bench(args.nodes, args.pods, args.seed, args.concurrency), indent=2))
             return 0
         if args.command == "bench" and args.suite == "cold-start":
             from bench.lambda_path import cold_start
@@ -215,8 +226,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _deletion_costs(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from gpu_scheduler.deletion_costs import costs_for, current_cost, pod_key, pod_list, victims
     from scheduler_core.deletion_cost import CostConfig
+    from scheduler_core.deletion_plan import costs_for, current_cost, pod_key, pod_list, victims
 
     if args.scale_down < 0:
         raise UsageError(f"--scale-down must not be negative, got {args.scale_down}")

@@ -730,3 +730,40 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature fixed by the base class
         pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve a synthetic EKS cluster (``scheduler_core.synthetic.eks_cluster``) until stdin closes.
+
+    Prints ``{"url": ..., "token": ..., "nodes": N, "pods": P}`` on one line once it is ready. The
+    benchmark runs it as a separate process so that the refresher's memory and time are its own.
+    """
+    import argparse
+    import sys
+
+    import numpy as np
+
+    from scheduler_core.synthetic import eks_cluster
+
+    parser = argparse.ArgumentParser(prog="python -m gpu_scheduler.kube_double")
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--pods", type=int, default=5000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--token", default="local-token")
+    args = parser.parse_args(argv)
+    nodes, pods = eks_cluster(args.nodes, args.pods, np.random.default_rng(args.seed))
+    api = KubeApiDouble(tokens=[args.token])
+    api.load("nodes", nodes)
+    api.load("pods", pods)
+    del nodes, pods
+    url = api.start()
+    print(json.dumps({"url": url, "token": args.token, "nodes": args.nodes, "pods": args.pods}), flush=True)
+    try:
+        sys.stdin.read()  # until the parent closes our stdin (or exits)
+    finally:
+        api.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,16 +24,13 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.nodes import GPU_RESOURCE, LABEL_MEMORY, LABEL_MODEL, NodeTable
-from scheduler_core.pods import bound_row, effective_request
+from scheduler_core.nodes import GPU_RESOURCE, NodeTable
+from scheduler_core.pods import bound_row, effective_requests
 
 MILLI_PER_GPU = 1000
 MILLI_RESOURCE = "gpu-scheduler.io/gpu-milli"
 ASSIGNED_GPUS_ANNOTATION = "gpu-scheduler.io/assigned-gpus"
-
-# Annotations the snapshot and the scheduler read; slim_pod keeps only these.
-_KEPT_ANNOTATIONS = (ASSIGNED_GPUS_ANNOTATION, LABEL_MODEL, LABEL_MEMORY, "gpu-scheduler.io/peers")
-_KEPT_RESOURCES = (GPU_RESOURCE, MILLI_RESOURCE)
+_RESOURCES = (GPU_RESOURCE, MILLI_RESOURCE)
 
 
 def parse_assigned_gpus(value: object) -> tuple[tuple[int, int], ...]:
@@ -111,8 +108,8 @@ def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
     [[250, 1000, 0, 0]]
     """
     n_nodes = table.n_nodes
-    used = np.zeros((n_nodes, max_gpus), dtype=np.int64)
-    whole = np.zeros(n_nodes, dtype=np.int64)
+    whole_list = [0] * n_nodes  # Python ints in the loop: numpy scalar updates cost more than the parse
+    shares: list[tuple[int, int, int]] = []  # (row, gpu, milli) from annotations
     unplaced: list[tuple[int, int, str]] = []  # (row, milli, pod) without a usable annotation
     problems: list[str] = []
     index = table.index
@@ -125,33 +122,39 @@ def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
             continue
         metadata = pod.get("metadata")
         metadata = metadata if isinstance(metadata, Mapping) else {}
-        name = f"{metadata.get('namespace', '')}/{metadata.get('name', f'pods[{position}]')}"
-        node = table.names[row]
         try:
-            whole[row] += effective_request(pod["spec"], GPU_RESOURCE)
-            milli = effective_request(pod["spec"], MILLI_RESOURCE)
+            gpus, milli = effective_requests(pod["spec"], _RESOURCES)
         except InvalidPodError as exc:
-            problems.append(f"pod {name} on {node}: {exc}")
+            problems.append(f"pod {_pod_name(metadata, position)} on {table.names[row]}: {exc}")
             continue
+        whole_list[row] += gpus
         annotations = metadata.get("annotations")
         assigned = annotations.get(ASSIGNED_GPUS_ANNOTATION) if isinstance(annotations, Mapping) else None
         if assigned is None:
             if milli:
-                unplaced.append((row, milli, name))
+                unplaced.append((row, milli, _pod_name(metadata, position)))
             continue
         try:
             pairs = parse_assigned_gpus(assigned)
         except InvalidPodError as exc:
-            problems.append(f"pod {name} on {node}: {exc}")
+            problems.append(f"pod {_pod_name(metadata, position)} on {table.names[row]}: {exc}")
             if milli:
-                unplaced.append((row, milli, name))
+                unplaced.append((row, milli, _pod_name(metadata, position)))
             continue
         alloc = int(table.alloc_gpus[row])
         for gpu, amount in pairs:
             if gpu >= alloc:
-                problems.append(f"pod {name} on {node}: assigned GPU {gpu}, but the node has {alloc}")
+                problems.append(
+                    f"pod {_pod_name(metadata, position)} on {table.names[row]}: assigned GPU {gpu},"
+                    f" but the node has {alloc}"
+                )
                 continue
-            used[row, gpu] += amount
+            shares.append((row, gpu, amount))
+    used = np.zeros((n_nodes, max_gpus), dtype=np.int64)
+    if shares:
+        rows, gpus_at, amounts = np.array(shares, dtype=np.int64).T
+        np.add.at(used, (rows, gpus_at), amounts)
+    whole = np.asarray(whole_list, dtype=np.int64)
     _place_whole(used, whole, table.alloc_gpus)
     for row, milli, name in unplaced:
         problems.append(_place_unannotated(used[row], milli, int(table.alloc_gpus[row]), name, table.names[row]))
@@ -161,6 +164,10 @@ def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
         whole_gpus=np.minimum(whole, int32_max).astype(np.int32),
         problems=tuple(problems),
     )
+
+
+def _pod_name(metadata: Mapping[str, Any], position: int) -> str:
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', f'pods[{position}]')}"
 
 
 def _place_whole(used: npt.NDArray[np.int64], whole: npt.NDArray[np.int64], alloc: npt.NDArray[np.int32]) -> None:
@@ -192,47 +199,3 @@ def _place_unannotated(used_row: npt.NDArray[np.int64], milli: int, alloc: int, 
         f"pod {pod} on {node}: requests {milli} {MILLI_RESOURCE} with no valid {ASSIGNED_GPUS_ANNOTATION};"
         f" counted on GPU {','.join(map(str, touched))}"
     )
-
-
-def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """The parts of a v1 Pod that scheduling reads, so that 200,000 pods fit in a Lambda's memory.
-
-    Keeps name, namespace, uid, labels, the project's annotations, ``spec.nodeName``, the GPU
-    resources of every container and init container, init ``restartPolicy`` and ``status.phase``.
-    Input that is not shaped like a Pod is returned unchanged, for the readers to report.
-    """
-    metadata, spec, status = pod.get("metadata"), pod.get("spec"), pod.get("status")
-    if not isinstance(metadata, Mapping) or not isinstance(spec, Mapping):
-        return dict(pod)
-    annotations = metadata.get("annotations")
-    slim_meta = {key: metadata[key] for key in ("name", "namespace", "uid", "labels") if key in metadata}
-    if isinstance(annotations, Mapping):
-        slim_meta["annotations"] = {k: annotations[k] for k in _KEPT_ANNOTATIONS if k in annotations}
-    slim_spec: dict[str, Any] = {"nodeName": spec.get("nodeName")}
-    for key in ("containers", "initContainers"):
-        containers = spec.get(key)
-        if isinstance(containers, list):
-            slim_spec[key] = [_slim_container(c) for c in containers]
-        elif containers is not None:
-            slim_spec[key] = containers
-    phase = status.get("phase") if isinstance(status, Mapping) else None
-    return {"metadata": slim_meta, "spec": slim_spec, "status": {"phase": phase}}
-
-
-def _slim_container(container: object) -> object:
-    if not isinstance(container, Mapping):
-        return container
-    slim: dict[str, Any] = {}
-    if "restartPolicy" in container:
-        slim["restartPolicy"] = container["restartPolicy"]
-    resources = container.get("resources")
-    if isinstance(resources, Mapping):
-        kept = {}
-        for kind in ("limits", "requests"):
-            values = resources.get(kind)
-            if isinstance(values, Mapping):
-                kept[kind] = {r: values[r] for r in _KEPT_RESOURCES if r in values}
-            elif values is not None:
-                kept[kind] = values
-        slim["resources"] = kept
-    return slim

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
@@ -111,21 +111,30 @@ def effective_request(spec: Mapping[str, Any], resource: str) -> int:
     InvalidPodError
         A malformed container list or quantity, or a total past int32; the message names the field.
     """
-    containers = _container_list(spec, "containers")
-    app_total = sum(_container_count(c, f"containers[{i}]", resource) for i, c in enumerate(containers))
-    sidecars = 0
-    init_peak = 0
+    return effective_requests(spec, (resource,))[0]
+
+
+def effective_requests(spec: Mapping[str, Any], resources: tuple[str, ...]) -> list[int]:
+    """:func:`effective_request` of several resources in one pass over the containers."""
+    app_total = [0] * len(resources)
+    for i, container in enumerate(_container_list(spec, "containers")):
+        for k, amount in enumerate(_container_counts(container, f"containers[{i}]", resources)):
+            app_total[k] += amount
+    sidecars = [0] * len(resources)
+    init_peak = [0] * len(resources)
     for i, container in enumerate(_container_list(spec, "initContainers")):
-        amount = _container_count(container, f"initContainers[{i}]", resource)
-        if container.get("restartPolicy") == "Always":
-            sidecars += amount
-            init_peak = max(init_peak, sidecars)
-        else:
-            init_peak = max(init_peak, sidecars + amount)
-    total = max(app_total + sidecars, init_peak)
-    if total > _INT32_MAX:
-        raise InvalidPodError(f"{resource}: request of {total} is out of range")
-    return total
+        restartable = container.get("restartPolicy") == "Always"
+        for k, amount in enumerate(_container_counts(container, f"initContainers[{i}]", resources)):
+            if restartable:
+                sidecars[k] += amount
+                init_peak[k] = max(init_peak[k], sidecars[k])
+            else:
+                init_peak[k] = max(init_peak[k], sidecars[k] + amount)
+    totals = [max(app + side, peak) for app, side, peak in zip(app_total, sidecars, init_peak, strict=True)]
+    for resource, total in zip(resources, totals, strict=True):
+        if total > _INT32_MAX:
+            raise InvalidPodError(f"{resource}: request of {total} is out of range")
+    return totals
 
 
 def gpus_in_use(table: NodeTable, pods: Iterable[Any]) -> tuple[npt.NDArray[np.int32], list[str]]:
@@ -167,8 +176,8 @@ def _string_map(value: object) -> dict[str, str]:
 def bound_row(pod: Mapping[str, Any], index: Mapping[str, int]) -> int | None:
     """Row of the node a non-terminal pod is bound to, or None (unbound, finished, or unknown node)."""
     spec, status = pod.get("spec"), pod.get("status")
-    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
-    phase = status.get("phase") if isinstance(status, Mapping) else None
+    node = spec.get("nodeName") if _is_mapping(spec) else None
+    phase = status.get("phase") if _is_mapping(status) else None
     if not isinstance(node, str) or phase in TERMINAL_PHASES:
         return None
     return index.get(node)
@@ -178,31 +187,40 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    # JSON gives plain dicts: check that first, before the (much slower) ABC check.
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _container_list(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     items = spec.get(key)
     if items is None:
         return []
-    if not isinstance(items, list) or not all(isinstance(item, Mapping) for item in items):
+    if not isinstance(items, list) or not all(_is_mapping(item) for item in items):
         raise InvalidPodError(f"pod spec.{key}: expected a list of containers")
     return items
 
 
-def _container_count(container: Mapping[str, Any], where: str, resource: str) -> int:
-    resources = container.get("resources")
-    if not isinstance(resources, Mapping):
-        return 0
-    limits = resources.get("limits")
-    requests = resources.get("requests")
-    limits = limits if isinstance(limits, Mapping) else {}
-    requests = requests if isinstance(requests, Mapping) else {}
-    # Extended resources cannot be overcommitted: the request defaults to the limit.
-    source, value = ("limits", limits[resource]) if resource in limits else ("requests", requests.get(resource))
-    if value is None:
-        return 0
-    try:
-        return parse_whole_count(value, what=f"{where}.resources.{source}.{resource}")
-    except ValueError as exc:
-        raise InvalidPodError(str(exc)) from exc
+def _container_counts(container: Mapping[str, Any], where: str, resources: tuple[str, ...]) -> list[int]:
+    section = container.get("resources")
+    if not _is_mapping(section):
+        return [0] * len(resources)
+    limits = section.get("limits")
+    requests = section.get("requests")
+    limits = limits if _is_mapping(limits) else {}
+    requests = requests if _is_mapping(requests) else {}
+    counts = []
+    for resource in resources:
+        # Extended resources cannot be overcommitted: the request defaults to the limit.
+        source, value = ("limits", limits[resource]) if resource in limits else ("requests", requests.get(resource))
+        if value is None:
+            counts.append(0)
+            continue
+        try:
+            counts.append(parse_whole_count(value, what=f"{where}.resources.{source}.{resource}"))
+        except ValueError as exc:
+            raise InvalidPodError(str(exc)) from exc
+    return counts
 
 
 def _parse_models(value: object) -> frozenset[str] | None:

@@ -77,6 +77,8 @@ def parse_whole_count(value: object, *, what: str) -> int:
     >>> parse_whole_count("2", what="nvidia.com/gpu")
     2
     """
+    if type(value) is str and value.isascii() and value.isdigit():
+        return int(value)  # the common case ("1", "500"), without building a Decimal
     try:
         quantity = parse_quantity(value)
     except ValueError as exc:

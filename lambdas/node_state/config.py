@@ -46,8 +46,6 @@ _ENV = {
     "utilization_window": "UTILIZATION_WINDOW",
     "deadline_margin_s": "DEADLINE_MARGIN_S",
     "region": "AWS_REGION",
-    "metrics_namespace": "POWERTOOLS_METRICS_NAMESPACE",
-    "service": "POWERTOOLS_SERVICE_NAME",
 }
 
 
@@ -68,8 +66,6 @@ class NodeStateSettings:
     utilization_window: str = DEFAULT_WINDOW
     deadline_margin_s: float = 10.0
     region: str = ""
-    metrics_namespace: str = "GpuScheduler"
-    service: str = "gpu-scheduler-node-state"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> NodeStateSettings:

@@ -6,7 +6,7 @@ EventBridge invokes it every minute. One run:
 2. looks up EC2 ``GpuInfo`` for the instance types of nodes without complete GFD labels (cached
    across invocations);
 3. lists the non-terminal pods bound to nodes (field selector, paginated), keeping only what
-   scheduling reads (:func:`scheduler_core.allocation.slim_pod`);
+   scheduling reads (decoded straight into :class:`adapters.kube_types.SchedulingPod`);
 4. runs one PromQL query for DCGM utilisation; if it fails, the last known values are carried over
    from the previous snapshot, with their age;
 5. builds the snapshot (whole-GPU and milli use per GPU) and writes it atomically to ``SNAPSHOT_URI``;
@@ -24,10 +24,12 @@ Metrics (EMF): ``NodesSeen``, ``NodesLabeled``, ``LabelPatchFailures``, ``LabelP
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
@@ -37,10 +39,10 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from adapters.amp import PrometheusClient, PrometheusQueryError, utilization_by_node, utilization_query
 from adapters.ec2_gpu import GpuInfoCatalog
-from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
+from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient, connect
+from adapters.kube_types import SchedulingPod
 from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
 from lambdas.node_state.config import NodeStateSettings
-from scheduler_core.allocation import slim_pod
 from scheduler_core.node_labels import LabelPolicy, desired_info, label_changes
 from scheduler_core.nodes import GFD_PRODUCT, LABEL_INSTANCE_TYPE
 from scheduler_core.snapshot import SnapshotFormatError, build_snapshot, read_snapshot, write_snapshot
@@ -72,6 +74,7 @@ class RunReport:
     run_ms: float = 0.0
     problems: int = 0
     api_retries: int = 0
+    phases_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,11 +100,14 @@ def refresh(
     kube.deadline = lambda: time_left() - settings.deadline_margin_s
     retries_before = kube.retries
     try:
-        nodes = [node for node in kube.list_all("nodes") if _node_name(node)]
+        with _phase(report, "list_nodes"):
+            nodes = [node for node in kube.list_all("nodes") if _node_name(node)]
         report.nodes_seen = len(nodes)
         policy = cast(LabelPolicy, settings.label_policy)  # validated by NodeStateSettings
-        plan = _plan_labels(nodes, services.catalog, policy, report, logger)
-        pods = kube.list_all("pods", field_selector=ASSIGNED_NON_TERMINAL, transform=slim_pod)
+        with _phase(report, "plan_labels"):
+            plan = _plan_labels(nodes, services.catalog, policy, report, logger)
+        with _phase(report, "list_pods"):
+            pods = kube.list_all("pods", field_selector=ASSIGNED_NON_TERMINAL, item_type=SchedulingPod)
         report.pods_seen = len(pods)
     except (KubeApiError, DeadlineReachedError) as exc:
         report.status, report.error = "failed", f"listing the cluster failed: {exc}"
@@ -110,16 +116,16 @@ def refresh(
         return report
 
     utilization, measured_at = _utilization(settings, services, report, now(), logger)
-    generated_at = now()
-    snapshot = build_snapshot(
-        nodes, pods, cluster=settings.cluster_name or "local", generated_at=generated_at,
-        gpu_utilization=utilization, utilization_at=measured_at,
-    )  # fmt: skip
+    with _phase(report, "build_snapshot"):
+        snapshot = build_snapshot(
+            nodes, pods, cluster=settings.cluster_name or "local", generated_at=now(),
+            gpu_utilization=utilization, utilization_at=measured_at,
+        )  # fmt: skip
+        data = write_snapshot(snapshot)
     del pods
     report.problems = len(snapshot.problems)
     for problem in snapshot.problems[:20]:
         logger.warning("snapshot input problem", extra={"problem": problem})
-    data = write_snapshot(snapshot)
     report.snapshot_bytes = len(data)
     write_started = time.perf_counter()
     try:
@@ -129,10 +135,20 @@ def refresh(
         logger.error("snapshot write failed", extra={"error": str(exc), "uri": services.store.uri})
     report.snapshot_write_ms = 1000 * (time.perf_counter() - write_started)
 
-    _apply_labels(plan, settings, kube, report, logger)
+    with _phase(report, "patch_labels"):
+        _apply_labels(plan, settings, kube, report, logger)
     report.api_retries = kube.retries - retries_before
     report.run_ms = 1000 * (time.perf_counter() - started)
     return report
+
+
+@contextmanager
+def _phase(report: RunReport, name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.phases_ms[name] = round(1000 * (time.perf_counter() - started), 1)
 
 
 def _node_name(node: Any) -> str:
@@ -264,15 +280,14 @@ def _services(settings: NodeStateSettings) -> Services:
     if _SERVICES is None:
         import boto3
 
-        from adapters import kube as kube_adapter
-
         session = boto3.session.Session(region_name=settings.region or None)
-        if settings.kube_api_url:
-            kube = kube_adapter.connect_url(settings.kube_api_url, settings.kube_token)
-        elif settings.kubeconfig:
-            kube = kube_adapter.connect_kubeconfig(settings.kubeconfig)
-        else:
-            kube = kube_adapter.connect_eks(settings.cluster_name, session=session)
+        kube = connect(
+            cluster_name=settings.cluster_name,
+            api_url=settings.kube_api_url,
+            token=settings.kube_token,
+            kubeconfig=settings.kubeconfig,
+            session=session,
+        )
         prometheus = (
             PrometheusClient(
                 settings.amp_query_url, region=session.region_name or "", credentials=session.get_credentials()
@@ -296,9 +311,10 @@ def _settings() -> NodeStateSettings:
     return _SETTINGS
 
 
-SERVICE = _settings().service
-logger = Logger(service=SERVICE)
-metrics = Metrics(namespace=_settings().metrics_namespace, service=SERVICE)
+# Powertools reads POWERTOOLS_SERVICE_NAME and POWERTOOLS_METRICS_NAMESPACE itself. The settings are
+# read on the first invocation: a bad deployment fails that run with every problem named.
+logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "gpu-scheduler-node-state"))
+metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "GpuScheduler"))
 
 _METRICS = (
     ("NodesSeen", "nodes_seen", MetricUnit.Count),

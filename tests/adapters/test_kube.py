@@ -206,3 +206,47 @@ def test_retries_stop_at_the_deadline(api: KubeApiDouble) -> None:
     with pytest.raises(DeadlineReachedError):
         client.patch_node_labels("node-0001", {"a": "b"})
     assert len([r for r in api.requests if r.method == "PATCH"]) == 1
+
+
+def test_scheduling_projection_keys_are_the_cores_names() -> None:
+    from adapters.kube_types import GpuQuantities, SchedulingAnnotations
+    from scheduler_core.allocation import ASSIGNED_GPUS_ANNOTATION, MILLI_RESOURCE
+    from scheduler_core.locality import PEERS_ANNOTATION
+    from scheduler_core.nodes import GPU_RESOURCE, LABEL_MEMORY, LABEL_MODEL
+
+    assert set(GpuQuantities.__annotations__) == {GPU_RESOURCE, MILLI_RESOURCE}
+    assert set(SchedulingAnnotations.__annotations__) == {
+        ASSIGNED_GPUS_ANNOTATION, LABEL_MODEL, LABEL_MEMORY, PEERS_ANNOTATION}  # fmt: skip
+
+
+def test_projected_pods_account_exactly_like_full_pods(api: KubeApiDouble) -> None:
+    import numpy as np
+
+    from adapters.kube_types import SchedulingPod
+    from scheduler_core.snapshot import build_snapshot
+    from scheduler_core.synthetic import eks_cluster
+
+    nodes, pods = eks_cluster(60, 1500, np.random.default_rng(3))
+    with KubeApiDouble(tokens=[TOKEN]) as double:
+        double.load("nodes", nodes)
+        double.load("pods", pods)
+        client = connect_url(double.url, TOKEN)
+        projected = client.list_all("pods", item_type=SchedulingPod)
+        full = client.list_all("pods")
+    assert "managedFields" not in projected[0]["metadata"] and "env" not in projected[0]["spec"]["containers"][0]
+    a = build_snapshot(nodes, projected, cluster="c", generated_at=0.0)
+    b = build_snapshot(nodes, full, cluster="c", generated_at=0.0)
+    assert a.free_milli.tolist() == b.free_milli.tolist()
+    assert a.apps.apps == b.apps.apps and a.apps.node_entries.tolist() == b.apps.node_entries.tolist()
+    assert a.problems == b.problems
+
+
+def test_a_page_that_does_not_fit_the_projection_is_decoded_in_full(api: KubeApiDouble) -> None:
+    from adapters.kube_types import SchedulingPod
+
+    odd = make_pod("odd", 1, node_name="node-0001", phase="Running")
+    odd["metadata"]["labels"] = {"app": 7}  # not a string: the projection refuses the page
+    api.load("pods", [odd, make_pod("fine", 1, node_name="node-0001", phase="Running")])
+    pods = client_for(api).list_all("pods", item_type=SchedulingPod)
+    assert [p["metadata"]["name"] for p in pods] == ["fine", "odd"]
+    assert pods[1]["metadata"]["labels"] == {"app": 7}

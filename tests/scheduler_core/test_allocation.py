@@ -15,7 +15,6 @@ from scheduler_core.allocation import (
     format_assigned_gpus,
     gpu_usage,
     parse_assigned_gpus,
-    slim_pod,
 )
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.nodes import NodeTable
@@ -80,15 +79,3 @@ def test_snapshot_free_milli_and_busy_gpus_follow_the_shares() -> None:
     snap = build_snapshot([make_node("n", T4, "z")], [share("a", 500, "2:500")], cluster="c", generated_at=0.0)
     assert snap.free_milli.tolist() == [[1000, 1000, 500, 1000]]
     assert snap.state.free_gpus.tolist() == [3]  # a shared GPU is not free for a whole-GPU pod
-
-
-def test_slim_pod_keeps_what_scheduling_reads() -> None:
-    pod = share("a", 500, "0:500")
-    pod["metadata"]["labels"] = {"app": "svc"}
-    pod["metadata"]["annotations"]["unrelated"] = "x" * 1000
-    pod["metadata"]["managedFields"] = [{"manager": "kubectl"}]
-    slim = slim_pod(pod)
-    assert "managedFields" not in slim["metadata"] and "unrelated" not in slim["metadata"]["annotations"]
-    table = NodeTable.from_nodes([make_node("n", T4, "z")])
-    assert gpu_usage(table, [slim], 4).used_milli.tolist() == gpu_usage(table, [pod], 4).used_milli.tolist()
-    assert slim["metadata"]["labels"] == {"app": "svc"}

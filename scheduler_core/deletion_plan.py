@@ -1,14 +1,15 @@
-"""``gpu-scheduler deletion-costs``: a dry run of the deletion-cost policy from files.
+"""Deletion costs for real pods: which new value each managed pod gets, and which writes to make.
 
-PODS.json is a v1 PodList or a JSON list of v1 Pods; METRICS.json maps ``"namespace/pod"`` to an object
-with any of ``active_requests``, ``cache_hit_rate``, ``avg_response_time_ms`` and ``active_connections``.
-Without ``--config`` the ``metrics`` policy with the source's defaults applies to every pod.
+Shared by ``gpu-scheduler deletion-costs`` (a dry run from files) and the deletion-cost refresher.
+``metrics`` maps ``"namespace/pod"`` to an object with any of ``active_requests``, ``cache_hit_rate``,
+``avg_response_time_ms`` and ``active_connections``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -39,7 +40,8 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{metadata.get('namespace', 'default')}/{metadata.get('name', '')}"
 
 
-def _age_s(pod: Mapping[str, Any], now: float) -> float:
+def pod_age_s(pod: Mapping[str, Any], now: float) -> float:
+    """Seconds since the pod started (``status.startTime``, else its creation); inf when unknown."""
     status, metadata = pod.get("status") or {}, pod.get("metadata") or {}
     for stamp in (status.get("startTime"), metadata.get("creationTimestamp")):
         if isinstance(stamp, str):
@@ -50,7 +52,8 @@ def _age_s(pod: Mapping[str, Any], now: float) -> float:
     return math.inf  # no timestamp: not a new pod
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """The pod's ``Ready`` condition is True."""
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if isinstance(condition, Mapping) and condition.get("type") == "Ready":
             return condition.get("status") == "True"
@@ -78,7 +81,7 @@ def costs_for(
                 value = values.get(name) if isinstance(values, Mapping) else None
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     columns[name][i] = value
-        signals = PodSignals.build(columns, [_age_s(p, now) for p in members], [_ready(p) for p in members])
+        signals = PodSignals.build(columns, [pod_age_s(p, now) for p in members], [pod_ready(p) for p in members])
         outcome = compute_costs(config.workloads[index].policy, signals)
         for pod, cost, ok in zip(members, outcome.cost.tolist(), outcome.has_value.tolist(), strict=True):
             result[pod_key(pod)] = cost if ok else None
@@ -100,3 +103,47 @@ def victims(pods: Sequence[Mapping[str, Any]], costs: Mapping[str, int | None], 
 
 def current_cost(pod: Mapping[str, Any]) -> int | None:
     return parse_cost(((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION))
+
+
+@dataclass(frozen=True)
+class CostChange:
+    """One annotation write: ``old`` is None when the annotation is missing or invalid."""
+
+    namespace: str
+    name: str
+    old: int | None
+    new: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def plan_changes(
+    pods: Sequence[Mapping[str, Any]], costs: Mapping[str, int | None], hysteresis: int
+) -> tuple[list[CostChange], int]:
+    """The writes worth making, most needed first, and how many pods are left as they are.
+
+    A pod is written when it has a new cost and its annotation is missing or invalid, or the cost
+    moved by at least ``hysteresis``. Missing or invalid annotations come first, then the largest moves.
+
+    >>> pod = {"metadata": {"namespace": "ns", "name": "a", "annotations": {ANNOTATION: "100"}}}
+    >>> plan_changes([pod], {"ns/a": 105}, hysteresis=10)
+    ([], 1)
+    >>> plan_changes([pod], {"ns/a": 200}, hysteresis=10)[0]
+    [CostChange(namespace='ns', name='a', old=100, new=200)]
+    """
+    changes: list[CostChange] = []
+    unchanged = 0
+    for pod in pods:
+        new = costs.get(pod_key(pod))
+        if new is None:
+            continue
+        old = current_cost(pod)
+        if old is not None and abs(new - old) < max(hysteresis, 1):
+            unchanged += 1
+            continue
+        metadata = pod.get("metadata") or {}
+        changes.append(CostChange(str(metadata.get("namespace", "default")), str(metadata.get("name", "")), old, new))
+    changes.sort(key=lambda c: (c.old is not None, -abs(c.new - (c.old or 0))))
+    return changes, unchanged

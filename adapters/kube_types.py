@@ -1,0 +1,75 @@
+"""Typed projections of Kubernetes list items, for decoding large lists straight into small dicts.
+
+``msgspec`` decodes a page of 500 pods into just these keys, in C, and skips everything else
+(``managedFields``, env, volumes, status details): four to five times faster than ``json.loads``
+here, with a fraction of the memory, which is what lets one Lambda read 200,000 pods. The result
+is plain dicts, shaped like the v1 objects the core reads, so nothing downstream changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+# Quantities are strings on the wire; a number is accepted too, and parsed by the core.
+# The keys are spelled out because type checkers need literals; a test checks them against the core's names.
+GpuQuantities = TypedDict(
+    "GpuQuantities", {"nvidia.com/gpu": str | int, "gpu-scheduler.io/gpu-milli": str | int}, total=False
+)
+SchedulingAnnotations = TypedDict(
+    "SchedulingAnnotations",
+    {
+        "gpu-scheduler.io/assigned-gpus": str,
+        "gpu.nvidia.com/model": str,
+        "gpu.nvidia.com/memory": str,
+        "gpu-scheduler.io/peers": str,
+    },
+    total=False,
+)
+
+
+class GpuResources(TypedDict, total=False):
+    limits: GpuQuantities
+    requests: GpuQuantities
+
+
+class GpuContainer(TypedDict, total=False):
+    resources: GpuResources
+    restartPolicy: str
+
+
+class SchedulingPodMetadata(TypedDict, total=False):
+    name: str
+    namespace: str
+    uid: str
+    labels: dict[str, str]
+    annotations: SchedulingAnnotations
+
+
+class SchedulingPodSpec(TypedDict, total=False):
+    nodeName: str
+    containers: list[GpuContainer]
+    initContainers: list[GpuContainer]
+
+
+class PodPhase(TypedDict, total=False):
+    phase: str
+
+
+class SchedulingPod(TypedDict, total=False):
+    """What GPU accounting and the locality index read from a pod."""
+
+    metadata: SchedulingPodMetadata
+    spec: SchedulingPodSpec
+    status: PodPhase
+
+
+_LIST_TYPES: dict[Any, Any] = {}
+
+
+def list_type(item_type: Any) -> Any:
+    """A ``{metadata, items: [item_type]}`` list type for ``msgspec`` (cached per item type)."""
+    if item_type not in _LIST_TYPES:
+        make: Any = TypedDict  # built at run time: the item type is a parameter
+        fields = {"metadata": dict[str, Any], "items": list[item_type]}
+        _LIST_TYPES[item_type] = make(f"ListOf{getattr(item_type, '__name__', 'Any')}", fields, total=False)
+    return _LIST_TYPES[item_type]

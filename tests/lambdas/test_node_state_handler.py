@@ -1,0 +1,271 @@
+"""The node-state refresher end to end: the API double, moto (S3, EC2) and a real Prometheus."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import numpy as np
+import pytest
+from moto import mock_aws
+
+from adapters.amp import PrometheusClient
+from adapters.ec2_gpu import GpuInfoCatalog
+from adapters.kube import connect_url
+from adapters.snapshot_store import open_store
+from gpu_scheduler.kube_double import KubeApiDouble
+from lambdas.node_state import handler
+from lambdas.node_state.config import NodeStateSettings
+from scheduler_core.allocation import MILLI_RESOURCE
+from scheduler_core.errors import ConfigError
+from scheduler_core.node_labels import OWNED_LABELS
+from scheduler_core.snapshot import read_snapshot
+from scheduler_core.synthetic import eks_cluster
+from tests.conftest import FakeLambdaContext
+from tests.prometheus_server import prometheus_with, requires_prometheus
+
+TOKEN = "refresher-token"
+BUCKET, KEY = "gpu-scheduler-state", "clusters/prod/snapshot.npz"
+URI = f"s3://{BUCKET}/{KEY}"
+DEAD_PROMETHEUS = "http://127.0.0.1:9"
+# Utilisation of the first GPUs of a few nodes, as DCGM reports it (percent).
+UTIL = {("gpu-00000", 0): 40.0, ("gpu-00000", 1): 60.0, ("gpu-00004", 3): 90.0}
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[boto3.session.Session]:
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    with mock_aws():
+        session = boto3.session.Session(region_name="us-east-1")
+        session.client("s3").create_bucket(Bucket=BUCKET)
+        yield session
+
+
+@pytest.fixture
+def cluster() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    return eks_cluster(500, 3000, np.random.default_rng(7))
+
+
+@pytest.fixture
+def api(cluster: Any) -> Iterator[KubeApiDouble]:
+    nodes, pods = cluster
+    with KubeApiDouble(tokens=[TOKEN]) as double:
+        double.load("nodes", nodes)
+        double.load("pods", pods)
+        yield double
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    series = {(("Hostname", node), ("gpu", str(gpu))): value for (node, gpu), value in UTIL.items()}
+    with prometheus_with(series, tmp_path_factory.mktemp("prometheus")) as url:
+        yield url
+
+
+def services(session: Any, api: KubeApiDouble, amp_url: str | None) -> handler.Services:
+    return handler.Services(
+        kube=connect_url(api.url, TOKEN, sleep=lambda _s: None),
+        store=open_store(URI, s3_client=session.client("s3")),
+        catalog=GpuInfoCatalog(session.client("ec2")),
+        prometheus=PrometheusClient(amp_url, timeout_s=3) if amp_url else None,
+    )
+
+
+def run(session: Any, api: KubeApiDouble, amp_url: str | None = None, **settings: Any) -> handler.RunReport:
+    config = NodeStateSettings(cluster_name="prod", snapshot_uri=URI, **settings)
+    return handler.refresh(config, services(session, api, amp_url), time_left=lambda: 900.0)
+
+
+def stored_snapshot(session: Any) -> Any:
+    return read_snapshot(session.client("s3").get_object(Bucket=BUCKET, Key=KEY)["Body"].read())
+
+
+def expected_used_milli(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, int]:
+    """Used milli per node, straight from the pod specs (whole GPUs x 1000 plus shares)."""
+    used = {n["metadata"]["name"]: 0 for n in nodes}
+    for pod in pods:
+        node, phase = pod["spec"].get("nodeName"), pod["status"]["phase"]
+        if not node or phase in ("Succeeded", "Failed"):
+            continue
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        used[node] += 1000 * int(limits.get("nvidia.com/gpu", 0)) + int(limits.get(MILLI_RESOURCE, 0))
+    return used
+
+
+@requires_prometheus
+def test_one_run_labels_nodes_writes_the_snapshot_and_a_second_run_patches_nothing(
+    aws: Any, api: KubeApiDouble, cluster: Any, prometheus: str
+) -> None:
+    nodes, pods = cluster
+    before = {n["metadata"]["name"]: dict(n["metadata"]["labels"]) for n in nodes}
+    report = run(aws, api, prometheus)
+
+    assert report.status == "ok", report.error
+    assert report.nodes_seen == 500
+    assert report.unlabelled == {"no GFD labels; instance type m5.4xlarge has no GPUs": 50}
+    # 225 GFD-only + 200 bare GPU nodes get labels; the 25 with stale labels keep them under "fill".
+    assert report.label_patches_planned == report.nodes_labeled == 425
+    assert report.label_patch_failures == report.label_patches_skipped == 0
+
+    patches = [r for r in api.writes() if r.method == "PATCH"]
+    assert len(patches) == 425 and {r.content_type for r in patches} == {"application/merge-patch+json"}
+    for request in patches:
+        body = json.loads(request.body)
+        assert set(body) == {"metadata"} and set(body["metadata"]) == {"labels"}
+        assert set(body["metadata"]["labels"]) <= set(OWNED_LABELS)
+
+    for node in api.objects("nodes"):
+        name, labels = node["metadata"]["name"], node["metadata"]["labels"]
+        others = {k: v for k, v in labels.items() if k not in OWNED_LABELS}
+        assert others == {k: v for k, v in before[name].items() if k not in OWNED_LABELS}, name
+        if name.startswith("cpu-"):
+            assert not set(OWNED_LABELS) & set(labels)
+        elif "nvidia.com/gpu.product" in labels:  # GFD wins
+            assert labels["gpu.nvidia.com/memory"] == labels["nvidia.com/gpu.memory"]
+            assert labels["gpu.nvidia.com/count"] == labels["nvidia.com/gpu.count"]
+    bare_t4 = next(n for n in api.objects("nodes") if n["metadata"]["labels"].get("node.kubernetes.io/instance-type")
+                   == "g4dn.12xlarge" and "nvidia.com/gpu.product" not in n["metadata"]["labels"])  # fmt: skip
+    assert {k: bare_t4["metadata"]["labels"][k] for k in OWNED_LABELS} == {
+        "gpu.nvidia.com/model": "T4", "gpu.nvidia.com/memory": "16384", "gpu.nvidia.com/count": "4"}  # fmt: skip
+
+    snapshot = stored_snapshot(aws)
+    table = snapshot.table
+    assert table.n_nodes == 500 and snapshot.cluster == "prod"
+    used = (1000 - snapshot.free_milli).clip(min=0)
+    exists = np.arange(snapshot.max_gpus)[None, :] < table.alloc_gpus[:, None]
+    per_node = np.where(exists, used, 0).sum(axis=1)
+    expected = expected_used_milli(nodes, pods)
+    assert {name: int(per_node[row]) for row, name in enumerate(table.names)} == expected
+    row = table.index["gpu-00000"]
+    assert snapshot.gpu_utilization[row, :2].tolist() == pytest.approx([0.4, 0.6])
+    assert np.isnan(snapshot.gpu_utilization[row, 2:]).all()
+    assert snapshot.gpu_utilization[table.index["gpu-00004"], 3] == pytest.approx(0.9)
+    assert snapshot.utilization_at == pytest.approx(time.time(), abs=60)
+    assert report.utilization_source == "amp"
+    # A stale-labelled node is an A100 with "V100" on it: the snapshot already reads what the node says.
+    stale = next(name for name in table.names if before[name].get("gpu.nvidia.com/model") == "V100")
+    assert table.model_name(table.index[stale]) == "V100"
+
+    writes = len(api.writes())
+    again = run(aws, api, prometheus)
+    assert again.label_patches_planned == 0 and len(api.writes()) == writes
+    assert again.status == "ok"
+
+
+def test_enforce_corrects_stale_labels_and_fill_does_not(aws: Any, api: KubeApiDouble) -> None:
+    run(aws, api)
+    assert run(aws, api).label_patches_planned == 0
+    report = run(aws, api, label_policy="enforce")
+    assert report.nodes_labeled == 25
+    stale = [n for n in api.objects("nodes") if n["metadata"]["labels"].get("gpu.nvidia.com/model") == "V100"]
+    assert stale == []
+
+
+def test_dry_run_writes_no_labels_but_the_snapshot(aws: Any, api: KubeApiDouble) -> None:
+    report = run(aws, api, label_dry_run=True)
+    assert report.label_patches_planned == 425 and report.nodes_labeled == 0
+    assert api.writes() == []
+    snapshot = stored_snapshot(aws)
+    # The snapshot already carries what the labels will say.
+    bare = next(name for name in snapshot.table.names if name.startswith("gpu-") and
+                "nvidia.com/gpu.product" not in api.get("nodes", name)["metadata"]["labels"])  # fmt: skip
+    assert snapshot.table.model_name(snapshot.table.index[bare]) is not None
+
+
+@requires_prometheus
+def test_a_failed_metrics_query_keeps_the_last_known_utilisation(aws: Any, api: KubeApiDouble, prometheus: str) -> None:
+    first = run(aws, api, prometheus)
+    measured_at = stored_snapshot(aws).utilization_at
+    report = run(aws, api, DEAD_PROMETHEUS)
+    assert first.utilization_source == "amp"
+    assert report.status == "ok" and report.amp_query_failed
+    assert report.utilization_source == "previous" and report.utilization_age_s is not None
+    snapshot = stored_snapshot(aws)
+    assert snapshot.utilization_at == measured_at
+    assert snapshot.gpu_utilization[snapshot.table.index["gpu-00000"], :2].tolist() == pytest.approx([0.4, 0.6])
+
+
+def test_no_metrics_and_no_previous_snapshot_means_unknown_utilisation(aws: Any, api: KubeApiDouble) -> None:
+    report = run(aws, api, DEAD_PROMETHEUS)
+    assert report.status == "ok" and report.utilization_source == "none"
+    snapshot = stored_snapshot(aws)
+    assert snapshot.utilization_at is None and np.isnan(snapshot.gpu_utilization).all()
+
+
+def test_one_failing_node_does_not_stop_the_others(aws: Any, api: KubeApiDouble) -> None:
+    api.fail_next("PATCH", r"/nodes/gpu-00001$", 500, times=10)
+    api.fail_next("PATCH", r"/nodes/gpu-00002$", 422, times=1)
+    report = run(aws, api)
+    assert report.label_patch_failures == 2 and report.nodes_labeled == 423
+    assert "gpu.nvidia.com/model" not in api.get("nodes", "gpu-00001")["metadata"]["labels"]
+    assert report.api_retries >= 3  # the 500s were retried, the 422 was not
+
+
+def test_the_deadline_skips_label_patches_but_not_the_snapshot(aws: Any, api: KubeApiDouble) -> None:
+    left = [900.0]
+    svc = services(aws, api, None)
+    put = svc.store.put
+
+    def put_then_run_out(data: bytes) -> str:
+        etag = put(data)
+        left[0] = 5.0  # under the 10 s margin: nothing more may start
+        return etag
+
+    svc.store.put = put_then_run_out  # type: ignore[method-assign]
+    config = NodeStateSettings(cluster_name="prod", snapshot_uri=URI)
+    report = handler.refresh(config, svc, time_left=lambda: left[0])
+    assert report.label_patches_skipped == 425 and report.nodes_labeled == 0
+    assert api.writes() == []
+    assert stored_snapshot(aws).table.n_nodes == 500
+
+
+def test_an_unreachable_api_fails_the_run_and_keeps_the_previous_snapshot(aws: Any, api: KubeApiDouble) -> None:
+    run(aws, api)
+    previous = stored_snapshot(aws).generated_at
+    api.fail_next("GET", r"^/api/v1/pods", 503, times=100)
+    report = run(aws, api)
+    assert report.status == "failed" and "503" in report.error
+    assert stored_snapshot(aws).generated_at == previous
+
+
+def test_a_snapshot_write_failure_is_reported(aws: Any, api: KubeApiDouble) -> None:
+    aws.client("s3").delete_bucket(Bucket=BUCKET)
+    report = run(aws, api)
+    assert report.status == "failed" and "NoSuchBucket" in report.error
+    assert report.nodes_labeled == 425  # labels still go out
+
+
+def test_lambda_handler_emits_the_metrics(
+    aws: Any, api: KubeApiDouble, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBE_API_URL", api.url)
+    monkeypatch.setenv("KUBE_TOKEN", TOKEN)
+    monkeypatch.setenv("SNAPSHOT_URI", URI)
+    monkeypatch.setattr(handler, "_SETTINGS", None)
+    monkeypatch.setattr(handler, "_SERVICES", None)
+
+    class Context(FakeLambdaContext):
+        def get_remaining_time_in_millis(self) -> int:
+            return 60_000
+
+    summary = handler.lambda_handler({"source": "aws.events", "detail-type": "Scheduled Event"}, Context())
+    assert summary["status"] == "ok" and summary["nodes_labeled"] == 425
+    emf = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    names = {m["Name"] for doc in emf for d in doc["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]}
+    assert {"NodesSeen", "NodesLabeled", "LabelPatchFailures", "SnapshotBytes", "SnapshotWriteMs", "AmpQueryMs",
+            "RunMs"} <= names  # fmt: skip
+    last = {k: v[0] if isinstance(v, list) else v for k, v in emf[-1].items()}
+    assert last["NodesSeen"] == 500 and last["NodesLabeled"] == 425 and last["RunFailures"] == 0
+
+
+def test_settings_name_every_problem() -> None:
+    with pytest.raises(ConfigError) as caught:
+        NodeStateSettings.from_env({"LABEL_POLICY": "overwrite", "PATCH_CONCURRENCY": "0", "LABEL_DRY_RUN": "maybe"})
+    message = str(caught.value)
+    for variable in ("SNAPSHOT_URI", "CLUSTER_NAME", "LABEL_POLICY", "PATCH_CONCURRENCY", "LABEL_DRY_RUN"):
+        assert variable in message
