@@ -63,6 +63,38 @@ class SchedulingPod(TypedDict, total=False):
     status: PodPhase
 
 
+CostAnnotations = TypedDict("CostAnnotations", {"controller.kubernetes.io/pod-deletion-cost": str}, total=False)
+
+
+class CostPodMetadata(TypedDict, total=False):
+    name: str
+    namespace: str
+    uid: str
+    resourceVersion: str
+    creationTimestamp: str
+    deletionTimestamp: str
+    labels: dict[str, str]
+    annotations: CostAnnotations
+
+
+class PodCondition(TypedDict, total=False):
+    type: str
+    status: str
+
+
+class CostPodStatus(TypedDict, total=False):
+    phase: str
+    startTime: str
+    conditions: list[PodCondition]
+
+
+class CostPod(TypedDict, total=False):
+    """What the deletion-cost refresher reads from a managed pod."""
+
+    metadata: CostPodMetadata
+    status: CostPodStatus
+
+
 _LIST_TYPES: dict[Any, Any] = {}
 
 

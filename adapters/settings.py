@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -57,3 +57,39 @@ def read_env(
             except ValueError:
                 problems.append(f"{names[f.name]}: expected {f.type}, got {raw!r}")
     return values, problems
+
+
+CLUSTER_ACCESS_ENV = {
+    "cluster_name": "CLUSTER_NAME",
+    "kube_api_url": "KUBE_API_URL",
+    "kube_token": "KUBE_TOKEN",
+    "kubeconfig": "KUBECONFIG",
+    "region": "AWS_REGION",
+}
+
+
+@dataclass(frozen=True)
+class ClusterAccess:
+    """Where the Kubernetes API is, for the refreshers (see :func:`adapters.kube.connect`)."""
+
+    cluster_name: str = ""
+    kube_api_url: str = ""
+    kube_token: str = ""
+    kubeconfig: str = ""
+    region: str = ""
+
+    def access_problems(self) -> list[str]:
+        if self.cluster_name or self.kube_api_url or self.kubeconfig:
+            return []
+        return ["CLUSTER_NAME: required, unless KUBE_API_URL or KUBECONFIG says where the API is"]
+
+    def connect(self, session: Any) -> Any:
+        from adapters.kube import connect
+
+        return connect(
+            cluster_name=self.cluster_name,
+            api_url=self.kube_api_url,
+            token=self.kube_token,
+            kubeconfig=self.kubeconfig,
+            session=session,
+        )

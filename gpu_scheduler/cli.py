@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     dc.add_argument("--repeat", type=int, default=100)
     dc.add_argument("--seed", type=int, default=1)
     dc.add_argument("--json", action="store_true", help="JSON output (the default; kept for scripts)")
+    dcr = suites.add_parser("deletion-cost-run", help="one deletion-cost refresher run against the API double")
+    dcr.add_argument("--pods", type=int, default=10_000)
+    dcr.add_argument("--seed", type=int, default=0)
+    dcr.add_argument("--json", action="store_true", help="JSON output (the only format)")
     ns = suites.add_parser("node-state", help="one node-state refresher run against a synthetic cluster")
     ns.add_argument("--nodes", type=int, default=10_000)
     ns.add_argument("--pods", type=int, default=200_000)
@@ -177,6 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bench.deletion_cost import run as run_cost_bench
 
             print(json.dumps(run_cost_bench(args.pods, args.repeat, args.seed), indent=2))
+            return 0
+        if args.command == "bench" and args.suite == "deletion-cost-run":
+            from bench.deletion_cost_run import run as run_cost_refresher_bench
+
+            print(json.dumps(run_cost_refresher_bench(args.pods, args.seed), indent=2))
             return 0
         if args.command == "bench" and args.suite == "node-state":
             from bench.node_state import run as run_node_state_bench

@@ -29,6 +29,7 @@ import copy
 import json
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -743,21 +744,24 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from scheduler_core.synthetic import eks_cluster
+    from scheduler_core.synthetic import eks_cluster, managed_pods
 
     parser = argparse.ArgumentParser(prog="python -m gpu_scheduler.kube_double")
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--managed", type=int, default=0, help="extra pods with deletion-cost=managed, in 'web'")
     parser.add_argument("--token", default="local-token")
     args = parser.parse_args(argv)
     nodes, pods = eks_cluster(args.nodes, args.pods, np.random.default_rng(args.seed))
+    pods += managed_pods(args.managed, time.time())
     api = KubeApiDouble(tokens=[args.token])
     api.load("nodes", nodes)
     api.load("pods", pods)
     del nodes, pods
     url = api.start()
-    print(json.dumps({"url": url, "token": args.token, "nodes": args.nodes, "pods": args.pods}), flush=True)
+    ready = {"url": url, "token": args.token, "nodes": args.nodes, "pods": args.pods, "managed": args.managed}
+    print(json.dumps(ready), flush=True)
     try:
         sys.stdin.read()  # until the parent closes our stdin (or exits)
     finally:

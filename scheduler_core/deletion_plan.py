@@ -147,3 +147,60 @@ def plan_changes(
         changes.append(CostChange(str(metadata.get("namespace", "default")), str(metadata.get("name", "")), old, new))
     changes.sort(key=lambda c: (c.old is not None, -abs(c.new - (c.old or 0))))
     return changes, unchanged
+
+
+def render_queries(config: CostConfig, pods: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, str]]]:
+    """Each distinct PromQL to run, and the (workload index, metric) pairs it answers.
+
+    A query template may use ``{namespace}`` (the workload's namespace) and ``{pod}`` (a regex
+    alternation of the workload's managed pod names, for ``pod=~"{pod}"``). Plain substitution, not
+    ``str.format``: PromQL's own braces stay as they are. Identical queries run once.
+
+    >>> from scheduler_core.deletion_cost import CostPolicy, Workload
+    >>> query = {"active_connections": 'sum by (namespace, pod) (conns{namespace="{namespace}"})'}
+    >>> config = CostConfig((Workload("web", {}, CostPolicy(policy="connections"), query),))
+    >>> render_queries(config, [{"metadata": {"namespace": "web", "name": "a"}}])
+    {'sum by (namespace, pod) (conns{namespace="web"})': [(0, 'active_connections')]}
+    """
+    members: dict[int, list[str]] = {}
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        workload = config.workload_of(str(metadata.get("namespace", "default")), metadata.get("labels") or {})
+        if workload is not None:
+            members.setdefault(config.workloads.index(workload), []).append(str(metadata.get("name", "")))
+    queries: dict[str, list[tuple[int, str]]] = {}
+    for index, names in sorted(members.items()):
+        workload = config.workloads[index]
+        alternation = "|".join(sorted(name.replace(".", "\\\\.") for name in names))
+        for metric, template in sorted(workload.queries.items()):
+            text = template.replace("{namespace}", workload.namespace).replace("{pod}", alternation)
+            queries.setdefault(text, []).append((index, metric))
+    return queries
+
+
+def metrics_by_pod(
+    config: CostConfig,
+    pods: Sequence[Mapping[str, Any]],
+    results: Mapping[str, Sequence[tuple[Mapping[str, str], float]]],
+    queries: Mapping[str, Sequence[tuple[int, str]]],
+) -> dict[str, dict[str, float]]:
+    """``{"namespace/pod": {metric: value}}`` from query results keyed by ``namespace`` and ``pod`` labels.
+
+    A sample counts only for a pod of the workload whose query produced it; a query with no result
+    (it failed) leaves its metric missing for those pods.
+    """
+    workload_of_pod: dict[str, int] = {}
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        workload = config.workload_of(str(metadata.get("namespace", "default")), metadata.get("labels") or {})
+        if workload is not None:
+            workload_of_pod[pod_key(pod)] = config.workloads.index(workload)
+    metrics: dict[str, dict[str, float]] = {}
+    for query, uses in queries.items():
+        for labels, value in results.get(query, ()):
+            key = f"{labels.get('namespace', '')}/{labels.get('pod', '')}"
+            index = workload_of_pod.get(key)
+            for workload_index, metric in uses:
+                if index == workload_index:
+                    metrics.setdefault(key, {})[metric] = value
+    return metrics

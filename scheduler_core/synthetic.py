@@ -352,3 +352,23 @@ def _dress(pod: dict[str, Any], j: int) -> None:
             "startTime": "2026-11-29T19:56:28Z",
             "qosClass": "Burstable",
         }
+
+
+def managed_pods(n_pods: int, now: float, *, namespace: str = "web", app: str = "frontend") -> list[dict[str, Any]]:
+    """Ready, running pods that opt in to deletion costs (``gpu-scheduler.io/deletion-cost=managed``).
+
+    One pod in 50 started 10 s before ``now`` (still warming up); the rest an hour before.
+    """
+    from datetime import UTC, datetime
+
+    def stamp(seconds_ago: float) -> str:
+        return datetime.fromtimestamp(now - seconds_ago, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    pods = []
+    for i in range(n_pods):
+        pod = make_pod(f"{app}-{i:05d}", 0, namespace=namespace, node_name=f"cpu-{i % 500:05d}", phase="Running")
+        _dress(pod, i)
+        pod["metadata"]["labels"] = {"app": app, "gpu-scheduler.io/deletion-cost": "managed"}
+        pod["status"]["startTime"] = stamp(10 if i % 50 == 0 else 3600)
+        pods.append(pod)
+    return pods

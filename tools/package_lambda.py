@@ -1,15 +1,18 @@
-"""Build the extender Lambda bundle and its dependency layer without Docker.
+"""Build the Lambda bundles and their dependency layers without Docker.
 
-``make package`` (or ``python tools/package_lambda.py --arch arm64``) writes:
+``make package`` (or ``python tools/package_lambda.py --arch arm64``) writes, under ``build/lambda/``:
 
-- ``build/lambda/extender.zip``: our code only (``scheduler_core``, ``adapters``, ``lambdas/extender``);
-- ``build/lambda/layer-<arch>.zip``: ``python/`` with numpy, Powertools and the X-Ray SDK, installed
-  for the Lambda platform with ``pip --platform ... --only-binary=:all: --no-compile --target``
-  (DESIGN section 8), versions pinned from ``requirements.lock``.
+- ``extender.zip``, ``node_state.zip``, ``deletion_cost.zip``: our code only (``scheduler_core``,
+  ``adapters`` and that Lambda's package);
+- ``layer-<arch>.zip``: ``python/`` with numpy, Powertools and the X-Ray SDK, for every Lambda;
+- ``layer-kube-<arch>.zip``: ``python/`` with the ``kubernetes`` client and ``msgspec``, for the two
+  refreshers only. The extender never ships it (its hot path must not import ``kubernetes``).
 
-It trims what the runtime already has (boto3, botocore, s3transfer) or never needs (numpy's tests and
-type stubs, ``__pycache__``), refuses a bundle that contains ``kubernetes``, and prints a size report
-as JSON. Lambda's limit is 250 MB unzipped for function plus layers.
+Layers are installed for the Lambda platform with ``pip --platform ... --only-binary=:all:
+--no-compile --target`` (DESIGN section 8), versions pinned from ``requirements.lock``, then trimmed of
+what the runtime already has (boto3, botocore, s3transfer) or never imports (numpy's tests and type
+stubs, ``kubernetes/aio`` and its aiohttp, ``__pycache__``). A size report per function, as JSON,
+is checked against Lambda's 250 MB unzipped limit for function plus layers.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYER_PACKAGES = ("numpy", "aws-lambda-powertools", "jmespath", "typing-extensions", "aws-xray-sdk", "wrapt")
+# kubernetes' own imports at `import kubernetes` (config: yaml, oauthlib; stream: websocket; client:
+# pydantic, urllib3, dateutil), plus msgspec. aiohttp is left out: only kubernetes.aio uses it.
+KUBE_LAYER_PACKAGES = (
+    "kubernetes", "msgspec", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+    "typing-extensions", "python-dateutil", "six", "pyyaml", "websocket-client", "requests",
+    "requests-oauthlib", "oauthlib", "urllib3", "certifi", "idna", "charset-normalizer", "durationpy",
+)  # fmt: skip
 PLATFORMS = {
     "arm64": ("manylinux_2_28_aarch64", "manylinux2014_aarch64"),
     "x86_64": ("manylinux_2_28_x86_64", "manylinux2014_x86_64"),
@@ -41,8 +51,17 @@ TRIM = (
     "**/__pycache__",
     "**/*.pyi",
     "numpy.libs/*.a",
+    "kubernetes/aio",
+    "kubernetes/**/test",
+    "kubernetes/**/tests",
 )
-CODE = ("scheduler_core", "adapters", "lambdas/__init__.py", "lambdas/extender")
+SHARED_CODE = ("scheduler_core", "adapters", "lambdas/__init__.py")
+FUNCTIONS = {
+    # function: (its package, the layers it runs with)
+    "extender": ("lambdas/extender", ("layer",)),
+    "node_state": ("lambdas/node_state", ("layer", "layer-kube")),
+    "deletion_cost": ("lambdas/deletion_cost", ("layer", "layer-kube")),
+}
 LAMBDA_UNZIPPED_LIMIT = 250 * 10**6
 
 
@@ -75,64 +94,72 @@ def zip_tree(source: Path, target: Path) -> None:
                 archive.write(path, path.relative_to(source))
 
 
-def build(out: Path, arch: str, python_version: str) -> dict[str, object]:
-    out.mkdir(parents=True, exist_ok=True)
-    layer_dir, code_dir = out / f"layer-{arch}", out / "extender"
-    for stale in (layer_dir, code_dir):
-        shutil.rmtree(stale, ignore_errors=True)
-    site = layer_dir / "python"
+def install_layer(site: Path, packages: tuple[str, ...], arch: str, python_version: str) -> int:
+    """pip-install ``packages`` for the Lambda platform into ``site``; return the bytes trimmed."""
     platform_flags = [flag for p in PLATFORMS[arch] for flag in ("--platform", p)]
     subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--no-compile",
-            "--implementation",
-            "cp",
-            "--python-version",
-            python_version,
-            *platform_flags,
-            "--target",
-            str(site),
-            *pinned(LAYER_PACKAGES),
+            sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+            "--only-binary=:all:", "--no-compile", "--implementation", "cp", "--python-version", python_version,
+            *platform_flags, "--target", str(site), *pinned(packages),
         ],
         check=True,
-    )
+    )  # fmt: skip
     trimmed = 0
     for pattern in TRIM:
         for path in list(site.glob(pattern)):
+            if not path.exists():
+                continue
             trimmed += tree_bytes(path) if path.is_dir() else path.stat().st_size
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-    for item in CODE:
+    return trimmed
+
+
+def copy_code(target_dir: Path, items: tuple[str, ...]) -> None:
+    for item in items:
         source = ROOT / item
-        target = code_dir / item
+        target = target_dir / item
         if source.is_dir():
             shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
-    for tree in (site, code_dir):
-        if any(tree.glob("kubernetes")) or any(tree.glob("*/kubernetes")):
-            raise SystemExit(f"{tree} contains kubernetes: the extender must not ship or import it")
-    zip_tree(layer_dir, out / f"layer-{arch}.zip")
-    zip_tree(code_dir, out / "extender.zip")
-    packages = sorted(((p.name, tree_bytes(p)) for p in site.iterdir() if p.is_dir()), key=lambda kv: -kv[1])
-    unzipped = tree_bytes(site) + tree_bytes(code_dir)
+
+
+def build(out: Path, arch: str, python_version: str) -> dict[str, object]:
+    out.mkdir(parents=True, exist_ok=True)
+    layers = {"layer": LAYER_PACKAGES, "layer-kube": KUBE_LAYER_PACKAGES}
+    trimmed = 0
+    layer_bytes = {}
+    for name, packages in layers.items():
+        layer_dir = out / f"{name}-{arch}"
+        shutil.rmtree(layer_dir, ignore_errors=True)
+        trimmed += install_layer(layer_dir / "python", packages, arch, python_version)
+        zip_tree(layer_dir, out / f"{name}-{arch}.zip")
+        layer_bytes[name] = tree_bytes(layer_dir)
+    if any((out / f"layer-{arch}" / "python").glob("kubernetes")):
+        raise SystemExit("the base layer contains kubernetes: the extender must not ship or import it")
+    functions = {}
+    for function, (package, function_layers) in FUNCTIONS.items():
+        code_dir = out / function
+        shutil.rmtree(code_dir, ignore_errors=True)
+        copy_code(code_dir, (*SHARED_CODE, package))
+        zip_tree(code_dir, out / f"{function}.zip")
+        functions[function] = {
+            "zip_bytes": (out / f"{function}.zip").stat().st_size,
+            "layers": [f"{name}-{arch}.zip" for name in function_layers],
+            "unzipped_bytes": tree_bytes(code_dir) + sum(layer_bytes[name] for name in function_layers),
+        }
+    base_site = out / f"layer-{arch}" / "python"
+    largest = sorted(((p.name, tree_bytes(p)) for p in base_site.iterdir() if p.is_dir()), key=lambda kv: -kv[1])
     return {
         "arch": arch,
         "python": python_version,
-        "extender_zip_bytes": (out / "extender.zip").stat().st_size,
-        "layer_zip_bytes": (out / f"layer-{arch}.zip").stat().st_size,
-        "unzipped_bytes": unzipped,
+        "functions": functions,
+        "layer_zip_bytes": {name: (out / f"{name}-{arch}.zip").stat().st_size for name in layers},
         "unzipped_limit_bytes": LAMBDA_UNZIPPED_LIMIT,
         "trimmed_bytes": trimmed,
-        "largest_packages": dict(packages[:8]),
+        "largest_packages": dict(largest[:8]),
     }
 
 
@@ -144,8 +171,10 @@ def main() -> int:
     args = parser.parse_args()
     report = build(args.out, args.arch, args.python_version)
     print(json.dumps(report, indent=2))
-    if report["unzipped_bytes"] > LAMBDA_UNZIPPED_LIMIT:  # type: ignore[operator]
-        print(f"unzipped size {report['unzipped_bytes']} exceeds Lambda's 250 MB limit", file=sys.stderr)
+    functions: dict[str, dict[str, int]] = report["functions"]  # type: ignore[assignment]
+    over = {name: f["unzipped_bytes"] for name, f in functions.items() if f["unzipped_bytes"] > LAMBDA_UNZIPPED_LIMIT}
+    if over:
+        print(f"over Lambda's 250 MB unzipped limit: {over}", file=sys.stderr)
         return 1
     return 0
 

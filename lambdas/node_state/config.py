@@ -26,15 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.amp import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, DEFAULT_UTILIZATION_QUERY, DEFAULT_WINDOW
-from adapters.settings import read_env
+from adapters.settings import CLUSTER_ACCESS_ENV, ClusterAccess, read_env
 from scheduler_core.errors import ConfigError
 from scheduler_core.node_labels import LABEL_POLICIES
 
-_ENV = {
-    "cluster_name": "CLUSTER_NAME",
-    "kube_api_url": "KUBE_API_URL",
-    "kube_token": "KUBE_TOKEN",
-    "kubeconfig": "KUBECONFIG",
+_ENV = CLUSTER_ACCESS_ENV | {
     "snapshot_uri": "SNAPSHOT_URI",
     "label_policy": "LABEL_POLICY",
     "label_dry_run": "LABEL_DRY_RUN",
@@ -45,16 +41,11 @@ _ENV = {
     "utilization_gpu_label": "UTILIZATION_GPU_LABEL",
     "utilization_window": "UTILIZATION_WINDOW",
     "deadline_margin_s": "DEADLINE_MARGIN_S",
-    "region": "AWS_REGION",
 }
 
 
 @dataclass(frozen=True)
-class NodeStateSettings:
-    cluster_name: str = ""
-    kube_api_url: str = ""
-    kube_token: str = ""
-    kubeconfig: str = ""
+class NodeStateSettings(ClusterAccess):
     snapshot_uri: str = ""
     label_policy: str = "fill"
     label_dry_run: bool = False
@@ -65,7 +56,6 @@ class NodeStateSettings:
     utilization_gpu_label: str = DEFAULT_GPU_LABEL
     utilization_window: str = DEFAULT_WINDOW
     deadline_margin_s: float = 10.0
-    region: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> NodeStateSettings:
@@ -87,11 +77,9 @@ class NodeStateSettings:
         return settings
 
     def problems(self) -> list[str]:
-        found = []
+        found = self.access_problems()
         if not self.snapshot_uri:
             found.append("SNAPSHOT_URI: required (s3://bucket/key, file:///path or a path)")
-        if not (self.cluster_name or self.kube_api_url or self.kubeconfig):
-            found.append("CLUSTER_NAME: required, unless KUBE_API_URL or KUBECONFIG says where the API is")
         if self.label_policy not in LABEL_POLICIES:
             found.append(f"LABEL_POLICY: expected one of {', '.join(LABEL_POLICIES)}, got {self.label_policy!r}")
         if self.patch_concurrency < 1 or self.patch_concurrency > 64:

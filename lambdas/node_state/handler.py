@@ -39,7 +39,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from adapters.amp import PrometheusClient, PrometheusQueryError, utilization_by_node, utilization_query
 from adapters.ec2_gpu import GpuInfoCatalog
-from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient, connect
+from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import SchedulingPod
 from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
 from lambdas.node_state.config import NodeStateSettings
@@ -281,13 +281,7 @@ def _services(settings: NodeStateSettings) -> Services:
         import boto3
 
         session = boto3.session.Session(region_name=settings.region or None)
-        kube = connect(
-            cluster_name=settings.cluster_name,
-            api_url=settings.kube_api_url,
-            token=settings.kube_token,
-            kubeconfig=settings.kubeconfig,
-            session=session,
-        )
+        kube = settings.connect(session)
         prometheus = (
             PrometheusClient(
                 settings.amp_query_url, region=session.region_name or "", credentials=session.get_credentials()

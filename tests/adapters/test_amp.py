@@ -33,7 +33,7 @@ SERIES = {
 
 @requires_prometheus
 def test_utilisation_read_back_from_a_real_prometheus(tmp_path: Path) -> None:
-    with prometheus_with(SERIES, tmp_path) as url:
+    with prometheus_with({"DCGM_FI_DEV_GPU_UTIL": SERIES}, tmp_path) as url:
         samples = PrometheusClient(url).query(utilization_query())
     by_node, problems = utilization_by_node(samples)
     assert problems == []
@@ -43,7 +43,7 @@ def test_utilisation_read_back_from_a_real_prometheus(tmp_path: Path) -> None:
 
 @requires_prometheus
 def test_prometheus_errors_name_the_problem(tmp_path: Path) -> None:
-    with prometheus_with(SERIES, tmp_path) as url:
+    with prometheus_with({"DCGM_FI_DEV_GPU_UTIL": SERIES}, tmp_path) as url:
         client = PrometheusClient(url)
         with pytest.raises(PrometheusQueryError, match="HTTP 400"):
             client.query("avg by (")  # a PromQL syntax error

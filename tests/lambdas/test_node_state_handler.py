@@ -63,7 +63,7 @@ def api(cluster: Any) -> Iterator[KubeApiDouble]:
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     series = {(("Hostname", node), ("gpu", str(gpu))): value for (node, gpu), value in UTIL.items()}
-    with prometheus_with(series, tmp_path_factory.mktemp("prometheus")) as url:
+    with prometheus_with({"DCGM_FI_DEV_GPU_UTIL": series}, tmp_path_factory.mktemp("prometheus")) as url:
         yield url
 
 

@@ -1,11 +1,13 @@
-"""``make package``: the bundle and layer are complete, small enough, and free of kubernetes."""
+"""``make package``: bundles and layers are complete, small enough, and each Lambda runs from them alone."""
 
 import json
 import subprocess
 import sys
 import time
 import zipfile
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from scheduler_core.snapshot import build_snapshot, write_snapshot
@@ -25,7 +27,9 @@ def local_bundle(tmp_path_factory):
 
 def test_bundle_is_under_the_lambda_limit_and_has_no_kubernetes(local_bundle):
     out, report = local_bundle
-    assert report["unzipped_bytes"] < LAMBDA_UNZIPPED_LIMIT
+    assert set(report["functions"]) == {"extender", "node_state", "deletion_cost"}
+    assert all(f["unzipped_bytes"] < LAMBDA_UNZIPPED_LIMIT for f in report["functions"].values())
+    assert report["functions"]["extender"]["layers"] == ["layer-x86_64.zip"]
     for name in ("extender.zip", "layer-x86_64.zip"):
         with zipfile.ZipFile(out / name) as archive:
             names = archive.namelist()
@@ -82,3 +86,67 @@ def test_bundle_plus_layer_serve_a_request_with_nothing_else_installed(local_bun
     assert json.loads(result["body"])["NodeNames"] == ["a100-0"]
     modules = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("MODULES"))[7:])
     assert "kubernetes" not in modules and "boto3" not in modules
+
+
+def test_the_node_state_refresher_runs_from_its_bundle_and_layers(local_bundle, tmp_path, monkeypatch):
+    """Code + both layers + what the Lambda runtime provides (boto3), against the API double and moto's server."""
+    from moto.server import ThreadedMotoServer
+
+    from gpu_scheduler.kube_double import KubeApiDouble
+    from scheduler_core.synthetic import eks_cluster
+
+    out, _ = local_bundle
+    root = tmp_path / "task"
+    for name in ("node_state.zip", "layer-x86_64.zip", "layer-kube-x86_64.zip"):
+        with zipfile.ZipFile(out / name) as archive:
+            archive.extractall(root)
+    runtime = tmp_path / "runtime"  # the Lambda runtime's own boto3, as /var/runtime has it
+    runtime.mkdir()
+    import boto3
+    import botocore
+    import jmespath
+    import s3transfer
+
+    for module in (boto3, botocore, jmespath, s3transfer):
+        (runtime / module.__name__).symlink_to(Path(module.__file__).parent)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+               "AWS_ENDPOINT_URL": endpoint}  # fmt: skip
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="snapshots")
+        nodes, pods = eks_cluster(40, 200, np.random.default_rng(1))
+        with KubeApiDouble(tokens=["t"]) as api:
+            api.load("nodes", nodes)
+            api.load("pods", pods)
+            code = (
+                "import json, sys\n"
+                "from lambdas.node_state.handler import lambda_handler\n"
+                "class C:\n"
+                "    function_name='f'; memory_limit_in_mb=1024; invoked_function_arn='arn'; aws_request_id='r'\n"
+                "    def get_remaining_time_in_millis(self): return 60000\n"
+                "print('RESULT' + json.dumps(lambda_handler({}, C())))\n"
+                "import kubernetes, msgspec\n"
+                "print('FROM' + json.dumps([kubernetes.__file__, msgspec.__file__]))\n"
+            )
+            proc = subprocess.run(
+                [sys.executable, "-S", "-c", code],
+                capture_output=True,
+                text=True,
+                env={**env, "PYTHONPATH": f"{root}:{root / 'python'}:{runtime}", "PATH": "/usr/bin:/bin",
+                     "KUBE_API_URL": api.url, "KUBE_TOKEN": "t", "SNAPSHOT_URI": "s3://snapshots/cluster.npz"},
+                timeout=300,
+            )  # fmt: skip
+            labelled = sum("gpu.nvidia.com/model" in n["metadata"]["labels"] for n in api.objects("nodes"))
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    result = json.loads(next(line for line in lines if line.startswith("RESULT"))[6:])
+    assert result["status"] == "ok" and result["nodes_seen"] == 40 and result["nodes_labeled"] == 34
+    assert labelled == 36  # 34 labelled now, plus the 2 that carried stale labels already
+    assert all(path.startswith(str(root)) for path in json.loads(next(x for x in lines if x.startswith("FROM"))[4:]))

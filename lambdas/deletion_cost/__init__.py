@@ -1,0 +1,1 @@
+"""Deletion-cost refresher Lambda."""
