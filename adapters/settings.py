@@ -10,7 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
+
+from scheduler_core.errors import ConfigError
+
+T = TypeVar("T")
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -57,6 +61,21 @@ def read_env(
             except ValueError:
                 problems.append(f"{names[f.name]}: expected {f.type}, got {raw!r}")
     return values, problems
+
+
+def load_settings(
+    cls: type[T], names: Mapping[str, str], environ: Mapping[str, str] | None, overrides: Mapping[str, Any]
+) -> T:
+    """Build ``cls`` from the environment, or raise :class:`ConfigError` naming every bad variable.
+
+    ``cls`` has a ``problems()`` method for the checks that span fields.
+    """
+    values, problems = read_env(cls, names, environ, overrides)
+    settings = cls(**values)
+    problems += settings.problems()  # type: ignore[attr-defined]
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return settings
 
 
 CLUSTER_ACCESS_ENV = {

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from scheduler_core.allocation import gpu_usage
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.gpu_fit import free_gpus
 from scheduler_core.locality import DEFAULT_LABEL_KEYS, AppIndex, index_apps
 from scheduler_core.nodes import NodeTable
-from scheduler_core.pods import gpus_in_use
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,7 +65,9 @@ class ClusterState:
         [5]
         """
         table = NodeTable.from_nodes(nodes)
-        used, problems = gpus_in_use(table, pods)
+        max_gpus = max(1, int(table.alloc_gpus.max())) if table.n_nodes else 1
+        usage = gpu_usage(table, pods, max_gpus)
+        used, problems = usage.busy_gpus(table.alloc_gpus), list(usage.problems)
         apps = index_apps(table, pods, label_keys)
         util = np.zeros(table.n_nodes, dtype=np.float64)
         for name, value in (utilization or {}).items():

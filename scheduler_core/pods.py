@@ -8,18 +8,17 @@ resource the request defaults to the limit, so a limit with no request counts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, TypeGuard
 
 import numpy as np
-import numpy.typing as npt
 
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.gpu_models import normalize_model
 from scheduler_core.locality import PEERS_ANNOTATION, Peer, parse_peers
-from scheduler_core.nodes import GPU_RESOURCE, LABEL_MEMORY, LABEL_MODEL, NodeTable
+from scheduler_core.nodes import GPU_RESOURCE, LABEL_MEMORY, LABEL_MODEL
 from scheduler_core.quantity import MIB, parse_quantity, parse_whole_count
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -135,36 +134,6 @@ def effective_requests(spec: Mapping[str, Any], resources: tuple[str, ...]) -> l
         if total > _INT32_MAX:
             raise InvalidPodError(f"{resource}: request of {total} is out of range")
     return totals
-
-
-def gpus_in_use(table: NodeTable, pods: Iterable[Any]) -> tuple[npt.NDArray[np.int32], list[str]]:
-    """GPUs requested by non-terminal pods bound to each node of ``table``.
-
-    Returns
-    -------
-    used : ndarray of shape (n_nodes,), int32
-    problems : list of str
-        Pods that could not be counted (not an object, or an invalid GPU quantity), one line each.
-        Pods bound to nodes outside ``table`` are ignored silently.
-    """
-    used = np.zeros(table.n_nodes, dtype=np.int64)
-    problems: list[str] = []
-    index = table.index
-    for position, pod in enumerate(pods):
-        if not isinstance(pod, Mapping):
-            problems.append(f"pods[{position}]: expected a v1 Pod object, got {type(pod).__name__}")
-            continue
-        row = bound_row(pod, index)
-        if row is None:
-            continue
-        try:
-            used[row] += effective_gpu_request(pod["spec"])
-        except InvalidPodError as exc:
-            metadata = pod.get("metadata")
-            name = metadata.get("name") if isinstance(metadata, Mapping) else None
-            problems.append(f"pod {name or f'pods[{position}]'} on {pod['spec']['nodeName']}: {exc}")
-    # Clamp to int32: more than 2**31 GPUs in use on a node is impossible; keep the dtype narrow.
-    return np.minimum(used, _INT32_MAX).astype(np.int32), problems
 
 
 def _string_map(value: object) -> dict[str, str]:

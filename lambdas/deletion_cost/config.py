@@ -23,8 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.settings import CLUSTER_ACCESS_ENV, ClusterAccess, read_env
-from scheduler_core.errors import ConfigError
+from adapters.settings import CLUSTER_ACCESS_ENV, ClusterAccess, load_settings
 
 MANAGED_SELECTOR = "gpu-scheduler.io/deletion-cost=managed"
 
@@ -60,12 +59,7 @@ class DeletionCostSettings(ClusterAccess):
         >>> DeletionCostSettings.from_env({"CLUSTER_NAME": "prod", "PASSES": "1"}).passes
         1
         """
-        values, problems = read_env(cls, _ENV, environ, overrides)
-        settings = cls(**values)
-        problems += settings.problems()
-        if problems:
-            raise ConfigError("; ".join(problems))
-        return settings
+        return load_settings(cls, _ENV, environ, overrides)
 
     def problems(self) -> list[str]:
         found = self.access_problems()

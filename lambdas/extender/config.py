@@ -24,8 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.settings import read_env
-from scheduler_core.errors import ConfigError
+from adapters.settings import load_settings
 from scheduler_core.extender import ExtenderConfig
 from scheduler_core.gpu_fit import ScoreWeights
 from scheduler_core.locality import DEFAULT_LABEL_KEYS, LocalitySettings
@@ -78,12 +77,7 @@ class ExtenderSettings:
         >>> ExtenderSettings.from_env({"SNAPSHOT_URI": "s3://b/k"}, max_snapshot_age_s=60).max_snapshot_age_s
         60
         """
-        values, problems = read_env(cls, _ENV, environ, overrides)
-        settings = cls(**values)
-        problems += settings.problems()
-        if problems:
-            raise ConfigError("; ".join(problems))
-        return settings
+        return load_settings(cls, _ENV, environ, overrides)
 
     def problems(self) -> list[str]:
         """Every invalid setting, named by its environment variable."""

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.amp import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, DEFAULT_UTILIZATION_QUERY, DEFAULT_WINDOW
-from adapters.settings import CLUSTER_ACCESS_ENV, ClusterAccess, read_env
-from scheduler_core.errors import ConfigError
+from adapters.settings import CLUSTER_ACCESS_ENV, ClusterAccess, load_settings
 from scheduler_core.node_labels import LABEL_POLICIES
 
 _ENV = CLUSTER_ACCESS_ENV | {
@@ -69,12 +68,7 @@ class NodeStateSettings(ClusterAccess):
         >>> NodeStateSettings.from_env({"CLUSTER_NAME": "prod", "SNAPSHOT_URI": "s3://b/k"}).label_policy
         'fill'
         """
-        values, problems = read_env(cls, _ENV, environ, overrides)
-        settings = cls(**values)
-        problems += settings.problems()
-        if problems:
-            raise ConfigError("; ".join(problems))
-        return settings
+        return load_settings(cls, _ENV, environ, overrides)
 
     def problems(self) -> list[str]:
         found = self.access_problems()

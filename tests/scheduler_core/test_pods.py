@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
 
+from scheduler_core.allocation import gpu_usage
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.nodes import NodeTable
-from scheduler_core.pods import effective_gpu_request, gpus_in_use, pod_demand
+from scheduler_core.pods import effective_gpu_request, pod_demand
 from tests.conftest import make_nodes, make_pod
 
 
@@ -126,17 +127,18 @@ def test_pods_using_gpus_are_counted_per_node_and_terminal_ones_are_not():
         make_pod("elsewhere", 1, node_name="not-in-table", phase="Running"),
         make_pod("t", 1, node_name="t4-1", phase="Running"),
     ]
-    used, problems = gpus_in_use(table, pods)
-    assert used.tolist() == [5, 1]
-    assert used.dtype == np.int32
-    assert problems == []
+    usage = gpu_usage(table, pods, 8)
+    assert usage.whole_gpus.tolist() == [5, 1]
+    assert usage.whole_gpus.dtype == np.int32
+    assert usage.problems == ()
 
 
 def test_invalid_bound_pod_is_reported_not_raised():
     table = NodeTable.from_nodes(make_nodes("A100"))
     bad = make_pod("bad", 1, node_name="a100-0", phase="Running")
     bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "x"
-    used, problems = gpus_in_use(table, [bad, "junk", make_pod("ok", 2, node_name="a100-0", phase="Running")])
+    usage = gpu_usage(table, [bad, "junk", make_pod("ok", 2, node_name="a100-0", phase="Running")], 8)
+    used, problems = usage.whole_gpus, usage.problems
     assert used.tolist() == [2]
     assert len(problems) == 2
     assert "bad on a100-0" in problems[0]
