@@ -108,6 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
 
+    gsim = commands.add_parser("simulate", help="GPU-sharing placement on a trace, by the FGD paper's protocol")
+    gsim.add_argument("--nodes", type=Path, required=True, help="node list CSV (openb format)")
+    gsim.add_argument("--pods", type=Path, required=True, help="pod list CSV (openb format)")
+    gsim.add_argument("--policy", default="fgd", help="random, dotprod, gpu_clustering, gpu_packing, bestfit or fgd")
+    gsim.add_argument("--seeds", default="42-51", help="a range (42-51) or a list (42,43)")
+    gsim.add_argument("--tune", type=float, default=1.3, help="inflate the trace to this multiple of GPU capacity")
+    gsim.add_argument("--tie", choices=("first", "random"), default="first", help="how equal top scores are broken")
+    gsim.add_argument("--jobs", type=int, default=1, help="seeds run in parallel")
+    gsim.add_argument("--json", type=Path, help="write the results here")
+
     sim = commands.add_parser("simulate-locality", help="cross-zone traffic on a synthetic microservice graph")
     sim.add_argument("--services", type=int, default=30)
     sim.add_argument("--zones", type=int, default=3)
@@ -175,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(n_nodes=args.nodes, n_pods=args.pods, seed=args.seed, mode=args.mode, as_json=args.json)
         if args.command == "deletion-costs":
             return _deletion_costs(args)
+        if args.command == "simulate":
+            return _simulate(args)
         if args.command == "simulate-locality":
             return _simulate_locality(args)
         if args.command == "bench" and args.suite == "deletion-cost":
@@ -263,6 +275,30 @@ def _deletion_costs(args: argparse.Namespace) -> int:
         print(f"{key:<{width}}  {'-' if old is None else old:>8}  {'keep' if new is None else new:>6}")
     if order:
         print(f"a scale-down by {args.scale_down} removes: {', '.join(order)}")
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from gpu_scheduler.simulate_cmd import parse_seeds, run, write_json
+    from scheduler_core.policies import registry
+
+    if args.policy not in registry():
+        raise UsageError(f"--policy: expected one of {', '.join(sorted(registry()))}, got {args.policy!r}")
+    result = run(args.nodes, args.pods, args.policy, parse_seeds(args.seeds), args.tune, args.tie, args.jobs)
+    if args.json:
+        write_json(result, args.json)
+    unalloc = result["unallocated_gpu_pct"]
+    print(f"{args.policy} on {args.pods.name}, seeds {args.seeds}, tune {args.tune}, ties {args.tie}")
+    print(f"{'seed':>6} {'unalloc@100':>12} {'unalloc@130':>12} {'frag@80':>8} {'frag@90':>8} {'failed':>7}")
+    frag = result["frag_ratio_pct"]
+    for i, seed in enumerate(result["seeds"]):
+        print(
+            f"{seed:>6} {unalloc['100']['per_seed'][i]:>12.2f} {unalloc['130']['per_seed'][i]:>12.2f} "
+            f"{frag['80']['per_seed'][i]:>8.2f} {frag['90']['per_seed'][i]:>8.2f} "
+            f"{result['pods_failed']['per_seed'][i]:>7.0f}"
+        )
+    print(f"{'mean':>6} {unalloc['100']['mean']:>12.2f} {unalloc['130']['mean']:>12.2f}")
+    print(f"{'median':>6} {unalloc['100']['median']:>12.2f} {unalloc['130']['median']:>12.2f}")
     return 0
 
 

@@ -1,0 +1,35 @@
+"""GpuPacking: fill GPUs that are already shared, then partly used nodes, then idle ones.
+
+(a) the task fits on already-shared GPUs: 100 - (sum of the chosen GPUs' free %) // 10, at least 50;
+(b) it needs fully free GPUs on a partly used node: 50 - the number of fully free GPUs it takes, at
+least 33; (c) the node is idle: 33 - the number of GPUs it takes, at least 0. CPU-only tasks score 0.
+Sharing tasks take the tightest GPU that fits (a shared one when one fits).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.policies import Context, Scores, no_gpu, tightest
+from scheduler_core.sharing import MILLI, Task
+
+
+def score(ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
+    if task.num_gpu == 0:
+        return np.zeros(nodes.shape[0], dtype=np.int64), no_gpu(nodes)
+    cluster = ctx.cluster
+    left = cluster.gpu_left[nodes]
+    capacity = cluster.gpu_count[nodes] * MILLI
+    idle = left.sum(axis=1) == capacity
+    scores: npt.NDArray[np.int64] = np.where(idle, max(33 - task.num_gpu, 0), max(50 - task.num_gpu, 33)).astype(
+        np.int64
+    )
+    if not task.sharing:
+        return scores, no_gpu(nodes)
+    gpu = tightest(left, task.gpu_milli)
+    chosen_left = left[np.arange(nodes.shape[0]), gpu]
+    shared = chosen_left < MILLI
+    free_pct = chosen_left * 100 // MILLI
+    scores = np.where(shared, np.maximum(100 - free_pct // 10, 50), scores).astype(np.int64)
+    return scores, gpu

@@ -1,0 +1,214 @@
+"""Fractional GPU model, fragmentation, the six published policies and the simulator protocol."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from scheduler_core.policies import Context, registry
+from scheduler_core.policies.fgd import deltas
+from scheduler_core.sharing import Cluster, Task, Workload, whole_gpus
+from scheduler_core.simulate import simulate, tune_order
+from scheduler_core.traces import synthetic_trace
+from tests.conftest import SHARED
+
+OPENB = SHARED / "data" / "openb"
+
+
+def two_nodes() -> Cluster:
+    """Node 0: 8 free GPUs. Node 1: 8 GPUs, GPU 0 has 500 left, GPU 1 has 200 left."""
+    cluster = Cluster.build([96_000, 96_000], [786_432, 786_432], [8, 8], ["G2", "G2"])
+    cluster.gpu_left[1, :2] = [500, 200]
+    return cluster
+
+
+def workload(*shapes: tuple[int, int, int, float]) -> Workload:
+    """Shapes (cpu, gpu_milli, num_gpu, popularity), any model."""
+    return Workload(
+        cpu=np.array([s[0] for s in shapes]),
+        gpu_milli=np.array([s[1] for s in shapes]),
+        num_gpu=np.array([s[2] for s in shapes]),
+        popularity=np.array([s[3] for s in shapes]),
+        allowed=np.ones((1, len(shapes)), dtype=bool),
+    )
+
+
+def context(cluster: Cluster, work: Workload, seed: int = 0) -> Context:
+    frag = work.fragmentation(cluster.gpu_left, cluster.cpu_left, cluster.model_id)
+    return Context(cluster, work, frag, np.random.default_rng(seed), [set() for _ in range(cluster.n_nodes)])
+
+
+def test_fragmentation_follows_the_four_rules() -> None:
+    cluster = two_nodes()
+    # A 300-milli shape: on node 1 only the 200 left is too small for it.
+    assert workload((1000, 300, 1, 1.0)).fragmentation(
+        cluster.gpu_left, cluster.cpu_left, cluster.model_id
+    ).tolist() == [0, 200]
+    # CPU-only: all free GPU counts.
+    assert workload((1000, 0, 0, 1.0)).fragmentation(cluster.gpu_left, cluster.cpu_left, cluster.model_id).tolist() == [
+        8000,
+        6700,
+    ]
+    # CPU too short: all free GPU counts.
+    short = cluster.copy()
+    short.cpu_left[:] = 500
+    assert workload((1000, 300, 1, 1.0)).fragmentation(short.gpu_left, short.cpu_left, short.model_id).tolist() == [
+        8000,
+        6700,
+    ]
+    # A model the shape does not allow: all free.
+    disallowed = Workload(np.array([0]), np.array([300]), np.array([1]), np.array([1.0]), np.array([[False]]))
+    assert disallowed.fragmentation(cluster.gpu_left, cluster.cpu_left, cluster.model_id).tolist() == [8000, 6700]
+    # Popularity weights the shapes.
+    mixed = workload((1000, 300, 1, 0.5), (1000, 0, 0, 0.5))
+    assert mixed.fragmentation(cluster.gpu_left, cluster.cpu_left, cluster.model_id).tolist() == [4000, 3450]
+
+
+def test_typical_workload_keeps_shapes_to_95_percent_with_descending_ties() -> None:
+    tasks = [Task(1000, 1, 1, 500)] * 50 + [Task(2000, 1, 0, 0)] * 45 + [Task(3000, 1, 1, 1000)] * 3 + [
+        Task(4000, 1, 1, 1000)] * 3  # fmt: skip
+    work = Workload.typical(tasks, ["G2"])
+    # 50 + 45 = 95 of 101 is under 95 %: one more shape, and of the two with 3 the larger cpu wins the tie.
+    assert work.cpu.tolist() == [1000, 2000, 4000]
+    assert work.popularity.tolist() == pytest.approx([50 / 98, 45 / 98, 3 / 98])
+
+
+def test_fgd_scores_and_gpu_choice_by_hand() -> None:
+    cluster = two_nodes()
+    ctx = context(cluster, workload((1000, 600, 1, 0.6), (1000, 0, 0, 0.4)))
+    # Before: node 0 has no fragment for the 600 shape, node 1 has 500 + 200; CPU-only counts all free.
+    assert ctx.frag.tolist() == pytest.approx([0.4 * 8000, 0.6 * 700 + 0.4 * 6700])
+    scores, gpus = registry()["fgd"](ctx, Task(1000, 1, 1, 500), np.arange(2))
+    # Node 0: a 500 fragment appears (0.6 x 500) and free drops by 500 (0.4 x 500): d = -100.
+    # Node 1, GPU 0 (500 -> 0): the 500 fragment is used up, free drops: d = 0.6 x 500 + 0.4 x 500 = 500.
+    sigmoid = [math.floor(100 / (1 + math.exp(-d / 1000))) for d in (-100, 500)]
+    assert scores.tolist() == sigmoid == [47, 62]
+    assert gpus.tolist() == [0, 0]
+
+
+def test_fgd_deltas_equal_a_loop_reference() -> None:
+    rng = np.random.default_rng(5)
+    cluster, tasks = synthetic_trace(60, 400, rng)
+    work = Workload.typical(tasks, cluster.models)
+    for task in tasks[:250]:  # fill the cluster partly, at random
+        nodes = np.nonzero(cluster.feasible(task))[0]
+        if nodes.size:
+            node = int(rng.choice(nodes))
+            gpus = [int(rng.choice(np.nonzero(cluster.gpu_left[node] >= task.gpu_milli)[0]))] if task.sharing else (
+                whole_gpus(cluster.gpu_left[node], task))  # fmt: skip
+            cluster.place(node, task, gpus)
+    ctx = context(cluster, work)
+    for task in (Task(2000, 1, 1, 300), Task(4000, 1, 1, 1000), Task(8000, 1, 0, 0), Task(16000, 1, 2, 1000)):
+        nodes = np.nonzero(cluster.feasible(task))[0]
+        d, option_gpu, rows = deltas(ctx, task, nodes)
+        for k in range(rows.shape[0]):
+            node = int(nodes[rows[k]])
+            left = cluster.gpu_left[node].copy()
+            for gpu in [int(option_gpu[k])] if task.sharing else whole_gpus(left, task):
+                left[gpu] -= task.gpu_milli
+            after = work.fragmentation(
+                left[None], np.array([cluster.cpu_left[node] - task.cpu]), cluster.model_id[[node]]
+            )
+            assert d[k] == pytest.approx(ctx.frag[node] - after[0]), (task, node)
+
+
+def test_baseline_scores_on_hand_built_nodes() -> None:
+    cluster = two_nodes()
+    ctx = context(cluster, workload((1000, 300, 1, 1.0)))
+    nodes = np.arange(2)
+    policies = registry()
+    share = Task(12_800, 1, 1, 150)
+    # DotProd: floor(100 x (1 - dot / 2)), dot = cpu part + gpu part.
+    dot = [(96_000 / 128_000) * (12_800 / 128_000) + (free / 8000) * (150 / 8000) for free in (8000, 6700)]
+    scores, gpus = policies["dotprod"](ctx, share, nodes)
+    assert scores.tolist() == [math.floor(100 * (1 - x / 2)) for x in dot]
+    assert gpus.tolist() == [0, 1]  # the tightest GPU that fits: node 1's 200
+    # GpuPacking: node 1's shared GPU (a); node 0 is idle (c).
+    scores, gpus = policies["gpu_packing"](ctx, share, nodes)
+    assert scores.tolist() == [32, max(100 - (200 * 100 // 1000) // 10, 50)]
+    # BestFit: min-max normalised, so the tighter node scores 100 and the other 0.
+    scores, _ = policies["bestfit"](ctx, share, nodes)
+    assert scores.tolist() == [0, 100]
+    # GpuClustering: node 1 hosts only sharing tasks, node 0 nothing yet.
+    ctx.classes[1].add("share")
+    scores, _ = policies["gpu_clustering"](ctx, share, nodes)
+    assert scores.tolist() == [25 + 25 * 0 // 8000, 75 + 25 * (8000 - 6700) // 8000]
+    scores, _ = policies["gpu_clustering"](ctx, Task(1000, 1, 1, 1000), nodes)
+    assert scores.tolist() == [25, 0 + 25 * 1300 // 8000]
+    # Random: a random ranking of the nodes, and a fitting GPU.
+    scores, gpus = policies["random"](ctx, share, nodes)
+    assert sorted(scores.tolist()) == [0, 1]
+    assert all(cluster.gpu_left[n, g] >= 150 for n, g in enumerate(gpus.tolist()))
+
+
+def test_tune_appends_copies_up_to_the_limit() -> None:
+    tasks = [Task(1000, 1, 1, 1000), Task(1000, 1, 0, 0), Task(1000, 1, 1, 500)]
+    order = tune_order(tasks, total_gpus=4, tune=1.3, rng=np.random.default_rng(1))
+    assert sorted(order[:3]) == [0, 1, 2]
+    requested = sum(tasks[i].gpu_demand for i in order)
+    assert requested <= 1.3 * 4 * 1000 < requested + 1000
+
+
+@pytest.mark.parametrize("tie", ["first", "random"])
+@pytest.mark.parametrize("policy", sorted(registry()))
+def test_simulation_is_deterministic_per_seed_and_never_overcommits(policy: str, tie: str) -> None:
+    cluster, tasks = synthetic_trace(40, 300, np.random.default_rng(2))
+    a = simulate(cluster, tasks, policy, 7, tie=tie)
+    b = simulate(cluster, tasks, policy, 7, tie=tie)
+    assert np.array_equal(a.unallocated_pct, b.unallocated_pct, equal_nan=True) and a.failed == b.failed
+    assert np.nanmin(a.unallocated_pct) >= 0 and np.nanmax(a.unallocated_pct) <= 100
+    assert a.failed > 0  # 130 % of capacity cannot all fit
+    assert cluster.gpu_left.max() == 1000  # the input cluster is not modified
+
+
+def test_fgd_beats_random_on_a_synthetic_trace() -> None:
+    cluster, tasks = synthetic_trace(60, 500, np.random.default_rng(4))
+    fgd = np.mean([simulate(cluster, tasks, "fgd", s).at("unallocated_pct", 100) for s in (1, 2, 3)])
+    rnd = np.mean([simulate(cluster, tasks, "random", s).at("unallocated_pct", 100) for s in (1, 2, 3)])
+    assert fgd < rnd
+
+
+@pytest.mark.skipif(not OPENB.is_dir(), reason=f"{OPENB} is absent")
+def test_openb_trace_reads_as_the_notes_describe() -> None:
+    from scheduler_core.traces import read_nodes, read_tasks
+
+    cluster = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
+    tasks = read_tasks(OPENB / "openb_pod_list_default.csv")
+    assert (cluster.n_nodes, cluster.total_gpus, len(tasks)) == (1213, 6212, 8152)
+    work = Workload.typical(tasks, cluster.models)
+    assert work.n_shapes == 35
+    # Initial fragmentation of the empty cluster, against the authors' released curve (13.9-14.0 %).
+    frag = work.fragmentation(cluster.gpu_left, cluster.cpu_left, cluster.model_id)
+    assert 100 * frag.sum() / (6212 * 1000) == pytest.approx(13.94, abs=0.05)
+
+
+RELEASED = OPENB / "published_results" / "fgd_unalloc_gpu_summary_derived.csv"
+
+
+@pytest.mark.skipif(not RELEASED.is_file(), reason=f"{RELEASED} is absent")
+@pytest.mark.parametrize(
+    ("policy", "released_name"),
+    [("random", "01-Random"), ("dotprod", "02-DotProd"), ("bestfit", "05-BestFit"), ("fgd", "06-FGD")],
+)
+def test_fidelity_to_the_released_numbers_on_one_seed(policy: str, released_name: str) -> None:
+    """Seed 42 of `default` against the authors' 10-seed mean of unallocated GPU % at 100 % arrived.
+
+    One seed spreads by about 0.3 points around the mean (README), so the bound here is 0.6; the
+    10-seed means in the README are within 0.2. GpuPacking and GpuClustering do not match yet.
+    """
+    import csv
+
+    from scheduler_core.traces import read_nodes, read_tasks
+
+    with RELEASED.open() as handle:
+        released = next(
+            float(row["unalloc_gpu_pct_mean"]) for row in csv.DictReader(handle)
+            if row["workload"] == "openb_pod_list_default" and row["sc_policy"] == released_name
+            and row["arrived_pct"] == "100"
+        )  # fmt: skip
+    cluster = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
+    tasks = read_tasks(OPENB / "openb_pod_list_default.csv")
+    result = simulate(cluster, tasks, policy, 42)
+    assert abs(result.at("unallocated_pct", 100) - released) <= 0.6, (result.at("unallocated_pct", 100), released)
