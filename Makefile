@@ -7,7 +7,7 @@ RUNTIME := $(VENV)/.installed-runtime
 STAMP  := $(VENV)/.installed-dev
 PIP    := $(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock
 
-.PHONY: demo test lint typecheck unit bench lock clean package
+.PHONY: demo test lint typecheck unit bench bench-quality lock clean package
 
 # The demo needs only the runtime dependencies; the tests add the dev ones on top.
 $(RUNTIME): pyproject.toml requirements.lock
@@ -37,6 +37,10 @@ unit: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/gpu-scheduler bench extender --json
+
+# Every sharing policy on every public openb trace, 10 seeds (about 25 minutes on 2 cores).
+bench-quality: $(STAMP)
+	$(BIN)/python -m bench.quality --jobs 2
 
 # Re-pin after changing dependencies in pyproject.toml.
 lock:

@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     gsim.add_argument("--tie", choices=("first", "random"), default="first", help="how equal top scores are broken")
     gsim.add_argument("--jobs", type=int, default=1, help="seeds run in parallel")
     gsim.add_argument("--json", type=Path, help="write the results here")
+    gsim.add_argument("--plot", type=Path, help="draw unallocated GPU %% against arrived %% to this PNG")
 
     sim = commands.add_parser("simulate-locality", help="cross-zone traffic on a synthetic microservice graph")
     sim.add_argument("--services", type=int, default=30)
@@ -279,7 +280,7 @@ def _deletion_costs(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from gpu_scheduler.simulate_cmd import parse_seeds, run, write_json
+    from gpu_scheduler.simulate_cmd import parse_seeds, plot, run, write_json
     from scheduler_core.policies import registry
 
     if args.policy not in registry():
@@ -287,6 +288,8 @@ def _simulate(args: argparse.Namespace) -> int:
     result = run(args.nodes, args.pods, args.policy, parse_seeds(args.seeds), args.tune, args.tie, args.jobs)
     if args.json:
         write_json(result, args.json)
+    if args.plot:
+        plot(result, args.plot)
     unalloc = result["unallocated_gpu_pct"]
     print(f"{args.policy} on {args.pods.name}, seeds {args.seeds}, tune {args.tune}, ties {args.tie}")
     print(f"{'seed':>6} {'unalloc@100':>12} {'unalloc@130':>12} {'frag@80':>8} {'frag@90':>8} {'failed':>7}")

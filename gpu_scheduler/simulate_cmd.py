@@ -56,9 +56,18 @@ def report(policy: str, pods: Path, results: list[SimResult]) -> dict[str, Any]:
         return {"mean": round(float(np.mean(values)), 3), "median": round(float(np.median(values)), 3),
                 "per_seed": [round(v, 3) for v in values]}  # fmt: skip
 
+    curves = np.full((len(results), 131), np.nan)
+    for i, r in enumerate(results):
+        size = min(131, r.unallocated_pct.shape[0])
+        curves[i, :size] = r.unallocated_pct[:size]
+    with np.errstate(all="ignore"):
+        bands = {q: np.nanpercentile(curves, q, axis=0) if len(results) else curves[0] for q in (25, 50, 75)}
     return {
         "policy": policy,
         "pods_csv": str(pods),
+        "curve_unallocated_gpu_pct": {
+            f"p{q}": [None if np.isnan(v) else round(float(v), 3) for v in values] for q, values in bands.items()
+        },
         "seeds": [r.seed for r in results],
         "unallocated_gpu_pct": {str(a): summary([r.at("unallocated_pct", a) for r in results]) for a in (100, 130)},
         "frag_ratio_pct": {str(a): summary([r.at("frag_ratio_pct", a) for r in results]) for a in (80, 90)},
@@ -69,3 +78,30 @@ def report(policy: str, pods: Path, results: list[SimResult]) -> dict[str, Any]:
 
 def write_json(document: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(document, indent=2) + "\n")
+
+
+def plot(document: dict[str, Any], path: Path) -> None:
+    """Unallocated GPU % against arrived %: the median over seeds and the 25-75 % band (the paper's
+    Fig. 9(a))."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise InvalidArgsError("--plot needs matplotlib: pip install 'eks-gpu-scheduler[plot]'") from exc
+    curve = document["curve_unallocated_gpu_pct"]
+    arrived = np.arange(len(curve["p50"]))
+    values = {key: np.array([np.nan if v is None else v for v in curve[key]]) for key in ("p25", "p50", "p75")}
+    figure, axes = plt.subplots(figsize=(6, 4))
+    axes.fill_between(arrived, values["p25"], values["p75"], alpha=0.3, label="25-75 %")
+    axes.plot(arrived, values["p50"], label=f"{document['policy']} (median of {len(document['seeds'])} seeds)")
+    axes.set_xlabel("arrived GPU demand, % of capacity")
+    axes.set_ylabel("unallocated GPUs, %")
+    axes.set_xlim(0, 130)
+    axes.set_title(Path(document["pods_csv"]).name)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -165,3 +165,52 @@ def test_bench_deletion_cost_reports_each_size(capsys):
     report = json.loads(capsys.readouterr().out)
     assert [r["pods"] for r in report["results"]] == [50, 200]
     assert all(r["metrics"]["n"] == 3 and r["connections"]["p50_us"] > 0 for r in report["results"])
+
+
+def _write_trace(tmp_path):
+    import numpy as np
+
+    from scheduler_core.traces import synthetic_trace
+
+    cluster, tasks = synthetic_trace(30, 200, np.random.default_rng(3))
+    nodes = ["sn,cpu_milli,memory_mib,gpu,model"] + [
+        f"n{i},{cluster.cpu_left[i]},{cluster.mem_left[i]},{cluster.gpu_count[i]},{cluster.models[cluster.model_id[i]]}"
+        for i in range(cluster.n_nodes)
+    ]
+    pods = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec"] + [
+        f"p{i},{t.cpu},{t.mem},{t.num_gpu},{t.gpu_milli}," for i, t in enumerate(tasks)
+    ]
+    (tmp_path / "nodes.csv").write_text("\n".join(nodes) + "\n")
+    (tmp_path / "pods.csv").write_text("\n".join(pods) + "\n")
+    return tmp_path / "nodes.csv", tmp_path / "pods.csv"
+
+
+def test_simulate_writes_json_and_a_plot(tmp_path, capsys):
+    nodes, pods = _write_trace(tmp_path)
+    argv = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "bestfit", "--seeds", "1-3",
+            "--json", str(tmp_path / "out.json"), "--plot", str(tmp_path / "out.png")]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert report["policy"] == "bestfit" and report["seeds"] == [1, 2, 3]
+    assert set(report["unallocated_gpu_pct"]) == {"100", "130"}
+    assert len(report["unallocated_gpu_pct"]["100"]["per_seed"]) == 3
+    assert set(report["frag_ratio_pct"]) == {"80", "90"} and "mean" in report["pods_failed"]
+    assert (tmp_path / "out.png").read_bytes().startswith(b"\x89PNG")
+    assert "median" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--policy", "first_fit"], "--policy: expected one of"), (["--seeds", "9-3"], "--seeds: expected a range")],
+)
+def test_simulate_refuses_bad_arguments(tmp_path, capsys, extra, message):
+    nodes, pods = _write_trace(tmp_path)
+    assert main(["simulate", "--nodes", str(nodes), "--pods", str(pods), *extra]) != 0
+    assert message in capsys.readouterr().err
+
+
+def test_simulate_names_the_bad_line_of_a_trace(tmp_path, capsys):
+    nodes, pods = _write_trace(tmp_path)
+    pods.write_text(pods.read_text() + "bad,1000,100,1,2000,\n")
+    assert main(["simulate", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1"]) != 0
+    assert "pods.csv:202: num_gpu=1, gpu_milli=2000" in capsys.readouterr().err

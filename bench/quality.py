@@ -1,0 +1,78 @@
+"""``make bench-quality``: every policy on every public openb trace, seeds 42-51, against the released numbers.
+
+Writes ``build/quality.json`` and prints a Markdown table (unallocated GPU % at 100 % arrived, mean of
+the seeds, with the authors' released mean beside it). Needs ``../shared/data/openb``; takes about
+25 minutes on a 2-core machine with ``--jobs 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+OPENB = ROOT.parent / "shared" / "data" / "openb"
+POLICIES = {
+    "random": "01-Random", "dotprod": "02-DotProd", "gpu_clustering": "03-GpuClustering",
+    "gpu_packing": "04-GpuPacking", "bestfit": "05-BestFit", "fgd": "06-FGD",
+}  # fmt: skip
+
+
+def _run(trace: str, policy: str, seed: int) -> tuple[str, str, int, float, float]:
+    from scheduler_core.sharing import Workload
+    from scheduler_core.simulate import simulate
+    from scheduler_core.traces import read_nodes, read_tasks
+
+    cluster = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
+    tasks = read_tasks(OPENB / f"openb_pod_list_{trace}.csv")
+    result = simulate(cluster, tasks, policy, seed, workload=Workload.typical(tasks, cluster.models))
+    return trace, policy, seed, result.at("unallocated_pct", 100), result.seconds
+
+
+def released() -> dict[tuple[str, str], float]:
+    path = OPENB / "published_results" / "fgd_unalloc_gpu_summary_derived.csv"
+    with path.open() as handle:
+        return {
+            (row["workload"].removeprefix("openb_pod_list_"), row["sc_policy"]): float(row["unalloc_gpu_pct_mean"])
+            for row in csv.DictReader(handle)
+            if row["arrived_pct"] == "100"
+        }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "quality.json")
+    args = parser.parse_args()
+    if not OPENB.is_dir():
+        raise SystemExit(f"{OPENB} is absent: the trace is research-use only and is not shipped here")
+    published = released()
+    traces = sorted({trace for trace, _ in published})
+    jobs = [(t, p, 42 + s) for t in traces for p in POLICIES for s in range(args.seeds)]
+    runs: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for trace, policy, seed, unalloc, seconds in tqdm(pool.map(_run, *zip(*jobs, strict=True)), total=len(jobs)):
+            runs.append({"trace": trace, "policy": policy, "seed": seed, "unalloc_100": unalloc, "seconds": seconds})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    header = "| trace | " + " | ".join(f"{p} (released)" for p in POLICIES) + " |"
+    print(header + "\n|---|" + "---:|" * len(POLICIES))
+    for trace in traces:
+        cells = []
+        for policy, name in POLICIES.items():
+            values = [r["unalloc_100"] for r in runs if r["trace"] == trace and r["policy"] == policy]
+            mean = sum(values) / len(values)
+            cells.append(f"{mean:.2f} ({published.get((trace, name), float('nan')):.2f})")
+        print(f"| {trace} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
