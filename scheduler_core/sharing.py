@@ -127,12 +127,6 @@ def whole_gpus(left_row: npt.NDArray[np.int64], task: Task) -> list[int]:
     return [int(g) for g in fits[order][: task.num_gpu]]
 
 
-def tightest_gpu(left_row: npt.NDArray[np.int64], milli: int) -> int:
-    """The GPU with the least room that still fits ``milli`` (lowest index on ties)."""
-    fits = np.nonzero(left_row >= milli)[0]
-    return int(fits[np.argmin(left_row[fits])])
-
-
 @dataclass(frozen=True)
 class Workload:
     """The typical task shapes ``M`` and their popularity ``p_m`` (FGD_NOTES section 4)."""
