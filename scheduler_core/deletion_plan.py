@@ -69,10 +69,9 @@ def costs_for(
     result: dict[str, int | None] = {pod_key(p): None for p in pods}
     groups: dict[int, list[Mapping[str, Any]]] = {}
     for pod in pods:
-        metadata = pod.get("metadata") or {}
-        workload = config.workload_of(str(metadata.get("namespace", "default")), metadata.get("labels") or {})
-        if workload is not None:
-            groups.setdefault(config.workloads.index(workload), []).append(pod)
+        index = workload_index(config, pod)
+        if index is not None:
+            groups.setdefault(index, []).append(pod)
     for index, members in groups.items():
         columns = {name: np.full(len(members), np.nan) for name in ALL_METRICS}
         for i, pod in enumerate(members):
@@ -99,6 +98,13 @@ def victims(pods: Sequence[Mapping[str, Any]], costs: Mapping[str, int | None], 
             pod = {**pod, "metadata": metadata}
         updated.append(pod)
     return [pod_key(p) for p in scale_down_order(updated, now)[:count]]
+
+
+def workload_index(config: CostConfig, pod: Mapping[str, Any]) -> int | None:
+    """Index in ``config.workloads`` of the first workload that manages ``pod``, or None."""
+    metadata = pod.get("metadata") or {}
+    workload = config.workload_of(str(metadata.get("namespace", "default")), metadata.get("labels") or {})
+    return None if workload is None else config.workloads.index(workload)
 
 
 def current_cost(pod: Mapping[str, Any]) -> int | None:
@@ -164,10 +170,9 @@ def render_queries(config: CostConfig, pods: Sequence[Mapping[str, Any]]) -> dic
     """
     members: dict[int, list[str]] = {}
     for pod in pods:
-        metadata = pod.get("metadata") or {}
-        workload = config.workload_of(str(metadata.get("namespace", "default")), metadata.get("labels") or {})
-        if workload is not None:
-            members.setdefault(config.workloads.index(workload), []).append(str(metadata.get("name", "")))
+        index = workload_index(config, pod)
+        if index is not None:
+            members.setdefault(index, []).append(str((pod.get("metadata") or {}).get("name", "")))
     queries: dict[str, list[tuple[int, str]]] = {}
     for index, names in sorted(members.items()):
         workload = config.workloads[index]
@@ -189,18 +194,13 @@ def metrics_by_pod(
     A sample counts only for a pod of the workload whose query produced it; a query with no result
     (it failed) leaves its metric missing for those pods.
     """
-    workload_of_pod: dict[str, int] = {}
-    for pod in pods:
-        metadata = pod.get("metadata") or {}
-        workload = config.workload_of(str(metadata.get("namespace", "default")), metadata.get("labels") or {})
-        if workload is not None:
-            workload_of_pod[pod_key(pod)] = config.workloads.index(workload)
+    workload_of_pod = {pod_key(pod): workload_index(config, pod) for pod in pods}
     metrics: dict[str, dict[str, float]] = {}
     for query, uses in queries.items():
         for labels, value in results.get(query, ()):
             key = f"{labels.get('namespace', '')}/{labels.get('pod', '')}"
             index = workload_of_pod.get(key)
-            for workload_index, metric in uses:
-                if index == workload_index:
+            for answered, metric in uses:
+                if index is not None and index == answered:
                     metrics.setdefault(key, {})[metric] = value
     return metrics

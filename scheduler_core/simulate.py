@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.policies import Context, Scorer, registry
+from scheduler_core.policies.gpu_clustering import task_class
 from scheduler_core.sharing import MILLI, Cluster, Task, Workload, whole_gpus
 
 
@@ -87,8 +88,6 @@ def simulate(
     arrived = allocated = 0
     failed = 0
     frag_total = float(frag.sum())
-    from scheduler_core.policies.gpu_clustering import task_class
-
     for step, index in enumerate(order):
         task = tasks[index]
         arrived += task.gpu_demand

@@ -110,6 +110,19 @@ def api_gateway_event(
     }
 
 
+@pytest.fixture
+def aws_session(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Fake credentials and moto for every AWS call in the test: nothing reaches real AWS."""
+    import boto3
+    from moto import mock_aws
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    with mock_aws():
+        yield boto3.session.Session(region_name="us-east-1")
+
+
 class FakeLambdaContext:
     function_name = "gpu-scheduler-extender"
     memory_limit_in_mb = 512

@@ -36,8 +36,16 @@ from adapters.amp import PrometheusClient, PrometheusQueryError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import CostPod
 from lambdas.deletion_cost.config import MANAGED_SELECTOR, DeletionCostSettings
-from scheduler_core.deletion_cost import ANNOTATION, CostConfig, format_cost, parse_cost
-from scheduler_core.deletion_plan import CostChange, costs_for, metrics_by_pod, plan_changes, render_queries
+from scheduler_core.deletion_cost import ANNOTATION, CostConfig, format_cost
+from scheduler_core.deletion_plan import (
+    CostChange,
+    costs_for,
+    current_cost,
+    metrics_by_pod,
+    plan_changes,
+    pod_key,
+    render_queries,
+)
 from scheduler_core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -252,7 +260,7 @@ def _write(kube: KubeClient, change: CostChange, hysteresis: int, logger: Any) -
             if exc.status == 404:
                 return "gone"
             return "failed"
-        current = parse_cost(((fresh.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION))
+        current = current_cost(fresh)
         if current is not None and abs(current - change.new) < max(hysteresis, 1):
             return "skipped"
     return "failed"
@@ -266,11 +274,9 @@ def _ranges(pods: Sequence[Mapping[str, Any]], costs: Mapping[str, int | None]) 
     """Pods per cost range, counting the cost each pod will carry (the new one, else its current one)."""
     counts = {name: 0 for name, _, _ in COST_RANGES}
     for pod in pods:
-        metadata = pod.get("metadata") or {}
-        key = f"{metadata.get('namespace', 'default')}/{metadata.get('name', '')}"
-        cost = costs.get(key)
+        cost = costs.get(pod_key(pod))
         if cost is None:
-            cost = parse_cost((metadata.get("annotations") or {}).get(ANNOTATION)) or 0
+            cost = current_cost(pod) or 0
         for name, low, high in COST_RANGES:
             if low <= cost <= high:
                 counts[name] += 1

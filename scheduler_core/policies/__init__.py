@@ -49,6 +49,10 @@ def registry() -> dict[str, Scorer]:
     }
 
 
+CPU_NORM, GPU_NORM = 128_000.0, 8_000.0
+"""The simulator's normalisers: the largest node's CPU (milli) and GPU (milli) capacity."""
+
+
 def tightest(left: npt.NDArray[np.int64], milli: int) -> npt.NDArray[np.int64]:
     """Per row, the GPU with the least room that still fits ``milli`` (lowest index on ties); -1 if none."""
     room = np.where(left >= milli, left, np.iinfo(np.int64).max)

@@ -9,10 +9,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.policies import Context, Scores, no_gpu, tightest
+from scheduler_core.policies import CPU_NORM, GPU_NORM, Context, Scores, no_gpu, tightest
 from scheduler_core.sharing import Task
-
-CPU_NORM, GPU_NORM = 128_000.0, 8_000.0
 
 
 def score(ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:

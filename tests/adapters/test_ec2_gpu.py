@@ -4,21 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from adapters.ec2_gpu import GpuInfoCatalog
 from scheduler_core.node_labels import GpuInfo
 
 
 @pytest.fixture
-def ec2(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    with mock_aws():
-        client = boto3.client("ec2", region_name="us-east-1")
-        yield client
+def ec2(aws_session: Any) -> Any:
+    return aws_session.client("ec2")
 
 
 def test_gpu_info_by_instance_type(ec2: Any) -> None:

@@ -6,9 +6,7 @@ import base64
 import urllib.parse
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from adapters import kube
 from adapters.kube import (
@@ -28,16 +26,8 @@ TOKEN = "test-token"
 
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Any:
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    with mock_aws():
-        yield boto3.session.Session(region_name="us-east-1")
+def aws(aws_session: Any) -> Any:
+    return aws_session
 
 
 def decode_token(token: str) -> urllib.parse.SplitResult:

@@ -9,9 +9,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from adapters.amp import PrometheusClient
 from adapters.kube import connect_url
@@ -281,26 +279,22 @@ def test_a_bad_config_fails_the_run_naming_the_field(api: KubeApiDouble) -> None
     assert api.writes() == []
 
 
-def test_config_from_ssm_keeps_the_last_good_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+def test_config_from_ssm_keeps_the_last_good_version(monkeypatch: pytest.MonkeyPatch, aws_session: Any) -> None:
     monkeypatch.setattr(handler, "_LAST_GOOD", None)
-    with mock_aws():
-        ssm = boto3.client("ssm", region_name="us-east-1")
-        ssm.put_parameter(Name="/gpu-scheduler/deletion-cost", Value=json.dumps(CONFIG), Type="String")
-        settings = DeletionCostSettings(kube_api_url="http://x", config_parameter="/gpu-scheduler/deletion-cost")
-        load = handler.config_loader(settings)
-        assert [w.namespace for w in load().workloads] == ["web", "cache", "batch"]
-        ssm.put_parameter(Name="/gpu-scheduler/deletion-cost", Value="{not json", Type="String", Overwrite=True)
-        from aws_lambda_powertools.utilities import parameters
+    ssm = aws_session.client("ssm")
+    ssm.put_parameter(Name="/gpu-scheduler/deletion-cost", Value=json.dumps(CONFIG), Type="String")
+    settings = DeletionCostSettings(kube_api_url="http://x", config_parameter="/gpu-scheduler/deletion-cost")
+    load = handler.config_loader(settings)
+    assert [w.namespace for w in load().workloads] == ["web", "cache", "batch"]
+    ssm.put_parameter(Name="/gpu-scheduler/deletion-cost", Value="{not json", Type="String", Overwrite=True)
+    from aws_lambda_powertools.utilities import parameters
 
-        parameters.clear_caches()
-        assert [w.namespace for w in load().workloads] == ["web", "cache", "batch"]  # the last good one
-        monkeypatch.setattr(handler, "_LAST_GOOD", None)
-        parameters.clear_caches()
-        with pytest.raises(ConfigError, match="is not JSON"):
-            load()
+    parameters.clear_caches()
+    assert [w.namespace for w in load().workloads] == ["web", "cache", "batch"]  # the last good one
+    monkeypatch.setattr(handler, "_LAST_GOOD", None)
+    parameters.clear_caches()
+    with pytest.raises(ConfigError, match="is not JSON"):
+        load()
 
 
 def test_lambda_handler_emits_counts_and_the_cost_histogram(

@@ -10,7 +10,6 @@ from typing import Any
 import boto3
 import numpy as np
 import pytest
-from moto import mock_aws
 
 from adapters.amp import PrometheusClient
 from adapters.ec2_gpu import GpuInfoCatalog
@@ -36,14 +35,9 @@ UTIL = {("gpu-00000", 0): 40.0, ("gpu-00000", 1): 60.0, ("gpu-00004", 3): 90.0}
 
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[boto3.session.Session]:
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
-        monkeypatch.setenv(name, value)
-    with mock_aws():
-        session = boto3.session.Session(region_name="us-east-1")
-        session.client("s3").create_bucket(Bucket=BUCKET)
-        yield session
+def aws(aws_session: boto3.session.Session) -> boto3.session.Session:
+    aws_session.client("s3").create_bucket(Bucket=BUCKET)
+    return aws_session
 
 
 @pytest.fixture
