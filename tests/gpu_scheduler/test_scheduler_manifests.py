@@ -1,0 +1,190 @@
+"""The second scheduler's manifests: the fields kube-scheduler reads, schemas, and the CLI that writes them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpu_scheduler.cli import main
+from gpu_scheduler.scheduler_manifests import (
+    CONFIG_HASH_ANNOTATION,
+    LAMBDA_GROUP,
+    SchedulerOptions,
+    all_manifests,
+    extender_rbac,
+    render_yaml,
+    scheduler_configuration,
+    scheduler_manifests,
+)
+from scheduler_core.allocation import MILLI_RESOURCE
+from scheduler_core.errors import ConfigError
+from tests.conftest import SCHEDULER_FIXTURES
+
+URL = "https://a1b2c3d4e5.execute-api.us-east-1.amazonaws.com/v1"
+CAPTURED_LOG = SCHEDULER_FIXTURES / "configs" / "creating-extender-log-lines.txt"
+
+
+def _by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def _embedded_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (config_map,) = _by_kind(docs, "ConfigMap")
+    config: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])
+    return config
+
+
+def test_configuration_has_the_fields_the_issue_fixes() -> None:
+    config = scheduler_configuration(SchedulerOptions(extender_url=URL + "/"))
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert config["profiles"] == [{"schedulerName": "gpu-scheduler"}]
+    assert config["percentageOfNodesToScore"] == 100
+    assert config["leaderElection"]["leaderElect"] is True
+    assert config["leaderElection"]["resourceName"] == "gpu-scheduler"
+    # The default client rate limit (50/100) caps binds at about 50 pods/s (DESIGN section 8).
+    assert config["clientConnection"] == {"qps": 100, "burst": 200}
+    (extender,) = config["extenders"]
+    assert extender == {
+        "urlPrefix": URL,  # trailing slash dropped: kube-scheduler appends "/filter"
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "weight": 5,
+        "enableHTTPS": True,
+        "httpTimeout": "3s",
+        "nodeCacheCapable": True,
+        "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
+        "ignorable": False,
+    }
+
+
+def test_sharing_adds_bind_preempt_and_the_milli_resource_ignored_by_the_scheduler() -> None:
+    (extender,) = scheduler_configuration(SchedulerOptions(extender_url=URL, sharing=True, weight=9))["extenders"]
+    assert extender["bindVerb"] == "bind" and extender["preemptVerb"] == "preempt"
+    assert extender["weight"] == 9
+    assert extender["managedResources"] == [
+        {"name": "nvidia.com/gpu", "ignoredByScheduler": False},
+        {"name": MILLI_RESOURCE, "ignoredByScheduler": True},
+    ]
+
+
+def test_without_sharing_the_milli_resource_stays_counted_by_the_scheduler() -> None:
+    (extender,) = scheduler_configuration(SchedulerOptions(extender_url=URL))["extenders"]
+    assert MILLI_RESOURCE not in {r["name"] for r in extender["managedResources"]}
+    assert "bindVerb" not in extender
+
+
+def _go_field(name: str) -> str:
+    """``urlPrefix`` -> ``URLPrefix``, ``enableHTTPS`` -> ``EnableHTTPS``: the Go names the log prints."""
+    return {"urlPrefix": "URLPrefix", "httpTimeout": "HTTPTimeout"}.get(name, name[0].upper() + name[1:])
+
+
+@pytest.mark.skipif(not CAPTURED_LOG.is_file(), reason=f"{CAPTURED_LOG} is absent")
+def test_every_extender_field_is_one_the_real_scheduler_prints() -> None:
+    """kube-scheduler decodes its configuration strictly: an unknown field stops it (the captured
+    c2x run). The fields it knows are the ones its "Creating extender" line prints."""
+    line = CAPTURED_LOG.read_text().splitlines()[0]
+    known = set(re.findall(r"[{ ]([A-Z][A-Za-z]+):", line.split("extender=", 1)[1])) - {"Duration", "Name"}
+    (extender,) = scheduler_configuration(SchedulerOptions(extender_url=URL, sharing=True))["extenders"]
+    assert {_go_field(k) for k in extender} <= known
+    assert {"URLPrefix", "NodeCacheCapable", "ManagedResources", "Ignorable", "HTTPTimeout"} <= known
+
+
+def test_the_configmap_carries_the_same_configuration_and_the_pods_roll_when_it_changes() -> None:
+    plain = scheduler_manifests(SchedulerOptions(extender_url=URL))
+    assert _embedded_config(plain) == scheduler_configuration(SchedulerOptions(extender_url=URL))
+
+    def config_hash(docs: list[dict[str, Any]]) -> str:
+        (deployment,) = _by_kind(docs, "Deployment")
+        annotation: str = deployment["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+        return annotation
+
+    assert config_hash(plain) == config_hash(scheduler_manifests(SchedulerOptions(extender_url=URL)))
+    assert config_hash(plain) != config_hash(scheduler_manifests(SchedulerOptions(extender_url=URL, weight=6)))
+
+
+def test_deployment_mounts_the_config_probes_the_secure_port_and_the_pdb_selects_its_pods() -> None:
+    docs = scheduler_manifests(SchedulerOptions(extender_url=URL, image="registry.k8s.io/kube-scheduler:v1.34.1"))
+    (deployment,) = _by_kind(docs, "Deployment")
+    (pdb,) = _by_kind(docs, "PodDisruptionBudget")
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == "registry.k8s.io/kube-scheduler:v1.34.1"
+    assert "--config=/etc/kubernetes/gpu-scheduler/config.yaml" in container["command"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 10259, "scheme": "HTTPS"}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "128Mi"}
+    assert pod["spec"]["serviceAccountName"] == "gpu-scheduler"
+    assert pod["spec"]["volumes"][0]["configMap"]["name"] == _by_kind(docs, "ConfigMap")[0]["metadata"]["name"]
+    selector = pdb["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    assert deployment["spec"]["replicas"] == 2 and pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_the_scheduler_binds_the_builtin_roles_and_may_renew_only_its_own_lease() -> None:
+    docs = scheduler_manifests(SchedulerOptions(extender_url=URL))
+    roles = {d["roleRef"]["name"] for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")}
+    assert {"system:kube-scheduler", "system:volume-scheduler", "extension-apiserver-authentication-reader"} <= roles
+    (lease_role,) = _by_kind(docs, "Role")
+    named = [rule for rule in lease_role["rules"] if "resourceNames" in rule]
+    assert named == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["gpu-scheduler"],
+            "verbs": ["get", "update", "patch"],
+        }
+    ]
+
+
+def test_the_lambda_group_may_do_exactly_what_the_issue_lists() -> None:
+    cluster_role, binding = extender_rbac()
+    granted = {(group, resource, verb) for rule in cluster_role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}  # fmt: skip
+    assert granted == {
+        ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "patch"),
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "patch"),
+        ("", "pods/binding", "create"),
+        ("", "events", "create"), ("events.k8s.io", "events", "create"),
+    }  # fmt: skip
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": LAMBDA_GROUP}]
+    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+
+
+@pytest.mark.parametrize("sharing", [False, True], ids=["whole GPUs", "sharing"])
+def test_every_manifest_validates_against_the_kubernetes_schemas(sharing: bool) -> None:
+    for doc in all_manifests(SchedulerOptions(extender_url=URL, sharing=sharing)):
+        kubernetes_validate.validate(doc, "1.33", strict=True)
+
+
+def test_bad_options_are_all_named() -> None:
+    with pytest.raises(ConfigError) as info:
+        SchedulerOptions(extender_url="http://plain", weight=0, http_timeout_s=0, replicas=0).validated()
+    for name in ("extender_url: expected an https:// URL", "weight:", "http_timeout_s:", "replicas:"):
+        assert name in str(info.value)
+
+
+def test_yaml_has_no_aliases_and_round_trips() -> None:
+    docs = all_manifests(SchedulerOptions(extender_url=URL))
+    text = render_yaml(docs, header="line one\n\nline three")
+    assert "&id" not in text and "*id" not in text
+    assert text.startswith("# line one\n#\n# line three\n")
+    assert list(yaml.safe_load_all(text)) == docs
+
+
+def test_cli_writes_the_manifests_for_a_url(tmp_path: Path) -> None:
+    out = tmp_path / "deep" / "gpu-scheduler.yaml"
+    assert main(["scheduler-config", "--url", URL, "--sharing", "--weight", "3", "--out", str(out)]) == 0
+    docs = list(yaml.safe_load_all(out.read_text()))
+    assert docs == all_manifests(SchedulerOptions(extender_url=URL, sharing=True, weight=3))
+    assert _embedded_config(docs)["extenders"][0]["bindVerb"] == "bind"
+
+
+def test_cli_refuses_a_plain_http_url(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scheduler-config", "--url", "http://10.0.0.1:8888"]) == 2
+    assert "extender_url: expected an https:// URL" in capsys.readouterr().err
