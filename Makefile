@@ -7,21 +7,23 @@ RUNTIME := $(VENV)/.installed-runtime
 STAMP  := $(VENV)/.installed-dev
 PIP    := $(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock
 
-.PHONY: demo test lint typecheck unit bench bench-quality lock clean package
+.PHONY: demo test lint typecheck unit bench bench-quality lock clean package synth
 
 # The demo needs only the runtime dependencies; the tests add the dev ones on top.
 $(RUNTIME): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) -e .
+	$(PIP) -e '.[cdk]'
 	@touch $(RUNTIME)
 
 $(STAMP): $(RUNTIME)
 	$(PIP) -e '.[dev]'
 	@touch $(STAMP)
 
-demo: $(RUNTIME)
+# The scheduling demo, then a synth of the CDK app (its stack, resource count and manifests).
+demo: $(RUNTIME) $(PACKAGE)
 	$(BIN)/gpu-scheduler demo
+	$(MAKE) --no-print-directory synth
 
 test: lint typecheck unit
 
@@ -50,10 +52,24 @@ lock:
 	rm -rf .venv-lock
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build cdk.out .pytest_cache .mypy_cache .ruff_cache
 
-# Lambda bundle and dependency layer, built without Docker (DESIGN section 8).
+# Lambda bundle and dependency layer, built without Docker (DESIGN section 8). Rebuilt when the code
+# or the pins change; `make package` forces it.
 LAMBDA_ARCH ?= arm64
-LAMBDA_PYTHON ?= 3.13
-package: $(STAMP)
+LAMBDA_PYTHON ?= 3.14
+PACKAGE := build/lambda/package.json
+PACKAGE_SOURCES := $(shell find scheduler_core adapters lambdas -name '*.py') requirements.lock tools/package_lambda.py
+$(PACKAGE): $(RUNTIME) $(PACKAGE_SOURCES)
+	$(BIN)/python tools/package_lambda.py --arch $(LAMBDA_ARCH) --python-version $(LAMBDA_PYTHON) >/dev/null
+	@echo "Lambda bundles in build/lambda ($(LAMBDA_ARCH), Python $(LAMBDA_PYTHON))"
+
+package: $(RUNTIME)
 	$(BIN)/python tools/package_lambda.py --arch $(LAMBDA_ARCH) --python-version $(LAMBDA_PYTHON)
+
+# cdk.out: the CloudFormation template, cdk-nag's report and cdk.out/manifests/gpu-scheduler.yaml.
+# Without CONTEXT it synthesises for a cluster named demo-gpu-cluster in a demo VPC; for yours:
+#   make synth CONTEXT="-c clusterName=prod -c vpcId=vpc-... -c subnetIds=subnet-a,subnet-b -c clusterSecurityGroupId=sg-..."
+CONTEXT ?= -c clusterName=demo-gpu-cluster
+synth: $(RUNTIME) $(PACKAGE)
+	$(BIN)/python cdk/app.py -c lambdaArchitecture=$(LAMBDA_ARCH) $(CONTEXT)

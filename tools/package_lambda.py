@@ -6,7 +6,8 @@
   ``adapters`` and that Lambda's package);
 - ``layer-<arch>.zip``: ``python/`` with numpy, Powertools and the X-Ray SDK, for every Lambda;
 - ``layer-kube-<arch>.zip``: ``python/`` with the ``kubernetes`` client and ``msgspec``, for the two
-  refreshers only. The extender never ships it (its hot path must not import ``kubernetes``).
+  refreshers only. The extender never ships it (its hot path must not import ``kubernetes``);
+- ``package.json``: the size report below, which also tells the CDK app the architecture and Python.
 
 Layers are installed for the Lambda platform with ``pip --platform ... --only-binary=:all:
 --no-compile --target`` (DESIGN section 8), versions pinned from ``requirements.lock``, then trimmed of
@@ -63,6 +64,7 @@ FUNCTIONS = {
     "deletion_cost": ("lambdas/deletion_cost", ("layer", "layer-kube")),
 }
 LAMBDA_UNZIPPED_LIMIT = 250 * 10**6
+MANIFEST = "package.json"
 
 
 def pinned(names: tuple[str, ...]) -> list[str]:
@@ -152,7 +154,7 @@ def build(out: Path, arch: str, python_version: str) -> dict[str, object]:
         }
     base_site = out / f"layer-{arch}" / "python"
     largest = sorted(((p.name, tree_bytes(p)) for p in base_site.iterdir() if p.is_dir()), key=lambda kv: -kv[1])
-    return {
+    report = {
         "arch": arch,
         "python": python_version,
         "functions": functions,
@@ -161,12 +163,15 @@ def build(out: Path, arch: str, python_version: str) -> dict[str, object]:
         "trimmed_bytes": trimmed,
         "largest_packages": dict(largest[:8]),
     }
+    # The CDK app reads this to find the bundles and to check they match the stack's architecture and runtime.
+    (out / MANIFEST).write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=sorted(PLATFORMS), default="arm64")
-    parser.add_argument("--python-version", default="3.13", help="the Lambda runtime's Python")
+    parser.add_argument("--python-version", default="3.14", help="the Lambda runtime's Python")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "lambda")
     args = parser.parse_args()
     report = build(args.out, args.arch, args.python_version)

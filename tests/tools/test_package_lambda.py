@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cdk.lambda_code import RUNTIME_PYTHON, LambdaPackage, PackageMissingError
 from scheduler_core.snapshot import build_snapshot, write_snapshot
 from tests.conftest import REPO, make_nodes, make_pod
 
@@ -42,6 +43,17 @@ def test_bundle_is_under_the_lambda_limit_and_has_no_kubernetes(local_bundle):
         layer = archive.namelist()
     assert any(n.startswith("python/numpy/") for n in layer)
     assert not [n for n in layer if n.startswith(("python/botocore/", "python/boto3/", "python/numpy/_core/tests/"))]
+
+
+def test_the_package_manifest_tells_the_cdk_app_what_was_built(local_bundle):
+    out, report = local_bundle
+    assert json.loads((out / "package.json").read_text()) == report
+    package = LambdaPackage.load(out, "x86_64") if report["python"] == RUNTIME_PYTHON else None
+    if package is None:  # built for this interpreter, not the Lambda runtime: the CDK app says so
+        with pytest.raises(PackageMissingError, match=f"built for Python {report['python']}"):
+            LambdaPackage.load(out, "x86_64")
+    else:
+        assert package.layers_by_function["node_state"] == ("layer-x86_64.zip", "layer-kube-x86_64.zip")
 
 
 def test_bundle_plus_layer_serve_a_request_with_nothing_else_installed(local_bundle, tmp_path):

@@ -1,0 +1,131 @@
+"""CDK entry point: ``make synth`` (or ``cdk synth``) runs this.
+
+It reads context (``cdk.json``, then ``-c key=value`` arguments or the CDK CLI's ``CDK_CONTEXT_JSON``),
+creates the stack, runs cdk-nag's AwsSolutions checks through the v3 ``Validations`` API, synthesises to
+``cdk.out`` (or ``CDK_OUTDIR``) and writes ``cdk.out/manifests/gpu-scheduler.yaml``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python cdk/app.py` puts cdk/ first on the path, not the repository
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+import aws_cdk as cdk  # noqa: E402
+import cdk_nag  # noqa: E402
+
+from cdk.config import DeployConfig  # noqa: E402
+from cdk.lambda_code import LambdaPackage  # noqa: E402
+from cdk.stack import GpuSchedulerStack  # noqa: E402
+from gpu_scheduler.scheduler_manifests import render_yaml  # noqa: E402
+from scheduler_core.errors import ConfigError  # noqa: E402
+
+STACK_NAME = "GpuScheduler"
+MANIFEST_HEADER = """eks-gpu-scheduler: RBAC for the Lambdas' group and the second kube-scheduler.
+Written by `make synth`. urlPrefix is the deployed API's URL; before the first deploy it is a placeholder:
+fill it from the stack output ExtenderUrl, or run the stack output SchedulerConfigCommand."""
+
+
+def read_context(argv: Sequence[str], environ: Mapping[str, str]) -> dict[str, Any]:
+    """cdk.json's context, then CDK_CONTEXT_JSON, then ``-c key=value`` arguments (the last wins)."""
+    context: dict[str, Any] = {}
+    cdk_json = ROOT / "cdk.json"
+    if cdk_json.is_file():
+        context.update(json.loads(cdk_json.read_text()).get("context", {}))
+    if environ.get("CDK_CONTEXT_JSON"):
+        context.update(json.loads(environ["CDK_CONTEXT_JSON"]))
+    args = list(argv)
+    for flag, value in itertools.pairwise(args):
+        if flag in ("-c", "--context"):
+            key, sep, text = value.partition("=")
+            if not sep:
+                raise ConfigError(f"{flag} {value!r}: expected key=value")
+            context[key] = text
+    return context
+
+
+def build_app(context: Mapping[str, Any], outdir: str | None = None) -> tuple[cdk.App, GpuSchedulerStack]:
+    """The app with its one stack and cdk-nag attached; nothing is synthesised yet."""
+    config = DeployConfig.from_context(context)
+    package_dir = Path(config.package_dir)
+    package = LambdaPackage.load(
+        package_dir if package_dir.is_absolute() else ROOT / package_dir, config.lambda_architecture
+    )
+    app = cdk.App(context=dict(context), outdir=outdir)
+    stack = GpuSchedulerStack(
+        app,
+        STACK_NAME,
+        config=config,
+        package=package,
+        description="eks-gpu-scheduler: private extender API, refreshers, state and cluster access",
+    )
+    cdk.Validations.of(app).add_plugins(cdk_nag.AwsSolutionsChecks(app))
+    return app, stack
+
+
+def write_manifests(stack: GpuSchedulerStack, outdir: Path) -> Path:
+    """The manifests with the API URL as a placeholder (it is only known after deploy)."""
+    placeholder = "https://EXTENDER_URL.execute-api.REGION.amazonaws.com/v1"
+    docs = json.loads(json.dumps(stack.manifests).replace(stack.api.url, placeholder))
+    path = outdir / "manifests" / "gpu-scheduler.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_yaml(docs, header=MANIFEST_HEADER))
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    outdir = os.environ.get("CDK_OUTDIR") or str(ROOT / "cdk.out")
+    try:
+        app, stack = build_app(read_context(argv, os.environ), outdir)
+    except ConfigError as exc:
+        print(f"cdk synth: {exc}", file=sys.stderr)
+        return 2
+    try:
+        assembly = app.synth()
+    except RuntimeError as exc:  # jsii wraps the failed cdk-nag validation; its report was printed above
+        if "ValidationFailed" not in str(exc):
+            raise
+        print(f"cdk synth: cdk-nag found unacknowledged findings; see {outdir}/validation-report.json", file=sys.stderr)
+        return 1
+    out = Path(assembly.directory)
+    manifests = write_manifests(stack, out)
+    print(json.dumps(summary(assembly.get_stack_by_name(STACK_NAME).template, out, manifests), indent=2))
+    return 0
+
+
+def summary(template: Mapping[str, Any], outdir: Path, manifests: Path) -> dict[str, Any]:
+    """What was synthesised: resources by type, cdk-nag's verdict, and where the files are."""
+    by_type: dict[str, int] = {}
+    for resource in template["Resources"].values():
+        by_type[resource["Type"]] = by_type.get(resource["Type"], 0) + 1
+    nag: dict[str, Any] = {}
+    report_path = outdir / "validation-report.json"
+    if report_path.is_file():
+        for plugin in json.loads(report_path.read_text()).get("pluginReports", []):
+            nag[plugin["pluginName"]] = {
+                "conclusion": plugin["conclusion"],
+                "violations": len(plugin["violations"]),
+                "acknowledged": len(plugin["suppressedViolations"]),
+            }
+    return {
+        "stack": STACK_NAME,
+        "resources": len(template["Resources"]),
+        "resources_by_type": dict(sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "cdk_nag": nag,
+        "template": str(outdir / f"{STACK_NAME}.template.json"),
+        "manifests": str(manifests),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

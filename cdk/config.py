@@ -1,0 +1,217 @@
+"""Deployment settings, read once from CDK context into a frozen dataclass.
+
+Every key is optional except ``clusterName``. Values may come from ``cdk.json``, from ``cdk -c key=value``
+(strings, parsed here) or from ``CDK_CONTEXT_JSON`` (typed). Validation collects every problem, named by
+its context key, and synth stops with all of them at once.
+
+| key | default | meaning |
+|---|---|---|
+| ``clusterName`` | (required) | the EKS cluster the scheduler serves |
+| ``vpcId`` / ``subnetIds`` | (a demo VPC) | the cluster's VPC and the private subnets for the API endpoint |
+| ``clusterSecurityGroupId`` | (required with ``vpcId``) | the EKS cluster security group; only it may reach the API |
+| ``lambdaArchitecture`` | arm64 | ``arm64`` or ``x86_64``; ``make package LAMBDA_ARCH=...`` must match |
+| ``nodeStateScheduleMinutes`` / ``deletionCostScheduleMinutes`` | 1 / 1 | EventBridge rates |
+| ``ampWorkspaceId`` | (create one) | import an existing Amazon Managed Prometheus workspace |
+| ``alarmEmail`` / ``alarmTopicArn`` | (a new topic) | where alarms go |
+| ``applyManifests`` | false | apply the RBAC and the second scheduler through ``aws_eks_v2`` |
+| ``schedulerImage`` | upstream kube-scheduler | match the cluster's minor version |
+| ``sharing`` | false | fractional GPUs: bind and preempt verbs (needs the extender's bind verb, issue #8) |
+| ``extenderWeight`` | 5 | the extender's weight in kube-scheduler |
+| ``extenderReservedConcurrency`` | 20 | reserved concurrency of the extender function |
+| ``extenderProvisionedConcurrency`` | 0 | provisioned concurrency (0: none; >0 adds a ``live`` alias) |
+| ``apiRateLimit`` / ``apiBurstLimit`` | 500 / 1000 | stage throttling, requests per second |
+| ``maxSnapshotAgeS`` | 180 | the extender refuses an older snapshot |
+| ``logRetentionDays`` | 30 | Lambda and API access logs |
+| ``deletionCostConfig`` | metrics policy | the deletion-cost workload config (JSON), stored in SSM |
+| ``packageDir`` | build/lambda | where ``make package`` wrote the bundles |
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from cdk.functions import RETENTION_NAMES
+from gpu_scheduler.scheduler_manifests import DEFAULT_IMAGE, SchedulerOptions
+from scheduler_core.deletion_cost import CostConfig
+from scheduler_core.errors import ConfigError
+
+DEFAULT_DELETION_COST_CONFIG = {"hysteresis": 10, "workloads": [{"policy": "metrics"}]}
+# CloudWatch Logs accepts only these retention periods (days).
+LOG_RETENTION_DAYS = tuple(RETENTION_NAMES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeployConfig:
+    cluster_name: str
+    vpc_id: str = ""
+    subnet_ids: tuple[str, ...] = ()
+    cluster_security_group_id: str = ""
+    lambda_architecture: str = "arm64"
+    node_state_schedule_minutes: int = 1
+    deletion_cost_schedule_minutes: int = 1
+    amp_workspace_id: str = ""
+    alarm_email: str = ""
+    alarm_topic_arn: str = ""
+    apply_manifests: bool = False
+    scheduler_image: str = DEFAULT_IMAGE
+    sharing: bool = False
+    extender_weight: int = 5
+    extender_reserved_concurrency: int = 20
+    extender_provisioned_concurrency: int = 0
+    api_rate_limit: int = 500
+    api_burst_limit: int = 1000
+    max_snapshot_age_s: int = 180
+    log_retention_days: int = 30
+    deletion_cost_config: Mapping[str, Any] = field(default_factory=lambda: DEFAULT_DELETION_COST_CONFIG)
+    package_dir: str = "build/lambda"
+
+    @property
+    def demo_vpc(self) -> bool:
+        return not self.vpc_id
+
+    def scheduler_options(self, extender_url: str) -> SchedulerOptions:
+        return SchedulerOptions(
+            extender_url=extender_url, sharing=self.sharing, weight=self.extender_weight, image=self.scheduler_image
+        )
+
+    @classmethod
+    def from_context(cls, context: Mapping[str, Any]) -> DeployConfig:
+        """Build from context (camelCase keys); raise :class:`ConfigError` naming every bad key.
+
+        >>> DeployConfig.from_context({"clusterName": "prod", "sharing": "false"}).sharing
+        False
+        """
+        problems: list[str] = []
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            key = _camel(f.name)
+            if key not in context or context[key] in (None, ""):
+                continue
+            try:
+                values[f.name] = _parse(context[key], str(f.type))
+            except ValueError as exc:
+                problems.append(f"{key}: {exc}")
+        if "cluster_name" not in values:
+            problems.append("clusterName: required (the EKS cluster's name), e.g. cdk synth -c clusterName=prod")
+            values["cluster_name"] = ""
+        config = cls(**values)
+        problems += config.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return config
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.vpc_id and not _is_id(self.vpc_id, "vpc"):
+            found.append(f"vpcId: expected vpc- and 8 or 17 hex digits, got {self.vpc_id!r}")
+        if self.vpc_id and not self.subnet_ids:
+            found.append("subnetIds: required with vpcId (the private subnets for the API's VPC endpoint)")
+        if self.vpc_id and not self.cluster_security_group_id:
+            found.append("clusterSecurityGroupId: required with vpcId (only it may reach the extender API)")
+        if not self.vpc_id and (self.subnet_ids or self.cluster_security_group_id):
+            found.append("vpcId: required when subnetIds or clusterSecurityGroupId are given")
+        found += [f"subnetIds: expected subnet- and 8 or 17 hex digits, got {s!r}" for s in self.subnet_ids
+                  if not _is_id(s, "subnet")]  # fmt: skip
+        if self.cluster_security_group_id and not _is_id(self.cluster_security_group_id, "sg"):
+            found.append(
+                f"clusterSecurityGroupId: expected sg- and 8 or 17 hex digits, got {self.cluster_security_group_id!r}"
+            )
+        if self.lambda_architecture not in ("arm64", "x86_64"):
+            found.append(f"lambdaArchitecture: expected arm64 or x86_64, got {self.lambda_architecture!r}")
+        for name in ("node_state_schedule_minutes", "deletion_cost_schedule_minutes"):
+            if not 1 <= getattr(self, name) <= 60:
+                found.append(f"{_camel(name)}: expected 1..60 minutes, got {getattr(self, name)}")
+        if self.alarm_email and self.alarm_topic_arn:
+            found.append("alarmEmail, alarmTopicArn: give one (an e-mail makes a new topic)")
+        if self.alarm_topic_arn and not self.alarm_topic_arn.startswith("arn:"):
+            found.append(f"alarmTopicArn: expected an SNS topic ARN, got {self.alarm_topic_arn!r}")
+        if self.alarm_email and "@" not in self.alarm_email:
+            found.append(f"alarmEmail: expected an e-mail address, got {self.alarm_email!r}")
+        if self.amp_workspace_id and not self.amp_workspace_id.startswith("ws-"):
+            found.append(f"ampWorkspaceId: expected ws-..., got {self.amp_workspace_id!r}")
+        if self.sharing:
+            found.append(
+                "sharing: the extender's bind and preempt verbs (issue #8) are not built yet; "
+                "deploy with sharing=false until they are"
+            )
+        if self.extender_reserved_concurrency < 1:
+            found.append(f"extenderReservedConcurrency: expected >= 1, got {self.extender_reserved_concurrency}")
+        if not 0 <= self.extender_provisioned_concurrency <= self.extender_reserved_concurrency:
+            found.append(
+                "extenderProvisionedConcurrency: expected 0..extenderReservedConcurrency "
+                f"({self.extender_reserved_concurrency}), got {self.extender_provisioned_concurrency}"
+            )
+        if self.api_rate_limit < 1 or self.api_burst_limit < 1:
+            found.append(
+                f"apiRateLimit, apiBurstLimit: expected >= 1, got {self.api_rate_limit}, {self.api_burst_limit}"
+            )
+        if self.max_snapshot_age_s < 60:
+            found.append(
+                f"maxSnapshotAgeS: expected >= 60 (the refresher runs every minute), got {self.max_snapshot_age_s}"
+            )
+        if self.log_retention_days not in LOG_RETENTION_DAYS:
+            found.append(f"logRetentionDays: expected one of {LOG_RETENTION_DAYS}, got {self.log_retention_days}")
+        try:
+            CostConfig.from_json(self.deletion_cost_config)
+        except ConfigError as exc:
+            found.append(f"deletionCostConfig: {exc}")
+        # The manifests' own checks (weight, image), with a placeholder URL.
+        found += [
+            f"{_SCHEDULER_KEYS.get(p.split(':')[0], p.split(':')[0])}:{p.split(':', 1)[1]}"
+            for p in self.scheduler_options("https://placeholder").problems()
+        ]
+        return found
+
+
+_SCHEDULER_KEYS = {"weight": "extenderWeight", "image": "schedulerImage"}
+
+
+def _is_id(value: str, prefix: str) -> bool:
+    """An EC2 resource ID: ``prefix-`` and 8 or 17 lowercase hex digits."""
+    return re.fullmatch(rf"{prefix}-([0-9a-f]{{8}}|[0-9a-f]{{17}})", value) is not None
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _parse(raw: Any, type_name: str) -> Any:
+    """A context value as the field's type; strings (from ``-c key=value``) are parsed."""
+    if type_name == "bool":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("true", "1", "yes"):
+            return True
+        if text in ("false", "0", "no"):
+            return False
+        raise ValueError(f"expected true or false, got {raw!r}")
+    if type_name == "int":
+        if isinstance(raw, bool):
+            raise ValueError(f"expected an integer, got {raw!r}")
+        try:
+            return int(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected an integer, got {raw!r}") from None
+    if type_name == "tuple[str, ...]":
+        items = raw.split(",") if isinstance(raw, str) else raw
+        if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+            raise ValueError(f"expected a list or a comma list of strings, got {raw!r}")
+        return tuple(i.strip() for i in items if i.strip())
+    if type_name == "Mapping[str, Any]":
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"expected a JSON object: {exc}") from None
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
+        return raw
+    if not isinstance(raw, str):
+        raise ValueError(f"expected a string, got {raw!r}")
+    return raw.strip()

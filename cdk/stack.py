@@ -1,0 +1,317 @@
+"""The one stack: wires the units together and makes every grant, with exact actions on exact resources."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aws_cdk import Acknowledgment, Aws, CfnOutput, Duration, Stack, Validations
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from cdk.cluster_access import ClusterAccess
+from cdk.config import DeployConfig
+from cdk.extender_api import ExtenderApi
+from cdk.functions import SchedulerFunction, retention
+from cdk.lambda_code import LambdaPackage
+from cdk.monitoring import Monitoring
+from cdk.refreshers import DeadLetterQueue, ScheduledRefresher
+from cdk.state import SchedulerState
+from gpu_scheduler.scheduler_manifests import all_manifests
+
+METRICS_NAMESPACE = "GpuScheduler"
+
+
+class GpuSchedulerStack(Stack):
+    """Attributes: ``state``, ``monitoring``, ``extender``, ``node_state``, ``deletion_cost`` (functions),
+    ``refreshers``, ``api``, ``access``, ``manifests`` (the Kubernetes documents, URL as a token)."""
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, config: DeployConfig, package: LambdaPackage, **kwargs: Any
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.config = config
+        log_retention = retention(config.log_retention_days)
+        vpc, subnet_ids, cluster_sg = self._network(config)
+
+        self.state = SchedulerState(self, "State")
+        self.monitoring = Monitoring(
+            self,
+            "Monitoring",
+            cluster_name=config.cluster_name,
+            alarm_email=config.alarm_email,
+            alarm_topic_arn=config.alarm_topic_arn,
+            amp_workspace_id=config.amp_workspace_id,
+        )
+        cluster_arn = f"arn:{Aws.PARTITION}:eks:{Aws.REGION}:{Aws.ACCOUNT_ID}:cluster/{config.cluster_name}"
+        deletion_cost_config = ssm.StringParameter(
+            self,
+            "DeletionCostConfig",
+            description="gpu-scheduler deletion-cost workload config (JSON; re-read every 5 minutes)",
+            string_value=json.dumps(config.deletion_cost_config, separators=(",", ":")),
+        )
+
+        common = SchedulerFunction.shared(
+            package=package, layer_scope=self, log_retention_days=config.log_retention_days
+        )
+        metrics_env = {"POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE}
+        self.extender = SchedulerFunction(
+            self,
+            "Extender",
+            name="extender",
+            description="kube-scheduler extender: filter and prioritize over the cluster snapshot",
+            environment={
+                **metrics_env,
+                "SNAPSHOT_URI": self.state.snapshot_uri,
+                "MAX_SNAPSHOT_AGE_S": str(config.max_snapshot_age_s),
+            },
+            # numpy work per request is CPU-bound: 1769 MB is one full vCPU.
+            memory_mib=1769,
+            timeout=Duration.seconds(5),  # kube-scheduler gives up after httpTimeout (3 s) anyway
+            reserved_concurrency=config.extender_reserved_concurrency,
+            **common,
+        )
+        node_state_dlq = DeadLetterQueue(self, "NodeStateDlq")
+        self.node_state = SchedulerFunction(
+            self,
+            "NodeState",
+            name="node_state",
+            description="node-state refresher: GPU labels, cluster snapshot, utilisation",
+            environment={
+                **metrics_env,
+                "CLUSTER_NAME": config.cluster_name,
+                "SNAPSHOT_URI": self.state.snapshot_uri,
+                "AMP_QUERY_URL": self.monitoring.query_url,
+            },
+            memory_mib=1769,
+            timeout=Duration.seconds(90),
+            reserved_concurrency=1,  # one run at a time: the next tick redoes the work anyway
+            dead_letter_queue=node_state_dlq,
+            **common,
+        )
+        deletion_cost_dlq = DeadLetterQueue(self, "DeletionCostDlq")
+        self.deletion_cost = SchedulerFunction(
+            self,
+            "DeletionCost",
+            name="deletion_cost",
+            description="deletion-cost refresher: controller.kubernetes.io/pod-deletion-cost on managed pods",
+            environment={
+                **metrics_env,
+                "CLUSTER_NAME": config.cluster_name,
+                "AMP_QUERY_URL": self.monitoring.query_url,
+                "DELETION_COST_CONFIG_PARAMETER": deletion_cost_config.parameter_name,
+            },
+            memory_mib=1024,
+            timeout=Duration.seconds(60),  # two passes 30 s apart (PASSES, INTERVAL_S)
+            reserved_concurrency=1,
+            dead_letter_queue=deletion_cost_dlq,
+            **common,
+        )
+        self.refreshers = {
+            "node_state": ScheduledRefresher(
+                self,
+                "NodeStateSchedule",
+                function=self.node_state.function,
+                dlq=node_state_dlq,
+                rate_minutes=config.node_state_schedule_minutes,
+            ),
+            "deletion_cost": ScheduledRefresher(
+                self,
+                "DeletionCostSchedule",
+                function=self.deletion_cost.function,
+                dlq=deletion_cost_dlq,
+                rate_minutes=config.deletion_cost_schedule_minutes,
+            ),
+        }
+        for refresher in self.refreshers.values():
+            self.monitoring.notify(refresher.alarm)
+
+        handler: lambda_.IFunction = self.extender.function
+        if config.extender_provisioned_concurrency:
+            handler = lambda_.Alias(
+                self,
+                "ExtenderLive",
+                alias_name="live",
+                version=self.extender.function.current_version,
+                provisioned_concurrent_executions=config.extender_provisioned_concurrency,
+            )
+        self.api = ExtenderApi(
+            self,
+            "ExtenderApi",
+            vpc=vpc,
+            subnet_ids=subnet_ids,
+            cluster_security_group_id=cluster_sg,
+            handler=handler,
+            rate_limit=config.api_rate_limit,
+            burst_limit=config.api_burst_limit,
+            access_log_retention=log_retention,
+        )
+
+        self._grant(cluster_arn, deletion_cost_config)
+        self.manifests = all_manifests(config.scheduler_options(self.api.url))
+        self.access = ClusterAccess(
+            self,
+            "ClusterAccess",
+            cluster_name=config.cluster_name,
+            roles={
+                "Extender": self.extender.role,
+                "NodeState": self.node_state.role,
+                "DeletionCost": self.deletion_cost.role,
+            },
+            manifests=self.manifests if config.apply_manifests else (),
+        )
+        self._acknowledge()
+        CfnOutput(self, "ExtenderUrl", value=self.api.url, description="urlPrefix for kube-scheduler")
+        CfnOutput(self, "SchedulerConfigCommand", value=self._config_command())
+        CfnOutput(self, "SnapshotUri", value=self.state.snapshot_uri)
+        CfnOutput(self, "LedgerTable", value=self.state.ledger.table_name)
+        CfnOutput(self, "ExecuteApiEndpointId", value=self.api.endpoint.ref)
+        CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)
+
+    def _network(self, config: DeployConfig) -> tuple[ec2.IVpc, list[str], str]:
+        """The cluster's VPC, the endpoint's subnets and the cluster security group; or a demo VPC."""
+        if not config.demo_vpc:
+            # Only the VPC's ID is used (by the endpoint's security group): no lookup, no AZs needed.
+            vpc = ec2.Vpc.from_vpc_attributes(self, "Vpc", vpc_id=config.vpc_id, availability_zones=["unused"])
+            return vpc, list(config.subnet_ids), config.cluster_security_group_id
+        demo = ec2.Vpc(
+            self,
+            "DemoVpc",
+            max_azs=2,
+            nat_gateways=0,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(name="private", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=24)
+            ],
+            flow_logs={"all": ec2.FlowLogOptions(traffic_type=ec2.FlowLogTrafficType.REJECT)},
+        )
+        # Stands in for the EKS cluster security group of a cluster built in this VPC.
+        cluster_sg = ec2.SecurityGroup(self, "DemoClusterSecurityGroup", vpc=demo, description="demo cluster")
+        return demo, [s.subnet_id for s in demo.isolated_subnets], cluster_sg.security_group_id
+
+    def _grant(self, cluster_arn: str, deletion_cost_config: ssm.StringParameter) -> None:
+        state = self.state
+        snapshot_prefix_list = iam.PolicyStatement(
+            # Without ListBucket a missing snapshot reads as 403, not 404; limited to the snapshot's key.
+            actions=["s3:ListBucket"],
+            resources=[state.bucket.bucket_arn],
+            conditions={"StringEquals": {"s3:prefix": [state.snapshot_key]}},
+        )
+        read_snapshot = iam.PolicyStatement(actions=["s3:GetObject"], resources=[state.snapshot_arn])
+        describe_cluster = iam.PolicyStatement(actions=["eks:DescribeCluster"], resources=[cluster_arn])
+        query_amp = iam.PolicyStatement(actions=["aps:QueryMetrics"], resources=[self.monitoring.workspace_arn])
+
+        for statement in (read_snapshot, snapshot_prefix_list):
+            self.extender.role.add_to_policy(statement)
+        for statement in (
+            read_snapshot,
+            snapshot_prefix_list,
+            iam.PolicyStatement(actions=["s3:PutObject"], resources=[state.snapshot_arn]),
+            describe_cluster,
+            query_amp,
+            # GPU facts for nodes without GFD labels. DescribeInstanceTypes has no resource-level permissions.
+            iam.PolicyStatement(actions=["ec2:DescribeInstanceTypes"], resources=["*"]),
+        ):
+            self.node_state.role.add_to_policy(statement)
+        for statement in (
+            describe_cluster,
+            query_amp,
+            iam.PolicyStatement(actions=["ssm:GetParameter"], resources=[deletion_cost_config.parameter_arn]),
+        ):
+            self.deletion_cost.role.add_to_policy(statement)
+
+    def _config_command(self) -> str:
+        sharing = " --sharing" if self.config.sharing else ""
+        return (
+            f"gpu-scheduler scheduler-config --url {self.api.url}{sharing} --weight {self.config.extender_weight} "
+            f"--image {self.config.scheduler_image} --out gpu-scheduler.yaml && kubectl apply -f gpu-scheduler.yaml"
+        )
+
+    def _acknowledge(self) -> None:
+        """cdk-nag AwsSolutions findings that are deliberate, each with its reason."""
+
+        def ack(scope: Construct, rule: str, reason: str) -> None:
+            Validations.of(scope).acknowledge(Acknowledgment(id=f"AwsSolutions::AwsSolutions-{rule}", reason=reason))
+
+        xray = (
+            "X-Ray's PutTraceSegments and PutTelemetryRecords have no resource-level permissions; "
+            "Lambda active tracing needs them on *"
+        )
+        for fn in (self.extender, self.deletion_cost):
+            ack(fn.role, "IAM5[Resource::*]", xray)
+        ack(
+            self.node_state.role,
+            "IAM5[Resource::*]",
+            xray + "; ec2:DescribeInstanceTypes (GPU facts for unlabelled nodes) has none either",
+        )
+        ack(
+            self.state.bucket,
+            "S1",
+            "the bucket holds one machine-written snapshot; every write comes from the node-state role and is "
+            "in CloudTrail, so server access logs would add a second bucket and no information",
+        )
+        if self.access.kubectl is not None:
+            self._acknowledge_kubectl_provider(self.access.kubectl, ack)
+        api = self.api.api
+        ack(api, "APIG2", "the extender validates every request body itself and answers in the protocol's Error field")
+        ack(
+            api,
+            "APIG3",
+            "private API: reachable only through the cluster's VPC endpoint (resource policy on aws:SourceVpce "
+            "and an endpoint security group admitting only the cluster)",
+        )
+        ack(
+            api,
+            "APIG4",
+            "kube-scheduler cannot sign requests or send headers; the network path and the resource policy "
+            "are the boundary (DESIGN section 6)",
+        )
+        ack(api, "COG4", "kube-scheduler cannot present Cognito tokens; see APIG4")
+        ack(
+            api,
+            "APIG6",
+            "execution logging needs the account-level API Gateway CloudWatch role, which this app must not "
+            "create or change; JSON access logs and the Lambda's own logs cover each request",
+        )
+
+    def _acknowledge_kubectl_provider(self, kubectl: Construct, ack: Any) -> None:
+        """aws_eks_v2's kubectl provider: CDK-owned, deploy-time only. cdk-nag names some findings by the
+        provider's own logical IDs, so those IDs are looked up rather than written out."""
+        provider = "aws_eks_v2's kubectl provider (CDK-owned, runs only while deploying the manifests)"
+        handler = kubectl.node.find_child("Handler")
+        handler_id = self.resolve(self.get_logical_id(handler.node.default_child))
+        ecr_public_id = self.resolve(self.get_logical_id(handler.node.find_child("HasEcrPublic")))
+        ecr_public = json.dumps(
+            {
+                "Fn::If": [
+                    ecr_public_id,
+                    {
+                        "Fn::Join": [
+                            "",
+                            [
+                                "arn:",
+                                {"Ref": "AWS::Partition"},
+                                ":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly",
+                            ],
+                        ]
+                    },
+                    {"Ref": "AWS::NoValue"},
+                ]
+            },
+            separators=(",", ":"),
+        )
+        managed = "arn:<AWS::Partition>:iam::aws:policy/"
+        for policy in (
+            f"{managed}service-role/AWSLambdaBasicExecutionRole",
+            f"{managed}AmazonEC2ContainerRegistryReadOnly",
+            ecr_public,
+        ):
+            ack(kubectl, f"IAM4[Policy::{policy}]", f"{provider} attaches this managed policy to its own roles")
+        ack(
+            kubectl,
+            f"IAM5[Resource::<{handler_id}.Arn>:*]",
+            f"{provider}: its framework invokes the handler's versions",
+        )
+        ack(kubectl, "L1", f"{provider} pins its handler's runtime")

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cdk.config import DeployConfig
+from scheduler_core.errors import ConfigError
+
+from .conftest import IMPORTED_NETWORK
+
+
+def test_context_strings_from_the_command_line_are_parsed_by_field_type() -> None:
+    config = DeployConfig.from_context(
+        {
+            "clusterName": "prod",
+            **IMPORTED_NETWORK,
+            "applyManifests": "true",
+            "extenderWeight": "7",
+            "deletionCostConfig": '{"workloads": [{"policy": "static", "static_cost": 5}]}',
+        }
+    )
+    assert config.subnet_ids == ("subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb")
+    assert config.apply_manifests is True and config.extender_weight == 7
+    assert config.deletion_cost_config["workloads"][0]["policy"] == "static"
+    assert not config.demo_vpc
+
+
+def test_without_a_vpc_the_demo_network_is_used() -> None:
+    assert DeployConfig.from_context({"clusterName": "prod"}).demo_vpc
+
+
+def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
+    with pytest.raises(ConfigError) as info:
+        DeployConfig.from_context(
+            {
+                "vpcId": "vpc-12",
+                "clusterSecurityGroupId": "sg-9",
+                "lambdaArchitecture": "sparc",
+                "extenderWeight": "heavy",
+                "logRetentionDays": 2,
+                "alarmEmail": "ops@example.com",
+                "alarmTopicArn": "arn:aws:sns:us-east-1:111122223333:alarms",
+            }
+        )
+    message = str(info.value)
+    for expected in (
+        "clusterName: required",
+        "vpcId: expected vpc- and 8 or 17 hex digits, got 'vpc-12'",
+        "subnetIds: required with vpcId",
+        "clusterSecurityGroupId: expected sg- and 8 or 17 hex digits, got 'sg-9'",
+        "lambdaArchitecture: expected arm64 or x86_64, got 'sparc'",
+        "extenderWeight: expected an integer, got 'heavy'",
+        "logRetentionDays: expected one of",
+        "alarmEmail, alarmTopicArn: give one",
+    ):
+        assert expected in message
+
+
+@pytest.mark.parametrize(
+    ("context", "expected"),
+    [
+        (
+            {"extenderProvisionedConcurrency": 30},
+            "extenderProvisionedConcurrency: expected 0..extenderReservedConcurrency",
+        ),
+        ({"extenderWeight": 0}, "extenderWeight: expected an integer in 1..100, got 0"),
+        ({"schedulerImage": "kube scheduler"}, "schedulerImage: expected a container image reference"),
+        ({"maxSnapshotAgeS": 30}, "maxSnapshotAgeS: expected >= 60"),
+        ({"nodeStateScheduleMinutes": 0}, "nodeStateScheduleMinutes: expected 1..60 minutes, got 0"),
+        ({"deletionCostConfig": {"workloads": []}}, "deletionCostConfig: workloads: expected a non-empty list"),
+        ({"deletionCostConfig": "{not json"}, "deletionCostConfig: expected a JSON object"),
+        ({"ampWorkspaceId": "prometheus"}, "ampWorkspaceId: expected ws-..., got 'prometheus'"),
+        ({"sharing": True}, "sharing: the extender's bind and preempt verbs (issue #8) are not built yet"),
+    ],
+    ids=[
+        "provisioned concurrency cannot exceed the reserved",
+        "weight zero is refused",
+        "an image with spaces is refused",
+        "a snapshot bound under the refresh period is refused",
+        "a zero-minute schedule is refused",
+        "an empty deletion-cost config is refused",
+        "deletion-cost config that is not JSON is refused",
+        "a workspace id without ws- is refused",
+        "sharing is refused until the bind verb exists",
+    ],
+)
+def test_invalid_values_name_their_key(context: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        DeployConfig.from_context({"clusterName": "prod", **context})
