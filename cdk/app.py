@@ -24,9 +24,11 @@ import aws_cdk as cdk  # noqa: E402
 import cdk_nag  # noqa: E402
 
 from cdk.config import DeployConfig  # noqa: E402
+from cdk.grafana import DASHBOARDS, render  # noqa: E402
 from cdk.lambda_code import LambdaPackage  # noqa: E402
+from cdk.prometheus import rule_groups, scrape_configuration  # noqa: E402
 from cdk.stack import GpuSchedulerStack  # noqa: E402
-from gpu_scheduler.scheduler_manifests import render_yaml  # noqa: E402
+from gpu_scheduler.scheduler_manifests import dump_yaml, render_yaml  # noqa: E402
 from scheduler_core.errors import ConfigError  # noqa: E402
 
 STACK_NAME = "GpuScheduler"
@@ -82,6 +84,18 @@ def write_manifests(stack: GpuSchedulerStack, outdir: Path) -> Path:
     return path
 
 
+def write_monitoring(outdir: Path) -> Path:
+    """``monitoring/``: the AMP rule file and scrape configuration the stack deploys, for ``promtool`` and
+    review, and the Grafana dashboards as JSON for import into Amazon Managed Grafana."""
+    folder = outdir / "monitoring"
+    (folder / "grafana").mkdir(parents=True, exist_ok=True)
+    (folder / "rules.yaml").write_text(dump_yaml(rule_groups()))
+    (folder / "scrape.yaml").write_text(dump_yaml(scrape_configuration()))
+    for name in DASHBOARDS:
+        (folder / "grafana" / f"{name}.json").write_text(json.dumps(render(name), indent=2) + "\n")
+    return folder
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     outdir = os.environ.get("CDK_OUTDIR") or str(ROOT / "cdk.out")
@@ -99,7 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     out = Path(assembly.directory)
     manifests = write_manifests(stack, out)
-    print(json.dumps(summary(assembly.get_stack_by_name(STACK_NAME).template, out, manifests), indent=2))
+    report = summary(assembly.get_stack_by_name(STACK_NAME).template, out, manifests)
+    report["monitoring"] = str(write_monitoring(out))
+    print(json.dumps(report, indent=2))
     return 0
 
 

@@ -20,7 +20,8 @@ its context key, and synth stops with all of them at once.
 | ``extenderReservedConcurrency`` | 20 | reserved concurrency of the extender function |
 | ``extenderProvisionedConcurrency`` | 0 | provisioned concurrency (0: none; >0 adds a ``live`` alias) |
 | ``apiRateLimit`` / ``apiBurstLimit`` | 500 / 1000 | stage throttling, requests per second |
-| ``maxSnapshotAgeS`` | 180 | the extender refuses an older snapshot |
+| ``maxSnapshotAgeS`` | 180 | the extender refuses an older snapshot (and the stale-snapshot alarm fires) |
+| ``ledgerConflictsAlarmPer5m`` | 50 | GPU-ledger conflicts in 5 minutes that count as a spike |
 | ``logRetentionDays`` | 30 | Lambda and API access logs |
 | ``deletionCostConfig`` | metrics policy | the deletion-cost workload config (JSON), stored in SSM |
 | ``packageDir`` | build/lambda | where ``make package`` wrote the bundles |
@@ -65,6 +66,7 @@ class DeployConfig:
     api_rate_limit: int = 500
     api_burst_limit: int = 1000
     max_snapshot_age_s: int = 180
+    ledger_conflicts_alarm_per_5m: int = 50
     log_retention_days: int = 30
     deletion_cost_config: Mapping[str, Any] = field(default_factory=lambda: DEFAULT_DELETION_COST_CONFIG)
     package_dir: str = "build/lambda"
@@ -153,6 +155,8 @@ class DeployConfig:
             found.append(
                 f"maxSnapshotAgeS: expected >= 60 (the refresher runs every minute), got {self.max_snapshot_age_s}"
             )
+        if self.ledger_conflicts_alarm_per_5m < 1:
+            found.append(f"ledgerConflictsAlarmPer5m: expected >= 1, got {self.ledger_conflicts_alarm_per_5m}")
         if self.log_retention_days not in LOG_RETENTION_DAYS:
             found.append(f"logRetentionDays: expected one of {LOG_RETENTION_DAYS}, got {self.log_retention_days}")
         try:

@@ -1,18 +1,62 @@
-"""Monitoring: where alarms go, and the Amazon Managed Prometheus workspace.
+"""Monitoring: where alarms go, the CloudWatch dashboard and alarms, and Amazon Managed Prometheus
+(workspace, managed scraper, rule groups).
 
-This is the hook the monitoring issue builds on: dashboards, the AMP scraper and rule groups go here.
-Other units create their alarms and hand them to :meth:`Monitoring.notify`.
+Other units hand their alarms to :meth:`Monitoring.notify`; :meth:`Monitoring.observe` builds the rest
+once the functions and the API exist. CloudWatch metrics are named only through
+``adapters/metric_catalogue.py``; PromQL lives in ``cdk/prometheus.py`` and the Grafana dashboards in
+``cdk/grafana.py``.
 """
 
 from __future__ import annotations
 
-from aws_cdk import Aws
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from aws_cdk import Aws, Duration, Fn
+from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_aps as aps
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
+
+from adapters.metric_catalogue import DELETION_COST, EXTENDER, NAMESPACE, NODE_STATE, spec
+from cdk.prometheus import rule_groups, scrape_configuration
+from gpu_scheduler.scheduler_manifests import SCRAPER_USER, dump_yaml
+
+MINUTE = Duration.minutes(1)
+FIVE_MINUTES = Duration.minutes(5)
+COST_RANGE_NAMES = ("warming", "default", "medium", "high")
+
+
+def metric(
+    name: str, service: str, statistic: str = "Sum", period: Duration = MINUTE, **dimensions: str
+) -> cloudwatch.Metric:
+    """A catalogued EMF metric (KeyError for one the Lambdas do not emit)."""
+    item = spec(name, service)
+    return cloudwatch.Metric(
+        namespace=NAMESPACE,
+        metric_name=item.name,
+        dimensions_map={"service": service, **dimensions},
+        statistic=statistic,
+        period=period,
+        label=f"{item.name} {statistic}" + "".join(f" {v}" for v in dimensions.values()),
+    )
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What :meth:`Monitoring.observe` watches."""
+
+    extender: lambda_.Function
+    node_state: lambda_.Function
+    deletion_cost: lambda_.Function
+    stage: apigw.Stage
+    max_snapshot_age_s: int
+    ledger_conflicts_per_5m: int = 50
 
 
 class Monitoring(Construct):
@@ -50,8 +94,268 @@ class Monitoring(Construct):
         self.workspace_arn = f"arn:{Aws.PARTITION}:aps:{Aws.REGION}:{Aws.ACCOUNT_ID}:workspace/{self.workspace_id}"
         self.query_url = f"https://aps-workspaces.{Aws.REGION}.{Aws.URL_SUFFIX}/workspaces/{self.workspace_id}"
 
+    def observe(self, watched: Watched) -> None:
+        """The CloudWatch dashboard and the alarms on the extender, the refreshers and the ledger.
+
+        Attributes set: ``dashboard``, ``alarms`` (by name).
+        """
+        self.alarms: dict[str, cloudwatch.Alarm] = {}
+        self._alarms(watched)
+        self.dashboard = cloudwatch.Dashboard(
+            self, "Dashboard", default_interval=Duration.hours(3), widgets=_widgets(watched, self.alarms)
+        )
+
+    def scrape(
+        self, *, cluster_name: str, cluster_arn: str, subnet_ids: Sequence[str], security_group_ids: Sequence[str]
+    ) -> None:
+        """The AMP managed scraper for the cluster and the rule groups AMP evaluates.
+
+        The scraper's role gets an access entry as ``aps-collector-user``, the user the RBAC in
+        ``gpu_scheduler.scheduler_manifests.scraper_rbac`` binds. Attributes set: ``scraper``, ``rules``,
+        ``scraper_access_entry``.
+        """
+        self.scraper = aps.CfnScraper(
+            self,
+            "Scraper",
+            alias=f"gpu-scheduler-{cluster_name}",
+            source=aps.CfnScraper.SourceProperty(
+                eks_configuration=aps.CfnScraper.EksConfigurationProperty(
+                    cluster_arn=cluster_arn, subnet_ids=list(subnet_ids), security_group_ids=list(security_group_ids)
+                )
+            ),
+            destination=aps.CfnScraper.DestinationProperty(
+                amp_configuration=aps.CfnScraper.AmpConfigurationProperty(workspace_arn=self.workspace_arn)
+            ),
+            # CloudFormation takes the configuration file base64-encoded.
+            scrape_configuration=aps.CfnScraper.ScrapeConfigurationProperty(
+                configuration_blob=Fn.base64(dump_yaml(scrape_configuration()))
+            ),
+        )
+        self.scraper_access_entry = eks.CfnAccessEntry(
+            self,
+            "ScraperAccessEntry",
+            cluster_name=cluster_name,
+            principal_arn=self.scraper.attr_role_arn,
+            username=SCRAPER_USER,
+            type="STANDARD",
+        )
+        self.rules = aps.CfnRuleGroupsNamespace(
+            self, "Rules", name="gpu-scheduler", workspace=self.workspace_arn, data=dump_yaml(rule_groups())
+        )
+
+    def _alarms(self, watched: Watched) -> None:
+        stage = watched.stage
+
+        def alarm(
+            name: str, description: str, metric_: cloudwatch.IMetric, threshold: float, periods: int, datapoints: int
+        ) -> None:
+            created = cloudwatch.Alarm(
+                self,
+                name,
+                alarm_description=description,
+                metric=metric_,
+                threshold=threshold,
+                evaluation_periods=periods,
+                datapoints_to_alarm=datapoints,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            )
+            self.notify(created)
+            self.alarms[name] = created
+
+        alarm(
+            "Extender5xxRate",
+            "more than 1% of extender API calls answer 5xx: kube-scheduler fails those scheduling cycles",
+            cloudwatch.MathExpression(
+                expression="IF(requests > 0, 100 * errors / requests, 0)",
+                using_metrics={
+                    "errors": stage.metric_server_error(period=MINUTE, statistic="Sum"),
+                    "requests": stage.metric_count(period=MINUTE, statistic="SampleCount"),
+                },
+                label="5xx %",
+                period=MINUTE,
+            ),
+            1,
+            5,
+            3,
+        )
+        alarm(
+            "ExtenderLatencyP99",
+            "extender p99 over 1 s, measured at API Gateway (kube-scheduler's httpTimeout is 3 s)",
+            stage.metric_latency(period=MINUTE, statistic="p99"),
+            1000,
+            5,
+            3,
+        )
+        alarm(
+            "SnapshotStale",
+            f"the extender is deciding from a snapshot older than {watched.max_snapshot_age_s} s "
+            "(node-state refresher failing or not running?)",
+            metric("SnapshotAgeSeconds", EXTENDER, "Maximum"),
+            watched.max_snapshot_age_s,
+            3,
+            2,
+        )
+        for name, function, service in (
+            ("NodeStateFailing", watched.node_state, NODE_STATE),
+            ("DeletionCostFailing", watched.deletion_cost, DELETION_COST),
+        ):
+            alarm(
+                name,
+                f"{service}: 3 or more failed runs in 5 minutes (crashes or runs reporting failure)",
+                cloudwatch.MathExpression(
+                    expression="FILL(crashes, 0) + FILL(failures, 0)",
+                    using_metrics={
+                        "crashes": function.metric_errors(period=FIVE_MINUTES, statistic="Sum"),
+                        "failures": metric("RunFailures", service, period=FIVE_MINUTES),
+                    },
+                    label="failed runs",
+                    period=FIVE_MINUTES,
+                ),
+                2,
+                1,
+                1,
+            )
+        alarm(
+            "LedgerConflictSpike",
+            f"more than {watched.ledger_conflicts_per_5m} GPU-ledger conflicts in 5 minutes: binds are contending",
+            metric("LedgerConflicts", EXTENDER, period=FIVE_MINUTES),
+            watched.ledger_conflicts_per_5m,
+            1,
+            1,
+        )
+
     def notify(self, alarm: cloudwatch.Alarm) -> None:
         """Send this alarm's state changes (alarm and back to OK) to the topic."""
         action = cw_actions.SnsAction(self.topic)
         alarm.add_alarm_action(action)
         alarm.add_ok_action(action)
+
+
+def _graph(
+    title: str,
+    metrics: Sequence[cloudwatch.IMetric],
+    *,
+    width: int = 8,
+    unit: str = "",
+    annotations: Sequence[cloudwatch.HorizontalAnnotation] = (),
+    stacked: bool = False,
+) -> cloudwatch.GraphWidget:
+    return cloudwatch.GraphWidget(
+        title=title,
+        left=list(metrics),
+        width=width,
+        height=6,
+        stacked=stacked,
+        left_y_axis=cloudwatch.YAxisProps(label=unit, show_units=False) if unit else None,
+        left_annotations=list(annotations) or None,
+    )
+
+
+def _widgets(watched: Watched, alarms: Mapping[str, cloudwatch.Alarm]) -> list[list[cloudwatch.IWidget]]:
+    stage, extender = watched.stage, watched.extender
+    percentiles = ("p50", "p90", "p99")
+    unschedulable = cloudwatch.MathExpression(
+        # One line per reason the extender has reported, whatever reasons appear.
+        expression=(
+            f"SEARCH('{{{NAMESPACE},service,reason}} MetricName=\"Unschedulable\" service=\"{EXTENDER}\"', 'Sum', 300)"
+        ),
+        using_metrics={},
+        label="",
+        period=FIVE_MINUTES,
+    )
+    extender_row: list[cloudwatch.IWidget] = [
+        cloudwatch.TextWidget(
+            markdown="## Extender: is kube-scheduler getting fast, correct answers?", width=24, height=1
+        ),
+        _graph(
+            "Extender latency: Lambda duration",
+            [extender.metric_duration(statistic=p, period=MINUTE) for p in percentiles],
+            unit="ms",
+        ),
+        _graph(
+            "Extender latency: filter and prioritize in the handler",
+            [metric("FilterLatencyMs", EXTENDER, p) for p in percentiles]
+            + [metric("PrioritizeLatencyMs", EXTENDER, "p99")],
+            unit="ms",
+        ),
+        _graph(
+            "Extender latency: at API Gateway (p99 alarm at 1 s)",
+            [stage.metric_latency(statistic=p, period=MINUTE) for p in percentiles]
+            + [stage.metric_integration_latency(statistic="p99", period=MINUTE)],
+            unit="ms",
+            annotations=[cloudwatch.HorizontalAnnotation(value=1000, label="alarm")],
+        ),
+        _graph(
+            "Errors and throttles",
+            [
+                stage.metric_client_error(period=MINUTE, statistic="Sum"),
+                stage.metric_server_error(period=MINUTE, statistic="Sum"),
+                extender.metric_errors(period=MINUTE),
+                extender.metric_throttles(period=MINUTE),
+                metric("BadRequests", EXTENDER),
+                metric("InternalErrors", EXTENDER),
+            ],
+        ),
+        _graph(
+            "Nodes per filter call",
+            [metric("NodesIn", EXTENDER, "Average"), metric("NodesFeasible", EXTENDER, "Average")],
+        ),
+        _graph("Unschedulable pods by reason", [unschedulable], stacked=True),
+        _graph(
+            "Snapshot age",
+            [metric("SnapshotAgeSeconds", EXTENDER, "Maximum")],
+            unit="s",
+            annotations=[cloudwatch.HorizontalAnnotation(value=watched.max_snapshot_age_s, label="bound")],
+        ),
+        cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(alarms.values()), width=8, height=6),
+    ]
+    refresher_row: list[cloudwatch.IWidget] = [
+        cloudwatch.TextWidget(
+            markdown="## Refreshers: is the state fresh and are the writes landing?", width=24, height=1
+        ),
+        _graph(
+            "Run duration",
+            [
+                metric("RunMs", NODE_STATE, "Maximum"),
+                metric("RunMs", DELETION_COST, "Maximum"),
+                watched.node_state.metric_duration(statistic="Maximum", period=MINUTE),
+            ],
+            unit="ms",
+        ),
+        _graph(
+            "Node labels",
+            [
+                metric(n, NODE_STATE)
+                for n in ("NodesLabeled", "LabelPatchFailures", "LabelPatchesSkipped", "NodesWithoutGpuInfo")
+            ],
+        ),
+        _graph(
+            "Deletion-cost writes",
+            [metric(n, DELETION_COST) for n in ("CostPatches", "PatchFailures", "MetricsMissing", "PodsGone")],
+        ),
+        _graph(
+            "Failures",
+            [
+                metric("RunFailures", NODE_STATE),
+                metric("RunFailures", DELETION_COST),
+                metric("AmpQueryFailures", NODE_STATE),
+                metric("MetricQueryFailures", DELETION_COST),
+                watched.node_state.metric_errors(period=MINUTE),
+                watched.deletion_cost.metric_errors(period=MINUTE),
+            ],
+        ),
+        _graph("AMP query latency", [metric("AmpQueryMs", NODE_STATE, p) for p in ("p50", "p99")], unit="ms"),
+        _graph("Snapshot size", [metric("SnapshotBytes", NODE_STATE, "Maximum")], unit="bytes"),
+    ]
+    state_row: list[cloudwatch.IWidget] = [
+        cloudwatch.TextWidget(markdown="## GPU ledger and scale-down order", width=24, height=1),
+        _graph("GPU-ledger conflicts", [metric("LedgerConflicts", EXTENDER, period=FIVE_MINUTES)], width=12),
+        _graph(
+            "Deletion-cost distribution: managed pods by cost range",
+            [metric("PodsByCostRange", DELETION_COST, "Maximum", range=name) for name in COST_RANGE_NAMES],
+            width=12,
+            stacked=True,
+        ),
+    ]
+    return [extender_row, refresher_row, state_row]

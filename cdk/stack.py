@@ -12,17 +12,16 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from adapters.metric_catalogue import DELETION_COST, EXTENDER, NAMESPACE, NODE_STATE
 from cdk.cluster_access import ClusterAccess
 from cdk.config import DeployConfig
 from cdk.extender_api import ExtenderApi
 from cdk.functions import SchedulerFunction, retention
 from cdk.lambda_code import LambdaPackage
-from cdk.monitoring import Monitoring
+from cdk.monitoring import Monitoring, Watched
 from cdk.refreshers import DeadLetterQueue, ScheduledRefresher
 from cdk.state import SchedulerState
 from gpu_scheduler.scheduler_manifests import all_manifests
-
-METRICS_NAMESPACE = "GpuScheduler"
 
 
 class GpuSchedulerStack(Stack):
@@ -57,11 +56,12 @@ class GpuSchedulerStack(Stack):
         common = SchedulerFunction.shared(
             package=package, layer_scope=self, log_retention_days=config.log_retention_days
         )
-        metrics_env = {"POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE}
+        metrics_env = {"POWERTOOLS_METRICS_NAMESPACE": NAMESPACE}
         self.extender = SchedulerFunction(
             self,
             "Extender",
             name="extender",
+            service=EXTENDER,
             description="kube-scheduler extender: filter and prioritize over the cluster snapshot",
             environment={
                 **metrics_env,
@@ -79,6 +79,7 @@ class GpuSchedulerStack(Stack):
             self,
             "NodeState",
             name="node_state",
+            service=NODE_STATE,
             description="node-state refresher: GPU labels, cluster snapshot, utilisation",
             environment={
                 **metrics_env,
@@ -97,6 +98,7 @@ class GpuSchedulerStack(Stack):
             self,
             "DeletionCost",
             name="deletion_cost",
+            service=DELETION_COST,
             description="deletion-cost refresher: controller.kubernetes.io/pod-deletion-cost on managed pods",
             environment={
                 **metrics_env,
@@ -150,6 +152,22 @@ class GpuSchedulerStack(Stack):
             access_log_retention=log_retention,
         )
 
+        self.monitoring.observe(
+            Watched(
+                extender=self.extender.function,
+                node_state=self.node_state.function,
+                deletion_cost=self.deletion_cost.function,
+                stage=self.api.api.deployment_stage,
+                max_snapshot_age_s=config.max_snapshot_age_s,
+                ledger_conflicts_per_5m=config.ledger_conflicts_alarm_per_5m,
+            )
+        )
+        self.monitoring.scrape(
+            cluster_name=config.cluster_name,
+            cluster_arn=cluster_arn,
+            subnet_ids=subnet_ids,
+            security_group_ids=[cluster_sg],
+        )
         self._grant(cluster_arn, deletion_cost_config)
         self.manifests = all_manifests(config.scheduler_options(self.api.url))
         self.access = ClusterAccess(

@@ -20,18 +20,29 @@ PROMTOOL = shutil.which("promtool")
 MISSING = "Debian package 'prometheus' is not installed (.ci/run installs it)"
 
 
-Series = Mapping[tuple[tuple[str, str], ...], float]
+# A value is a constant (a gauge), or (start, increase per second): a counter, as a histogram's
+# ``_bucket``/``_count``/``_sum`` series are too.
+Series = Mapping[tuple[tuple[str, str], ...], float | tuple[float, float]]
 
 
 def openmetrics(families: Mapping[str, Series], *, end: float, minutes: int = 15) -> str:
-    """One gauge sample every 15 s for ``minutes`` up to ``end``, per labelled series of each metric."""
+    """One sample every 15 s for ``minutes`` up to ``end``, per labelled series of each metric.
+
+    Every family is declared a gauge: Prometheus stores samples the same way whatever the type, and
+    ``rate()`` works on any series, so a growing "gauge" stands in for a counter.
+    """
     lines = []
-    stamps = range(int(end) - 60 * minutes, int(end) + 1, 15)
+    first = int(end) - 60 * minutes
+    stamps = range(first, int(end) + 1, 15)
     for metric, series in families.items():
         lines.append(f"# TYPE {metric} gauge")
         for labels, value in series.items():
             text = ",".join(f'{key}="{val}"' for key, val in labels)
-            lines += [f"{metric}{{{text}}} {value} {stamp}" for stamp in stamps]
+            if isinstance(value, tuple):
+                start, per_s = value
+                lines += [f"{metric}{{{text}}} {start + per_s * (stamp - first)} {stamp}" for stamp in stamps]
+            else:
+                lines += [f"{metric}{{{text}}} {value} {stamp}" for stamp in stamps]
     return "\n".join([*lines, "# EOF"]) + "\n"
 
 
@@ -42,22 +53,28 @@ def _free_port() -> int:
 
 
 @contextmanager
-def prometheus_with(families: Mapping[str, Series], workdir: Path, *, minutes: int = 15) -> Iterator[str]:
-    """Backfill ``{metric: {labels: value}}`` (ending 15 s ago), start Prometheus on a free port, yield its URL."""
+def prometheus_with(
+    families: Mapping[str, Series], workdir: Path, *, minutes: int = 15, config: str = ""
+) -> Iterator[str]:
+    """Backfill ``{metric: {labels: value}}`` (ending 15 s ago), start Prometheus on a free port, yield its URL.
+
+    ``config`` replaces the default configuration (nothing scraped), e.g. to scrape a local exporter.
+    """
     if not (PROMETHEUS and PROMTOOL):
         raise RuntimeError(MISSING)
     data = workdir / "tsdb"
-    source = workdir / "series.om"
-    source.write_text(openmetrics(families, end=time.time() - 15, minutes=minutes))
-    subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
-                   check=True, capture_output=True)  # fmt: skip
-    config = workdir / "prometheus.yml"
-    config.write_text("global:\n  scrape_interval: 1m\n")
+    if families:
+        source = workdir / "series.om"
+        source.write_text(openmetrics(families, end=time.time() - 15, minutes=minutes))
+        subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
+                       check=True, capture_output=True)  # fmt: skip
+    config_path = workdir / "prometheus.yml"
+    config_path.write_text(config or "global:\n  scrape_interval: 1m\n")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = (workdir / "prometheus.log").open("wb")
     process = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={data}",
+        [PROMETHEUS, f"--config.file={config_path}", f"--storage.tsdb.path={data}",
          f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip

@@ -41,6 +41,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SCHEDULER_NAME = "gpu-scheduler"
 # The Kubernetes group the Lambdas' IAM roles are mapped to by their EKS access entries.
 LAMBDA_GROUP = "gpu-scheduler:lambdas"
+# The Kubernetes user the AMP managed scraper's role is mapped to.
+SCRAPER_USER = "aps-collector-user"
 # kube-scheduler must not be newer than the API server: set the tag to the cluster's minor version.
 DEFAULT_IMAGE = "registry.k8s.io/kube-scheduler:v1.33.5"
 CONFIG_PATH = "/etc/kubernetes/gpu-scheduler"
@@ -235,7 +237,14 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
     container = {
         "name": "kube-scheduler",
         "image": options.image,
-        "command": ["kube-scheduler", f"--config={CONFIG_PATH}/config.yaml", "--v=2"],
+        "command": [
+            "kube-scheduler",
+            f"--config={CONFIG_PATH}/config.yaml",
+            # /metrics without a token, for the AMP managed scraper (which cannot present one); the
+            # probe paths are already anonymous by default.
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            "--v=2",
+        ],
         "ports": [{"name": "https", "containerPort": SECURE_PORT}],
         "livenessProbe": probe | {"initialDelaySeconds": 15, "periodSeconds": 10, "failureThreshold": 3},
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": SECURE_PORT, "scheme": "HTTPS"}}
@@ -301,9 +310,37 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
     ]
 
 
+def scraper_rbac() -> list[dict[str, Any]]:
+    """What the AMP managed scraper needs to discover and scrape pods, bound to the user its access entry
+    names (``aps-collector-user``, as the AMP documentation sets it up)."""
+    name = "gpu-scheduler-aps-collector"
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": _meta(name),
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["nodes", "nodes/metrics", "services", "endpoints", "pods"],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {"nonResourceURLs": ["/metrics"], "verbs": ["get"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": _meta(name),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SCRAPER_USER}],
+        },
+    ]
+
+
 def all_manifests(options: SchedulerOptions, *, group: str = LAMBDA_GROUP) -> list[dict[str, Any]]:
-    """The Lambdas' RBAC and the second scheduler: everything ``gpu-scheduler.yaml`` holds."""
-    return [*extender_rbac(group), *scheduler_manifests(options)]
+    """The Lambdas' and the scraper's RBAC and the second scheduler: everything ``gpu-scheduler.yaml`` holds."""
+    return [*extender_rbac(group), *scraper_rbac(), *scheduler_manifests(options)]
 
 
 class _Dumper(yaml.SafeDumper):  # type: ignore[misc]

@@ -128,3 +128,16 @@ class FakeLambdaContext:
     memory_limit_in_mb = 512
     invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:gpu-scheduler-extender"
     aws_request_id = "52fdfc07-2182-154f-163f-5f0f9a621d72"
+
+
+def assert_catalogued(emf_documents: list[dict[str, Any]], service: str) -> set[str]:
+    """Every metric in these EMF documents is catalogued for ``service`` with the same unit and dimensions;
+    returns the names seen."""
+    from adapters.metric_catalogue import emitted, spec
+
+    names = set()
+    for name, unit, dimensions in emitted(emf_documents):
+        expected = spec(name, service)
+        assert (unit, dimensions) == (expected.unit, tuple(sorted(expected.all_dimensions))), name
+        names.add(name)
+    return names

@@ -35,6 +35,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from adapters.amp import PrometheusClient, PrometheusQueryError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import CostPod
+from adapters.metric_catalogue import DELETION_COST, NAMESPACE
 from lambdas.deletion_cost.config import MANAGED_SELECTOR, DeletionCostSettings
 from scheduler_core.deletion_cost import ANNOTATION, CostConfig, format_cost
 from scheduler_core.deletion_plan import (
@@ -285,8 +286,9 @@ def _ranges(pods: Sequence[Mapping[str, Any]], costs: Mapping[str, int | None]) 
 
 
 # ---- Lambda entry point --------------------------------------------------------------------------
-logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "gpu-scheduler-deletion-cost"))
-metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "GpuScheduler"))
+logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", DELETION_COST))
+# Every metric carries the service dimension (adapters/metric_catalogue.py), set or not in the environment.
+metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", NAMESPACE), service=logger.service)
 _SETTINGS: DeletionCostSettings | None = None
 _SERVICES: CostServices | None = None
 _LAST_GOOD: CostConfig | None = None

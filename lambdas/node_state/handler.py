@@ -41,6 +41,7 @@ from adapters.amp import PrometheusClient, PrometheusQueryError, utilization_by_
 from adapters.ec2_gpu import GpuInfoCatalog
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import SchedulingPod
+from adapters.metric_catalogue import NAMESPACE, NODE_STATE
 from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
 from lambdas.node_state.config import NodeStateSettings
 from scheduler_core.node_labels import LabelPolicy, desired_info, label_changes
@@ -307,8 +308,9 @@ def _settings() -> NodeStateSettings:
 
 # Powertools reads POWERTOOLS_SERVICE_NAME and POWERTOOLS_METRICS_NAMESPACE itself. The settings are
 # read on the first invocation: a bad deployment fails that run with every problem named.
-logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "gpu-scheduler-node-state"))
-metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "GpuScheduler"))
+logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", NODE_STATE))
+# Every metric carries the service dimension (adapters/metric_catalogue.py), set or not in the environment.
+metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", NAMESPACE), service=logger.service)
 
 _METRICS = (
     ("NodesSeen", "nodes_seen", MetricUnit.Count),

@@ -13,6 +13,7 @@ import pytest
 
 from adapters.amp import PrometheusClient
 from adapters.kube import connect_url
+from adapters.metric_catalogue import CATALOGUE, DELETION_COST
 from gpu_scheduler.kube_double import KubeApiDouble
 from lambdas.deletion_cost import handler
 from lambdas.deletion_cost.config import DeletionCostSettings
@@ -20,7 +21,7 @@ from scheduler_core.deletion_cost import ANNOTATION, CostConfig
 from scheduler_core.errors import ConfigError
 from scheduler_core.replicaset import scale_down_order
 from scheduler_core.synthetic import make_pod
-from tests.conftest import FakeLambdaContext
+from tests.conftest import FakeLambdaContext, assert_catalogued
 from tests.prometheus_server import prometheus_with, requires_prometheus
 
 TOKEN = "cost-token"
@@ -322,3 +323,4 @@ def test_lambda_handler_emits_counts_and_the_cost_histogram(
     ranges = {d["range"]: d["PodsByCostRange"] for d in docs if "PodsByCostRange" in d}
     ranges = {k: v[0] if isinstance(v, list) else v for k, v in ranges.items()}
     assert set(ranges) == {"warming", "default", "medium", "high"} and sum(ranges.values()) == 270
+    assert assert_catalogued(docs, DELETION_COST) == {m.name for m in CATALOGUE if m.service == DELETION_COST}

@@ -11,11 +11,13 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from adapters.metric_catalogue import CATALOGUE, EXTENDER
 from scheduler_core.snapshot import build_snapshot, write_snapshot
 from tests.conftest import (
     SCHEDULER_FIXTURES,
     FakeLambdaContext,
     api_gateway_event,
+    assert_catalogued,
     captured_nodes,
     fixture_id,
     load_fixture,
@@ -312,3 +314,26 @@ def test_locality_settings_come_from_the_environment_and_are_validated():
         ExtenderSettings.from_env({"LOCALITY_ZONE_ALPHA": "2", "SCORE_WEIGHT_LOCALITY": "-1"})
     with pytest.raises(ConfigError, match="LOCALITY_ZONE_VALUES: expected a JSON object"):
         ExtenderSettings.from_env({"LOCALITY_ZONE_VALUES": "[1]"})
+
+
+def test_every_metric_emitted_is_catalogued_and_every_catalogued_one_is_emitted(aws, invoke, monkeypatch):
+    """The CDK dashboards and alarms name metrics through the catalogue: drift would leave them empty."""
+    put_snapshot(aws, make_nodes("T4", "A100"))
+    call = invoke(MAX_BODY_BYTES="1000")
+    documents = []
+    for method, path, body in [
+        ("POST", "/filter", json.dumps({"Pod": make_pod("fits", 1), "NodeNames": ["t4-0", "a100-1"]})),
+        ("POST", "/filter", json.dumps({"Pod": make_pod("too-big", 64), "NodeNames": ["t4-0"]})),
+        ("POST", "/prioritize", json.dumps({"Pod": make_pod("fits", 1), "NodeNames": ["t4-0", "a100-1"]})),
+        ("POST", "/filter", "{not json"),
+    ]:
+        call(method, path, body)
+        documents += call.emf
+    monkeypatch.setattr(call.handler.EXTENDER, "respond", lambda *_: 1 / 0)
+    call("POST", "/filter", json.dumps({"Pod": make_pod("p", 1), "NodeNames": ["t4-0"]}))
+    documents += call.emf
+    missing = invoke(SNAPSHOT_URI="s3://gpu-scheduler-state/absent.npz")
+    missing("POST", "/filter", json.dumps({"Pod": make_pod("p", 1), "NodeNames": ["t4-0"]}))
+    documents += missing.emf
+    seen = assert_catalogued(documents, EXTENDER)
+    assert seen == {m.name for m in CATALOGUE if m.service == EXTENDER and not m.planned}

@@ -14,6 +14,7 @@ import pytest
 from adapters.amp import PrometheusClient
 from adapters.ec2_gpu import GpuInfoCatalog
 from adapters.kube import connect_url
+from adapters.metric_catalogue import CATALOGUE, NODE_STATE
 from adapters.snapshot_store import open_store
 from gpu_scheduler.kube_double import KubeApiDouble
 from lambdas.node_state import handler
@@ -23,7 +24,7 @@ from scheduler_core.errors import ConfigError
 from scheduler_core.node_labels import OWNED_LABELS
 from scheduler_core.snapshot import read_snapshot
 from scheduler_core.synthetic import eks_cluster
-from tests.conftest import FakeLambdaContext
+from tests.conftest import FakeLambdaContext, assert_catalogued
 from tests.prometheus_server import prometheus_with, requires_prometheus
 
 TOKEN = "refresher-token"
@@ -255,6 +256,7 @@ def test_lambda_handler_emits_the_metrics(
             "RunMs"} <= names  # fmt: skip
     last = {k: v[0] if isinstance(v, list) else v for k, v in emf[-1].items()}
     assert last["NodesSeen"] == 500 and last["NodesLabeled"] == 425 and last["RunFailures"] == 0
+    assert assert_catalogued(emf, NODE_STATE) == {m.name for m in CATALOGUE if m.service == NODE_STATE}
 
 
 def test_settings_name_every_problem() -> None:

@@ -1,0 +1,106 @@
+"""Every CloudWatch metric the Lambdas emit (EMF, one namespace), with its unit and dimensions.
+
+The handlers' tests check that what each Lambda emits is exactly what is catalogued here, and the CDK
+dashboards and alarms (``cdk/monitoring.py``) name metrics only through this module, so a renamed metric
+cannot leave a dashboard silently empty. Every metric carries the ``service`` dimension (the Lambda's
+``POWERTOOLS_SERVICE_NAME``); a few add one more, listed in ``dimensions``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NAMESPACE = "GpuScheduler"
+EXTENDER = "gpu-scheduler-extender"
+NODE_STATE = "gpu-scheduler-node-state"
+DELETION_COST = "gpu-scheduler-deletion-cost"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    service: str
+    unit: str  # the EMF unit name, as Powertools writes it
+    description: str
+    dimensions: tuple[str, ...] = ()  # beyond ``service``
+    planned: str = ""  # the issue that will emit it, for a metric catalogued ahead of its emitter
+
+    @property
+    def all_dimensions(self) -> tuple[str, ...]:
+        return ("service", *self.dimensions)
+
+
+CATALOGUE: tuple[MetricSpec, ...] = (
+    # The extender: one set per filter or prioritize call.
+    MetricSpec("FilterLatencyMs", EXTENDER, "Milliseconds", "filter handling time inside the Lambda"),
+    MetricSpec("PrioritizeLatencyMs", EXTENDER, "Milliseconds", "prioritize handling time inside the Lambda"),
+    MetricSpec("NodesIn", EXTENDER, "Count", "nodes kube-scheduler sent to filter"),
+    MetricSpec("NodesFeasible", EXTENDER, "Count", "nodes that passed filter"),
+    MetricSpec("SnapshotAgeSeconds", EXTENDER, "Seconds", "age of the snapshot the decision used"),
+    MetricSpec("BadRequests", EXTENDER, "Count", "requests answered 4xx (not JSON, wrong shape, too large)"),
+    MetricSpec("InternalErrors", EXTENDER, "Count", "requests answered 500"),
+    MetricSpec(
+        "Unschedulable", EXTENDER, "Count", "filter calls with no feasible node, by the main reason", ("reason",)
+    ),
+    MetricSpec("SnapshotRefreshFailures", EXTENDER, "Count", "snapshot reloads that failed, by cause", ("reason",)),
+    MetricSpec("LedgerConflicts", EXTENDER, "Count", "bind retries after a ledger version conflict", planned="#8"),
+    # The node-state refresher: one set per run.
+    MetricSpec("NodesSeen", NODE_STATE, "Count", "nodes listed"),
+    MetricSpec("NodesLabeled", NODE_STATE, "Count", "nodes whose GPU labels were patched"),
+    MetricSpec("LabelPatchFailures", NODE_STATE, "Count", "label patches that failed"),
+    MetricSpec("LabelPatchesSkipped", NODE_STATE, "Count", "label patches left for the next run (deadline)"),
+    MetricSpec("NodesWithoutGpuInfo", NODE_STATE, "Count", "GPU nodes with no GFD labels and no EC2 GpuInfo"),
+    MetricSpec("SnapshotBytes", NODE_STATE, "Bytes", "size of the snapshot written"),
+    MetricSpec("SnapshotWriteMs", NODE_STATE, "Milliseconds", "time to write the snapshot"),
+    MetricSpec("AmpQueryMs", NODE_STATE, "Milliseconds", "time of the GPU-utilisation query to AMP"),
+    MetricSpec("AmpQueryFailures", NODE_STATE, "Count", "utilisation queries that failed"),
+    MetricSpec("RunMs", NODE_STATE, "Milliseconds", "whole run"),
+    MetricSpec("RunFailures", NODE_STATE, "Count", "runs that did not finish (API unreachable, bad config)"),
+    # The deletion-cost refresher: one set per invocation (all passes), and the last pass's histogram.
+    MetricSpec("PodsSeen", DELETION_COST, "Count", "managed pods listed"),
+    MetricSpec("CostPatches", DELETION_COST, "Count", "deletion-cost annotations written"),
+    MetricSpec("CostUnchanged", DELETION_COST, "Count", "pods whose cost moved less than the hysteresis"),
+    MetricSpec("MetricsMissing", DELETION_COST, "Count", "pods kept at their cost for lack of a metric"),
+    MetricSpec("PatchFailures", DELETION_COST, "Count", "annotation writes that failed"),
+    MetricSpec("PodsGone", DELETION_COST, "Count", "pods deleted between list and write"),
+    MetricSpec("MetricQueryFailures", DELETION_COST, "Count", "PromQL queries that failed"),
+    MetricSpec("RunMs", DELETION_COST, "Milliseconds", "whole invocation"),
+    MetricSpec("RunFailures", DELETION_COST, "Count", "invocations that did not finish"),
+    MetricSpec(
+        "PodsByCostRange",
+        DELETION_COST,
+        "Count",
+        "managed pods by cost range: warming, default, medium, high",
+        ("range",),
+    ),
+)
+
+
+def spec(name: str, service: str) -> MetricSpec:
+    """The catalogued metric ``name`` of ``service``; KeyError names both when there is none."""
+    for item in CATALOGUE:
+        if item.name == name and item.service == service:
+            return item
+    raise KeyError(f"metric {name!r} of {service!r} is not in adapters/metric_catalogue.py")
+
+
+def emitted(emf_documents: list[dict[str, object]]) -> set[tuple[str, str, tuple[str, ...]]]:
+    """(name, unit, sorted dimensions) of every metric declared in EMF documents (one JSON line each)."""
+    found = set()
+    for doc in emf_documents:
+        aws = doc["_aws"]
+        assert isinstance(aws, dict)
+        for directive in aws["CloudWatchMetrics"]:
+            (dimensions,) = directive["Dimensions"]
+            for metric in directive["Metrics"]:
+                found.add((metric["Name"], metric["Unit"], tuple(sorted(dimensions))))
+    return found
+
+
+def markdown_table() -> str:
+    """The catalogue as the README's table (a test keeps the README's copy identical)."""
+    rows = ["| service | metric | unit | dimensions | meaning |", "|---|---|---|---|---|"]
+    for item in CATALOGUE:
+        meaning = item.description + (f" (emitted once {item.planned} lands)" if item.planned else "")
+        rows.append(f"| {item.service} | `{item.name}` | {item.unit} | {', '.join(item.all_dimensions)} | {meaning} |")
+    return "\n".join(rows) + "\n"
