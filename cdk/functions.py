@@ -12,6 +12,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from adapters.metric_catalogue import NAMESPACE
 from cdk.lambda_code import RUNTIME, LambdaPackage
 
 
@@ -28,8 +29,6 @@ class SchedulerFunction(Construct):
 
     Attributes: ``function``, ``role``, ``log_group``.
     """
-
-    shared = Shared
 
     def __init__(
         self,
@@ -78,7 +77,8 @@ class SchedulerFunction(Construct):
             handler=f"lambdas.{name}.handler.lambda_handler",
             layers=[*package.layers(layer_scope, name), *layers],
             description=description,
-            environment={"POWERTOOLS_SERVICE_NAME": service, **environment},
+            # Every metric lands in one namespace with its service dimension (adapters/metric_catalogue.py).
+            environment={"POWERTOOLS_SERVICE_NAME": service, "POWERTOOLS_METRICS_NAMESPACE": NAMESPACE, **environment},
             memory_size=memory_mib,
             timeout=timeout,
             reserved_concurrent_executions=reserved_concurrency,

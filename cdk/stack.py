@@ -12,11 +12,11 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from adapters.metric_catalogue import DELETION_COST, EXTENDER, NAMESPACE, NODE_STATE
+from adapters.metric_catalogue import DELETION_COST, EXTENDER, NODE_STATE
 from cdk.cluster_access import ClusterAccess
 from cdk.config import DeployConfig
 from cdk.extender_api import ExtenderApi
-from cdk.functions import SchedulerFunction, retention
+from cdk.functions import SchedulerFunction, Shared, retention
 from cdk.lambda_code import LambdaPackage
 from cdk.monitoring import Monitoring, Watched
 from cdk.refreshers import DeadLetterQueue, ScheduledRefresher
@@ -53,10 +53,7 @@ class GpuSchedulerStack(Stack):
             string_value=json.dumps(config.deletion_cost_config, separators=(",", ":")),
         )
 
-        common = SchedulerFunction.shared(
-            package=package, layer_scope=self, log_retention_days=config.log_retention_days
-        )
-        metrics_env = {"POWERTOOLS_METRICS_NAMESPACE": NAMESPACE}
+        common = Shared(package=package, layer_scope=self, log_retention_days=config.log_retention_days)
         self.extender = SchedulerFunction(
             self,
             "Extender",
@@ -64,7 +61,6 @@ class GpuSchedulerStack(Stack):
             service=EXTENDER,
             description="kube-scheduler extender: filter and prioritize over the cluster snapshot",
             environment={
-                **metrics_env,
                 "SNAPSHOT_URI": self.state.snapshot_uri,
                 "MAX_SNAPSHOT_AGE_S": str(config.max_snapshot_age_s),
             },
@@ -82,7 +78,6 @@ class GpuSchedulerStack(Stack):
             service=NODE_STATE,
             description="node-state refresher: GPU labels, cluster snapshot, utilisation",
             environment={
-                **metrics_env,
                 "CLUSTER_NAME": config.cluster_name,
                 "SNAPSHOT_URI": self.state.snapshot_uri,
                 "AMP_QUERY_URL": self.monitoring.query_url,
@@ -101,7 +96,6 @@ class GpuSchedulerStack(Stack):
             service=DELETION_COST,
             description="deletion-cost refresher: controller.kubernetes.io/pod-deletion-cost on managed pods",
             environment={
-                **metrics_env,
                 "CLUSTER_NAME": config.cluster_name,
                 "AMP_QUERY_URL": self.monitoring.query_url,
                 "DELETION_COST_CONFIG_PARAMETER": deletion_cost_config.parameter_name,

@@ -15,6 +15,7 @@ import pytest
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from aws_cdk import App, Stack
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk.assertions import Template
 
 from cdk.app import build_app
@@ -82,3 +83,14 @@ def synth(package_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callab
 def bare_stack() -> Stack:
     """A stack of its own for one construct (STYLE 16), environment-agnostic like the real one."""
     return Stack(App(), "Bare")
+
+
+def inline_function(stack: Stack) -> lambda_.Function:
+    """A stand-in Lambda function with inline code, for constructs that take one."""
+    return lambda_.Function(
+        stack,
+        "Handler",
+        runtime=lambda_.Runtime.PYTHON_3_14,
+        handler="index.handler",
+        code=lambda_.Code.from_inline("def handler(event, context): pass"),
+    )

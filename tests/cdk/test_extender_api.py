@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk.assertions import Template
 
 from cdk.extender_api import ACCESS_LOG_FIELDS, STAGE, ExtenderApi
 
-from .conftest import bare_stack
+from .conftest import bare_stack, inline_function
 
 CLUSTER_SG = "sg-0cccccccccccccccc"
 
@@ -19,13 +18,7 @@ CLUSTER_SG = "sg-0cccccccccccccccc"
 def _template() -> Template:
     stack = bare_stack()
     vpc = ec2.Vpc.from_vpc_attributes(stack, "Vpc", vpc_id="vpc-0123456789abcdef0", availability_zones=["unused"])
-    handler = lambda_.Function(
-        stack,
-        "Handler",
-        runtime=lambda_.Runtime.PYTHON_3_14,
-        handler="index.handler",
-        code=lambda_.Code.from_inline("def handler(event, context): pass"),
-    )
+    handler = inline_function(stack)
     ExtenderApi(
         stack,
         "Api",

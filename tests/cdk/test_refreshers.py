@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk.assertions import Match, Template
 
 from cdk.refreshers import DeadLetterQueue, ScheduledRefresher
 
-from .conftest import bare_stack
+from .conftest import bare_stack, inline_function
 
 
 def _template() -> Template:
     stack = bare_stack()
-    function = lambda_.Function(
-        stack,
-        "Handler",
-        runtime=lambda_.Runtime.PYTHON_3_14,
-        handler="index.handler",
-        code=lambda_.Code.from_inline("def handler(event, context): pass"),
-    )
+    function = inline_function(stack)
     ScheduledRefresher(stack, "Refresher", function=function, dlq=DeadLetterQueue(stack, "Dlq"), rate_minutes=5)
     return Template.from_stack(stack)
 
