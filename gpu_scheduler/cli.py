@@ -170,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     ns.add_argument("--seed", type=int, default=0)
     ns.add_argument("--concurrency", type=int, default=8, help="label patches in flight")
     ns.add_argument("--json", action="store_true", help="JSON output (the only format)")
+    led = suites.add_parser("ledger", help="GPU-ledger binds under contention against moto's DynamoDB server")
+    led.add_argument("--threads", type=int, default=8)
+    led.add_argument("--pods", type=int, default=2000)
+    led.add_argument("--json", action="store_true", help="JSON output (the only format)")
     syn = suites.add_parser("synth", help="make synth: wall time and peak memory of the CDK app")
     syn.add_argument("--runs", type=int, default=3)
     syn.add_argument("--package-dir", type=Path, default=Path("build/lambda"), help="where make package wrote")
@@ -220,6 +224,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bench.node_state import run as run_node_state_bench
 
             print(json.dumps(run_node_state_bench(args.nodes, args.pods, args.seed, args.concurrency), indent=2))
+            return 0
+        if args.command == "bench" and args.suite == "ledger":
+            from bench.ledger import run as run_ledger_bench
+
+            print(json.dumps(run_ledger_bench(args.threads, args.pods), indent=2))
             return 0
         if args.command == "bench" and args.suite == "synth":
             from bench.synth import run as run_synth_bench

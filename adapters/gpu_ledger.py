@@ -1,0 +1,132 @@
+"""The GPU ledger in DynamoDB: one item per node, changed only by conditional writes on its version.
+
+Many extender instances bind at once, each with its own snapshot copy, the way optimistic shared-state
+schedulers do: read the node's item, choose GPUs from what it says is free, write the next version on
+the condition that the version is still the one read. A conflict means another instance got there
+first: re-read and choose again, once; after that the bind fails cleanly and kube-scheduler retries the
+pod (DESIGN section 5).
+
+Item: ``node`` (S, key), ``version`` (N), ``gpu_count`` (N), ``used`` (L of N, milli per GPU) and
+``assignments`` (M of pod UID to ``"index:milli,..."``, the same text as the pod annotation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from scheduler_core.allocation import format_assigned_gpus, parse_assigned_gpus
+from scheduler_core.ledger import Demand, NodeLedger, Pairs, choose_gpus
+
+
+class LedgerStoreError(Exception):
+    """The ledger could not be read or written (throttled past the retries, unreachable, malformed)."""
+
+
+class LedgerConflictError(LedgerStoreError):
+    """Every attempt lost the race to another writer of the same node."""
+
+
+class NoRoomError(LedgerStoreError):
+    """The node's ledger has no room for the demand (the snapshot was stale)."""
+
+
+@dataclass(frozen=True)
+class Assigned:
+    node: str
+    pairs: Pairs
+    conflicts: int  # version conflicts hit (and resolved) on the way
+    already: bool  # the pod held this before: an idempotent repeat, nothing written
+
+    @property
+    def annotation(self) -> str:
+        return format_assigned_gpus(self.pairs)
+
+
+class LedgerStore:
+    """Reads and conditional writes of node items in table ``table_name`` through a boto3 DynamoDB client."""
+
+    def __init__(self, table_name: str, client: Any) -> None:
+        self.table, self.client = table_name, client
+
+    def read(self, node: str, gpu_count: int) -> NodeLedger:
+        """The node's item, strongly consistent; a node never written reads as empty (version 0)."""
+        try:
+            response = self.client.get_item(TableName=self.table, Key={"node": {"S": node}}, ConsistentRead=True)
+        except ClientError as exc:
+            raise LedgerStoreError(f"reading the ledger of {node}: {_describe(exc)}") from exc
+        item = response.get("Item")
+        if item is None:
+            return NodeLedger(node, gpu_count)
+        try:
+            return NodeLedger(
+                node,
+                int(item["gpu_count"]["N"]),
+                int(item["version"]["N"]),
+                tuple(int(v["N"]) for v in item["used"]["L"]),
+                {uid: parse_assigned_gpus(v["S"]) for uid, v in item["assignments"]["M"].items()},
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise LedgerStoreError(f"the ledger item of {node} is malformed: {exc!r}") from exc
+
+    def write(self, ledger: NodeLedger, read_version: int) -> bool:
+        """Put ``ledger`` if the stored version is still ``read_version``; False when it is not."""
+        item = {
+            "node": {"S": ledger.node},
+            "version": {"N": str(ledger.version)},
+            "gpu_count": {"N": str(ledger.gpu_count)},
+            "used": {"L": [{"N": str(v)} for v in ledger.used]},
+            "assignments": {"M": {uid: {"S": format_assigned_gpus(p)} for uid, p in ledger.assignments.items()}},
+        }
+        condition: dict[str, Any] = (
+            {"ConditionExpression": "attribute_not_exists(#n)", "ExpressionAttributeNames": {"#n": "node"}}
+            if read_version == 0
+            else {
+                "ConditionExpression": "#v = :read",
+                "ExpressionAttributeNames": {"#v": "version"},
+                "ExpressionAttributeValues": {":read": {"N": str(read_version)}},
+            }
+        )
+        try:
+            self.client.put_item(TableName=self.table, Item=item, **condition)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                return False
+            raise LedgerStoreError(f"writing the ledger of {ledger.node}: {_describe(exc)}") from exc
+        return True
+
+    def assign(self, node: str, gpu_count: int, uid: str, demand: Demand, *, attempts: int = 2) -> Assigned:
+        """Record ``uid`` on ``node``: idempotent per UID, at most ``attempts`` conditional writes.
+
+        Raises :class:`NoRoomError` when the node's own item has no room, :class:`LedgerConflictError`
+        when every attempt lost a race.
+        """
+        conflicts = 0
+        for _ in range(attempts):
+            ledger = self.read(node, gpu_count)
+            if uid in ledger.assignments:
+                return Assigned(node, ledger.assignments[uid], conflicts, already=True)
+            pairs = choose_gpus(ledger.free(), demand)
+            if pairs is None:
+                raise NoRoomError(f"{node}: no room for {demand.num_gpu} x {demand.milli} milli in the GPU ledger")
+            if self.write(ledger.with_assignment(uid, pairs), ledger.version):
+                return Assigned(node, pairs, conflicts, already=False)
+            conflicts += 1
+        raise LedgerConflictError(f"{node}: {conflicts} version conflicts in a row; kube-scheduler will retry the pod")
+
+    def release(self, node: str, gpu_count: int, uid: str, *, attempts: int = 5) -> bool:
+        """Free ``uid``'s assignment on ``node`` (a rollback, or a pod that is gone); True if it held one."""
+        for _ in range(attempts):
+            ledger = self.read(node, gpu_count)
+            if uid not in ledger.assignments:
+                return False
+            if self.write(ledger.without(uid), ledger.version):
+                return True
+        raise LedgerConflictError(f"{node}: could not release {uid} after {attempts} conflicts")
+
+
+def _describe(exc: ClientError) -> str:
+    error = exc.response.get("Error", {})
+    return f"{error.get('Code', 'error')}: {error.get('Message', '')}"

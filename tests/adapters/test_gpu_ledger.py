@@ -1,0 +1,139 @@
+"""The DynamoDB GPU ledger: conditional writes, idempotency, conflicts, faults, and 8-way concurrency
+against moto's DynamoDB in server mode."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from adapters.gpu_ledger import LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
+from bench.ledger import TABLE, contend, create_table
+from gpu_scheduler.local_moto import moto_server
+from scheduler_core.allocation import format_assigned_gpus as ledger_text
+from scheduler_core.ledger import Demand
+
+
+@pytest.fixture
+def store(aws_session: Any) -> LedgerStore:
+    client = aws_session.client("dynamodb")
+    create_table(client)
+    return LedgerStore(TABLE, client)
+
+
+def test_a_bind_writes_the_chosen_gpus_and_the_next_version(store: LedgerStore) -> None:
+    first = store.assign("gpu-a", 4, "uid-1", Demand(1, 250))
+    second = store.assign("gpu-a", 4, "uid-2", Demand(1, 500))
+    assert (first.annotation, second.annotation) == ("0:250", "0:500")  # the tightest GPU that fits
+    ledger = store.read("gpu-a", 4)
+    assert ledger.version == 2 and ledger.used == (750, 0, 0, 0) and ledger.problems() == []
+
+
+def test_a_repeated_bind_returns_the_same_gpus_and_writes_nothing(store: LedgerStore) -> None:
+    first = store.assign("gpu-a", 4, "uid-1", Demand(2, 1000))
+    again = store.assign("gpu-a", 4, "uid-1", Demand(2, 1000))
+    assert again.pairs == first.pairs == ((0, 1000), (1, 1000)) and again.already and not first.already
+    assert store.read("gpu-a", 4).version == 1
+
+
+def test_a_full_node_says_so(store: LedgerStore) -> None:
+    store.assign("gpu-a", 1, "uid-1", Demand(1, 800))
+    with pytest.raises(NoRoomError, match="gpu-a: no room for 1 x 300 milli"):
+        store.assign("gpu-a", 1, "uid-2", Demand(1, 300))
+
+
+def test_release_frees_the_gpus_and_is_false_for_a_pod_that_held_none(store: LedgerStore) -> None:
+    store.assign("gpu-a", 2, "uid-1", Demand(1, 600))
+    assert store.release("gpu-a", 2, "uid-1") is True
+    assert store.release("gpu-a", 2, "uid-1") is False
+    assert store.read("gpu-a", 2).used == (0, 0)
+
+
+class _RacingClient:
+    """A client whose first put for a node loses to another writer that got there in between."""
+
+    def __init__(self, client: Any, other: LedgerStore, races: int) -> None:
+        self.client, self.other, self.races = client, other, races
+
+    def get_item(self, **kwargs: Any) -> Any:
+        return self.client.get_item(**kwargs)
+
+    def put_item(self, **kwargs: Any) -> Any:
+        if self.races:
+            self.races -= 1
+            self.other.assign("gpu-a", 2, f"rival-{self.races}", Demand(1, 300))
+        return self.client.put_item(**kwargs)
+
+
+def test_a_version_conflict_rereads_and_chooses_again(store: LedgerStore) -> None:
+    racing = LedgerStore(TABLE, _RacingClient(store.client, store, races=1))
+    assigned = racing.assign("gpu-a", 2, "uid-1", Demand(1, 800))
+    assert assigned.conflicts == 1
+    ledger = store.read("gpu-a", 2)
+    # The rival took 300 of GPU 0, so the second choice is GPU 1 (GPU 0 has only 700 left).
+    assert assigned.pairs == ((1, 800),) and ledger.used == (300, 800) and ledger.problems() == []
+
+
+def test_losing_every_attempt_fails_cleanly_for_kube_scheduler_to_retry(store: LedgerStore) -> None:
+    racing = LedgerStore(TABLE, _RacingClient(store.client, store, races=2))
+    with pytest.raises(LedgerConflictError, match="2 version conflicts in a row"):
+        racing.assign("gpu-a", 2, "uid-1", Demand(1, 100))
+    assert "uid-1" not in store.read("gpu-a", 2).assignments
+
+
+def test_throttling_is_a_clear_error_and_writes_nothing(store: LedgerStore) -> None:
+    client = boto3.client("dynamodb", region_name="us-east-1")
+    with Stubber(client) as stub:
+        stub.add_client_error(
+            "get_item", service_error_code="ProvisionedThroughputExceededException", service_message="Rate exceeded"
+        )
+        with pytest.raises(LedgerStoreError, match="reading the ledger of gpu-a: ProvisionedThroughputExceeded"):
+            LedgerStore(TABLE, client).assign("gpu-a", 2, "uid-1", Demand(1, 100))
+    assert store.read("gpu-a", 2).version == 0
+
+
+def test_a_malformed_item_is_named_not_trusted(store: LedgerStore) -> None:
+    store.client.put_item(TableName=TABLE, Item={"node": {"S": "gpu-a"}, "version": {"N": "3"}})
+    with pytest.raises(LedgerStoreError, match="the ledger item of gpu-a is malformed"):
+        store.assign("gpu-a", 2, "uid-1", Demand(1, 100))
+
+
+def test_a_missing_item_is_created_on_the_first_bind_and_a_second_creator_conflicts(store: LedgerStore) -> None:
+    empty = store.read("gpu-b", 2)
+    assert empty.version == 0
+    assert store.write(empty.with_assignment("a", ((0, 100),)), 0) is True
+    assert store.write(empty.with_assignment("b", ((0, 100),)), 0) is False  # attribute_not_exists fails
+    assert set(store.read("gpu-b", 2).assignments) == {"a"}
+
+
+def test_any_other_client_error_is_wrapped_with_the_node(store: LedgerStore) -> None:
+    client = boto3.client("dynamodb", region_name="us-east-1")
+    with Stubber(client) as stub:
+        stub.add_response("get_item", {})
+        stub.add_client_error("put_item", service_error_code="ResourceNotFoundException", service_message="no table")
+        with pytest.raises(LedgerStoreError, match="writing the ledger of gpu-a: ResourceNotFoundException"):
+            LedgerStore(TABLE, client).assign("gpu-a", 2, "uid-1", Demand(1, 100))
+
+
+def test_eight_threads_binding_2000_shares_never_overallocate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 binders, each with its own client, against moto's DynamoDB in server mode (its own process).
+    A pod that loses both attempts is retried, as kube-scheduler would, on the next node it prefers."""
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(name, value)
+    with moto_server() as endpoint:
+        run = contend(endpoint, threads=8, pods=2000)
+
+    assert run.outcome["conflicts"] > 0, "8 binders on 10 hot nodes must collide"
+    assert len(run.results) + run.outcome["unplaced"] == 2000
+    held = Counter(uid for ledger in run.ledgers.values() for uid in ledger.assignments)
+    assert held and max(held.values()) == 1, "a pod is assigned on two nodes"
+    assert set(held) == set(run.results)
+    for node, ledger in run.ledgers.items():
+        assert ledger.problems() == [], node  # no GPU over 1000, used == the sum of the assignments
+        assert all(u <= 1000 for u in ledger.used)
+    # The ledger equals what each successful bind returned: the text the pod annotation carries.
+    for uid, (node, annotation) in run.results.items():
+        assert ledger_text(run.ledgers[node].assignments[uid]) == annotation
