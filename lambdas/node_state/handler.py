@@ -306,8 +306,7 @@ def _settings() -> NodeStateSettings:
     return _SETTINGS
 
 
-# Powertools reads POWERTOOLS_SERVICE_NAME and POWERTOOLS_METRICS_NAMESPACE itself. The settings are
-# read on the first invocation: a bad deployment fails that run with every problem named.
+# The settings are read on the first invocation: a bad deployment fails that run with every problem named.
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", NODE_STATE))
 # Every metric carries the service dimension (adapters/metric_catalogue.py), set or not in the environment.
 metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", NAMESPACE), service=logger.service)
