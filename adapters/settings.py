@@ -20,7 +20,8 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
-def _parse_bool(raw: str) -> bool:
+def parse_bool(raw: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case); ValueError otherwise."""
     value = raw.strip().lower()
     if value in _TRUE:
         return True
@@ -29,7 +30,7 @@ def _parse_bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
-_PARSERS: dict[str, Callable[[str], Any]] = {"float": float, "int": int, "str": str, "bool": _parse_bool}
+_PARSERS: dict[str, Callable[[str], Any]] = {"float": float, "int": int, "str": str, "bool": parse_bool}
 
 
 def read_env(

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from adapters.settings import parse_bool
 from cdk.functions import RETENTION_NAMES
 from gpu_scheduler.scheduler_manifests import DEFAULT_IMAGE, SchedulerOptions
 from scheduler_core.deletion_cost import CostConfig
@@ -189,12 +190,10 @@ def _parse(raw: Any, type_name: str) -> Any:
     if type_name == "bool":
         if isinstance(raw, bool):
             return raw
-        text = str(raw).strip().lower()
-        if text in ("true", "1", "yes"):
-            return True
-        if text in ("false", "0", "no"):
-            return False
-        raise ValueError(f"expected true or false, got {raw!r}")
+        try:
+            return parse_bool(str(raw))
+        except ValueError:
+            raise ValueError(f"expected true or false, got {raw!r}") from None
     if type_name == "int":
         if isinstance(raw, bool):
             raise ValueError(f"expected an integer, got {raw!r}")

@@ -26,10 +26,10 @@ from constructs import Construct
 from adapters.metric_catalogue import DELETION_COST, EXTENDER, NAMESPACE, NODE_STATE, spec
 from cdk.prometheus import rule_groups, scrape_configuration
 from gpu_scheduler.scheduler_manifests import SCRAPER_USER, dump_yaml
+from scheduler_core.deletion_cost import COST_RANGES
 
 MINUTE = Duration.minutes(1)
 FIVE_MINUTES = Duration.minutes(5)
-COST_RANGE_NAMES = ("warming", "default", "medium", "high")
 
 
 def metric(
@@ -353,7 +353,7 @@ def _widgets(watched: Watched, alarms: Mapping[str, cloudwatch.Alarm]) -> list[l
         _graph("GPU-ledger conflicts", [metric("LedgerConflicts", EXTENDER, period=FIVE_MINUTES)], width=12),
         _graph(
             "Deletion-cost distribution: managed pods by cost range",
-            [metric("PodsByCostRange", DELETION_COST, "Maximum", range=name) for name in COST_RANGE_NAMES],
+            [metric("PodsByCostRange", DELETION_COST, "Maximum", range=name) for name, _, _ in COST_RANGES],
             width=12,
             stacked=True,
         ),

@@ -24,13 +24,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from scheduler_core.deletion_cost import COST_RANGES as DELETION_COST_RANGES
+
 SCHEDULER_PROFILE = "gpu-scheduler"
 GPU = 'resource="nvidia_com_gpu"'
 COST_LABEL = "annotation_controller_kubernetes_io_pod_deletion_cost"
 RANGE_LABEL = "deletion_cost_range"
-# (range, regex over the annotation's value); Prometheus anchors relabel regexes. Matches the
-# refresher's COST_RANGES: warming < 0, default 0, medium 1..99, high >= 100.
-COST_RANGES = (("warming", r"-[0-9]+"), ("default", r"0"), ("medium", r"[1-9][0-9]?"), ("high", r"[1-9][0-9]{2,}"))
+# A regex over the annotation's value for each of the refresher's ranges (scheduler_core.deletion_cost.
+# COST_RANGES: warming < 0, default 0, medium 1..99, high >= 100); Prometheus anchors relabel regexes.
+_RANGE_REGEX = {"warming": r"-[0-9]+", "default": r"0", "medium": r"[1-9][0-9]?", "high": r"[1-9][0-9]{2,}"}
+COST_RANGES = tuple((name, _RANGE_REGEX[name]) for name, _, _ in DELETION_COST_RANGES)
 KSM_FLAG = "--metric-annotations-allowlist=pods=[controller.kubernetes.io/pod-deletion-cost]"
 
 

@@ -39,6 +39,9 @@ METRICS_NEEDED = {
 ALL_METRICS = ("active_requests", "cache_hit_rate", "avg_response_time_ms", "active_connections")
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+# The ranges costs are reported in (name, lowest, highest), by the refresher's PodsByCostRange metric and by
+# the AMP scrape's relabelling of the annotation (cdk/prometheus.py), so the two views agree.
+COST_RANGES = (("warming", -(2**31), -1), ("default", 0, 0), ("medium", 1, 99), ("high", 100, 2**31 - 1))
 
 
 @dataclass(frozen=True)

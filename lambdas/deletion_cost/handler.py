@@ -37,7 +37,7 @@ from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import CostPod
 from adapters.metric_catalogue import DELETION_COST, NAMESPACE
 from lambdas.deletion_cost.config import MANAGED_SELECTOR, DeletionCostSettings
-from scheduler_core.deletion_cost import ANNOTATION, CostConfig, format_cost
+from scheduler_core.deletion_cost import ANNOTATION, COST_RANGES, CostConfig, format_cost
 from scheduler_core.deletion_plan import (
     CostChange,
     costs_for,
@@ -51,7 +51,6 @@ from scheduler_core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 TERMINAL = ("Succeeded", "Failed")
-COST_RANGES = (("warming", -(2**31), -1), ("default", 0, 0), ("medium", 1, 99), ("high", 100, 2**31 - 1))
 
 
 @dataclass

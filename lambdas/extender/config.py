@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from adapters.metric_catalogue import EXTENDER, NAMESPACE
 from adapters.settings import load_settings
 from scheduler_core.extender import ExtenderConfig
 from scheduler_core.gpu_fit import ScoreWeights
@@ -62,8 +63,8 @@ class ExtenderSettings:
     locality_zone_alpha: float = 0.5
     locality_zone_values: str = ""
     locality_self_weight: float = 1.0
-    metrics_namespace: str = "GpuScheduler"
-    service: str = "gpu-scheduler-extender"
+    metrics_namespace: str = NAMESPACE
+    service: str = EXTENDER
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ExtenderSettings:
