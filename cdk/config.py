@@ -15,7 +15,8 @@ its context key, and synth stops with all of them at once.
 | ``alarmEmail`` / ``alarmTopicArn`` | (a new topic) | where alarms go |
 | ``applyManifests`` | false | apply the RBAC and the second scheduler through ``aws_eks_v2`` |
 | ``schedulerImage`` | upstream kube-scheduler | match the cluster's minor version |
-| ``sharing`` | false | fractional GPUs: bind and preempt verbs (needs the extender's bind verb, issue #8) |
+| ``sharing`` | false | fractional GPUs: the extender's bind and preempt verbs on the DynamoDB GPU ledger |
+| ``sharePolicy`` | gpu_packing | where shares of a GPU go: ``gpu_packing``, ``bestfit`` or ``dotprod`` |
 | ``extenderWeight`` | 5 | the extender's weight in kube-scheduler |
 | ``extenderReservedConcurrency`` | 20 | reserved concurrency of the extender function |
 | ``extenderProvisionedConcurrency`` | 0 | provisioned concurrency (0: none; >0 adds a ``live`` alias) |
@@ -40,6 +41,7 @@ from cdk.functions import RETENTION_NAMES
 from gpu_scheduler.scheduler_manifests import DEFAULT_IMAGE, SchedulerOptions
 from scheduler_core.deletion_cost import CostConfig
 from scheduler_core.errors import ConfigError
+from scheduler_core.share_scoring import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 
 DEFAULT_DELETION_COST_CONFIG = {"hysteresis": 10, "workloads": [{"policy": "metrics"}]}
 # CloudWatch Logs accepts only these retention periods (days).
@@ -61,6 +63,7 @@ class DeployConfig:
     apply_manifests: bool = False
     scheduler_image: str = DEFAULT_IMAGE
     sharing: bool = False
+    share_policy: str = DEFAULT_SHARE_POLICY
     extender_weight: int = 5
     extender_reserved_concurrency: int = 20
     extender_provisioned_concurrency: int = 0
@@ -136,11 +139,8 @@ class DeployConfig:
             found.append(f"alarmEmail: expected an e-mail address, got {self.alarm_email!r}")
         if self.amp_workspace_id and not self.amp_workspace_id.startswith("ws-"):
             found.append(f"ampWorkspaceId: expected ws-..., got {self.amp_workspace_id!r}")
-        if self.sharing:
-            found.append(
-                "sharing: the extender's bind and preempt verbs (issue #8) are not built yet; "
-                "deploy with sharing=false until they are"
-            )
+        if self.share_policy not in SHARE_POLICIES:
+            found.append(f"sharePolicy: expected one of {', '.join(SHARE_POLICIES)}, got {self.share_policy!r}")
         if self.extender_reserved_concurrency < 1:
             found.append(f"extenderReservedConcurrency: expected >= 1, got {self.extender_reserved_concurrency}")
         if not 0 <= self.extender_provisioned_concurrency <= self.extender_reserved_concurrency:

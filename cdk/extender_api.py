@@ -22,6 +22,8 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from scheduler_core.extender import VERBS
+
 STAGE = "v1"
 # One JSON line per request: who (the VPC endpoint), what, how long (API Gateway's and the Lambda's own
 # latency, in ms) and any error.
@@ -39,8 +41,6 @@ ACCESS_LOG_FIELDS = {
     "integrationStatus": "$context.integrationStatus",
     "error": "$context.error.message",
 }
-# kube-scheduler POSTs to <urlPrefix>/<verb>; /healthz is for people and probes.
-DEFAULT_VERBS = ("filter", "prioritize")
 
 
 class ExtenderApi(Construct):
@@ -60,7 +60,7 @@ class ExtenderApi(Construct):
         rate_limit: int,
         burst_limit: int,
         access_log_retention: logs.RetentionDays,
-        verbs: Sequence[str] = DEFAULT_VERBS,
+        verbs: Sequence[str] = VERBS,
     ) -> None:
         super().__init__(scope, construct_id)
         self.endpoint_security_group = ec2.SecurityGroup(
@@ -128,6 +128,7 @@ class ExtenderApi(Construct):
             ),
         )
         integration = apigw.LambdaIntegration(handler, proxy=True)
+        # kube-scheduler POSTs to <urlPrefix>/<verb>; /healthz is for people and probes.
         for verb in verbs:
             self.api.root.add_resource(verb).add_method("POST", integration)
         self.api.root.add_resource("healthz").add_method("GET", integration)

@@ -22,6 +22,7 @@ from cdk.monitoring import Monitoring, Watched
 from cdk.refreshers import DeadLetterQueue, ScheduledRefresher
 from cdk.state import SchedulerState
 from gpu_scheduler.scheduler_manifests import all_manifests
+from scheduler_core.extender import SHARING_VERBS, VERBS
 
 
 class GpuSchedulerStack(Stack):
@@ -54,16 +55,26 @@ class GpuSchedulerStack(Stack):
         )
 
         common = Shared(package=package, layer_scope=self, log_retention_days=config.log_retention_days)
+        extender_environment = {
+            "SNAPSHOT_URI": self.state.snapshot_uri,
+            "MAX_SNAPSHOT_AGE_S": str(config.max_snapshot_age_s),
+            "SHARE_POLICY": config.share_policy,
+        }
+        extender_layers: list[lambda_.ILayerVersion] = []
+        if config.sharing:
+            # bind writes the ledger and the Binding: the refreshers' kubernetes layer, loaded on the first bind.
+            extender_environment |= {"LEDGER_TABLE": self.state.ledger.table_name, "CLUSTER_NAME": config.cluster_name}
+            base = package.layers(self, "extender")
+            extender_layers = [layer for layer in package.layers(self, "node_state") if layer not in base]
         self.extender = SchedulerFunction(
             self,
             "Extender",
             name="extender",
             service=EXTENDER,
-            description="kube-scheduler extender: filter and prioritize over the cluster snapshot",
-            environment={
-                "SNAPSHOT_URI": self.state.snapshot_uri,
-                "MAX_SNAPSHOT_AGE_S": str(config.max_snapshot_age_s),
-            },
+            description="kube-scheduler extender: filter and prioritize over the cluster snapshot"
+            + ("; bind and preempt on the GPU ledger" if config.sharing else ""),
+            environment=extender_environment,
+            layers=extender_layers,
             # numpy work per request is CPU-bound: 1769 MB is one full vCPU.
             memory_mib=1769,
             timeout=Duration.seconds(5),  # kube-scheduler gives up after httpTimeout (3 s) anyway
@@ -81,6 +92,7 @@ class GpuSchedulerStack(Stack):
                 "CLUSTER_NAME": config.cluster_name,
                 "SNAPSHOT_URI": self.state.snapshot_uri,
                 "AMP_QUERY_URL": self.monitoring.query_url,
+                **({"LEDGER_TABLE": self.state.ledger.table_name} if config.sharing else {}),
             },
             memory_mib=1769,
             timeout=Duration.seconds(90),
@@ -141,6 +153,7 @@ class GpuSchedulerStack(Stack):
             subnet_ids=subnet_ids,
             cluster_security_group_id=cluster_sg,
             handler=handler,
+            verbs=VERBS + (SHARING_VERBS if config.sharing else ()),
             rate_limit=config.api_rate_limit,
             burst_limit=config.api_burst_limit,
             access_log_retention=log_retention,
@@ -217,6 +230,18 @@ class GpuSchedulerStack(Stack):
 
         for statement in (read_snapshot, snapshot_prefix_list):
             self.extender.role.add_to_policy(statement)
+        if self.config.sharing:
+            ledger = state.ledger.table_arn
+            for statement in (
+                describe_cluster,
+                iam.PolicyStatement(
+                    actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:BatchGetItem"], resources=[ledger]
+                ),
+            ):
+                self.extender.role.add_to_policy(statement)
+            self.node_state.role.add_to_policy(
+                iam.PolicyStatement(actions=["dynamodb:Scan", "dynamodb:PutItem"], resources=[ledger])
+            )
         for statement in (
             read_snapshot,
             snapshot_prefix_list,

@@ -71,7 +71,7 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         ({"deletionCostConfig": {"workloads": []}}, "deletionCostConfig: workloads: expected a non-empty list"),
         ({"deletionCostConfig": "{not json"}, "deletionCostConfig: expected a JSON object"),
         ({"ampWorkspaceId": "prometheus"}, "ampWorkspaceId: expected ws-..., got 'prometheus'"),
-        ({"sharing": True}, "sharing: the extender's bind and preempt verbs (issue #8) are not built yet"),
+        ({"sharePolicy": "fgd"}, "sharePolicy: expected one of gpu_packing, bestfit, dotprod, got 'fgd'"),
     ],
     ids=[
         "provisioned concurrency cannot exceed the reserved",
@@ -82,7 +82,7 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         "an empty deletion-cost config is refused",
         "deletion-cost config that is not JSON is refused",
         "a workspace id without ws- is refused",
-        "sharing is refused until the bind verb exists",
+        "a share policy that needs the whole workload is refused",
     ],
 )
 def test_invalid_values_name_their_key(context: dict[str, object], expected: str) -> None:

@@ -62,6 +62,34 @@ def test_each_role_holds_exactly_its_actions(synth: Synthesise) -> None:
     }  # fmt: skip
 
 
+def test_sharing_grants_the_ledger_exactly_and_serves_bind_and_preempt(synth: Synthesise) -> None:
+    plain, sharing = synth(), synth(sharing=True)
+    table = [k for k in sharing.resources("AWS::DynamoDB::Table")]
+    ledger = json.dumps({"Fn::GetAtt": [table[0], "Arn"]}, separators=(",", ":"))
+    extender = _granted(sharing, "ExtenderRole") - _granted(plain, "ExtenderRole")
+    assert {(a, r) for a, r in extender if a.startswith("dynamodb:")} == {
+        ("dynamodb:GetItem", ledger), ("dynamodb:PutItem", ledger), ("dynamodb:BatchGetItem", ledger)
+    }  # fmt: skip
+    assert _actions(extender) == {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:BatchGetItem",
+                                  "eks:DescribeCluster"}  # fmt: skip
+    node_state = _granted(sharing, "NodeStateRole") - _granted(plain, "NodeStateRole")
+    assert node_state == {("dynamodb:Scan", ledger), ("dynamodb:PutItem", ledger)}
+    functions = sharing.resources("AWS::Lambda::Function")
+    env = _by_prefix(functions, "ExtenderFunction")["Properties"]["Environment"]["Variables"]
+    assert env["LEDGER_TABLE"] == {"Ref": table[0]} and env["CLUSTER_NAME"] == "gpu-prod"
+    assert env["SHARE_POLICY"] == "gpu_packing"
+    node_env = _by_prefix(functions, "NodeStateFunction")["Properties"]["Environment"]["Variables"]
+    assert node_env["LEDGER_TABLE"] == {"Ref": table[0]}
+    # bind loads the kubernetes client: the extender gets the refreshers' layer, still shared.
+    assert len(_by_prefix(functions, "ExtenderFunction")["Properties"]["Layers"]) == 2
+    sharing.template.resource_count_is("AWS::Lambda::LayerVersion", 2)
+    paths = {r["Properties"]["PathPart"] for r in sharing.resources("AWS::ApiGateway::Resource").values()}
+    assert paths == {"filter", "prioritize", "bind", "preempt", "healthz"}
+    plain_paths = {r["Properties"]["PathPart"] for r in plain.resources("AWS::ApiGateway::Resource").values()}
+    assert plain_paths == {"filter", "prioritize", "healthz"}
+    assert sharing.nag_report()["violations"] == []
+
+
 def test_only_actions_without_resource_level_permissions_are_granted_on_star(synth: Synthesise) -> None:
     synthesised = synth()
     for role in ("ExtenderRole", "NodeStateRole", "DeletionCostRole"):
