@@ -12,12 +12,14 @@ Item: ``node`` (S, key), ``version`` (N), ``gpu_count`` (N), ``used`` (L of N, m
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from scheduler_core.allocation import format_assigned_gpus, parse_assigned_gpus
+from scheduler_core.errors import SchedulerCoreError
 from scheduler_core.ledger import Demand, NodeLedger, Pairs, choose_gpus
 
 
@@ -58,18 +60,40 @@ class LedgerStore:
         except ClientError as exc:
             raise LedgerStoreError(f"reading the ledger of {node}: {_describe(exc)}") from exc
         item = response.get("Item")
-        if item is None:
-            return NodeLedger(node, gpu_count)
+        return NodeLedger(node, gpu_count) if item is None else _decode(node, item)
+
+    def read_many(self, nodes: Sequence[str]) -> dict[str, NodeLedger]:
+        """The items of ``nodes`` that exist, strongly consistent, 100 keys per ``BatchGetItem``."""
+        found: dict[str, NodeLedger] = {}
+        wanted = list(dict.fromkeys(nodes))
+        for start in range(0, len(wanted), 100):
+            keys: list[dict[str, Any]] = [{"node": {"S": node}} for node in wanted[start : start + 100]]
+            for _attempt in range(5):
+                request = {self.table: {"Keys": keys, "ConsistentRead": True}}
+                try:
+                    response = self.client.batch_get_item(RequestItems=request)
+                except ClientError as exc:
+                    raise LedgerStoreError(f"reading the ledger of {len(keys)} nodes: {_describe(exc)}") from exc
+                for item in response.get("Responses", {}).get(self.table, []):
+                    node = item.get("node", {}).get("S", "")
+                    found[node] = _decode(node, item)
+                keys = response.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
+                if not keys:
+                    break
+            else:
+                raise LedgerStoreError(f"reading the ledger: {len(keys)} keys still unprocessed after 5 tries")
+        return found
+
+    def scan(self) -> list[NodeLedger]:
+        """Every node's item (the reconcile's view); strongly consistent, paginated."""
+        items: list[NodeLedger] = []
+        paginator = self.client.get_paginator("scan")
         try:
-            return NodeLedger(
-                node,
-                int(item["gpu_count"]["N"]),
-                int(item["version"]["N"]),
-                tuple(int(v["N"]) for v in item["used"]["L"]),
-                {uid: parse_assigned_gpus(v["S"]) for uid, v in item["assignments"]["M"].items()},
-            )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise LedgerStoreError(f"the ledger item of {node} is malformed: {exc!r}") from exc
+            for page in paginator.paginate(TableName=self.table, ConsistentRead=True):
+                items.extend(_decode(item.get("node", {}).get("S", ""), item) for item in page.get("Items", []))
+        except ClientError as exc:
+            raise LedgerStoreError(f"scanning the ledger: {_describe(exc)}") from exc
+        return items
 
     def write(self, ledger: NodeLedger, read_version: int) -> bool:
         """Put ``ledger`` if the stored version is still ``read_version``; False when it is not."""
@@ -125,6 +149,19 @@ class LedgerStore:
             if self.write(ledger.without(uid), ledger.version):
                 return True
         raise LedgerConflictError(f"{node}: could not release {uid} after {attempts} conflicts")
+
+
+def _decode(node: str, item: Mapping[str, Any]) -> NodeLedger:
+    try:
+        return NodeLedger(
+            node,
+            int(item["gpu_count"]["N"]),
+            int(item["version"]["N"]),
+            tuple(int(v["N"]) for v in item["used"]["L"]),
+            {uid: parse_assigned_gpus(v["S"]) for uid, v in item["assignments"]["M"].items()},
+        )
+    except (KeyError, ValueError, TypeError, SchedulerCoreError) as exc:
+        raise LedgerStoreError(f"the ledger item of {node} is malformed: {exc!r}") from exc
 
 
 def _describe(exc: ClientError) -> str:

@@ -261,6 +261,9 @@ class KubeClient:
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self._json(self.core.read_namespaced_pod, name, namespace)
 
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self._json(self.core.read_node, name)
+
     # -- writes --
     def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> dict[str, Any]:
         """One merge patch of ``metadata.labels`` (a ``None`` value removes the label)."""
@@ -274,6 +277,18 @@ class KubeClient:
         return self._json(
             self.core.patch_namespaced_pod, name, namespace, body, _content_type=MERGE_PATCH, _retry_409=retry_conflicts
         )
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> dict[str, Any]:
+        """POST the pod's ``binding`` subresource, as kube-scheduler's binder does. A 409 (already
+        bound) is not retried. The API server does not check ``metadata.uid`` (captured in
+        ``b7c-binding-wrong-uid-accepted-201``): callers check the UID themselves."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        return self._json(self.core.create_namespaced_pod_binding, name, namespace, body, _retry_409=False)
 
     # -- plumbing --
     def _json(

@@ -43,7 +43,14 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Unschedulable", EXTENDER, "Count", "filter calls with no feasible node, by the main reason", ("reason",)
     ),
     MetricSpec("SnapshotRefreshFailures", EXTENDER, "Count", "snapshot reloads that failed, by cause", ("reason",)),
-    MetricSpec("LedgerConflicts", EXTENDER, "Count", "bind retries after a ledger version conflict", planned="#8"),
+    # The extender's bind and preempt verbs (GPU sharing).
+    MetricSpec("BindLatencyMs", EXTENDER, "Milliseconds", "bind handling time: ledger write, annotation, Binding"),
+    MetricSpec("Binds", EXTENDER, "Count", "pods bound (a repeated bind counts once more)"),
+    MetricSpec("BindFailures", EXTENDER, "Count", "binds answered with Error, by cause", ("reason",)),
+    MetricSpec("LedgerConflicts", EXTENDER, "Count", "ledger version conflicts hit by binds"),
+    MetricSpec("BindRollbacks", EXTENDER, "Count", "ledger entries released after a failed annotation or Binding"),
+    MetricSpec("PreemptLatencyMs", EXTENDER, "Milliseconds", "preempt handling time"),
+    MetricSpec("PreemptNodesDropped", EXTENDER, "Count", "proposed nodes where the victims free too little GPU"),
     # The node-state refresher: one set per run.
     MetricSpec("NodesSeen", NODE_STATE, "Count", "nodes listed"),
     MetricSpec("NodesLabeled", NODE_STATE, "Count", "nodes whose GPU labels were patched"),
@@ -56,6 +63,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("AmpQueryFailures", NODE_STATE, "Count", "utilisation queries that failed"),
     MetricSpec("RunMs", NODE_STATE, "Milliseconds", "whole run"),
     MetricSpec("RunFailures", NODE_STATE, "Count", "runs that did not finish (API unreachable, bad config)"),
+    MetricSpec("LedgerDrift", NODE_STATE, "Count", "ledger entries the reconcile corrected, by kind", ("kind",)),
+    MetricSpec("LedgerReconcileFailures", NODE_STATE, "Count", "reconciles of the GPU ledger that failed"),
     # The deletion-cost refresher: one set per invocation (all passes), and the last pass's histogram.
     MetricSpec("PodsSeen", DELETION_COST, "Count", "managed pods listed"),
     MetricSpec("CostPatches", DELETION_COST, "Count", "deletion-cost annotations written"),

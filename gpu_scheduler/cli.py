@@ -174,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     led.add_argument("--threads", type=int, default=8)
     led.add_argument("--pods", type=int, default=2000)
     led.add_argument("--json", action="store_true", help="JSON output (the only format)")
+    bnd = suites.add_parser("bind", help="the whole bind verb: ledger in moto's server, annotation and Binding")
+    bnd.add_argument("--threads", type=int, default=8)
+    bnd.add_argument("--pods", type=int, default=1000)
+    bnd.add_argument("--json", action="store_true", help="JSON output (the only format)")
     syn = suites.add_parser("synth", help="make synth: wall time and peak memory of the CDK app")
     syn.add_argument("--runs", type=int, default=3)
     syn.add_argument("--package-dir", type=Path, default=Path("build/lambda"), help="where make package wrote")
@@ -229,6 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bench.ledger import run as run_ledger_bench
 
             print(json.dumps(run_ledger_bench(args.threads, args.pods), indent=2))
+            return 0
+        if args.command == "bench" and args.suite == "bind":
+            from bench.bind import run as run_bind_bench
+
+            print(json.dumps(run_bind_bench(args.threads, args.pods), indent=2))
             return 0
         if args.command == "bench" and args.suite == "synth":
             from bench.synth import run as run_synth_bench

@@ -24,13 +24,13 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.nodes import GPU_RESOURCE, NodeTable
+from scheduler_core.nodes import GPU_RESOURCE, MILLI_RESOURCE, NodeTable
 from scheduler_core.pods import bound_row, effective_requests
 
 MILLI_PER_GPU = 1000
-MILLI_RESOURCE = "gpu-scheduler.io/gpu-milli"
 ASSIGNED_GPUS_ANNOTATION = "gpu-scheduler.io/assigned-gpus"
 _RESOURCES = (GPU_RESOURCE, MILLI_RESOURCE)
+__all__ = ["ASSIGNED_GPUS_ANNOTATION", "MILLI_PER_GPU", "MILLI_RESOURCE", "GpuUsage", "gpu_usage"]
 
 
 def parse_assigned_gpus(value: object) -> tuple[tuple[int, int], ...]:

@@ -42,6 +42,10 @@ class ClusterState:
     problems: tuple[str, ...] = ()
     apps: AppIndex = field(default_factory=AppIndex.empty)
     """Pods per label selector, per node and per zone, for locality scoring."""
+    free_milli: npt.NDArray[np.int32] | None = None
+    """Shape (n_nodes, max_gpus): free thousandths of each GPU, 0 past a node's GPUs; None if unknown."""
+    generated_at: float | None = None
+    """When the pods behind it were listed (Unix seconds), for a snapshot; None otherwise."""
 
     @cached_property
     def free_gpus(self) -> npt.NDArray[np.int32]:
@@ -78,7 +82,14 @@ class ClusterState:
                 problems.append(f"utilization[{name!r}]: expected a number in [0, 1], got {value!r}")
                 continue
             util[row] = value
-        return cls(table=table, used_gpus=used, utilization=util, problems=tuple(problems), apps=apps)
+        return cls(
+            table=table,
+            used_gpus=used,
+            utilization=util,
+            problems=tuple(problems),
+            apps=apps,
+            free_milli=usage.free_milli(table.alloc_gpus),
+        )
 
     @classmethod
     def from_document(cls, document: Any) -> ClusterState:

@@ -9,6 +9,10 @@ the decision live here. Status codes follow DESIGN section 4:
 - 503 for ``prioritize`` when the cluster state it needs is unavailable (kube-scheduler ignores
   prioritize errors; ``filter`` reports the same condition as ``Error``).
 
+``bind`` and ``preempt`` (GPU sharing, DESIGN section 5) are served when the extender has an
+:class:`Accounting`: the GPU ledger that records every bind. ``bind`` answers ``{"Error": ""}`` or
+``{"Error": why}`` in a 200; ``preempt`` answers 503 when the cluster state is unavailable.
+
 Anything else is a genuine fault: :meth:`Extender.handle` lets it propagate, and the adapter logs it
 and answers 500.
 """
@@ -18,22 +22,33 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from scheduler_core.allocation import MILLI_PER_GPU
 from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
 from scheduler_core.gpu_fit import FilterResult, Reason, ScoreResult, ScoreWeights, filter_nodes, free_gpus, score_nodes
 from scheduler_core.locality import PEERS_ANNOTATION, LocalitySettings, locality_scores, peer_placement
 from scheduler_core.nodes import NodeTable
 from scheduler_core.pods import PodDemand, pod_demand
-from scheduler_core.wire import ExtenderArgs, ExtenderFilterResult, HostPriority
+from scheduler_core.preemption import Candidate, Holdings, PreemptOutcome, decide, victim_frees
+from scheduler_core.recent_binds import RecentBinds
+from scheduler_core.share_scoring import DEFAULT_SHARE_POLICY, SHARE_POLICIES, share_fit
+from scheduler_core.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    HostPriority,
+)
 
 VERBS = ("filter", "prioritize")
+SHARING_VERBS = ("bind", "preempt")
 UNKNOWN_NODE_REASON = "node is not in the cluster state"
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 
@@ -44,11 +59,13 @@ ClusterSource = Callable[[], ClusterState | None]
 
 @dataclass(frozen=True)
 class ExtenderConfig:
-    """Settings of the extender core. ``max_body_bytes`` is the largest request accepted."""
+    """Settings of the extender core. ``max_body_bytes`` is the largest request accepted;
+    ``share_policy`` places shares of a GPU (:mod:`scheduler_core.share_scoring`)."""
 
     weights: ScoreWeights = field(default_factory=ScoreWeights)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     locality: LocalitySettings = field(default_factory=LocalitySettings)
+    share_policy: str = DEFAULT_SHARE_POLICY
 
     def validated(self) -> ExtenderConfig:
         """Return ``self``, or raise :class:`ConfigError` listing every problem."""
@@ -59,6 +76,8 @@ class ExtenderConfig:
             or self.max_body_bytes <= 0
         ):
             problems.append(f"max_body_bytes: must be a positive integer, got {self.max_body_bytes!r}")
+        if self.share_policy not in SHARE_POLICIES:
+            problems.append(f"share_policy: expected one of {', '.join(SHARE_POLICIES)}, got {self.share_policy!r}")
         if problems:
             raise ConfigError("; ".join(problems))
         return self
@@ -173,12 +192,52 @@ class PrioritizeOutcome:
 
 
 @dataclass(frozen=True, eq=False)
+class BindOutcome:
+    """A bind: ``error`` empty when the pod is bound; ``error_kind`` names the failure for metrics
+    (``pod_gone``, ``no_room``, ``conflict``, ``ledger_error``, ``kube_error``...)."""
+
+    pod: str
+    node: str
+    error: str = ""
+    error_kind: str = ""
+    assigned: str = ""  # the gpu-scheduler.io/assigned-gpus value, "" for a pod with no GPU
+    conflicts: int = 0
+    already: bool = False  # a repeat of a bind that had already happened
+    rolled_back: bool = False
+
+    def to_json(self) -> bytes:
+        return encode_json({"Error": self.error})
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "pod": self.pod,
+            "node": self.node,
+            "assigned": self.assigned,
+            "conflicts": self.conflicts,
+            "already": self.already,
+            "rolled_back": self.rolled_back,
+            "error": self.error,
+        }
+
+
+class Accounting(Protocol):
+    """The GPU ledger behind ``bind`` and ``preempt`` (``adapters.binder.LedgerBinder``)."""
+
+    def bind(self, args: ExtenderBindingArgs) -> BindOutcome: ...
+
+    def holdings(self, nodes: Sequence[str]) -> Holdings: ...
+
+
+Outcome = FilterOutcome | PrioritizeOutcome | BindOutcome | PreemptOutcome
+
+
+@dataclass(frozen=True, eq=False)
 class Reply:
     """An HTTP answer, with the decision behind it when there was one."""
 
     status: int
     body: bytes
-    outcome: FilterOutcome | PrioritizeOutcome | None = None
+    outcome: Outcome | None = None
     error_kind: str = ""
 
 
@@ -193,9 +252,21 @@ class Extender:
         accounting of ``nvidia.com/gpu`` still applies), and the ``NodeNames`` form is refused.
     """
 
-    def __init__(self, config: ExtenderConfig | None = None, cluster: ClusterSource | None = None) -> None:
+    def __init__(
+        self,
+        config: ExtenderConfig | None = None,
+        cluster: ClusterSource | None = None,
+        recent: RecentBinds | None = None,
+        accounting: Accounting | None = None,
+    ) -> None:
         self.config = (config or ExtenderConfig()).validated()
         self._cluster = cluster or (lambda: None)
+        self.recent = recent or RecentBinds()
+        self.accounting = accounting
+
+    @property
+    def verbs(self) -> tuple[str, ...]:
+        return VERBS + (SHARING_VERBS if self.accounting is not None else ())
 
     # -- wire level ---------------------------------------------------------------------------
     def handle(self, verb: str, body: bytes) -> tuple[int, bytes]:
@@ -211,13 +282,20 @@ class Extender:
     def respond(self, verb: str, body: bytes) -> Reply:
         """:meth:`handle`, plus the decision and the error kind for an adapter's logs and metrics."""
         verb = verb.strip("/")
-        if verb not in VERBS:
-            message = f"unknown verb {verb[:64]!r}: this extender serves {', '.join(VERBS)}"
+        if verb not in self.verbs:
+            message = f"unknown verb {verb[:64]!r}: this extender serves {', '.join(self.verbs)}"
             return Reply(404, _error_body(message), error_kind="unknown_verb")
         if len(body) > self.config.max_body_bytes:
             message = f"request body is {len(body)} bytes; the limit is {self.config.max_body_bytes}"
             return Reply(400, _error_body(message), error_kind="too_large")
         try:
+            if verb == "bind":
+                assert self.accounting is not None  # checked with the verb
+                bound = self.accounting.bind(ExtenderBindingArgs.from_wire(decode_json(body)))
+                return Reply(200, bound.to_json(), bound, bound.error_kind)
+            if verb == "preempt":
+                preempted = self.preempt(ExtenderPreemptionArgs.from_wire(decode_json(body)))
+                return Reply(200, encode_json(preempted.to_wire()), preempted)
             args = ExtenderArgs.from_wire(decode_json(body))
             if verb == "filter":
                 outcome = self.filter(args)
@@ -226,7 +304,7 @@ class Extender:
             return Reply(200, scored.to_json(), scored)
         except InvalidArgsError as exc:
             return Reply(400, _error_body(str(exc)), error_kind="bad_request")
-        except InvalidPodError as exc:  # prioritize only: filter reports it as Error in a 200
+        except InvalidPodError as exc:  # prioritize and preempt: filter reports it as Error in a 200
             return Reply(400, _error_body(str(exc)), error_kind="invalid_pod")
         except ClusterStateUnavailableError as exc:  # prioritize only, as above
             return Reply(503, _error_body(str(exc)), error_kind=exc.kind)
@@ -235,8 +313,8 @@ class Extender:
     def filter(self, args: ExtenderArgs) -> FilterOutcome:
         """Filter ``args`` and build the reply in the request's node form."""
         try:
-            demand = self._demand(args)
-            view = self._view(args)
+            demand = self._demand(args.pod)
+            view = self._view(args, demand)
         except (InvalidPodError, ClusterStateUnavailableError) as exc:
             kind = exc.kind if isinstance(exc, ClusterStateUnavailableError) else "invalid_pod"
             return FilterOutcome(args.names_only, [], error=str(exc), error_kind=kind)
@@ -254,20 +332,58 @@ class Extender:
         InvalidPodError, ClusterStateUnavailableError
             ``prioritize`` has no ``Error`` field; :meth:`handle` maps these to 400 and 503.
         """
-        demand = self._demand(args)
-        view = self._view(args)
+        demand = self._demand(args.pod)
+        view = self._view(args, demand)
         feasible = filter_nodes(view.table, view.free, demand).feasible
         locality = self._locality(view, demand)
+        fit = None
+        if demand.share and view.free_milli is not None:
+            fit = share_fit(view.free_milli, view.table.alloc_gpus, demand.share, feasible, self.config.share_policy)
         scores = score_nodes(
-            view.table, view.free, view.utilization, demand, self.config.weights, feasible=feasible, locality=locality
+            view.table,
+            view.free,
+            view.utilization,
+            demand,
+            self.config.weights,
+            feasible=feasible,
+            locality=locality,
+            fit=fit,
         )
         # Names the cluster state does not know cannot be ranked; they score 0 rather than vanish.
         hosts = [*view.table.names, *view.unknown]
         values = [*scores.score.tolist(), *([0] * len(view.unknown))]
         return PrioritizeOutcome(hosts=hosts, values=values, demand=demand, scores=scores)
 
-    def _demand(self, args: ExtenderArgs) -> PodDemand:
-        demand = pod_demand(args.pod)
+    def preempt(self, args: ExtenderPreemptionArgs) -> PreemptOutcome:
+        """Keep the proposed nodes where the victims free enough GPU (:mod:`scheduler_core.preemption`).
+
+        Raises
+        ------
+        InvalidPodError, ClusterStateUnavailableError
+            As for :meth:`prioritize`.
+        """
+        demand = self._demand(args.pod)
+        pods_by_node: dict[str, tuple[Any, ...]] = {}
+        if args.node_name_to_victims is not None:  # full objects (nodeCacheCapable: false)
+            proposals = {node: victims.to_meta() for node, victims in args.node_name_to_victims.items()}
+            pods_by_node = {node: victims.pods for node, victims in args.node_name_to_victims.items()}
+        else:
+            proposals = dict(args.node_name_to_meta_victims or {})
+        names = list(proposals)
+        holdings = self.accounting.holdings(names) if self.accounting is not None and names else {}
+        candidates = []
+        for node, meta in proposals.items():
+            pods = pods_by_node.get(node) or (None,) * len(meta.uids)
+            frees = tuple(victim_frees(uid, node, holdings, pod) for uid, pod in zip(meta.uids, pods, strict=True))
+            candidates.append(Candidate(node, meta.uids, frees, meta.num_pdb_violations))
+        view = self.preempt_view(names, demand)
+        result = filter_nodes(view.table, view.free, demand)
+        free_milli = view.free_milli if view.free_milli is not None else _all_free(view.table)
+        free_by_node = dict(zip(view.table.names, free_milli, strict=True))
+        return decide(demand, candidates, free_by_node, result.failed_unresolvable)
+
+    def _demand(self, pod: Any) -> PodDemand:
+        demand = pod_demand(pod)
         keys = self.config.locality.label_keys
         for peer in demand.peers:
             if peer.key not in keys:
@@ -296,15 +412,17 @@ class Extender:
         placement = peer_placement(state.apps, zones, peers, rows)
         return locality_scores(placement, zone_id, self.config.locality)
 
-    def _view(self, args: ExtenderArgs) -> _NodeView:
+    def _view(self, args: ExtenderArgs, demand: PodDemand) -> _NodeView:
         state = self._cluster()
         if args.nodes is not None:
             table = NodeTable.from_nodes(args.nodes)
             if state is None:
-                return _NodeView(table, table.alloc_gpus.copy(), np.zeros(table.n_nodes), [])
+                view = _NodeView(table, table.alloc_gpus.copy(), np.zeros(table.n_nodes), [])
+                return view.per_gpu(_all_free(table), demand)
             rows = state.table.rows_of(table.names)
             used, utilization = state.usage_at(rows)
-            return _NodeView(table, free_gpus(table, used), utilization, [], state, rows, names_form=False)
+            view = _NodeView(table, free_gpus(table, used), utilization, [], state, rows, names_form=False)
+            return view.per_gpu(self._free_milli(state, rows, table), demand)
         if state is None:
             raise ClusterStateUnavailableError(
                 "NodeNames (nodeCacheCapable: true) needs cluster state and this extender has none: "
@@ -321,7 +439,40 @@ class Extender:
             unknown = [name for name, ok in zip(names, flags, strict=True) if not ok]
         rows = found[known]
         table = state.table.take(rows, names=known_names)
-        return _NodeView(table, state.free_gpus[rows], state.utilization[rows], unknown, state, rows)
+        view = _NodeView(table, state.free_gpus[rows], state.utilization[rows], unknown, state, rows)
+        return view.per_gpu(self._free_milli(state, rows, table), demand)
+
+    def _free_milli(self, state: ClusterState, rows: npt.NDArray[np.intp], table: NodeTable) -> _FreeMilli:
+        """Free milli per GPU at ``rows`` of ``state`` (-1: a node the state lacks, taken as empty), with
+        this instance's binds that the state does not show yet taken off; None when the state has no
+        per-GPU figures and nothing was bound here."""
+        pending = self.recent.pending(state.generated_at)
+        if state.free_milli is None:
+            if not pending:
+                return None
+            free = _all_free(table)
+        else:
+            known = rows >= 0
+            free = state.free_milli[np.where(known, rows, 0)]
+            if not known.all():
+                free = np.where(known[:, None], free, _all_free(table, width=free.shape[1]))
+        if pending:
+            free = self.recent.apply(free, table.names, pending)
+        return free
+
+    def preempt_view(self, names: Sequence[str], demand: PodDemand) -> _NodeView:
+        """The ``names`` nodes as :meth:`filter` sees them (for the ``preempt`` verb)."""
+        return self._view(ExtenderArgs(pod={}, node_names=list(names)), demand)
+
+
+_FreeMilli = npt.NDArray[np.int32] | None
+
+
+def _all_free(table: NodeTable, width: int | None = None) -> npt.NDArray[np.int32]:
+    """Every existing GPU wholly free: 1000 per GPU up to each node's allocatable count."""
+    width = max(1, int(table.alloc_gpus.max(initial=0))) if width is None else width
+    exists = np.arange(width)[None, :] < table.alloc_gpus[:, None]
+    return np.where(exists, MILLI_PER_GPU, 0).astype(np.int32)
 
 
 @dataclass(frozen=True, eq=False)
@@ -340,6 +491,16 @@ class _NodeView:
     state: ClusterState | None = None
     state_rows: npt.NDArray[np.intp] | None = None
     names_form: bool = True
+    free_milli: _FreeMilli = None
+
+    def per_gpu(self, free_milli: _FreeMilli, demand: PodDemand) -> _NodeView:
+        """This view with per-GPU free milli; ``free`` then counts the GPUs that can take the pod's
+        share, or that are wholly free (which this instance's recent binds may have changed)."""
+        if free_milli is None:
+            return self
+        need = demand.share or MILLI_PER_GPU
+        free = np.count_nonzero(free_milli >= need, axis=1).astype(np.int32)
+        return replace(self, free=free, free_milli=free_milli)
 
 
 def decode_json(body: bytes) -> Any:

@@ -238,6 +238,7 @@ def score_nodes(
     weights: ScoreWeights | None = None,
     feasible: npt.ArrayLike | None = None,
     locality: npt.ArrayLike | None = None,
+    fit: npt.ArrayLike | None = None,
 ) -> ScoreResult:
     """Score nodes for ``demand``: best fit on free GPUs, blended with low GPU utilisation.
 
@@ -257,6 +258,9 @@ def score_nodes(
     utilization : array-like of shape (n_nodes,), float
         Mean GPU utilisation per node in [0, 1]; NaN means unknown and counts as 0.
     feasible : array-like of shape (n_nodes,), bool, optional
+    fit : array-like of shape (n_nodes,), float in [0, 1], optional
+        Replaces the best-fit term: a share of a GPU is placed by a sharing policy instead
+        (:mod:`scheduler_core.share_scoring`).
 
     Examples
     --------
@@ -269,7 +273,8 @@ def score_nodes(
     util = _node_column(table, utilization, "utilization", np.float64)
     mask = free_arr >= demand.gpus if feasible is None else _node_column(table, feasible, "feasible", np.bool_)
     local = None if locality is None else _node_column(table, locality, "locality", np.float64)
-    return _compute_scores(free_arr, util, mask, demand.gpus, (weights or ScoreWeights()).validated(), local)
+    fit_arr = None if fit is None else _node_column(table, fit, "fit", np.float64)
+    return _compute_scores(free_arr, util, mask, demand.gpus, (weights or ScoreWeights()).validated(), local, fit_arr)
 
 
 def normalize_scores(raw: npt.ArrayLike, max_score: int = MAX_EXTENDER_PRIORITY) -> npt.NDArray[np.int64]:
@@ -339,6 +344,7 @@ def _compute_scores(
     gpus: int,
     weights: ScoreWeights,
     locality: npt.NDArray[np.float64] | None = None,
+    fit: npt.NDArray[np.float64] | None = None,
 ) -> ScoreResult:
     score = np.zeros(free.shape[0], dtype=np.int64)
     rows = np.flatnonzero(feasible) if gpus > 0 or locality is not None else np.zeros(0, dtype=np.intp)
@@ -353,9 +359,12 @@ def _compute_scores(
         zeros = np.zeros(rows.size)
         return ScoreResult(score, rows, zeros, zeros, only_local, only_local)
     # Work on the feasible rows only (the others score 0), in place to spare allocations.
-    fit_rows = (gpus - free[rows]).astype(np.float64)  # minus the GPUs left, <= 0
-    fit_rows *= 1.0 / FIT_STEP_GPUS
-    fit_rows += 1.0
+    if fit is not None:
+        fit_rows = fit[rows]
+    else:
+        fit_rows = (gpus - free[rows]).astype(np.float64)  # minus the GPUs left, <= 0
+        fit_rows *= 1.0 / FIT_STEP_GPUS
+        fit_rows += 1.0
     # Clamp to [0, 1]: 10 or more GPUs left earn no fit credit, and a caller's ``feasible`` mask
     # may include nodes with fewer free GPUs than requested, which earn no more than a perfect fit.
     np.clip(fit_rows, 0.0, 1.0, out=fit_rows)
@@ -434,4 +443,6 @@ def _message(table: NodeTable, demand: PodDemand, code: Reason, first: int, seco
         return f"GPU memory {have} < {demand.min_memory_mib} MiB per GPU requested"
     if code == Reason.TOO_FEW_GPUS:
         return f"{first} GPUs allocatable, pod needs {demand.gpus}"
+    if demand.share:
+        return f"none of {second} GPUs has {demand.share} milli free (the pod's share)"
     return f"{first} of {second} GPUs free, pod needs {demand.gpus}"

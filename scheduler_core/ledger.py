@@ -156,3 +156,98 @@ def rebuild(node: str, gpu_count: int, held: Mapping[str, Pairs], version: int =
         except LedgerError as exc:
             problems.append(str(exc))
     return NodeLedger(node, gpu_count, version + 1, ledger.used, ledger.assignments), problems
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One thing the reconcile found the ledger wrong about.
+
+    ``kind``: ``released`` (the pod is gone, terminal, or bound to another node), ``recorded`` (a bound
+    pod's annotation was missing from an existing item), ``rebuilt`` (a whole item was missing),
+    ``mismatch`` (the ledger and the pod's annotation disagree; reported, not changed) or ``conflict``
+    (an annotation that does not fit beside the others; reported, not recorded).
+    """
+
+    kind: str
+    node: str
+    uid: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """Items to write (each with the version it was read at, 0 for a new item) and the drift found."""
+
+    writes: list[tuple[NodeLedger, int]]
+    drift: list[Drift]
+
+    def counts(self) -> dict[str, int]:
+        tally: dict[str, int] = {}
+        for found in self.drift:
+            tally[found.kind] = tally.get(found.kind, 0) + 1
+        return tally
+
+
+def reconcile(
+    items: Mapping[str, NodeLedger],
+    live: set[str] | frozenset[str],
+    bound_to: Mapping[str, str],
+    annotated: Mapping[str, Mapping[str, Pairs]],
+    gpu_counts: Mapping[str, int],
+) -> Reconciled:
+    """Bring the ledger in line with the pods.
+
+    Parameters
+    ----------
+    items : the ledger items by node, read *before* the pods were listed, so that every assignment in
+        them belongs to a pod that existed when it was read.
+    live : UIDs of every non-terminal pod, pending ones listed before bound ones: a pod bound in
+        between is then seen in one list or the other, never in neither.
+    bound_to : pod UID to the node it is bound to.
+    annotated : node to pod UID to the ``gpu-scheduler.io/assigned-gpus`` pairs of its bound pods.
+    gpu_counts : node to its GPU count, for items to be rebuilt.
+
+    >>> item = NodeLedger("n", 2).with_assignment("gone", ((0, 500),)).with_assignment("kept", ((1, 300),))
+    >>> out = reconcile({"n": item}, {"kept"}, {"kept": "n"}, {"n": {"kept": ((1, 300),)}}, {"n": 2})
+    >>> out.writes[0][0].used, out.writes[0][1], out.counts()
+    ((0, 300), 2, {'released': 1})
+    """
+    writes: list[tuple[NodeLedger, int]] = []
+    drift: list[Drift] = []
+    for node, item in sorted(items.items()):
+        updated = item
+        for uid in sorted(item.assignments):
+            if uid not in live:
+                drift.append(Drift("released", node, uid, "the pod is gone or finished"))
+            elif bound_to.get(uid, node) != node:
+                drift.append(Drift("released", node, uid, f"the pod is bound to {bound_to[uid]}"))
+            else:
+                continue
+            updated = updated.without(uid)
+        for uid, pairs in sorted(annotated.get(node, {}).items()):
+            held = updated.assignments.get(uid)
+            if held is not None:
+                if tuple(sorted(held)) != tuple(sorted(pairs)):
+                    drift.append(Drift("mismatch", node, uid, f"ledger {_text(held)}, annotation {_text(pairs)}"))
+                continue
+            try:
+                updated = updated.with_assignment(uid, pairs)
+                drift.append(Drift("recorded", node, uid, _text(pairs)))
+            except LedgerError as exc:
+                drift.append(Drift("conflict", node, uid, str(exc)))
+        if updated is not item:
+            writes.append(
+                (NodeLedger(node, item.gpu_count, item.version + 1, updated.used, updated.assignments), item.version)
+            )
+    for node in sorted(set(annotated) - set(items)):
+        if node not in gpu_counts:
+            continue  # the node is gone: its pods will be
+        rebuilt, problems = rebuild(node, gpu_counts[node], annotated[node])
+        writes.append((rebuilt, 0))
+        drift.append(Drift("rebuilt", node, "", f"{len(rebuilt.assignments)} pods"))
+        drift.extend(Drift("conflict", node, "", problem) for problem in problems)
+    return Reconciled(writes, drift)
+
+
+def _text(pairs: Pairs) -> str:
+    return format_assigned_gpus(pairs)

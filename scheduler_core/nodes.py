@@ -21,6 +21,8 @@ from scheduler_core.gpu_models import normalize_model
 from scheduler_core.quantity import parse_whole_count
 
 GPU_RESOURCE = "nvidia.com/gpu"
+MILLI_RESOURCE = "gpu-scheduler.io/gpu-milli"
+"""Fractional GPUs, 1000 per GPU: a managed extender resource with ``ignoredByScheduler: true``."""
 LABEL_MODEL = "gpu.nvidia.com/model"
 LABEL_MEMORY = "gpu.nvidia.com/memory"
 LABEL_COUNT = "gpu.nvidia.com/count"

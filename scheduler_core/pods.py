@@ -18,7 +18,7 @@ import numpy as np
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.gpu_models import normalize_model
 from scheduler_core.locality import PEERS_ANNOTATION, Peer, parse_peers
-from scheduler_core.nodes import GPU_RESOURCE, LABEL_MEMORY, LABEL_MODEL
+from scheduler_core.nodes import GPU_RESOURCE, LABEL_MEMORY, LABEL_MODEL, MILLI_RESOURCE
 from scheduler_core.quantity import MIB, parse_quantity, parse_whole_count
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -32,7 +32,13 @@ class PodDemand:
     Attributes
     ----------
     gpus : int
-        Effective whole-GPU request; 0 means the pod needs no GPU.
+        GPUs the pod takes: its whole-GPU request (``nvidia.com/gpu``, or ``gpu-scheduler.io/gpu-milli``
+        in multiples of 1000), or 1 for a share of one GPU; 0 means the pod needs no GPU.
+    share : int
+        Milli of one GPU (1..999) for a ``gpu-scheduler.io/gpu-milli`` share; 0 otherwise.
+    milli_managed : bool
+        The pod asks through ``gpu-scheduler.io/gpu-milli``, which kube-scheduler does not account:
+        the extender's bind must record it.
     models : frozenset of str, or None
         Allowed short model names (``{"A100", "H100"}``); ``None`` allows any model.
     min_memory_mib : int
@@ -45,6 +51,8 @@ class PodDemand:
     name: str = ""
     uid: str = ""
     gpus: int = 0
+    share: int = 0
+    milli_managed: bool = False
     models: frozenset[str] | None = None
     min_memory_mib: int = 0
     peers: tuple[Peer, ...] = ()
@@ -84,12 +92,35 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
         namespace=_text(metadata.get("namespace")),
         name=_text(metadata.get("name")),
         uid=_text(metadata.get("uid")),
-        gpus=effective_gpu_request(spec or {}),
+        **_gpu_request(spec or {}),
         models=_parse_models(annotations.get(LABEL_MODEL)),
         min_memory_mib=_parse_memory_mib(annotations.get(LABEL_MEMORY)),
         peers=parse_peers(annotations[PEERS_ANNOTATION]) if PEERS_ANNOTATION in annotations else (),
         labels=_string_map(metadata.get("labels")),
     )
+
+
+def _gpu_request(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``gpus``, ``share`` and ``milli_managed`` of a pod spec: whole GPUs or one share, never both.
+
+    >>> _gpu_request({"containers": [{"resources": {"limits": {"gpu-scheduler.io/gpu-milli": "250"}}}]})
+    {'gpus': 1, 'share': 250, 'milli_managed': True}
+    """
+    whole, milli = effective_requests(spec, (GPU_RESOURCE, MILLI_RESOURCE))
+    if not milli:
+        return {"gpus": whole, "share": 0, "milli_managed": False}
+    if whole:
+        raise InvalidPodError(
+            f"requests both {GPU_RESOURCE}={whole} and {MILLI_RESOURCE}={milli}; ask for one or the other"
+        )
+    if milli > 1000 and milli % 1000:
+        raise InvalidPodError(
+            f"{MILLI_RESOURCE}={milli}: a share is of one GPU (1..1000); more than that must be whole GPUs"
+            " (a multiple of 1000)"
+        )
+    if milli % 1000 == 0:
+        return {"gpus": milli // 1000, "share": 0, "milli_managed": True}
+    return {"gpus": 1, "share": milli, "milli_managed": True}
 
 
 def effective_gpu_request(spec: Mapping[str, Any]) -> int:

@@ -152,6 +152,8 @@ def build_snapshot(
         utilization=node_utilization(util, table.alloc_gpus),
         problems=tuple(problems),
         apps=apps,
+        free_milli=free_milli,
+        generated_at=float(generated_at),
     )
     return ClusterSnapshot(cluster, float(generated_at), state, free_milli, util, tuple(problems), utilization_at)
 
@@ -260,13 +262,14 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
         node_entries=np.ascontiguousarray(members.get("app_node", np.zeros((3, 0))), dtype=np.int32),
         zone_counts=np.ascontiguousarray(members.get("app_zone_counts", np.zeros((0, 0))), dtype=np.int32),
     )
-    state = ClusterState(table, column["used_gpus"], node_utilization(util, table.alloc_gpus), problems, apps)
     free_milli = np.ascontiguousarray(members["free_milli"], dtype=np.int32)
+    generated_at = float(header["generated_at"])
+    state = ClusterState(
+        table, column["used_gpus"], node_utilization(util, table.alloc_gpus), problems, apps, free_milli, generated_at
+    )
     measured = header.get("utilization_at")
     utilization_at = float(measured) if isinstance(measured, int | float) else None
-    return ClusterSnapshot(
-        str(header["cluster"]), float(header["generated_at"]), state, free_milli, util, problems, utilization_at
-    )
+    return ClusterSnapshot(str(header["cluster"]), generated_at, state, free_milli, util, problems, utilization_at)
 
 
 def _header(members: Mapping[str, npt.NDArray[Any]]) -> dict[str, Any]:

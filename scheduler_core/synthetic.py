@@ -27,6 +27,7 @@ from scheduler_core.nodes import (
     LABEL_MEMORY,
     LABEL_MODEL,
     LABEL_ZONE,
+    MILLI_RESOURCE,
     NodeTable,
 )
 from scheduler_core.snapshot import ClusterSnapshot, node_utilization
@@ -178,8 +179,10 @@ def make_pod(
     memory: str | None = None,
     node_name: str | None = None,
     phase: str = "Pending",
+    milli: int = 0,
 ) -> dict[str, Any]:
-    """A v1 Pod for the ``gpu-scheduler`` profile, with GPU annotations when given."""
+    """A v1 Pod for the ``gpu-scheduler`` profile, with GPU annotations when given; ``milli`` asks for
+    ``gpu-scheduler.io/gpu-milli``."""
     annotations = {}
     if models is not None:
         annotations[LABEL_MODEL] = models
@@ -189,6 +192,8 @@ def make_pod(
     if gpus:
         resources["requests"][GPU_RESOURCE] = str(gpus)
         resources["limits"][GPU_RESOURCE] = str(gpus)
+    if milli:
+        resources["requests"][MILLI_RESOURCE] = resources["limits"][MILLI_RESOURCE] = str(milli)
     spec: dict[str, Any] = {
         "schedulerName": "gpu-scheduler",
         "containers": [

@@ -13,6 +13,10 @@
 | ``LOCALITY_ZONE_ALPHA`` | 0.5 | value of a peer pod in the same zone, on another node |
 | ``LOCALITY_ZONE_VALUES`` | (none) | JSON ``{zone: {zone: value}}`` replacing the same-zone/other-zone steps |
 | ``LOCALITY_SELF_WEIGHT`` | 1.0 | weight of a pod's own workload among its peers (0: off) |
+| ``SHARE_POLICY`` | gpu_packing | places shares of a GPU: ``gpu_packing``, ``bestfit`` or ``dotprod`` |
+| ``LEDGER_TABLE`` | (none) | the GPU ledger's DynamoDB table; with it, ``/bind`` and ``/preempt`` are served |
+| ``CLUSTER_NAME`` | (none) | with ``LEDGER_TABLE``: the EKS cluster bind writes to |
+| ``KUBE_API_URL`` / ``KUBE_TOKEN``, ``KUBECONFIG`` | (none) | instead of ``CLUSTER_NAME`` (local runs) |
 | ``POWERTOOLS_METRICS_NAMESPACE`` | GpuScheduler | CloudWatch namespace of the EMF metrics |
 | ``POWERTOOLS_SERVICE_NAME`` | gpu-scheduler-extender | service name in logs, metrics, traces |
 """
@@ -25,15 +29,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.metric_catalogue import EXTENDER, NAMESPACE
-from adapters.settings import load_settings
+from adapters.settings import CLUSTER_ACCESS_ENV, ClusterAccess, load_settings
 from scheduler_core.extender import ExtenderConfig
 from scheduler_core.gpu_fit import ScoreWeights
 from scheduler_core.locality import DEFAULT_LABEL_KEYS, LocalitySettings
+from scheduler_core.share_scoring import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 
 LAMBDA_MAX_BODY_BYTES = 6 * 2**20
 
 
-_ENV = {
+_ENV = CLUSTER_ACCESS_ENV | {
     "snapshot_uri": "SNAPSHOT_URI",
     "snapshot_refresh_s": "SNAPSHOT_REFRESH_S",
     "max_snapshot_age_s": "MAX_SNAPSHOT_AGE_S",
@@ -45,13 +50,15 @@ _ENV = {
     "locality_zone_alpha": "LOCALITY_ZONE_ALPHA",
     "locality_zone_values": "LOCALITY_ZONE_VALUES",
     "locality_self_weight": "LOCALITY_SELF_WEIGHT",
+    "share_policy": "SHARE_POLICY",
+    "ledger_table": "LEDGER_TABLE",
     "metrics_namespace": "POWERTOOLS_METRICS_NAMESPACE",
     "service": "POWERTOOLS_SERVICE_NAME",
 }
 
 
 @dataclass(frozen=True)
-class ExtenderSettings:
+class ExtenderSettings(ClusterAccess):
     snapshot_uri: str = ""
     snapshot_refresh_s: float = 10.0
     max_snapshot_age_s: float = 180.0
@@ -63,6 +70,8 @@ class ExtenderSettings:
     locality_zone_alpha: float = 0.5
     locality_zone_values: str = ""
     locality_self_weight: float = 1.0
+    share_policy: str = DEFAULT_SHARE_POLICY
+    ledger_table: str = ""
     metrics_namespace: str = NAMESPACE
     service: str = EXTENDER
 
@@ -105,6 +114,10 @@ class ExtenderSettings:
             found.append(problem)
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes <= 0:
             found.append(f"MAX_BODY_BYTES: must be a positive integer, got {self.max_body_bytes!r}")
+        if self.share_policy not in SHARE_POLICIES:
+            found.append(f"SHARE_POLICY: expected one of {', '.join(SHARE_POLICIES)}, got {self.share_policy!r}")
+        if self.ledger_table:
+            found.extend(problem + " (bind needs the API)" for problem in self.access_problems())
         return found
 
     def _weights(self) -> ScoreWeights:
@@ -126,5 +139,10 @@ class ExtenderSettings:
         )
 
     def extender_config(self) -> ExtenderConfig:
-        config = ExtenderConfig(weights=self._weights(), max_body_bytes=self.max_body_bytes, locality=self._locality())
+        config = ExtenderConfig(
+            weights=self._weights(),
+            max_body_bytes=self.max_body_bytes,
+            locality=self._locality(),
+            share_policy=self.share_policy,
+        )
         return config.validated()

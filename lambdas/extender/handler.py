@@ -1,13 +1,13 @@
 """kube-scheduler extender on Lambda: API Gateway REST proxy events (payload v1) in, extender replies out.
 
-Routes: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``. The decision is the shared
+Routes: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``, and with ``LEDGER_TABLE`` set
+``POST /bind`` and ``POST /preempt`` (GPU sharing). The decision is the shared
 :meth:`scheduler_core.extender.Extender.respond`; this module only adapts the event, logs the decision
-and emits metrics. It imports nothing the hot path does not need (no ``kubernetes``).
+and emits metrics. It imports nothing the filter and prioritize path does not need: the ``kubernetes``
+client is loaded on the first bind.
 
-Metrics (EMF, namespace ``POWERTOOLS_METRICS_NAMESPACE``, dimension ``service``):
-``FilterLatencyMs``, ``PrioritizeLatencyMs``, ``NodesIn``, ``NodesFeasible``, ``SnapshotAgeSeconds``,
-``BadRequests``, ``InternalErrors``; ``Unschedulable`` and ``SnapshotRefreshFailures`` carry a ``reason``
-dimension.
+Metrics: ``adapters.metric_catalogue`` lists them (EMF, namespace ``POWERTOOLS_METRICS_NAMESPACE``,
+dimension ``service``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,17 @@ from adapters.runtime import tune_allocator
 from adapters.snapshot_store import RefreshEvent, SnapshotSource, open_store
 from adapters.tracing import make_tracer
 from lambdas.extender.config import ExtenderSettings
-from scheduler_core.extender import Extender, FilterOutcome, PrioritizeOutcome, Reply, encode_json
+from scheduler_core.extender import (
+    Accounting,
+    BindOutcome,
+    Extender,
+    FilterOutcome,
+    PrioritizeOutcome,
+    Reply,
+    encode_json,
+)
+from scheduler_core.preemption import PreemptOutcome
+from scheduler_core.recent_binds import RecentBinds
 
 SETTINGS = ExtenderSettings.from_env()
 logger = Logger(service=SETTINGS.service)
@@ -66,7 +76,33 @@ SOURCE = (
     if SETTINGS.snapshot_uri
     else None
 )
-EXTENDER = Extender(SETTINGS.extender_config(), cluster=SOURCE)
+
+
+def _binder(settings: ExtenderSettings, recent: RecentBinds) -> Accounting | None:
+    """The GPU ledger behind bind and preempt; imported only when configured (boto3 and botocore are
+    not needed otherwise, and ``kubernetes`` is loaded by the first bind)."""
+    if not settings.ledger_table:
+        return None
+    import boto3
+
+    from adapters.binder import LedgerBinder
+    from adapters.gpu_ledger import LedgerStore
+    from adapters.kube import RetryPolicy
+
+    session = boto3.session.Session(region_name=settings.region or None)
+    ledger = LedgerStore(settings.ledger_table, session.client("dynamodb"))
+
+    # Bind has kube-scheduler's httpTimeout (3 s) for everything: short calls, one quick retry.
+    def kube() -> Any:
+        client = settings.connect(session)
+        client.retry = RetryPolicy(attempts=2, base_s=0.05, max_s=0.2, request_timeout_s=1.0)
+        return client
+
+    return LedgerBinder(ledger, kube, SOURCE, recent)
+
+
+RECENT = RecentBinds()
+EXTENDER = Extender(SETTINGS.extender_config(), cluster=SOURCE, recent=RECENT, accounting=_binder(SETTINGS, RECENT))
 app = APIGatewayRestResolver()
 
 
@@ -80,15 +116,31 @@ def prioritize_route() -> Response[str]:
     return _answer("prioritize")
 
 
+@app.post("/bind")
+def bind_route() -> Response[str]:
+    return _answer("bind")
+
+
+@app.post("/preempt")
+def preempt_route() -> Response[str]:
+    return _answer("preempt")
+
+
 @app.get("/healthz")
 def healthz() -> dict[str, Any]:
-    return {"status": "ok", "snapshot": SOURCE.store.uri if SOURCE else None}
+    return {
+        "status": "ok",
+        "snapshot": SOURCE.store.uri if SOURCE else None,
+        "ledger": SETTINGS.ledger_table or None,
+        "verbs": list(EXTENDER.verbs),
+    }
 
 
 @app.not_found
 def not_found(_exc: Exception) -> Response[str]:
     event = app.current_event
-    message = f"no route {event.http_method} {event.path[:64]!r}: POST /filter, POST /prioritize, GET /healthz"
+    routes = ", ".join(f"POST /{verb}" for verb in EXTENDER.verbs)
+    message = f"no route {event.http_method} {event.path[:64]!r}: {routes}, GET /healthz"
     return Response(404, "application/json", encode_json({"Error": message}).decode())
 
 
@@ -128,13 +180,20 @@ def _answer(verb: str) -> Response[str]:
     return Response(reply.status, "application/json", reply.body.decode())
 
 
+_LATENCY = {
+    "filter": "FilterLatencyMs",
+    "prioritize": "PrioritizeLatencyMs",
+    "bind": "BindLatencyMs",
+    "preempt": "PreemptLatencyMs",
+}
+
+
 def _record(verb: str, reply: Reply, elapsed_ms: float) -> None:
     outcome = reply.outcome
-    if outcome is not None and outcome.demand is not None:
+    if isinstance(outcome, FilterOutcome | PrioritizeOutcome) and outcome.demand is not None:
         demand = outcome.demand
         logger.append_keys(pod_namespace=demand.namespace, pod_name=demand.name, pod_uid=demand.uid)
-    name = "FilterLatencyMs" if verb == "filter" else "PrioritizeLatencyMs"
-    metrics.add_metric(name=name, unit=MetricUnit.Milliseconds, value=round(elapsed_ms, 3))
+    metrics.add_metric(name=_LATENCY[verb], unit=MetricUnit.Milliseconds, value=round(elapsed_ms, 3))
     if SOURCE is not None and SOURCE.last_age_s is not None:
         metrics.add_metric(name="SnapshotAgeSeconds", unit=MetricUnit.Seconds, value=round(SOURCE.last_age_s, 1))
     if 400 <= reply.status < 500:
@@ -162,8 +221,27 @@ def _record(verb: str, reply: Reply, elapsed_ms: float) -> None:
         logger.info("filter", extra={"decision": summary, "ms": round(elapsed_ms, 3)})
     elif isinstance(outcome, PrioritizeOutcome):
         logger.info("prioritize", extra={"decision": outcome.summary(), "ms": round(elapsed_ms, 3)})
+    elif isinstance(outcome, BindOutcome):
+        _record_bind(outcome, elapsed_ms)
+    elif isinstance(outcome, PreemptOutcome):
+        summary = outcome.summary()
+        metrics.add_metric(name="PreemptNodesDropped", unit=MetricUnit.Count, value=len(outcome.dropped))
+        logger.info("preempt", extra={"decision": summary, "ms": round(elapsed_ms, 3)})
     else:
         logger.warning(verb, extra={"status": reply.status, "kind": reply.error_kind})
+
+
+def _record_bind(outcome: BindOutcome, elapsed_ms: float) -> None:
+    if outcome.conflicts:
+        metrics.add_metric(name="LedgerConflicts", unit=MetricUnit.Count, value=outcome.conflicts)
+    if outcome.rolled_back:
+        metrics.add_metric(name="BindRollbacks", unit=MetricUnit.Count, value=1)
+    if outcome.error:
+        _count("BindFailures", outcome.error_kind)
+        logger.warning("bind failed", extra={"bind": outcome.summary(), "ms": round(elapsed_ms, 3)})
+        return
+    metrics.add_metric(name="Binds", unit=MetricUnit.Count, value=1)
+    logger.info("bind", extra={"bind": outcome.summary(), "ms": round(elapsed_ms, 3)})
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -14,6 +14,7 @@
 | ``UTILIZATION_NODE_LABEL`` | Hostname | series label naming the node |
 | ``UTILIZATION_GPU_LABEL`` | gpu | series label giving the GPU index |
 | ``UTILIZATION_WINDOW`` | 5m | averaging window |
+| ``LEDGER_TABLE`` | (none) | the GPU ledger (GPU sharing): reconcile it with the pods every run |
 | ``DEADLINE_MARGIN_S`` | 10 | stop starting work this long before the Lambda deadline |
 | ``POWERTOOLS_METRICS_NAMESPACE`` | GpuScheduler | CloudWatch namespace of the EMF metrics |
 | ``POWERTOOLS_SERVICE_NAME`` | gpu-scheduler-node-state | service name in logs and metrics |
@@ -40,6 +41,7 @@ _ENV = CLUSTER_ACCESS_ENV | {
     "utilization_gpu_label": "UTILIZATION_GPU_LABEL",
     "utilization_window": "UTILIZATION_WINDOW",
     "deadline_margin_s": "DEADLINE_MARGIN_S",
+    "ledger_table": "LEDGER_TABLE",
 }
 
 
@@ -55,6 +57,7 @@ class NodeStateSettings(ClusterAccess):
     utilization_gpu_label: str = DEFAULT_GPU_LABEL
     utilization_window: str = DEFAULT_WINDOW
     deadline_margin_s: float = 10.0
+    ledger_table: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> NodeStateSettings:

@@ -11,14 +11,19 @@ EventBridge invokes it every minute. One run:
    from the previous snapshot, with their age;
 5. builds the snapshot (whole-GPU and milli use per GPU) and writes it atomically to ``SNAPSHOT_URI``;
 6. patches ``gpu.nvidia.com/model|memory|count`` where they should change: one merge patch per node,
-   concurrently, until the deadline margin; what it skips is reported.
+   concurrently, until the deadline margin; what it skips is reported;
+7. with ``LEDGER_TABLE`` (GPU sharing), reconciles the GPU ledger with the pods
+   (:func:`scheduler_core.ledger.reconcile`): it frees what pods that are gone, finished or bound
+   elsewhere still hold, records bound pods' annotations an item lacks, and rebuilds missing items.
+   The ledger is read before the pods are listed, and unbound pods before bound ones, so that a
+   bind in flight is never mistaken for a leftover; each write is conditional on the version read.
 
 The snapshot is written before the labels, so that a slow API cannot leave the extender stale;
 it already reflects the labels being written.
 
 Metrics (EMF): ``NodesSeen``, ``NodesLabeled``, ``LabelPatchFailures``, ``LabelPatchesSkipped``,
 ``NodesWithoutGpuInfo``, ``SnapshotBytes``, ``SnapshotWriteMs``, ``AmpQueryMs``, ``AmpQueryFailures``,
-``RunMs``, ``RunFailures``.
+``RunMs``, ``RunFailures``; with the ledger, ``LedgerDrift`` (by ``kind``) and ``LedgerReconcileFailures``.
 """
 
 from __future__ import annotations
@@ -34,21 +39,26 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from aws_lambda_powertools import Logger, Metrics
-from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from adapters.amp import PrometheusClient, PrometheusQueryError, utilization_by_node, utilization_query
 from adapters.ec2_gpu import GpuInfoCatalog
+from adapters.gpu_ledger import LedgerStore, LedgerStoreError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import SchedulingPod
 from adapters.metric_catalogue import NAMESPACE, NODE_STATE
 from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
 from lambdas.node_state.config import NodeStateSettings
+from scheduler_core.allocation import ASSIGNED_GPUS_ANNOTATION, parse_assigned_gpus
+from scheduler_core.errors import InvalidPodError
+from scheduler_core.ledger import NodeLedger, Pairs, reconcile
 from scheduler_core.node_labels import LabelPolicy, desired_info, label_changes
 from scheduler_core.nodes import GFD_PRODUCT, LABEL_INSTANCE_TYPE
 from scheduler_core.snapshot import SnapshotFormatError, build_snapshot, read_snapshot, write_snapshot
 
 ASSIGNED_NON_TERMINAL = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+UNASSIGNED_NON_TERMINAL = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
 _REASON_SAMPLES = 5  # node names logged per "left unlabelled" reason
 
 log = logging.getLogger(__name__)
@@ -76,6 +86,10 @@ class RunReport:
     problems: int = 0
     api_retries: int = 0
     phases_ms: dict[str, float] = field(default_factory=dict)
+    ledger_drift: dict[str, int] = field(default_factory=dict)
+    ledger_writes: int = 0
+    ledger_write_conflicts: int = 0  # items a bind changed meanwhile: left for the next run
+    ledger_error: str = ""
 
 
 @dataclass
@@ -84,6 +98,17 @@ class Services:
     store: SnapshotStore
     catalog: GpuInfoCatalog
     prometheus: PrometheusClient | None
+    ledger: LedgerStore | None = None
+
+
+@dataclass
+class _LedgerView:
+    """What the reconcile needs, gathered in the order that makes it safe (see the module docstring)."""
+
+    items: dict[str, NodeLedger] | None
+    live: set[str] = field(default_factory=set)
+    bound_to: dict[str, str] = field(default_factory=dict)
+    annotated: dict[str, dict[str, Pairs]] = field(default_factory=dict)
 
 
 def refresh(
@@ -107,9 +132,12 @@ def refresh(
         policy = cast(LabelPolicy, settings.label_policy)  # validated by NodeStateSettings
         with _phase(report, "plan_labels"):
             plan = _plan_labels(nodes, services.catalog, policy, report, logger)
+        ledger_view = _read_ledger(services, report, logger) if services.ledger is not None else None
         with _phase(report, "list_pods"):
             pods = kube.list_all("pods", field_selector=ASSIGNED_NON_TERMINAL, item_type=SchedulingPod)
         report.pods_seen = len(pods)
+        if ledger_view is not None:
+            _note_bound(ledger_view, pods, report)
     except (KubeApiError, DeadlineReachedError) as exc:
         report.status, report.error = "failed", f"listing the cluster failed: {exc}"
         logger.error("run failed before a snapshot could be built", extra={"error": str(exc)})
@@ -138,9 +166,72 @@ def refresh(
 
     with _phase(report, "patch_labels"):
         _apply_labels(plan, settings, kube, report, logger)
+    if ledger_view is not None and ledger_view.items is not None and services.ledger is not None:
+        with _phase(report, "reconcile_ledger"):
+            gpu_counts = dict(zip(snapshot.table.names, snapshot.table.alloc_gpus.tolist(), strict=True))
+            _reconcile(services.ledger, ledger_view, gpu_counts, report, logger)
     report.api_retries = kube.retries - retries_before
     report.run_ms = 1000 * (time.perf_counter() - started)
     return report
+
+
+def _read_ledger(services: Services, report: RunReport, logger: Any) -> _LedgerView:
+    """The ledger items, then the UIDs of unbound non-terminal pods (a failed read skips the reconcile)."""
+    assert services.ledger is not None
+    with _phase(report, "read_ledger"):
+        try:
+            items = {item.node: item for item in services.ledger.scan()}
+        except LedgerStoreError as exc:
+            report.ledger_error = f"reading the GPU ledger failed: {exc}"
+            logger.error("ledger read failed; no reconcile this run", extra={"error": str(exc)})
+            return _LedgerView(None)
+    with _phase(report, "list_unbound_pods"):
+        unbound = services.kube.list_all("pods", field_selector=UNASSIGNED_NON_TERMINAL, item_type=SchedulingPod)
+    view = _LedgerView(items)
+    view.live.update(uid for pod in unbound if (uid := (pod.get("metadata") or {}).get("uid")))
+    return view
+
+
+def _note_bound(view: _LedgerView, pods: list[dict[str, Any]], report: RunReport) -> None:
+    """Record the bound pods' UIDs, nodes and ``assigned-gpus`` annotations (an invalid one is left
+    to the snapshot's problems, which already name it)."""
+    for pod in pods:
+        metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        uid, node = metadata.get("uid"), spec.get("nodeName")
+        if not uid or not node:
+            continue
+        view.live.add(uid)
+        view.bound_to[uid] = node
+        text = (metadata.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
+        if text is None:
+            continue
+        try:
+            view.annotated.setdefault(node, {})[uid] = parse_assigned_gpus(text)
+        except InvalidPodError:
+            report.ledger_drift["invalid_annotation"] = report.ledger_drift.get("invalid_annotation", 0) + 1
+
+
+def _reconcile(
+    ledger: LedgerStore, view: _LedgerView, gpu_counts: dict[str, int], report: RunReport, logger: Any
+) -> None:
+    assert view.items is not None
+    outcome = reconcile(view.items, view.live, view.bound_to, view.annotated, gpu_counts)
+    for kind, count in outcome.counts().items():
+        report.ledger_drift[kind] = report.ledger_drift.get(kind, 0) + count
+    for drift in outcome.drift[:20]:
+        logger.warning("ledger drift", extra={"kind": drift.kind, "node": drift.node, "pod_uid": drift.uid,
+                                              "detail": drift.detail})  # fmt: skip
+    for item, read_version in outcome.writes:
+        try:
+            written = ledger.write(item, read_version)
+        except LedgerStoreError as exc:
+            report.ledger_error = f"writing the GPU ledger failed: {exc}"
+            logger.error("ledger write failed; the rest waits for the next run", extra={"error": str(exc)})
+            return
+        if written:
+            report.ledger_writes += 1
+        else:
+            report.ledger_write_conflicts += 1
 
 
 @contextmanager
@@ -295,6 +386,7 @@ def _services(settings: NodeStateSettings) -> Services:
             store=open_store(settings.snapshot_uri, s3_client=session.client("s3")),
             catalog=GpuInfoCatalog(session.client("ec2")),
             prometheus=prometheus,
+            ledger=LedgerStore(settings.ledger_table, session.client("dynamodb")) if settings.ledger_table else None,
         )
     return _SERVICES
 
@@ -335,6 +427,14 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     metrics.add_metric(name="NodesWithoutGpuInfo", unit=MetricUnit.Count, value=sum(report.unlabelled.values()))
     metrics.add_metric(name="AmpQueryFailures", unit=MetricUnit.Count, value=int(report.amp_query_failed))
     metrics.add_metric(name="RunFailures", unit=MetricUnit.Count, value=int(report.status != "ok"))
+    if settings.ledger_table:
+        metrics.add_metric(name="LedgerReconcileFailures", unit=MetricUnit.Count, value=int(bool(report.ledger_error)))
+        for kind, count in report.ledger_drift.items():
+            with single_metric(
+                name="LedgerDrift", unit=MetricUnit.Count, value=count, namespace=metrics.namespace,
+                default_dimensions={"service": logger.service},
+            ) as metric:  # fmt: skip
+                metric.add_dimension(name="kind", value=kind)
     summary = asdict(report)
     (logger.info if report.status == "ok" else logger.error)("node-state run", extra={"report": summary})
     return summary

@@ -1,9 +1,8 @@
-"""The DynamoDB GPU ledger: conditional writes, idempotency, conflicts, faults, and 8-way concurrency
-against moto's DynamoDB in server mode."""
+"""The DynamoDB GPU ledger: conditional writes, idempotency, conflicts and faults, in moto. The 8-way
+concurrency run goes through the whole bind verb: ``tests/adapters/test_binder.py``."""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import boto3
@@ -11,9 +10,7 @@ import pytest
 from botocore.stub import Stubber
 
 from adapters.gpu_ledger import LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
-from bench.ledger import TABLE, contend, create_table
-from gpu_scheduler.local_moto import moto_server
-from scheduler_core.allocation import format_assigned_gpus as ledger_text
+from bench.ledger import TABLE, create_table
 from scheduler_core.ledger import Demand
 
 
@@ -52,24 +49,25 @@ def test_release_frees_the_gpus_and_is_false_for_a_pod_that_held_none(store: Led
     assert store.read("gpu-a", 2).used == (0, 0)
 
 
-class _RacingClient:
-    """A client whose first put for a node loses to another writer that got there in between."""
+class RacingClient:
+    """A client whose first ``races`` puts lose to another writer that takes 300 milli on ``node`` in between."""
 
-    def __init__(self, client: Any, other: LedgerStore, races: int) -> None:
+    def __init__(self, client: Any, other: LedgerStore, races: int, node: str = "gpu-a", gpu_count: int = 2) -> None:
         self.client, self.other, self.races = client, other, races
+        self.node, self.gpu_count = node, gpu_count
 
-    def get_item(self, **kwargs: Any) -> Any:
-        return self.client.get_item(**kwargs)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
 
     def put_item(self, **kwargs: Any) -> Any:
         if self.races:
             self.races -= 1
-            self.other.assign("gpu-a", 2, f"rival-{self.races}", Demand(1, 300))
+            self.other.assign(self.node, self.gpu_count, f"rival-{self.races}", Demand(1, 300))
         return self.client.put_item(**kwargs)
 
 
 def test_a_version_conflict_rereads_and_chooses_again(store: LedgerStore) -> None:
-    racing = LedgerStore(TABLE, _RacingClient(store.client, store, races=1))
+    racing = LedgerStore(TABLE, RacingClient(store.client, store, races=1))
     assigned = racing.assign("gpu-a", 2, "uid-1", Demand(1, 800))
     assert assigned.conflicts == 1
     ledger = store.read("gpu-a", 2)
@@ -78,7 +76,7 @@ def test_a_version_conflict_rereads_and_chooses_again(store: LedgerStore) -> Non
 
 
 def test_losing_every_attempt_fails_cleanly_for_kube_scheduler_to_retry(store: LedgerStore) -> None:
-    racing = LedgerStore(TABLE, _RacingClient(store.client, store, races=2))
+    racing = LedgerStore(TABLE, RacingClient(store.client, store, races=2))
     with pytest.raises(LedgerConflictError, match="2 version conflicts in a row"):
         racing.assign("gpu-a", 2, "uid-1", Demand(1, 100))
     assert "uid-1" not in store.read("gpu-a", 2).assignments
@@ -116,24 +114,3 @@ def test_any_other_client_error_is_wrapped_with_the_node(store: LedgerStore) -> 
         stub.add_client_error("put_item", service_error_code="ResourceNotFoundException", service_message="no table")
         with pytest.raises(LedgerStoreError, match="writing the ledger of gpu-a: ResourceNotFoundException"):
             LedgerStore(TABLE, client).assign("gpu-a", 2, "uid-1", Demand(1, 100))
-
-
-def test_eight_threads_binding_2000_shares_never_overallocate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """8 binders, each with its own client, against moto's DynamoDB in server mode (its own process).
-    A pod that loses both attempts is retried, as kube-scheduler would, on the next node it prefers."""
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
-        monkeypatch.setenv(name, value)
-    with moto_server() as endpoint:
-        run = contend(endpoint, threads=8, pods=2000)
-
-    assert run.outcome["conflicts"] > 0, "8 binders on 10 hot nodes must collide"
-    assert len(run.results) + run.outcome["unplaced"] == 2000
-    held = Counter(uid for ledger in run.ledgers.values() for uid in ledger.assignments)
-    assert held and max(held.values()) == 1, "a pod is assigned on two nodes"
-    assert set(held) == set(run.results)
-    for node, ledger in run.ledgers.items():
-        assert ledger.problems() == [], node  # no GPU over 1000, used == the sum of the assignments
-        assert all(u <= 1000 for u in ledger.used)
-    # The ledger equals what each successful bind returned: the text the pod annotation carries.
-    for uid, (node, annotation) in run.results.items():
-        assert ledger_text(run.ledgers[node].assignments[uid]) == annotation

@@ -12,6 +12,7 @@ import pytest
 from moto import mock_aws
 
 from adapters.metric_catalogue import CATALOGUE, EXTENDER
+from gpu_scheduler.kube_double import KubeApiDouble
 from scheduler_core.snapshot import build_snapshot, write_snapshot
 from tests.conftest import (
     SCHEDULER_FIXTURES,
@@ -257,8 +258,73 @@ def test_internal_fault_is_a_logged_500_without_details(aws, invoke, monkeypatch
 
 def test_healthz_and_unknown_routes(aws, invoke):
     call = invoke()
-    assert call("GET", "/healthz") == (200, {"status": "ok", "snapshot": f"s3://{BUCKET}/{KEY}"})
-    assert call("POST", "/bind", "{}")[0] == 404
+    health = {"status": "ok", "snapshot": f"s3://{BUCKET}/{KEY}", "ledger": None, "verbs": ["filter", "prioritize"]}
+    assert call("GET", "/healthz") == (200, health)
+    status, reply = call("POST", "/bind", "{}")
+    assert status == 404 and reply["Error"] == "unknown verb 'bind': this extender serves filter, prioritize"
+    status, reply = call("POST", "/other", "{}")
+    assert status == 404 and "POST /filter, POST /prioritize, GET /healthz" in reply["Error"]
+
+
+@pytest.fixture
+def sharing(aws, invoke):
+    """The extender with a ledger table in moto and the API double for its binds."""
+    from bench.ledger import TABLE, create_table
+
+    create_table(boto3.client("dynamodb", region_name="us-east-1"))
+    with KubeApiDouble(tokens=["t0ken"]) as api:
+        api.load("nodes", make_nodes("T4", "A100"))
+        put_snapshot(aws, make_nodes("T4", "A100"))
+        call = invoke(LEDGER_TABLE=TABLE, KUBE_API_URL=api.url, KUBE_TOKEN="t0ken")
+        yield call, api
+
+
+def bind_body(pod, node):
+    meta = pod["metadata"]
+    return json.dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node})
+
+
+def test_bind_records_annotates_and_binds_and_filter_sees_it_at_once(sharing):
+    call, api = sharing
+    assert call("GET", "/healthz")[1]["verbs"] == ["filter", "prioritize", "bind", "preempt"]
+    pods = [make_pod(f"s{i}", 0, milli=600) for i in range(4)]
+    api.load("pods", pods)
+    for pod in pods:
+        assert call("POST", "/bind", bind_body(pod, "t4-0")) == (200, {"Error": ""})
+        assert call.metric("Binds") == [1] and call.metric("BindLatencyMs")
+    annotations = [api.get("pods", p["metadata"]["name"], "default")["metadata"]["annotations"] for p in pods]
+    assert sorted(a["gpu-scheduler.io/assigned-gpus"] for a in annotations) == ["0:600", "1:600", "2:600", "3:600"]
+    # The snapshot still shows t4-0 empty; this instance knows better until the refresher catches up.
+    _, reply = call("POST", "/filter", json.dumps({"Pod": make_pod("p", 0, milli=500), "NodeNames": ["t4-0"]}))
+    assert reply["NodeNames"] == [] and "none of 4 GPUs has 500 milli free" in reply["FailedNodes"]["t4-0"]
+    full = make_pod("late", 0, milli=500)
+    api.load("pods", [full])
+    _, reply = call("POST", "/bind", bind_body(full, "t4-0"))
+    assert "no room" in reply["Error"] and call.metric("BindFailures", reason="no_room") == [1]
+
+
+def test_preempt_through_the_lambda_keeps_nodes_where_victims_free_enough(aws, sharing):
+    call, api = sharing
+    put_snapshot(aws, make_nodes("T4", "A100"), [make_pod("big", 8, node_name="a100-1", phase="Running")])
+    whole, victim = make_pod("w3", 3), make_pod("victim", 0, milli=700)
+    api.load("pods", [whole, victim])
+    for pod in (whole, victim):  # GPUs 0-2, then 700 of GPU 3: 300 milli left on t4-0
+        assert call("POST", "/bind", bind_body(pod, "t4-0"))[1] == {"Error": ""}
+    request = {
+        "Pod": make_pod("p", 0, milli=800),
+        "NodeNameToMetaVictims": {
+            "t4-0": {"Pods": [{"UID": victim["metadata"]["uid"]}, {"UID": "cpu-only"}], "NumPDBViolations": 0},
+            "a100-1": {"Pods": [{"UID": "unknown"}], "NumPDBViolations": 0},
+        },
+    }
+    status, reply = call("POST", "/preempt", json.dumps(request))
+    assert status == 200
+    # t4-0: evicting the share frees GPU 3; "cpu-only" is no pod the ledger knows, so it is kept as
+    # kube-scheduler proposed it. a100-1 is full and its victim unknown: kube-scheduler does not account
+    # shares, so its word does not stand for them, and the node is dropped.
+    kept = [{"UID": victim["metadata"]["uid"]}, {"UID": "cpu-only"}]
+    assert reply == {"NodeNameToMetaVictims": {"t4-0": {"Pods": kept, "NumPDBViolations": 0}}}
+    assert call.metric("PreemptNodesDropped") == [1] and call.metric("PreemptLatencyMs")
 
 
 def test_invalid_settings_fail_at_import_listing_every_problem(aws, load_handler):
@@ -316,19 +382,32 @@ def test_locality_settings_come_from_the_environment_and_are_validated():
         ExtenderSettings.from_env({"LOCALITY_ZONE_VALUES": "[1]"})
 
 
-def test_every_metric_emitted_is_catalogued_and_every_catalogued_one_is_emitted(aws, invoke, monkeypatch):
+def test_every_metric_emitted_is_catalogued_and_every_catalogued_one_is_emitted(aws, sharing, invoke, monkeypatch):
     """The CDK dashboards and alarms name metrics through the catalogue: drift would leave them empty."""
-    put_snapshot(aws, make_nodes("T4", "A100"))
-    call = invoke(MAX_BODY_BYTES="1000")
+    from adapters.gpu_ledger import LedgerStore
+    from tests.adapters.test_gpu_ledger import RacingClient
+
+    _, api = sharing
+    call = invoke(MAX_BODY_BYTES="1000")  # with the ledger and the API of ``sharing``
+    ledger = call.handler.EXTENDER.accounting.ledger
+    ledger.client = RacingClient(ledger.client, LedgerStore(ledger.table, ledger.client), 1, "t4-0", 4)
+    shares = [make_pod(f"s{i}", 0, milli=100) for i in range(3)]
+    api.load("pods", shares)
+    api.fail_next("POST", "/pods/s1/binding", 500, times=2)
     documents = []
     for method, path, body in [
         ("POST", "/filter", json.dumps({"Pod": make_pod("fits", 1), "NodeNames": ["t4-0", "a100-1"]})),
         ("POST", "/filter", json.dumps({"Pod": make_pod("too-big", 64), "NodeNames": ["t4-0"]})),
         ("POST", "/prioritize", json.dumps({"Pod": make_pod("fits", 1), "NodeNames": ["t4-0", "a100-1"]})),
         ("POST", "/filter", "{not json"),
+        ("POST", "/bind", bind_body(shares[0], "t4-0")),  # after one conflict
+        ("POST", "/bind", bind_body(shares[1], "t4-0")),  # the Binding fails: rolled back
+        ("POST", "/preempt", json.dumps({"Pod": make_pod("p", 0, milli=100), "NodeNameToMetaVictims": {}})),
     ]:
         call(method, path, body)
         documents += call.emf
+    assert [d["LedgerConflicts"] for d in documents if "LedgerConflicts" in d] == [[1.0]]
+    assert [d["BindRollbacks"] for d in documents if "BindRollbacks" in d] == [[1.0]]
     monkeypatch.setattr(call.handler.EXTENDER, "respond", lambda *_: 1 / 0)
     call("POST", "/filter", json.dumps({"Pod": make_pod("p", 1), "NodeNames": ["t4-0"]}))
     documents += call.emf

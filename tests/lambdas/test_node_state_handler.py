@@ -13,18 +13,21 @@ import pytest
 
 from adapters.amp import PrometheusClient
 from adapters.ec2_gpu import GpuInfoCatalog
+from adapters.gpu_ledger import LedgerStore
 from adapters.kube import connect_url
 from adapters.metric_catalogue import CATALOGUE, NODE_STATE
 from adapters.snapshot_store import open_store
+from bench.ledger import TABLE, create_table
 from gpu_scheduler.kube_double import KubeApiDouble
 from lambdas.node_state import handler
 from lambdas.node_state.config import NodeStateSettings
 from scheduler_core.allocation import MILLI_RESOURCE
 from scheduler_core.errors import ConfigError
+from scheduler_core.ledger import Demand
 from scheduler_core.node_labels import OWNED_LABELS
 from scheduler_core.snapshot import read_snapshot
 from scheduler_core.synthetic import eks_cluster
-from tests.conftest import FakeLambdaContext, assert_catalogued
+from tests.conftest import FakeLambdaContext, assert_catalogued, make_nodes, make_pod
 from tests.prometheus_server import prometheus_with, requires_prometheus
 
 TOKEN = "refresher-token"
@@ -62,18 +65,29 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-def services(session: Any, api: KubeApiDouble, amp_url: str | None) -> handler.Services:
+def services(
+    session: Any, api: KubeApiDouble, amp_url: str | None, ledger: LedgerStore | None = None
+) -> handler.Services:
     return handler.Services(
         kube=connect_url(api.url, TOKEN, sleep=lambda _s: None),
         store=open_store(URI, s3_client=session.client("s3")),
         catalog=GpuInfoCatalog(session.client("ec2")),
         prometheus=PrometheusClient(amp_url, timeout_s=3) if amp_url else None,
+        ledger=ledger,
     )
 
 
-def run(session: Any, api: KubeApiDouble, amp_url: str | None = None, **settings: Any) -> handler.RunReport:
+def run(
+    session: Any, api: KubeApiDouble, amp_url: str | None = None, ledger: LedgerStore | None = None, **settings: Any
+) -> handler.RunReport:
     config = NodeStateSettings(cluster_name="prod", snapshot_uri=URI, **settings)
-    return handler.refresh(config, services(session, api, amp_url), time_left=lambda: 900.0)
+    return handler.refresh(config, services(session, api, amp_url, ledger), time_left=lambda: 900.0)
+
+
+def ledger_table(session: Any) -> LedgerStore:
+    client = session.client("dynamodb")
+    create_table(client)
+    return LedgerStore(TABLE, client)
 
 
 def stored_snapshot(session: Any) -> Any:
@@ -236,8 +250,11 @@ def test_a_snapshot_write_failure_is_reported(aws: Any, api: KubeApiDouble) -> N
 
 
 def test_lambda_handler_emits_the_metrics(
-    aws: Any, api: KubeApiDouble, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    aws: Any, api: KubeApiDouble, cluster: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    ledger = ledger_table(aws)
+    ledger.assign("gpu-00001", 8, "long-gone", Demand(1, 500))
+    monkeypatch.setenv("LEDGER_TABLE", TABLE)
     monkeypatch.setenv("KUBE_API_URL", api.url)
     monkeypatch.setenv("KUBE_TOKEN", TOKEN)
     monkeypatch.setenv("SNAPSHOT_URI", URI)
@@ -257,6 +274,16 @@ def test_lambda_handler_emits_the_metrics(
     last = {k: v[0] if isinstance(v, list) else v for k, v in emf[-1].items()}
     assert last["NodesSeen"] == 500 and last["NodesLabeled"] == 425 and last["RunFailures"] == 0
     assert assert_catalogued(emf, NODE_STATE) == {m.name for m in CATALOGUE if m.service == NODE_STATE}
+    # The ledger starts empty but one leftover: every node whose pods carry assigned-gpus is rebuilt.
+    annotated = {
+        pod["spec"]["nodeName"]
+        for pod in cluster[1]
+        if "gpu-scheduler.io/assigned-gpus" in pod["metadata"].get("annotations", {})
+        and pod["spec"].get("nodeName")
+        and pod["status"]["phase"] not in ("Succeeded", "Failed")
+    }
+    drift = {doc["kind"]: doc["LedgerDrift"] for doc in emf if "LedgerDrift" in doc}
+    assert drift == {"released": [1.0], "rebuilt": [float(len(annotated))]} and len(annotated) > 100
 
 
 def test_settings_name_every_problem() -> None:
@@ -265,3 +292,73 @@ def test_settings_name_every_problem() -> None:
     message = str(caught.value)
     for variable in ("SNAPSHOT_URI", "CLUSTER_NAME", "LABEL_POLICY", "PATCH_CONCURRENCY", "LABEL_DRY_RUN"):
         assert variable in message
+
+
+# ---- the GPU ledger's reconcile ------------------------------------------------------------------
+def shared_pod(name: str, milli: int, node: str | None, assigned: str | None = None) -> dict[str, Any]:
+    pod = make_pod(name, 0, milli=milli, node_name=node, phase="Running" if node else "Pending")
+    if assigned is not None:
+        pod["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = assigned
+    return pod
+
+
+@pytest.fixture
+def small_api() -> Iterator[KubeApiDouble]:
+    with KubeApiDouble(tokens=[TOKEN]) as double:
+        double.load("nodes", make_nodes("T4", "A100", "H100"))
+        yield double
+
+
+def test_the_reconcile_frees_leftovers_records_and_rebuilds_and_keeps_binds_in_flight(
+    aws: Any, small_api: KubeApiDouble
+) -> None:
+    ledger = ledger_table(aws)
+    for uid, milli in (("uid-default-gone", 300), ("uid-default-moved", 200), ("uid-default-inflight", 400),
+                       ("uid-default-here", 100), ("uid-default-done", 100)):  # fmt: skip
+        ledger.assign("t4-0", 4, uid, Demand(1, milli))
+    ledger.assign("a100-1", 8, "uid-default-other", Demand(1, 100))
+    small_api.load(
+        "pods",
+        [
+            shared_pod("moved", 200, "a100-1", "0:200"),  # bound elsewhere: t4-0 frees it, a100-1 records it
+            shared_pod("other", 100, "a100-1", "0:100"),
+            shared_pod("inflight", 400, None),  # pending: a bind in flight wrote the ledger first
+            shared_pod("here", 100, "t4-0", "0:100"),
+            shared_pod("done", 100, "t4-0", "0:100") | {"status": {"phase": "Succeeded"}},
+            shared_pod("lost", 500, "h100-2", "3:500"),  # h100-2 has no item at all
+        ],
+    )
+    report = run(aws, small_api, ledger=ledger)
+    assert report.status == "ok" and report.ledger_error == ""
+    assert report.ledger_drift == {"released": 3, "recorded": 1, "rebuilt": 1}
+    assert sorted(ledger.read("t4-0", 4).assignments) == ["uid-default-here", "uid-default-inflight"]
+    assert ledger.read("t4-0", 4).used == (500, 0, 0, 0)
+    assert dict(ledger.read("a100-1", 8).assignments) == {
+        "uid-default-moved": ((0, 200),),
+        "uid-default-other": ((0, 100),),
+    }
+    assert ledger.read("h100-2", 8).used == (0, 0, 0, 500, 0, 0, 0, 0)
+    for node, count in (("t4-0", 4), ("a100-1", 8), ("h100-2", 8)):
+        assert ledger.read(node, count).problems() == []
+    again = run(aws, small_api, ledger=ledger)
+    assert again.ledger_drift == {} and again.ledger_writes == 0  # nothing left to correct
+
+
+def test_a_bind_between_read_and_write_wins_and_the_reconcile_waits(aws: Any, small_api: KubeApiDouble) -> None:
+    from tests.adapters.test_gpu_ledger import RacingClient
+
+    ledger = ledger_table(aws)
+    ledger.assign("t4-0", 4, "uid-default-gone", Demand(1, 300))
+    racing = LedgerStore(TABLE, RacingClient(ledger.client, ledger, 1, "t4-0", 4))
+    report = run(aws, small_api, ledger=racing)
+    assert report.ledger_drift == {"released": 1} and report.ledger_write_conflicts == 1
+    assert "rival-0" in ledger.read("t4-0", 4).assignments  # the bind's write was not overwritten
+    # The next run reads the new version; rival-0 is no pod of this cluster, so both go then.
+    assert run(aws, small_api, ledger=ledger).ledger_drift == {"released": 2}
+    assert ledger.read("t4-0", 4).assignments == {}
+
+
+def test_an_unreadable_ledger_skips_the_reconcile_but_not_the_snapshot(aws: Any, small_api: KubeApiDouble) -> None:
+    report = run(aws, small_api, ledger=LedgerStore("no-such-table", aws.client("dynamodb")))
+    assert report.status == "ok" and "ResourceNotFoundException" in report.ledger_error
+    assert stored_snapshot(aws).table.n_nodes == 3

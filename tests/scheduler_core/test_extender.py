@@ -1,6 +1,7 @@
 import json
 import re
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -258,3 +259,74 @@ def test_filter_json_equals_the_wire_encoding(models, used, unknown, gpus, wante
         assert outcome.nodes_in == len(args.node_names or args.nodes)
         scored = extender.prioritize(args)
         assert json.loads(scored.to_json()) == HostPriority.list_to_wire(scored.reply)
+
+
+# -- shares of a GPU (gpu-scheduler.io/gpu-milli) ----------------------------------------------------
+def shared_state(generated_at=None):
+    """t4-0 has 4 GPUs with 900, 600, 0 and 0 milli taken; a100-1 is empty; h100-2 runs a 1-GPU pod."""
+    pods = [
+        make_pod("s1", 0, milli=900, node_name="t4-0", phase="Running"),
+        make_pod("s2", 0, milli=600, node_name="t4-0", phase="Running"),
+        make_pod("w", 1, node_name="h100-2", phase="Running"),
+    ]
+    pods[0]["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = "0:900"
+    pods[1]["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = "1:600"
+    state = ClusterState.from_objects(make_nodes("T4", "A100", "H100"), pods)
+    return ClusterState(state.table, state.used_gpus, state.utilization, free_milli=state.free_milli,
+                        generated_at=generated_at)  # fmt: skip
+
+
+def test_a_share_passes_where_one_gpu_has_room_and_says_why_not_elsewhere():
+    state = shared_state()
+    full = ClusterState(state.table, state.used_gpus + np.array([0, 8, 7]), state.utilization,
+                        free_milli=state.free_milli * [[1], [0], [0]], generated_at=None)  # fmt: skip
+    status, reply = call(
+        Extender(cluster=lambda: full), "filter", body(make_pod("p", 0, milli=500), names=["t4-0", "a100-1"])
+    )
+    assert status == 200 and reply["NodeNames"] == ["t4-0"]
+    assert reply["FailedNodes"] == {"a100-1": "none of 8 GPUs has 500 milli free (the pod's share)"}
+
+
+def test_a_share_prefers_the_node_whose_shared_gpu_it_fills():
+    """gpu_packing: a GPU already shared (t4-0's GPU 1, 400 free) before an idle node, before a partly used one."""
+    state = shared_state()
+    status, scores = call(Extender(cluster=lambda: state), "prioritize",
+                          body(make_pod("p", 0, milli=400), names=["a100-1", "t4-0", "h100-2"]))  # fmt: skip
+    assert status == 200
+    by_host = {p["Host"]: p["Score"] for p in scores}
+    assert by_host["t4-0"] > by_host["h100-2"] > by_host["a100-1"]
+
+
+def test_whole_gpus_asked_as_milli_are_whole_gpus_and_a_mixed_request_is_refused():
+    state = shared_state()
+    status, reply = call(Extender(cluster=lambda: state), "filter",
+                         body(make_pod("p", 0, milli=3000), names=["t4-0", "h100-2"]))  # fmt: skip
+    assert reply["NodeNames"] == ["h100-2"] and "2 of 4 GPUs free" in reply["FailedNodes"]["t4-0"]
+    mixed = make_pod("m", 1, milli=500)
+    status, reply = call(Extender(cluster=lambda: state), "filter", body(mixed, names=["t4-0"]))
+    assert status == 200 and "requests both nvidia.com/gpu=1 and gpu-scheduler.io/gpu-milli=500" in reply["Error"]
+    status, reply = call(Extender(cluster=lambda: state), "filter",
+                         body(make_pod("odd", 0, milli=1500), names=["t4-0"]))  # fmt: skip
+    assert "multiple of 1000" in reply["Error"]
+
+
+def test_this_instances_binds_count_until_a_newer_snapshot_shows_them():
+    from scheduler_core.recent_binds import RecentBinds
+
+    now = [1000.0]
+    recent = RecentBinds(margin_s=30.0, clock=lambda: now[0])
+    states = [shared_state(generated_at=900.0)]
+    extender = Extender(cluster=lambda: states[0], recent=recent)
+    share = body(make_pod("p", 0, milli=500), names=["t4-0"])
+    assert call(extender, "filter", share)[1]["NodeNames"] == ["t4-0"]  # GPUs 2 and 3 are empty
+    recent.record("t4-0", ((2, 600),))
+    recent.record("t4-0", ((3, 600),))
+    assert call(extender, "filter", share)[1]["NodeNames"] == []  # not in the snapshot yet, but taken here
+    states[0] = shared_state(generated_at=1100.0)  # generated after the binds (the pods would now be in it)
+    assert call(extender, "filter", share)[1]["NodeNames"] == ["t4-0"]
+    assert recent.pending(1100.0) == []
+
+
+def test_an_unknown_share_policy_is_refused_naming_the_choices():
+    with pytest.raises(ConfigError, match="share_policy: expected one of gpu_packing, bestfit, dotprod, got 'fgd'"):
+        Extender(ExtenderConfig(share_policy="fgd"))

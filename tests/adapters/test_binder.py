@@ -1,0 +1,201 @@
+"""The bind verb's I/O: ledger in moto's DynamoDB, pod annotation and Binding through the in-repo
+API double over HTTP, with faults injected at each step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from adapters.binder import LedgerBinder
+from adapters.gpu_ledger import LedgerStore
+from adapters.kube import RetryPolicy, connect_url
+from bench.ledger import TABLE, create_table
+from gpu_scheduler.kube_double import KubeApiDouble
+from scheduler_core.allocation import ASSIGNED_GPUS_ANNOTATION
+from scheduler_core.cluster import ClusterState
+from scheduler_core.ledger import Demand
+from scheduler_core.recent_binds import RecentBinds
+from scheduler_core.wire import ExtenderBindingArgs
+from tests.conftest import make_nodes, make_pod
+
+TOKEN = "bind-token"
+NODES = make_nodes("T4", "A100")  # t4-0: 4 GPUs, a100-1: 8
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApiDouble]:
+    with KubeApiDouble(tokens=[TOKEN]) as double:
+        double.load("nodes", NODES)
+        yield double
+
+
+@pytest.fixture
+def ledger(aws_session: Any) -> LedgerStore:
+    client = aws_session.client("dynamodb")
+    create_table(client)
+    return LedgerStore(TABLE, client)
+
+
+def make_binder(api: KubeApiDouble, ledger: LedgerStore, state: ClusterState | None = None) -> LedgerBinder:
+    def kube() -> Any:
+        client = connect_url(api.url, TOKEN)
+        client.retry = RetryPolicy(attempts=2, base_s=0.01, max_s=0.02, request_timeout_s=5.0)
+        return client
+
+    return LedgerBinder(ledger, kube, lambda: state, RecentBinds())
+
+
+def pending(api: KubeApiDouble, name: str, gpus: int = 0, milli: int = 0) -> ExtenderBindingArgs:
+    pod = make_pod(name, gpus, milli=milli)
+    api.load("pods", [pod])
+    return ExtenderBindingArgs(name, "default", pod["metadata"]["uid"], "t4-0")
+
+
+def pod_on(api: KubeApiDouble, name: str) -> tuple[str | None, str | None]:
+    pod = api.get("pods", name, "default")
+    return pod["spec"].get("nodeName"), pod["metadata"].get("annotations", {}).get(ASSIGNED_GPUS_ANNOTATION)
+
+
+def test_a_share_is_recorded_annotated_and_bound(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    binder = make_binder(api, ledger)
+    first = binder.bind(pending(api, "a", milli=300))
+    second = binder.bind(pending(api, "b", milli=500))
+    assert (first.error, second.error) == ("", "")
+    assert pod_on(api, "a") == ("t4-0", "0:300") and pod_on(api, "b") == ("t4-0", "0:500")  # tightest GPU
+    item = ledger.read("t4-0", 4)
+    assert item.used == (800, 0, 0, 0) and item.problems() == []
+    assert [b.pairs for b in binder.recent.pending(None)] == [((0, 300),), ((0, 500),)]
+
+
+def test_a_whole_gpu_pod_is_recorded_too(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    outcome = make_binder(api, ledger).bind(pending(api, "w", gpus=2))
+    assert outcome.error == "" and outcome.assigned == "0:1000,1:1000"
+    assert ledger.read("t4-0", 4).used == (1000, 1000, 0, 0)
+
+
+def test_a_retried_bind_is_answered_the_same_and_writes_nothing(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    binder = make_binder(api, ledger)
+    args = pending(api, "a", milli=300)
+    binder.bind(args)
+    writes, version = len(api.writes()), ledger.read("t4-0", 4).version
+    again = binder.bind(args)
+    assert again.error == "" and again.already and again.assigned == "0:300"
+    assert len(api.writes()) == writes and ledger.read("t4-0", 4).version == version
+
+
+def test_a_failed_binding_rolls_the_ledger_and_the_annotation_back(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    api.fail_next("POST", r"/pods/a/binding", 500, times=2)  # past the one retry
+    outcome = make_binder(api, ledger).bind(pending(api, "a", milli=300))
+    assert "posting the Binding" in outcome.error and outcome.error_kind == "kube_error" and outcome.rolled_back
+    assert ledger.read("t4-0", 4).used == (0, 0, 0, 0)
+    assert ledger.read("t4-0", 4).assignments == {}
+    assert pod_on(api, "a") == (None, None)
+
+
+def test_a_pod_bound_elsewhere_meanwhile_releases_the_gpus(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    args = pending(api, "a", milli=300)
+    binder = make_binder(api, ledger)
+    original = binder.kube.patch_pod_annotations
+
+    def patch_then_race(*a: Any, **k: Any) -> Any:  # another scheduler binds it between our steps
+        result = original(*a, **k)
+        pod = api.get("pods", "a", "default")
+        if not pod["spec"].get("nodeName"):
+            pod["spec"]["nodeName"] = "a100-1"
+            api.load("pods", [pod])
+        return result
+
+    binder.kube.patch_pod_annotations = patch_then_race  # type: ignore[method-assign]
+    outcome = binder.bind(args)
+    assert "already assigned" in outcome.error and outcome.rolled_back
+    assert ledger.read("t4-0", 4).assignments == {}
+
+
+class ThrottledClient:
+    """A real DynamoDB client whose writes are throttled past botocore's own retries."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def put_item(self, **_: Any) -> Any:
+        error = {"Code": "ProvisionedThroughputExceededException", "Message": "Rate of requests exceeds"}
+        raise ClientError({"Error": error}, "PutItem")
+
+
+def test_a_throttled_ledger_fails_the_bind_before_anything_is_written(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    throttled = LedgerStore(TABLE, ThrottledClient(ledger.client))
+    outcome = make_binder(api, throttled).bind(pending(api, "a", milli=300))
+    assert outcome.error_kind == "ledger_error" and "ProvisionedThroughputExceeded" in outcome.error
+    assert pod_on(api, "a") == (None, None) and api.writes() == []
+
+
+def test_a_stale_snapshot_is_overruled_by_the_ledger(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    """The snapshot says t4-0 is empty; the ledger knows another instance filled it since."""
+    state = ClusterState.from_objects(NODES)
+    assert state.free_milli is not None and state.free_milli[0, :4].tolist() == [1000] * 4
+    for i in range(4):
+        ledger.assign("t4-0", 4, f"other-{i}", Demand(1, 900))
+    outcome = make_binder(api, ledger, state).bind(pending(api, "a", milli=300))
+    assert outcome.error_kind == "no_room" and "no room" in outcome.error
+    assert pod_on(api, "a") == (None, None)
+
+
+def test_a_missing_ledger_item_is_created_by_the_first_bind(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    assert ledger.read("t4-0", 4).version == 0
+    outcome = make_binder(api, ledger).bind(pending(api, "a", milli=250))
+    assert outcome.error == "" and ledger.read("t4-0", 4).version == 1
+
+
+def test_a_gone_or_replaced_pod_is_refused(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    binder = make_binder(api, ledger)
+    gone = binder.bind(ExtenderBindingArgs("nope", "default", "uid-x", "t4-0"))
+    assert gone.error_kind == "pod_gone" and "404" in gone.error
+    args = pending(api, "a", milli=250)
+    replaced = binder.bind(ExtenderBindingArgs(args.pod_name, "default", "an-older-uid", "t4-0"))
+    assert replaced.error_kind == "pod_gone" and "UID" in replaced.error
+    assert ledger.read("t4-0", 4).version == 0
+
+
+def test_a_pod_without_gpus_is_bound_without_the_ledger(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    outcome = make_binder(api, ledger).bind(pending(api, "cpu"))
+    assert outcome.error == "" and pod_on(api, "cpu") == ("t4-0", None)
+    assert ledger.read("t4-0", 4).version == 0
+
+
+def test_eight_threads_binding_2000_shares_never_overallocate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's acceptance run: 8 threads bind 2,000 shares at once through the whole bind verb, the
+    ledger in moto's DynamoDB in server mode (its own process), the pods in the API double. A bind that
+    fails (a lost race, no room) moves to the pod's next node, as kube-scheduler's retry would."""
+    from collections import Counter
+
+    from bench.bind import bind_all
+    from gpu_scheduler.local_moto import moto_server
+    from scheduler_core.allocation import parse_assigned_gpus
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(name, value)
+    with moto_server() as endpoint:
+        run = bind_all(endpoint, threads=8, pods=2000)
+
+    assert run.conflicts > 0, "8 binders on 10 hot nodes must collide"
+    assert run.outcome["bound"] + run.unplaced == 2000 and run.unplaced < 20  # 8 tries each on a crowded few
+    for item in run.items:
+        assert item.problems() == [], item.node  # used == the sum of the assignments
+        assert max(item.used) <= 1000, item.node
+    held = Counter(uid for item in run.items for uid in item.assignments)
+    assert len(held) == run.outcome["bound"] and max(held.values()) == 1, "a pod is assigned twice"
+    # The ledger equals the sum of the pod annotations, GPU by GPU; an unplaced pod holds nothing.
+    from_annotations: dict[str, list[int]] = {item.node: [0] * 8 for item in run.items}
+    for pod in run.pods:
+        if not pod["spec"].get("nodeName"):
+            assert ASSIGNED_GPUS_ANNOTATION not in pod["metadata"]["annotations"]
+            continue
+        for gpu, milli in parse_assigned_gpus(pod["metadata"]["annotations"][ASSIGNED_GPUS_ANNOTATION]):
+            from_annotations[pod["spec"]["nodeName"]][gpu] += milli
+    assert {item.node: list(item.used) for item in run.items} == from_annotations
