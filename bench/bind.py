@@ -1,0 +1,161 @@
+"""``gpu-scheduler bench bind``: the extender's whole ``bind`` verb, ledger to Binding.
+
+Each bind is ``Extender.respond("bind", body)`` with a :class:`adapters.binder.LedgerBinder`: GET the
+pod, the ledger's conditional write in moto's DynamoDB (server mode, its own process), the annotation
+PATCH and the Binding POST to the in-repo API double over HTTP. ``threads`` binders share one extender
+(as the threads of the local server do), binding ``pods`` fractional pods onto ``nodes`` 8-GPU nodes,
+most of them preferring the same ``hot`` few, and moving to the next preferred node on an ``Error`` as
+kube-scheduler's retry would. Reported: bind latency p50/p99, conflicts per 1,000 binds, and what the
+first bind pays to load the ``kubernetes`` client (measured in a fresh interpreter).
+
+Everything runs on this machine's two cores: moto, the API double and the binders compete for them, so
+absolute times are an upper bound; the real DynamoDB and API server answer in single-digit ms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from adapters.binder import LedgerBinder
+from adapters.gpu_ledger import LedgerStore
+from adapters.kube import RetryPolicy, connect_url
+from bench.ledger import SHARES, TABLE, create_table
+from gpu_scheduler.kube_double import KubeApiDouble
+from gpu_scheduler.local_moto import moto_server
+from scheduler_core.extender import BindOutcome, Extender
+from scheduler_core.ledger import NodeLedger
+from scheduler_core.recent_binds import RecentBinds
+from scheduler_core.synthetic import CATALOGUE, make_node, make_pod
+
+TOKEN = "bench"
+
+
+@dataclass
+class BindRun:
+    """What the binders did: every bind's latency and outcome, and the pods and ledger items after."""
+
+    threads: int
+    latencies_ms: list[float] = field(default_factory=list)
+    outcome: Counter[str] = field(default_factory=Counter)  # "bound", or the error kind
+    conflicts: int = 0
+    unplaced: int = 0
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    items: list[NodeLedger] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        bound = sum(1 for pod in self.pods if pod["spec"].get("nodeName"))
+        values = np.array(self.latencies_ms)
+        return {
+            "threads": self.threads,
+            "pods": len(self.pods),
+            "bound": bound,
+            "unplaced": self.unplaced,
+            "ledger_assignments": sum(len(item.assignments) for item in self.items),
+            "ledger_problems": [problem for item in self.items for problem in item.problems()],
+            "outcomes": dict(self.outcome),
+            "bind_calls": len(values),
+            "bind_ms": {
+                "p50": round(float(np.percentile(values, 50)), 2),
+                "p99": round(float(np.percentile(values, 99)), 2),
+            },
+            "conflicts_per_1000_binds": round(1000 * self.conflicts / max(bound, 1), 1),
+            "wall_s": round(self.wall_s, 1),
+            "binds_per_s": round(bound / self.wall_s, 1),
+        }
+
+
+def bind_all(endpoint: str, *, threads: int = 8, pods: int = 2000, nodes: int = 80, hot: int = 10) -> BindRun:
+    """Bind ``pods`` shares through the extender's bind verb from ``threads`` threads at once, against the
+    DynamoDB at ``endpoint`` (a fresh table) and a fresh API double."""
+    import boto3
+
+    dynamodb = boto3.client("dynamodb", region_name="us-east-1", endpoint_url=endpoint)
+    create_table(dynamodb)
+    shape = next(shape for shape in CATALOGUE if shape.gpus == 8)
+    names = [f"gpu-{i:03d}" for i in range(nodes)]
+    run = BindRun(threads)
+    lock = threading.Lock()
+    with KubeApiDouble(tokens=[TOKEN]) as api:
+        api.load("nodes", [make_node(name, shape, "us-east-1a") for name in names])
+        rng = random.Random(0)
+        specs = [make_pod(f"p{i}", 0, milli=rng.choice(SHARES)) for i in range(pods)]
+        api.load("pods", specs)
+
+        def kube() -> Any:
+            client = connect_url(api.url, TOKEN)
+            client.retry = RetryPolicy(attempts=2, base_s=0.05, max_s=0.2, request_timeout_s=5.0)
+            return client
+
+        recent = RecentBinds()
+        ledger = LedgerStore(TABLE, dynamodb)
+        accounting = LedgerBinder(ledger, kube, recent=recent)
+        accounting.kube.get_node(names[0])  # connected and warm, as a warm Lambda is: the first bind is measured apart
+        extender = Extender(recent=recent, accounting=accounting)
+
+        def bind_pods(worker: int) -> None:
+            choose = random.Random(worker)
+            for i in range(worker, pods, threads):
+                meta = specs[i]["metadata"]
+                for node in choose.sample(names[:hot], 3) + choose.sample(names, 5):
+                    body = json.dumps(
+                        {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": node}
+                    ).encode()
+                    started = time.perf_counter()
+                    reply = extender.respond("bind", body)
+                    elapsed = 1000 * (time.perf_counter() - started)
+                    assert isinstance(reply.outcome, BindOutcome)
+                    with lock:
+                        run.latencies_ms.append(elapsed)
+                        run.conflicts += reply.outcome.conflicts
+                        run.outcome[reply.outcome.error_kind or "bound"] += 1
+                    if not reply.outcome.error:
+                        break
+                else:
+                    with lock:
+                        run.unplaced += 1
+
+        started = time.perf_counter()
+        workers = [threading.Thread(target=bind_pods, args=(w,)) for w in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        run.wall_s = time.perf_counter() - started
+        run.pods = api.objects("pods")
+        run.items = [ledger.read(name, 8) for name in names]
+    return run
+
+
+def first_bind_import_ms(runs: int = 3) -> float:
+    """Median time to ``import kubernetes`` in a fresh interpreter: what the first bind of a Lambda pays."""
+    code = "import time; t = time.perf_counter(); import kubernetes.client; print(1000 * (time.perf_counter() - t))"
+    times = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+             for _ in range(runs)]  # fmt: skip
+    return round(float(np.median(times)), 1)
+
+
+def run(threads: int, pods: int, nodes: int = 80, hot: int = 10) -> dict[str, Any]:
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    with moto_server() as endpoint:
+        contended = bind_all(endpoint, threads=threads, pods=pods, nodes=nodes, hot=hot).summary()
+    with moto_server() as endpoint:
+        alone = bind_all(endpoint, threads=1, pods=max(pods // 10, 1), nodes=nodes, hot=hot).summary()
+    return {
+        "suite": "bind",
+        "contended": contended,
+        "alone": alone,
+        "first_bind_kubernetes_import_ms": first_bind_import_ms(),
+    }
