@@ -7,7 +7,9 @@ One bind (DESIGN section 5):
    nothing written (kube-scheduler retries a bind whose answer it did not get in ``httpTimeout``).
 2. Record its GPUs in the node's ledger item: a conditional write on the item's version, idempotent
    per pod UID, with one re-read and a fresh GPU choice on a conflict (``LedgerStore.assign``).
-   Whole-GPU pods are recorded too, so the ledger holds every GPU on the node.
+   Whole-GPU pods are recorded too, so the ledger holds every GPU on the node. What the ledger showed
+   free there (after this bind, or when it had no room) goes to ``recent``, which filter and prioritize
+   lay over the snapshot.
 3. Merge-patch ``gpu-scheduler.io/assigned-gpus`` onto the pod: the device plugin side and the
    node-state refresher read it.
 4. POST the Binding. A 409 whose pod turns out bound to this very node is a success.
@@ -29,7 +31,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from adapters.gpu_ledger import LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
-from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
+from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient, RetryPolicy
+from adapters.settings import ClusterAccess
 from scheduler_core.allocation import ASSIGNED_GPUS_ANNOTATION, MILLI_PER_GPU
 from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ClusterStateUnavailableError, InvalidPodError
@@ -44,6 +47,8 @@ from scheduler_core.wire import ExtenderBindingArgs
 log = logging.getLogger(__name__)
 
 KubeFactory = Callable[[], KubeClient]
+BIND_RETRY = RetryPolicy(attempts=2, base_s=0.05, max_s=0.2, request_timeout_s=1.0)
+"""Bind has kube-scheduler's ``httpTimeout`` (3 s) for all of its calls: short ones, one quick retry."""
 
 
 class LedgerBinder:
@@ -55,7 +60,7 @@ class LedgerBinder:
     kube : callable returning a KubeClient, called once, on the first bind
     cluster : the extender's cluster source, for each node's GPU count (the node is read from the
         API when the state lacks it)
-    recent : the binds this instance made, which filter and prioritize lay over the snapshot
+    recent : what this instance learned from the ledger, which filter and prioritize lay over the snapshot
     """
 
     def __init__(
@@ -115,6 +120,7 @@ class LedgerBinder:
         try:
             held = self.ledger.assign(args.node, gpu_count, args.pod_uid, ledger_demand)
         except NoRoomError as exc:
+            self.recent.observe(args.node, exc.free)  # the snapshot was stale here: the next filter knows
             return failed("no_room", str(exc))
         except LedgerConflictError as exc:
             return failed("conflict", str(exc), conflicts=2)
@@ -128,7 +134,10 @@ class LedgerBinder:
             except (KubeApiError, DeadlineReachedError) as exc:
                 rolled = self._roll_back(args, gpu_count, annotated=False)
                 return failed("kube_error", f"annotating the pod: {exc}", conflicts=held.conflicts, rolled_back=rolled)
-        return self._post_binding(args, pod_key, held.pairs, held.annotation, held.conflicts, gpu_count, held.already)
+        bound = self._post_binding(args, pod_key, held.pairs, held.annotation, held.conflicts, gpu_count, held.already)
+        if not bound.error:
+            self.recent.observe(args.node, held.free)  # the other instances' binds there, and this one
+        return bound
 
     def _post_binding(
         self,
@@ -151,8 +160,6 @@ class LedgerBinder:
                 return BindOutcome(
                     pod_key, args.node, message, "kube_error", annotation, conflicts, already, rolled_back=rolled
                 )
-        if pairs is not None:
-            self.recent.record(args.node, pairs)
         return BindOutcome(pod_key, args.node, assigned=annotation, conflicts=conflicts, already=already)
 
     def _bound_here(self, args: ExtenderBindingArgs) -> bool:
@@ -194,3 +201,25 @@ class LedgerBinder:
         """What the ledger says each pod holds on ``nodes`` (nodes without an item hold nothing known)."""
         items = self.ledger.read_many(nodes)
         return {node: dict(item.assignments) for node, item in items.items()}
+
+
+def ledger_binder(
+    table: str,
+    access: ClusterAccess,
+    *,
+    session: Any = None,
+    cluster: Callable[[], ClusterState | None] | None = None,
+    recent: RecentBinds | None = None,
+) -> LedgerBinder:
+    """The binder a deployment uses: the ledger ``table`` through ``session`` (boto3's default when None),
+    and the API ``access`` names, connected on the first bind with :data:`BIND_RETRY`."""
+    import boto3
+
+    session = session or boto3.session.Session(region_name=access.region or None)
+
+    def kube() -> KubeClient:
+        client: KubeClient = access.connect(session)
+        client.retry = BIND_RETRY
+        return client
+
+    return LedgerBinder(LedgerStore(table, session.client("dynamodb")), kube, cluster, recent)

@@ -32,7 +32,12 @@ class LedgerConflictError(LedgerStoreError):
 
 
 class NoRoomError(LedgerStoreError):
-    """The node's ledger has no room for the demand (the snapshot was stale)."""
+    """The node's ledger has no room for the demand (the snapshot was stale); ``free`` is what it has,
+    milli per GPU."""
+
+    def __init__(self, message: str, free: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.free = free
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class Assigned:
     pairs: Pairs
     conflicts: int  # version conflicts hit (and resolved) on the way
     already: bool  # the pod held this before: an idempotent repeat, nothing written
+    free: tuple[int, ...] = ()  # the node's free milli per GPU after it, as the ledger has it
 
     @property
     def annotation(self) -> str:
@@ -131,12 +137,16 @@ class LedgerStore:
         for _ in range(attempts):
             ledger = self.read(node, gpu_count)
             if uid in ledger.assignments:
-                return Assigned(node, ledger.assignments[uid], conflicts, already=True)
+                return Assigned(node, ledger.assignments[uid], conflicts, True, tuple(ledger.free().tolist()))
             pairs = choose_gpus(ledger.free(), demand)
             if pairs is None:
-                raise NoRoomError(f"{node}: no room for {demand.num_gpu} x {demand.milli} milli in the GPU ledger")
-            if self.write(ledger.with_assignment(uid, pairs), ledger.version):
-                return Assigned(node, pairs, conflicts, already=False)
+                raise NoRoomError(
+                    f"{node}: no room for {demand.num_gpu} x {demand.milli} milli in the GPU ledger",
+                    tuple(ledger.free().tolist()),
+                )
+            updated = ledger.with_assignment(uid, pairs)
+            if self.write(updated, ledger.version):
+                return Assigned(node, pairs, conflicts, False, tuple(updated.free().tolist()))
             conflicts += 1
         raise LedgerConflictError(f"{node}: {conflicts} version conflicts in a row; kube-scheduler will retry the pod")
 

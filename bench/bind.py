@@ -2,11 +2,12 @@
 
 Each bind is ``Extender.respond("bind", body)`` with a :class:`adapters.binder.LedgerBinder`: GET the
 pod, the ledger's conditional write in moto's DynamoDB (server mode, its own process), the annotation
-PATCH and the Binding POST to the in-repo API double over HTTP. ``threads`` binders share one extender
-(as the threads of the local server do), binding ``pods`` fractional pods onto ``nodes`` 8-GPU nodes,
-most of them preferring the same ``hot`` few, and moving to the next preferred node on an ``Error`` as
-kube-scheduler's retry would. Reported: bind latency p50/p99, conflicts per 1,000 binds, and what the
-first bind pays to load the ``kubernetes`` client (measured in a fresh interpreter).
+PATCH and the Binding POST to the in-repo API double over HTTP. ``threads`` extender instances (each
+with its own clients, snapshot copy and recent binds, as separate Lambda instances have) filter,
+prioritize and bind ``pods`` fractional pods onto ``nodes`` 8-GPU nodes, most pods choosing among the
+same ``hot`` few (see :func:`bind_all`). Reported: bind latency p50/p99, conflicts per 1,000 binds, the
+binds answered ``Error`` by cause, and what the first bind pays to load the ``kubernetes`` client
+(measured in a fresh interpreter).
 
 Everything runs on this machine's two cores: moto, the API double and the binders compete for them, so
 absolute times are an upper bound; the real DynamoDB and API server answer in single-digit ms.
@@ -22,7 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,12 @@ from adapters.kube import RetryPolicy, connect_url
 from bench.ledger import SHARES, TABLE, create_table
 from gpu_scheduler.kube_double import KubeApiDouble
 from gpu_scheduler.local_moto import moto_server
+from scheduler_core.cluster import ClusterState
 from scheduler_core.extender import BindOutcome, Extender
 from scheduler_core.ledger import NodeLedger
 from scheduler_core.recent_binds import RecentBinds
 from scheduler_core.synthetic import CATALOGUE, make_node, make_pod
+from scheduler_core.wire import ExtenderArgs
 
 TOKEN = "bench"
 
@@ -76,41 +79,59 @@ class BindRun:
         }
 
 
-def bind_all(endpoint: str, *, threads: int = 8, pods: int = 2000, nodes: int = 80, hot: int = 10) -> BindRun:
-    """Bind ``pods`` shares through the extender's bind verb from ``threads`` threads at once, against the
-    DynamoDB at ``endpoint`` (a fresh table) and a fresh API double."""
+def bind_all(
+    endpoint: str, *, threads: int = 8, pods: int = 2000, nodes: int = 80, hot: int = 10, learn: bool = True
+) -> BindRun:
+    """Schedule ``pods`` shares from ``threads`` extender instances at once, against the DynamoDB at
+    ``endpoint`` (a fresh table) and a fresh API double.
+
+    Each thread is one Lambda instance: its own extender, clients and recent binds, over one snapshot
+    taken before the run (so it only learns of the others' binds from the ledger). Per pod it filters
+    and prioritizes 8 candidate nodes (3 of the ``hot`` ones, 5 of all), binds to the best, and on an
+    ``Error`` binds to the next, as kube-scheduler's retry would. ``learn=False`` keeps what the binds
+    read from the ledger out of the instance's view (the snapshot alone), for comparison.
+    """
     import boto3
 
-    dynamodb = boto3.client("dynamodb", region_name="us-east-1", endpoint_url=endpoint)
-    create_table(dynamodb)
+    create_table(boto3.client("dynamodb", region_name="us-east-1", endpoint_url=endpoint))
     shape = next(shape for shape in CATALOGUE if shape.gpus == 8)
     names = [f"gpu-{i:03d}" for i in range(nodes)]
+    node_objects = [make_node(name, shape, "us-east-1a") for name in names]
+    snapshot = replace(ClusterState.from_objects(node_objects), generated_at=time.time())
     run = BindRun(threads)
     lock = threading.Lock()
     with KubeApiDouble(tokens=[TOKEN]) as api:
-        api.load("nodes", [make_node(name, shape, "us-east-1a") for name in names])
+        api.load("nodes", node_objects)
         rng = random.Random(0)
         specs = [make_pod(f"p{i}", 0, milli=rng.choice(SHARES)) for i in range(pods)]
         api.load("pods", specs)
 
-        def kube() -> Any:
-            client = connect_url(api.url, TOKEN)
-            client.retry = RetryPolicy(attempts=2, base_s=0.05, max_s=0.2, request_timeout_s=5.0)
-            return client
+        def instance() -> Extender:
+            def kube() -> Any:
+                client = connect_url(api.url, TOKEN)
+                client.retry = RetryPolicy(attempts=2, base_s=0.05, max_s=0.2, request_timeout_s=5.0)
+                return client
 
-        recent = RecentBinds()
-        ledger = LedgerStore(TABLE, dynamodb)
-        accounting = LedgerBinder(ledger, kube, recent=recent)
-        accounting.kube.get_node(names[0])  # connected and warm, as a warm Lambda is: the first bind is measured apart
-        extender = Extender(recent=recent, accounting=accounting)
+            dynamodb = boto3.client("dynamodb", region_name="us-east-1", endpoint_url=endpoint)
+            recent = RecentBinds()
+            binder = LedgerBinder(LedgerStore(TABLE, dynamodb), kube, lambda: snapshot, recent if learn else None)
+            binder.kube.get_node(names[0])  # connected and warm, as a warm Lambda is: the first bind is measured apart
+            return Extender(cluster=lambda: snapshot, recent=recent, accounting=binder)
 
-        def bind_pods(worker: int) -> None:
-            choose = random.Random(worker)
+        def schedule(worker: int) -> None:
+            extender, choose = instance(), random.Random(worker)
             for i in range(worker, pods, threads):
-                meta = specs[i]["metadata"]
-                for node in choose.sample(names[:hot], 3) + choose.sample(names, 5):
+                pod = specs[i]
+                candidates = choose.sample(names[:hot], 3) + choose.sample(names, 5)
+                args = ExtenderArgs(pod=pod, node_names=candidates)
+                feasible = extender.filter(args).kept
+                ranked = sorted(
+                    extender.prioritize(ExtenderArgs(pod=pod, node_names=feasible)).reply, key=lambda h: -h.score
+                )
+                for host in ranked:
+                    meta = pod["metadata"]
                     body = json.dumps(
-                        {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": node}
+                        {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": host.host}
                     ).encode()
                     started = time.perf_counter()
                     reply = extender.respond("bind", body)
@@ -127,14 +148,15 @@ def bind_all(endpoint: str, *, threads: int = 8, pods: int = 2000, nodes: int = 
                         run.unplaced += 1
 
         started = time.perf_counter()
-        workers = [threading.Thread(target=bind_pods, args=(w,)) for w in range(threads)]
+        workers = [threading.Thread(target=schedule, args=(w,)) for w in range(threads)]
         for worker in workers:
             worker.start()
         for worker in workers:
             worker.join()
         run.wall_s = time.perf_counter() - started
         run.pods = api.objects("pods")
-        run.items = [ledger.read(name, 8) for name in names]
+        reader = LedgerStore(TABLE, boto3.client("dynamodb", region_name="us-east-1", endpoint_url=endpoint))
+        run.items = [reader.read(name, 8) for name in names]
     return run
 
 
@@ -152,10 +174,13 @@ def run(threads: int, pods: int, nodes: int = 80, hot: int = 10) -> dict[str, An
     with moto_server() as endpoint:
         contended = bind_all(endpoint, threads=threads, pods=pods, nodes=nodes, hot=hot).summary()
     with moto_server() as endpoint:
+        snapshot_only = bind_all(endpoint, threads=threads, pods=pods, nodes=nodes, hot=hot, learn=False).summary()
+    with moto_server() as endpoint:
         alone = bind_all(endpoint, threads=1, pods=max(pods // 10, 1), nodes=nodes, hot=hot).summary()
     return {
         "suite": "bind",
         "contended": contended,
+        "contended_snapshot_only": snapshot_only,
         "alone": alone,
         "first_bind_kubernetes_import_ms": first_bind_import_ms(),
     }

@@ -21,6 +21,8 @@ from scheduler_core.extender import DEFAULT_MAX_BODY_BYTES, ClusterSource, Exten
 from scheduler_core.gpu_fit import ScoreWeights
 from scheduler_core.locality import DEFAULT_LABEL_KEYS, LocalitySettings
 from scheduler_core.pods import pod_demand
+from scheduler_core.recent_binds import RecentBinds
+from scheduler_core.share_scoring import DEFAULT_SHARE_POLICY
 
 log = logging.getLogger("gpu_scheduler")
 
@@ -91,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--refresh-s", type=float, default=None, help="re-check the state this often (1 s; 10 s for S3)")
     serve.add_argument("--max-snapshot-age-s", type=float, default=180.0, help="refuse an older snapshot")
     serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    serve.add_argument("--share-policy", default=DEFAULT_SHARE_POLICY, help="where shares of a GPU go (gpu_packing)")
+    sharing = serve.add_argument_group("GPU sharing: with --ledger-table, bind and preempt are served")
+    sharing.add_argument(
+        "--ledger-table", default="", help="the GPU ledger's DynamoDB table (boto3 honours AWS_ENDPOINT_URL_DYNAMODB)"
+    )
+    sharing.add_argument(
+        "--cluster-name", default=os.environ.get("CLUSTER_NAME", ""), help="the EKS cluster bind writes to"
+    )
+    sharing.add_argument("--kube-url", default=os.environ.get("KUBE_API_URL", ""), help="or an API URL ($KUBE_API_URL)")
+    sharing.add_argument(
+        "--kube-token", default=os.environ.get("KUBE_TOKEN", ""), help="and its bearer token ($KUBE_TOKEN)"
+    )
+    sharing.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", ""), help="or a kubeconfig ($KUBECONFIG)")
     _add_weights(serve)
 
     exp = commands.add_parser("explain", help="show per node why a pod passes or fails, and how it scores")
@@ -286,7 +301,10 @@ def _serve(args: argparse.Namespace) -> int:
     from gpu_scheduler.server import ClusterFile, print_ready, serve
 
     config = ExtenderConfig(
-        weights=_weights(args), max_body_bytes=args.max_body_bytes, locality=_locality(args)
+        weights=_weights(args),
+        max_body_bytes=args.max_body_bytes,
+        locality=_locality(args),
+        share_policy=args.share_policy,
     ).validated()
     cluster: ClusterSource | None = None
     if args.cluster:
@@ -300,7 +318,17 @@ def _serve(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from exc
         refresh_s = DEFAULT_REFRESH_S if args.refresh_s is None else args.refresh_s
         cluster = SnapshotSource(store, refresh_s=refresh_s, max_age_s=args.max_snapshot_age_s)
-    serve(Extender(config, cluster), args.host, args.port, ready=print_ready)
+    recent = RecentBinds()
+    accounting = None
+    if args.ledger_table:
+        from adapters.binder import ledger_binder
+        from adapters.settings import ClusterAccess
+
+        access = ClusterAccess(args.cluster_name, args.kube_url, args.kube_token, args.kubeconfig)
+        if access.access_problems():
+            raise UsageError("--ledger-table needs --cluster-name, --kube-url or --kubeconfig: bind writes to the API")
+        accounting = ledger_binder(args.ledger_table, access, cluster=cluster, recent=recent)
+    serve(Extender(config, cluster, recent, accounting), args.host, args.port, ready=print_ready)
     return 0
 
 

@@ -1,10 +1,15 @@
-"""This extender instance's own recent binds, laid over a snapshot that does not show them yet.
+"""What this extender instance learned from the GPU ledger since its snapshot.
 
-The snapshot is rebuilt once a minute, so a pod this instance bound ten seconds ago is not in it. Its
-GPUs are taken off the free milli that filter and prioritize read, until a snapshot generated after
-the bind (less ``margin_s``, which covers the time the refresher spends listing pods before it stamps
-``generated_at``) replaces the view. Counting a bind twice only makes the view briefly stricter than
-the ledger; the ledger, not this view, decides every bind.
+The snapshot is rebuilt once a minute, so a pod this instance bound ten seconds ago is not in it, nor
+are the binds other instances made. Every bind reads the node's ledger item, and says what the ledger
+has free there afterwards (this bind and everyone else's included); a bind refused for want of room
+says what is really free. Each such reading caps that node's GPUs in the view filter and prioritize
+use, in the order they happened, until a snapshot generated after them (less ``margin_s``, which
+covers the time the refresher spends listing pods before it stamps ``generated_at``) replaces it.
+
+The cap is a minimum with the snapshot, which also sees GPU pods the ledger does not (bound by
+another scheduler). Counting something twice only makes the view briefly stricter than the ledger;
+the ledger, not this view, decides every bind.
 """
 
 from __future__ import annotations
@@ -17,27 +22,27 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.ledger import Pairs
-
 DEFAULT_MARGIN_S = 30.0
 DEFAULT_KEEP_S = 600.0
 
 
 @dataclass(frozen=True)
-class Bound:
+class Observed:
+    """The ledger showed ``free`` milli per GPU on ``node`` at ``at`` (Unix seconds)."""
+
     node: str
-    pairs: Pairs
-    at: float  # Unix seconds
+    at: float
+    free: tuple[int, ...]
 
 
 class RecentBinds:
-    """Binds made by this instance, newest last; thread-safe (the local server is threaded).
+    """This instance's ledger readings, oldest first; thread-safe (the local server is threaded).
 
     >>> recent = RecentBinds(clock=lambda: 100.0)
-    >>> recent.record("n1", ((1, 250),))
-    >>> free = np.array([[1000, 1000]], dtype=np.int32)
-    >>> recent.apply(free, ("n1",), recent.pending(generated_at=50.0)).tolist()
-    [[1000, 750]]
+    >>> recent.observe("n1", (300, 1000))
+    >>> free = np.array([[1000, 1000], [0, 1000]], dtype=np.int32)
+    >>> recent.apply(free, ("n1", "n2"), recent.pending(generated_at=50.0)).tolist()
+    [[300, 1000], [0, 1000]]
     >>> recent.pending(generated_at=200.0)
     []
     """
@@ -51,34 +56,37 @@ class RecentBinds:
         self.margin_s, self.keep_s = margin_s, keep_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._binds: list[Bound] = []
+        self._seen: list[Observed] = []
 
-    def record(self, node: str, pairs: Pairs) -> None:
+    def observe(self, node: str, free: Sequence[int]) -> None:
+        """The ledger shows ``free`` milli per GPU on ``node`` now."""
         with self._lock:
-            self._binds.append(Bound(node, tuple(pairs), self._clock()))
+            self._seen.append(Observed(node, self._clock(), tuple(int(v) for v in free)))
 
-    def pending(self, generated_at: float | None) -> list[Bound]:
-        """Binds the state stamped ``generated_at`` may not show (all of the last ``keep_s`` when it
-        has no stamp); older ones are forgotten."""
+    def pending(self, generated_at: float | None) -> list[Observed]:
+        """Readings the state stamped ``generated_at`` may not reflect (all of the last ``keep_s`` when it
+        has no stamp), oldest first; older ones are forgotten."""
         with self._lock:
-            if not self._binds:
+            if not self._seen:
                 return []
             cutoff = self._clock() - self.keep_s
             if generated_at is not None:
                 cutoff = max(cutoff, generated_at - self.margin_s)
-            self._binds = [bound for bound in self._binds if bound.at >= cutoff]
-            return list(self._binds)
+            self._seen = [seen for seen in self._seen if seen.at >= cutoff]
+            return list(self._seen)
 
     @staticmethod
-    def apply(free: npt.NDArray[np.int32], names: Sequence[str], binds: Sequence[Bound]) -> npt.NDArray[np.int32]:
-        """``free`` (one row per name) less the binds' milli, never below 0; a copy."""
+    def apply(free: npt.NDArray[np.int32], names: Sequence[str], seen: Sequence[Observed]) -> npt.NDArray[np.int32]:
+        """``free`` (one row per name), each observed node's GPUs capped at what the ledger had free; a copy."""
         index = {name: row for row, name in enumerate(names)}
         out = free.copy()
-        for bound in binds:
-            row = index.get(bound.node)
+        width = out.shape[1]
+        for reading in seen:
+            row = index.get(reading.node)
             if row is None:
                 continue
-            for gpu, milli in bound.pairs:
-                if gpu < out.shape[1]:
-                    out[row, gpu] = max(0, int(out[row, gpu]) - milli)
+            cap = np.zeros(width, dtype=np.int32)
+            count = min(width, len(reading.free))
+            cap[:count] = reading.free[:count]
+            np.minimum(out[row], cap, out=out[row])
         return out

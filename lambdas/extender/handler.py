@@ -83,22 +83,9 @@ def _binder(settings: ExtenderSettings, recent: RecentBinds) -> Accounting | Non
     not needed otherwise, and ``kubernetes`` is loaded by the first bind)."""
     if not settings.ledger_table:
         return None
-    import boto3
+    from adapters.binder import ledger_binder
 
-    from adapters.binder import LedgerBinder
-    from adapters.gpu_ledger import LedgerStore
-    from adapters.kube import RetryPolicy
-
-    session = boto3.session.Session(region_name=settings.region or None)
-    ledger = LedgerStore(settings.ledger_table, session.client("dynamodb"))
-
-    # Bind has kube-scheduler's httpTimeout (3 s) for everything: short calls, one quick retry.
-    def kube() -> Any:
-        client = settings.connect(session)
-        client.retry = RetryPolicy(attempts=2, base_s=0.05, max_s=0.2, request_timeout_s=1.0)
-        return client
-
-    return LedgerBinder(ledger, kube, SOURCE, recent)
+    return ledger_binder(settings.ledger_table, settings, cluster=SOURCE, recent=recent)
 
 
 RECENT = RecentBinds()

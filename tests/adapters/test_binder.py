@@ -67,7 +67,8 @@ def test_a_share_is_recorded_annotated_and_bound(api: KubeApiDouble, ledger: Led
     assert pod_on(api, "a") == ("t4-0", "0:300") and pod_on(api, "b") == ("t4-0", "0:500")  # tightest GPU
     item = ledger.read("t4-0", 4)
     assert item.used == (800, 0, 0, 0) and item.problems() == []
-    assert [b.pairs for b in binder.recent.pending(None)] == [((0, 300),), ((0, 500),)]
+    # Each bind tells this instance's filter what the ledger has free there now.
+    assert [news.free for news in binder.recent.pending(None)] == [(700, 1000, 1000, 1000), (200, 1000, 1000, 1000)]
 
 
 def test_a_whole_gpu_pod_is_recorded_too(api: KubeApiDouble, ledger: LedgerStore) -> None:
@@ -141,9 +142,13 @@ def test_a_stale_snapshot_is_overruled_by_the_ledger(api: KubeApiDouble, ledger:
     assert state.free_milli is not None and state.free_milli[0, :4].tolist() == [1000] * 4
     for i in range(4):
         ledger.assign("t4-0", 4, f"other-{i}", Demand(1, 900))
-    outcome = make_binder(api, ledger, state).bind(pending(api, "a", milli=300))
+    binder = make_binder(api, ledger, state)
+    outcome = binder.bind(pending(api, "a", milli=300))
     assert outcome.error_kind == "no_room" and "no room" in outcome.error
     assert pod_on(api, "a") == (None, None)
+    # The refusal corrects this instance's view of t4-0 until the next snapshot.
+    (news,) = binder.recent.pending(None)
+    assert (news.node, news.free) == ("t4-0", (100, 100, 100, 100))
 
 
 def test_a_missing_ledger_item_is_created_by_the_first_bind(api: KubeApiDouble, ledger: LedgerStore) -> None:

@@ -276,3 +276,59 @@ def test_peers_annotation_pulls_a_pod_next_to_its_peers_through_serve(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_serve_with_a_ledger_binds_shares_and_preempts_end_to_end(tmp_path, monkeypatch):
+    """The sidecar mode with sharing: `serve` as its own process, the ledger in moto's DynamoDB server,
+    the pods in the API double. A T4 node is filled by binds (two shares on GPU 0, three whole GPUs asked
+    as milli); a 900 share then fits nowhere until preemption frees GPU 0."""
+    import boto3
+
+    from bench.ledger import TABLE, create_table
+    from gpu_scheduler.kube_double import KubeApiDouble
+    from gpu_scheduler.local_moto import moto_server
+    from scheduler_core.snapshot import build_snapshot, write_snapshot
+
+    credentials = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    for name, value in credentials.items():
+        monkeypatch.setenv(name, value)
+    nodes = make_nodes("T4")
+    path = tmp_path / "snapshot.npz"
+    path.write_bytes(write_snapshot(build_snapshot(nodes, [], cluster="c", generated_at=time.time())))
+    bound = [make_pod("a", 0, milli=600), make_pod("b", 0, milli=300), make_pod("w", 0, milli=3000)]
+    late = make_pod("c", 0, milli=900)
+    with moto_server() as endpoint, KubeApiDouble(tokens=["tok"]) as api:
+        create_table(boto3.client("dynamodb", endpoint_url=endpoint))
+        api.load("nodes", nodes)
+        api.load("pods", [*bound, late])
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpu_scheduler", "serve", "--port", "0", "--snapshot", str(path),
+             "--ledger-table", TABLE, "--kube-url", api.url, "--kube-token", "tok"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "AWS_ENDPOINT_URL_DYNAMODB": endpoint},
+        )  # fmt: skip
+        try:
+            port = int(json.loads(proc.stdout.readline())["serving"].rsplit(":", 1)[1])
+            for pod in bound:
+                meta = pod["metadata"]
+                bind = {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": "t4-0"}
+                assert post(port, "/bind", json.dumps(bind)) == (200, "application/json", {"Error": ""})
+            assigned = [api.get("pods", name, "default")["metadata"]["annotations"] for name in ("a", "b", "w")]
+            assert [a["gpu-scheduler.io/assigned-gpus"] for a in assigned] == ["0:600", "0:300", "1:1000,2:1000,3:1000"]
+            # The snapshot still shows an empty node; the binds' ledger readings tell the filter otherwise.
+            status, _, reply = post(port, "/filter", json.dumps({"Pod": late, "NodeNames": ["t4-0"]}))
+            assert reply["NodeNames"] == [] and "none of 4 GPUs has 900 milli free" in reply["FailedNodes"]["t4-0"]
+            uid = {pod["metadata"]["name"]: {"UID": pod["metadata"]["uid"]} for pod in bound}
+            one = {"t4-0": {"Pods": [uid["a"]], "NumPDBViolations": 0}}
+            status, _, reply = post(port, "/preempt", json.dumps({"Pod": late, "NodeNameToMetaVictims": one}))
+            assert (status, reply) == (200, {"NodeNameToMetaVictims": {}})  # GPU 0 would have 700 free: too little
+            both = {"t4-0": {"Pods": [uid["a"], uid["b"]], "NumPDBViolations": 0}}
+            status, _, reply = post(port, "/preempt", json.dumps({"Pod": late, "NodeNameToMetaVictims": both}))
+            assert (status, reply) == (200, {"NodeNameToMetaVictims": both})
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)

@@ -310,7 +310,7 @@ def test_whole_gpus_asked_as_milli_are_whole_gpus_and_a_mixed_request_is_refused
     assert "multiple of 1000" in reply["Error"]
 
 
-def test_this_instances_binds_count_until_a_newer_snapshot_shows_them():
+def test_what_the_ledger_showed_counts_until_a_newer_snapshot_shows_it():
     from scheduler_core.recent_binds import RecentBinds
 
     now = [1000.0]
@@ -319,9 +319,8 @@ def test_this_instances_binds_count_until_a_newer_snapshot_shows_them():
     extender = Extender(cluster=lambda: states[0], recent=recent)
     share = body(make_pod("p", 0, milli=500), names=["t4-0"])
     assert call(extender, "filter", share)[1]["NodeNames"] == ["t4-0"]  # GPUs 2 and 3 are empty
-    recent.record("t4-0", ((2, 600),))
-    recent.record("t4-0", ((3, 600),))
-    assert call(extender, "filter", share)[1]["NodeNames"] == []  # not in the snapshot yet, but taken here
+    recent.observe("t4-0", (1000, 400, 400, 400))  # binds here and elsewhere, read from the ledger
+    assert call(extender, "filter", share)[1]["NodeNames"] == []  # GPU 0 is taken in the snapshot
     states[0] = shared_state(generated_at=1100.0)  # generated after the binds (the pods would now be in it)
     assert call(extender, "filter", share)[1]["NodeNames"] == ["t4-0"]
     assert recent.pending(1100.0) == []
