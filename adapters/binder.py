@@ -8,7 +8,7 @@ One bind (DESIGN section 5):
 2. Record its GPUs in the node's ledger item: a conditional write on the item's version, idempotent
    per pod UID, with one re-read and a fresh GPU choice on a conflict (``LedgerStore.assign``).
    Whole-GPU pods are recorded too, so the ledger holds every GPU on the node. What the ledger showed
-   free there (after this bind, or when it had no room) goes to ``recent``, which filter and prioritize
+   free there (after this bind, or when it had no room) goes to ``readings``, which filter and prioritize
    lay over the snapshot.
 3. Merge-patch ``gpu-scheduler.io/assigned-gpus`` onto the pod: the device plugin side and the
    node-state refresher read it.
@@ -30,18 +30,18 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from adapters.gpu_ledger import LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
+from adapters.gpu_ledger import Assigned, LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient, RetryPolicy
 from adapters.settings import ClusterAccess
 from scheduler_core.allocation import ASSIGNED_GPUS_ANNOTATION, MILLI_PER_GPU
 from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ClusterStateUnavailableError, InvalidPodError
 from scheduler_core.extender import BindOutcome
-from scheduler_core.ledger import Demand, Pairs
+from scheduler_core.ledger import Demand
+from scheduler_core.ledger_readings import LedgerReadings
 from scheduler_core.nodes import NodeTable
 from scheduler_core.pods import pod_demand
 from scheduler_core.preemption import Holdings
-from scheduler_core.recent_binds import RecentBinds
 from scheduler_core.wire import ExtenderBindingArgs
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class LedgerBinder:
     kube : callable returning a KubeClient, called once, on the first bind
     cluster : the extender's cluster source, for each node's GPU count (the node is read from the
         API when the state lacks it)
-    recent : what this instance learned from the ledger, which filter and prioritize lay over the snapshot
+    readings : what this instance learned from the ledger, which filter and prioritize lay over the snapshot
     """
 
     def __init__(
@@ -68,14 +68,14 @@ class LedgerBinder:
         ledger: LedgerStore,
         kube: KubeFactory,
         cluster: Callable[[], ClusterState | None] | None = None,
-        recent: RecentBinds | None = None,
+        readings: LedgerReadings | None = None,
     ) -> None:
         self.ledger = ledger
         self._kube_factory = kube
         self._kube: KubeClient | None = None
         self._kube_lock = threading.Lock()
         self._cluster = cluster or (lambda: None)
-        self.recent = recent or RecentBinds()
+        self.readings = readings or LedgerReadings()
 
     @property
     def kube(self) -> KubeClient:
@@ -111,7 +111,7 @@ class LedgerBinder:
         except InvalidPodError as exc:
             return failed("invalid_pod", str(exc))
         if demand.gpus == 0:
-            return self._post_binding(args, pod_key, None, "", 0)
+            return self._post_binding(args, pod_key, None)
         try:
             gpu_count = self._gpu_count(args.node)
         except (ClusterStateUnavailableError, KubeApiError, DeadlineReachedError) as exc:
@@ -120,10 +120,10 @@ class LedgerBinder:
         try:
             held = self.ledger.assign(args.node, gpu_count, args.pod_uid, ledger_demand)
         except NoRoomError as exc:
-            self.recent.observe(args.node, exc.free)  # the snapshot was stale here: the next filter knows
+            self.readings.observe(args.node, exc.free)  # the snapshot was stale here: the next filter knows
             return failed("no_room", str(exc))
         except LedgerConflictError as exc:
-            return failed("conflict", str(exc), conflicts=2)
+            return failed("conflict", str(exc), conflicts=exc.conflicts)
         except LedgerStoreError as exc:
             return failed("ledger_error", str(exc))
         if held.annotation != assigned:
@@ -134,32 +134,28 @@ class LedgerBinder:
             except (KubeApiError, DeadlineReachedError) as exc:
                 rolled = self._roll_back(args, gpu_count, annotated=False)
                 return failed("kube_error", f"annotating the pod: {exc}", conflicts=held.conflicts, rolled_back=rolled)
-        bound = self._post_binding(args, pod_key, held.pairs, held.annotation, held.conflicts, gpu_count, held.already)
+        bound = self._post_binding(args, pod_key, held, gpu_count)
         if not bound.error:
-            self.recent.observe(args.node, held.free)  # the other instances' binds there, and this one
+            self.readings.observe(args.node, held.free)  # the other instances' binds there, and this one
         return bound
 
     def _post_binding(
-        self,
-        args: ExtenderBindingArgs,
-        pod_key: str,
-        pairs: Pairs | None,
-        annotation: str,
-        conflicts: int,
-        gpu_count: int = 0,
-        already: bool = False,
+        self, args: ExtenderBindingArgs, pod_key: str, held: Assigned | None, gpu_count: int = 0
     ) -> BindOutcome:
+        """POST the Binding for a pod whose GPUs the ledger now records as ``held`` (None: no GPU)."""
+        annotation = held.annotation if held is not None else ""
+        conflicts = held.conflicts if held is not None else 0
+        already = held is not None and held.already
         try:
             self.kube.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
         except (KubeApiError, DeadlineReachedError) as exc:
-            if isinstance(exc, KubeApiError) and exc.status == 409 and self._bound_here(args):
-                already = True
-            else:
-                rolled = pairs is not None and self._roll_back(args, gpu_count, annotated=True)
+            if not (isinstance(exc, KubeApiError) and exc.status == 409 and self._bound_here(args)):
+                rolled = held is not None and self._roll_back(args, gpu_count, annotated=True)
                 message = f"bind {pod_key} to {args.node}: posting the Binding: {exc}"
                 return BindOutcome(
                     pod_key, args.node, message, "kube_error", annotation, conflicts, already, rolled_back=rolled
                 )
+            already = True
         return BindOutcome(pod_key, args.node, assigned=annotation, conflicts=conflicts, already=already)
 
     def _bound_here(self, args: ExtenderBindingArgs) -> bool:
@@ -209,7 +205,7 @@ def ledger_binder(
     *,
     session: Any = None,
     cluster: Callable[[], ClusterState | None] | None = None,
-    recent: RecentBinds | None = None,
+    readings: LedgerReadings | None = None,
 ) -> LedgerBinder:
     """The binder a deployment uses: the ledger ``table`` through ``session`` (boto3's default when None),
     and the API ``access`` names, connected on the first bind with :data:`BIND_RETRY`."""
@@ -222,4 +218,4 @@ def ledger_binder(
         client.retry = BIND_RETRY
         return client
 
-    return LedgerBinder(LedgerStore(table, session.client("dynamodb")), kube, cluster, recent)
+    return LedgerBinder(LedgerStore(table, session.client("dynamodb")), kube, cluster, readings)

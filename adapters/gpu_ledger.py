@@ -28,7 +28,11 @@ class LedgerStoreError(Exception):
 
 
 class LedgerConflictError(LedgerStoreError):
-    """Every attempt lost the race to another writer of the same node."""
+    """Every attempt lost the race to another writer of the same node; ``conflicts`` says how many."""
+
+    def __init__(self, message: str, conflicts: int = 0) -> None:
+        super().__init__(message)
+        self.conflicts = conflicts
 
 
 class NoRoomError(LedgerStoreError):
@@ -148,7 +152,9 @@ class LedgerStore:
             if self.write(updated, ledger.version):
                 return Assigned(node, pairs, conflicts, False, tuple(updated.free().tolist()))
             conflicts += 1
-        raise LedgerConflictError(f"{node}: {conflicts} version conflicts in a row; kube-scheduler will retry the pod")
+        raise LedgerConflictError(
+            f"{node}: {conflicts} version conflicts in a row; kube-scheduler will retry the pod", conflicts
+        )
 
     def release(self, node: str, gpu_count: int, uid: str, *, attempts: int = 5) -> bool:
         """Free ``uid``'s assignment on ``node`` (a rollback, or a pod that is gone); True if it held one."""

@@ -3,7 +3,7 @@
 Each bind is ``Extender.respond("bind", body)`` with a :class:`adapters.binder.LedgerBinder`: GET the
 pod, the ledger's conditional write in moto's DynamoDB (server mode, its own process), the annotation
 PATCH and the Binding POST to the in-repo API double over HTTP. ``threads`` extender instances (each
-with its own clients, snapshot copy and recent binds, as separate Lambda instances have) filter,
+with its own clients, snapshot copy and ledger readings, as separate Lambda instances have) filter,
 prioritize and bind ``pods`` fractional pods onto ``nodes`` 8-GPU nodes, most pods choosing among the
 same ``hot`` few (see :func:`bind_all`). Reported: bind latency p50/p99, conflicts per 1,000 binds, the
 binds answered ``Error`` by cause, and what the first bind pays to load the ``kubernetes`` client
@@ -32,12 +32,13 @@ from adapters.binder import LedgerBinder
 from adapters.gpu_ledger import LedgerStore
 from adapters.kube import RetryPolicy, connect_url
 from bench.ledger import SHARES, TABLE, create_table
+from bench.timing import run_threads
 from gpu_scheduler.kube_double import KubeApiDouble
 from gpu_scheduler.local_moto import moto_server
 from scheduler_core.cluster import ClusterState
 from scheduler_core.extender import BindOutcome, Extender
 from scheduler_core.ledger import NodeLedger
-from scheduler_core.recent_binds import RecentBinds
+from scheduler_core.ledger_readings import LedgerReadings
 from scheduler_core.synthetic import CATALOGUE, make_node, make_pod
 from scheduler_core.wire import ExtenderArgs
 
@@ -85,7 +86,7 @@ def bind_all(
     """Schedule ``pods`` shares from ``threads`` extender instances at once, against the DynamoDB at
     ``endpoint`` (a fresh table) and a fresh API double.
 
-    Each thread is one Lambda instance: its own extender, clients and recent binds, over one snapshot
+    Each thread is one Lambda instance: its own extender, clients and ledger readings, over one snapshot
     taken before the run (so it only learns of the others' binds from the ledger). Per pod it filters
     and prioritizes 8 candidate nodes (3 of the ``hot`` ones, 5 of all), binds to the best, and on an
     ``Error`` binds to the next, as kube-scheduler's retry would. ``learn=False`` keeps what the binds
@@ -113,10 +114,10 @@ def bind_all(
                 return client
 
             dynamodb = boto3.client("dynamodb", region_name="us-east-1", endpoint_url=endpoint)
-            recent = RecentBinds()
-            binder = LedgerBinder(LedgerStore(TABLE, dynamodb), kube, lambda: snapshot, recent if learn else None)
+            readings = LedgerReadings()
+            binder = LedgerBinder(LedgerStore(TABLE, dynamodb), kube, lambda: snapshot, readings if learn else None)
             binder.kube.get_node(names[0])  # connected and warm, as a warm Lambda is: the first bind is measured apart
-            return Extender(cluster=lambda: snapshot, recent=recent, accounting=binder)
+            return Extender(cluster=lambda: snapshot, readings=readings, accounting=binder)
 
         def schedule(worker: int) -> None:
             extender, choose = instance(), random.Random(worker)
@@ -147,13 +148,7 @@ def bind_all(
                     with lock:
                         run.unplaced += 1
 
-        started = time.perf_counter()
-        workers = [threading.Thread(target=schedule, args=(w,)) for w in range(threads)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        run.wall_s = time.perf_counter() - started
+        run.wall_s = run_threads(schedule, threads)
         run.pods = api.objects("pods")
         reader = LedgerStore(TABLE, boto3.client("dynamodb", region_name="us-east-1", endpoint_url=endpoint))
         run.items = [reader.read(name, 8) for name in names]

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from adapters.gpu_ledger import LedgerConflictError, LedgerStore, NoRoomError
+from bench.timing import run_threads
 from scheduler_core.ledger import Demand, NodeLedger
 
 TABLE = "gpu-ledger"
@@ -83,13 +84,7 @@ def contend(endpoint: str, *, threads: int = 8, pods: int = 2000, nodes: int = 8
                 with lock:
                     run.outcome["unplaced"] += 1
 
-    started = time.perf_counter()
-    workers = [threading.Thread(target=binder, args=(w,)) for w in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    run.wall_s = time.perf_counter() - started
+    run.wall_s = run_threads(binder, threads)
     reader = LedgerStore(TABLE, client())
     run.ledgers = {node: reader.read(node, 8) for node in names}
     return run

@@ -24,3 +24,16 @@ def time_us(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> dict[str, fl
         "mean_us": round(float(samples.mean()), 1),
         "n": repeat,
     }
+
+
+def run_threads(target: Callable[[int], Any], threads: int) -> float:
+    """Run ``target(0)`` .. ``target(threads - 1)`` on as many threads at once; the wall time in seconds."""
+    import threading
+
+    started = time.perf_counter()
+    workers = [threading.Thread(target=target, args=(worker,)) for worker in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return time.perf_counter() - started

@@ -19,9 +19,9 @@ from scheduler_core.errors import ConfigError, InvalidArgsError, InvalidPodError
 from scheduler_core.explain import NodeExplanation, explain
 from scheduler_core.extender import DEFAULT_MAX_BODY_BYTES, ClusterSource, Extender, ExtenderConfig, decode_json
 from scheduler_core.gpu_fit import ScoreWeights
+from scheduler_core.ledger_readings import LedgerReadings
 from scheduler_core.locality import DEFAULT_LABEL_KEYS, LocalitySettings
 from scheduler_core.pods import pod_demand
-from scheduler_core.recent_binds import RecentBinds
 from scheduler_core.share_scoring import DEFAULT_SHARE_POLICY
 
 log = logging.getLogger("gpu_scheduler")
@@ -318,7 +318,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from exc
         refresh_s = DEFAULT_REFRESH_S if args.refresh_s is None else args.refresh_s
         cluster = SnapshotSource(store, refresh_s=refresh_s, max_age_s=args.max_snapshot_age_s)
-    recent = RecentBinds()
+    readings = LedgerReadings()
     accounting = None
     if args.ledger_table:
         from adapters.binder import ledger_binder
@@ -327,8 +327,8 @@ def _serve(args: argparse.Namespace) -> int:
         access = ClusterAccess(args.cluster_name, args.kube_url, args.kube_token, args.kubeconfig)
         if access.access_problems():
             raise UsageError("--ledger-table needs --cluster-name, --kube-url or --kubeconfig: bind writes to the API")
-        accounting = ledger_binder(args.ledger_table, access, cluster=cluster, recent=recent)
-    serve(Extender(config, cluster, recent, accounting), args.host, args.port, ready=print_ready)
+        accounting = ledger_binder(args.ledger_table, access, cluster=cluster, readings=readings)
+    serve(Extender(config, cluster, readings, accounting), args.host, args.port, ready=print_ready)
     return 0
 
 

@@ -33,11 +33,11 @@ from scheduler_core.allocation import MILLI_PER_GPU
 from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
 from scheduler_core.gpu_fit import FilterResult, Reason, ScoreResult, ScoreWeights, filter_nodes, free_gpus, score_nodes
+from scheduler_core.ledger_readings import LedgerReadings
 from scheduler_core.locality import PEERS_ANNOTATION, LocalitySettings, locality_scores, peer_placement
 from scheduler_core.nodes import NodeTable
 from scheduler_core.pods import PodDemand, pod_demand
 from scheduler_core.preemption import Candidate, Holdings, PreemptOutcome, decide, victim_frees
-from scheduler_core.recent_binds import RecentBinds
 from scheduler_core.share_scoring import DEFAULT_SHARE_POLICY, SHARE_POLICIES, share_fit
 from scheduler_core.wire import (
     ExtenderArgs,
@@ -256,12 +256,12 @@ class Extender:
         self,
         config: ExtenderConfig | None = None,
         cluster: ClusterSource | None = None,
-        recent: RecentBinds | None = None,
+        readings: LedgerReadings | None = None,
         accounting: Accounting | None = None,
     ) -> None:
         self.config = (config or ExtenderConfig()).validated()
         self._cluster = cluster or (lambda: None)
-        self.recent = recent or RecentBinds()
+        self.readings = readings or LedgerReadings()
         self.accounting = accounting
 
     @property
@@ -443,12 +443,12 @@ class Extender:
         return view.per_gpu(self._free_milli(state, rows, table), demand)
 
     def _free_milli(self, state: ClusterState, rows: npt.NDArray[np.intp], table: NodeTable) -> _FreeMilli:
-        """Free milli per GPU at ``rows`` of ``state`` (-1: a node the state lacks, taken as empty), with
-        this instance's binds that the state does not show yet taken off; None when the state has no
-        per-GPU figures and nothing was bound here."""
-        pending = self.recent.pending(state.generated_at)
-        if state.free_milli is None:
-            if not pending:
+        """Free milli per GPU at ``rows`` of ``state`` (-1: a node the state lacks, taken as empty), capped
+        by what this instance read from the ledger since the state was made; None when the state has no
+        per-GPU figures and there are no readings."""
+        pending = self.readings.pending(state.generated_at)
+        if state.free_milli is None or state.table.n_nodes == 0:
+            if state.free_milli is None and not pending:
                 return None
             free = _all_free(table)
         else:
@@ -457,7 +457,7 @@ class Extender:
             if not known.all():
                 free = np.where(known[:, None], free, _all_free(table, width=free.shape[1]))
         if pending:
-            free = self.recent.apply(free, table.names, pending)
+            free = self.readings.apply(free, table.names, pending)
         return free
 
     def preempt_view(self, names: Sequence[str], demand: PodDemand) -> _NodeView:
@@ -495,7 +495,7 @@ class _NodeView:
 
     def per_gpu(self, free_milli: _FreeMilli, demand: PodDemand) -> _NodeView:
         """This view with per-GPU free milli; ``free`` then counts the GPUs that can take the pod's
-        share, or that are wholly free (which this instance's recent binds may have changed)."""
+        share, or that are wholly free (which this instance's ledger readings may have changed)."""
         if free_milli is None:
             return self
         need = demand.share or MILLI_PER_GPU

@@ -2,8 +2,8 @@
 
 A pod asking for ``gpu-scheduler.io/gpu-milli`` below 1000 takes part of one GPU. Which node it
 should land on is the question the simulator studies (``gpu-scheduler simulate``); the extender asks
-the same policy module, on the per-GPU free milli of the snapshot (with the instance's own recent
-binds applied), and the bind takes the GPU that policy would (the tightest that fits).
+the same policy module, on the per-GPU free milli of the snapshot (with what the instance read from
+the ledger applied), and the bind takes the GPU that policy would (the tightest that fits).
 
 Only the policies that need nothing but the nodes' free GPU milli are offered: ``gpu_packing``
 (the default: of these three, it leaves the fewest GPUs unallocated on the openb ``default`` trace),

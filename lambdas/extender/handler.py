@@ -35,8 +35,8 @@ from scheduler_core.extender import (
     Reply,
     encode_json,
 )
+from scheduler_core.ledger_readings import LedgerReadings
 from scheduler_core.preemption import PreemptOutcome
-from scheduler_core.recent_binds import RecentBinds
 
 SETTINGS = ExtenderSettings.from_env()
 logger = Logger(service=SETTINGS.service)
@@ -78,18 +78,20 @@ SOURCE = (
 )
 
 
-def _binder(settings: ExtenderSettings, recent: RecentBinds) -> Accounting | None:
+def _binder(settings: ExtenderSettings, readings: LedgerReadings) -> Accounting | None:
     """The GPU ledger behind bind and preempt; imported only when configured (boto3 and botocore are
     not needed otherwise, and ``kubernetes`` is loaded by the first bind)."""
     if not settings.ledger_table:
         return None
     from adapters.binder import ledger_binder
 
-    return ledger_binder(settings.ledger_table, settings, cluster=SOURCE, recent=recent)
+    return ledger_binder(settings.ledger_table, settings, cluster=SOURCE, readings=readings)
 
 
-RECENT = RecentBinds()
-EXTENDER = Extender(SETTINGS.extender_config(), cluster=SOURCE, recent=RECENT, accounting=_binder(SETTINGS, RECENT))
+READINGS = LedgerReadings()
+EXTENDER = Extender(
+    SETTINGS.extender_config(), cluster=SOURCE, readings=READINGS, accounting=_binder(SETTINGS, READINGS)
+)
 app = APIGatewayRestResolver()
 
 

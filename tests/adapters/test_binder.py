@@ -17,7 +17,7 @@ from gpu_scheduler.kube_double import KubeApiDouble
 from scheduler_core.allocation import ASSIGNED_GPUS_ANNOTATION
 from scheduler_core.cluster import ClusterState
 from scheduler_core.ledger import Demand
-from scheduler_core.recent_binds import RecentBinds
+from scheduler_core.ledger_readings import LedgerReadings
 from scheduler_core.wire import ExtenderBindingArgs
 from tests.conftest import make_nodes, make_pod
 
@@ -45,7 +45,7 @@ def make_binder(api: KubeApiDouble, ledger: LedgerStore, state: ClusterState | N
         client.retry = RetryPolicy(attempts=2, base_s=0.01, max_s=0.02, request_timeout_s=5.0)
         return client
 
-    return LedgerBinder(ledger, kube, lambda: state, RecentBinds())
+    return LedgerBinder(ledger, kube, lambda: state, LedgerReadings())
 
 
 def pending(api: KubeApiDouble, name: str, gpus: int = 0, milli: int = 0) -> ExtenderBindingArgs:
@@ -68,7 +68,7 @@ def test_a_share_is_recorded_annotated_and_bound(api: KubeApiDouble, ledger: Led
     item = ledger.read("t4-0", 4)
     assert item.used == (800, 0, 0, 0) and item.problems() == []
     # Each bind tells this instance's filter what the ledger has free there now.
-    assert [news.free for news in binder.recent.pending(None)] == [(700, 1000, 1000, 1000), (200, 1000, 1000, 1000)]
+    assert [news.free for news in binder.readings.pending(None)] == [(700, 1000, 1000, 1000), (200, 1000, 1000, 1000)]
 
 
 def test_a_whole_gpu_pod_is_recorded_too(api: KubeApiDouble, ledger: LedgerStore) -> None:
@@ -147,7 +147,7 @@ def test_a_stale_snapshot_is_overruled_by_the_ledger(api: KubeApiDouble, ledger:
     assert outcome.error_kind == "no_room" and "no room" in outcome.error
     assert pod_on(api, "a") == (None, None)
     # The refusal corrects this instance's view of t4-0 until the next snapshot.
-    (news,) = binder.recent.pending(None)
+    (news,) = binder.readings.pending(None)
     assert (news.node, news.free) == ("t4-0", (100, 100, 100, 100))
 
 

@@ -311,21 +311,27 @@ def test_whole_gpus_asked_as_milli_are_whole_gpus_and_a_mixed_request_is_refused
 
 
 def test_what_the_ledger_showed_counts_until_a_newer_snapshot_shows_it():
-    from scheduler_core.recent_binds import RecentBinds
+    from scheduler_core.ledger_readings import LedgerReadings
 
     now = [1000.0]
-    recent = RecentBinds(margin_s=30.0, clock=lambda: now[0])
+    readings = LedgerReadings(margin_s=30.0, clock=lambda: now[0])
     states = [shared_state(generated_at=900.0)]
-    extender = Extender(cluster=lambda: states[0], recent=recent)
+    extender = Extender(cluster=lambda: states[0], readings=readings)
     share = body(make_pod("p", 0, milli=500), names=["t4-0"])
     assert call(extender, "filter", share)[1]["NodeNames"] == ["t4-0"]  # GPUs 2 and 3 are empty
-    recent.observe("t4-0", (1000, 400, 400, 400))  # binds here and elsewhere, read from the ledger
+    readings.observe("t4-0", (1000, 400, 400, 400))  # binds here and elsewhere, read from the ledger
     assert call(extender, "filter", share)[1]["NodeNames"] == []  # GPU 0 is taken in the snapshot
     states[0] = shared_state(generated_at=1100.0)  # generated after the binds (the pods would now be in it)
     assert call(extender, "filter", share)[1]["NodeNames"] == ["t4-0"]
-    assert recent.pending(1100.0) == []
+    assert readings.pending(1100.0) == []
 
 
 def test_an_unknown_share_policy_is_refused_naming_the_choices():
     with pytest.raises(ConfigError, match="share_policy: expected one of gpu_packing, bestfit, dotprod, got 'fgd'"):
         Extender(ExtenderConfig(share_policy="fgd"))
+
+
+def test_full_node_objects_against_an_empty_state_count_every_gpu_free():
+    empty = ClusterState.from_objects([])
+    status, reply = call(Extender(cluster=lambda: empty), "filter", body(make_pod("p", 0, milli=500), make_nodes("T4")))
+    assert status == 200 and [n["metadata"]["name"] for n in reply["Nodes"]["items"]] == ["t4-0"]

@@ -35,15 +35,15 @@ class Observed:
     free: tuple[int, ...]
 
 
-class RecentBinds:
+class LedgerReadings:
     """This instance's ledger readings, oldest first; thread-safe (the local server is threaded).
 
-    >>> recent = RecentBinds(clock=lambda: 100.0)
-    >>> recent.observe("n1", (300, 1000))
+    >>> readings = LedgerReadings(clock=lambda: 100.0)
+    >>> readings.observe("n1", (300, 1000))
     >>> free = np.array([[1000, 1000], [0, 1000]], dtype=np.int32)
-    >>> recent.apply(free, ("n1", "n2"), recent.pending(generated_at=50.0)).tolist()
+    >>> readings.apply(free, ("n1", "n2"), readings.pending(generated_at=50.0)).tolist()
     [[300, 1000], [0, 1000]]
-    >>> recent.pending(generated_at=200.0)
+    >>> readings.pending(generated_at=200.0)
     []
     """
 
