@@ -232,6 +232,20 @@ class Monitoring(Construct):
         alarm.add_ok_action(action)
 
 
+def _by_dimension(name: str, service: str, dimension: str) -> cloudwatch.MathExpression:
+    """One line per value of ``dimension`` that ``name`` has carried, whatever values appear."""
+    if dimension not in spec(name, service).dimensions:
+        raise KeyError(f"metric {name!r} of {service!r} has no {dimension!r} dimension")
+    return cloudwatch.MathExpression(
+        expression=(
+            f"SEARCH('{{{NAMESPACE},service,{dimension}}} MetricName=\"{name}\" service=\"{service}\"', 'Sum', 300)"
+        ),
+        using_metrics={},
+        label="",
+        period=FIVE_MINUTES,
+    )
+
+
 def _graph(
     title: str,
     metrics: Sequence[cloudwatch.IMetric],
@@ -255,15 +269,7 @@ def _graph(
 def _widgets(watched: Watched, alarms: Mapping[str, cloudwatch.Alarm]) -> list[list[cloudwatch.IWidget]]:
     stage, extender = watched.stage, watched.extender
     percentiles = ("p50", "p90", "p99")
-    unschedulable = cloudwatch.MathExpression(
-        # One line per reason the extender has reported, whatever reasons appear.
-        expression=(
-            f"SEARCH('{{{NAMESPACE},service,reason}} MetricName=\"Unschedulable\" service=\"{EXTENDER}\"', 'Sum', 300)"
-        ),
-        using_metrics={},
-        label="",
-        period=FIVE_MINUTES,
-    )
+    unschedulable = _by_dimension("Unschedulable", EXTENDER, "reason")
     extender_row: list[cloudwatch.IWidget] = [
         cloudwatch.TextWidget(
             markdown="## Extender: is kube-scheduler getting fast, correct answers?", width=24, height=1
@@ -350,11 +356,18 @@ def _widgets(watched: Watched, alarms: Mapping[str, cloudwatch.Alarm]) -> list[l
     ]
     state_row: list[cloudwatch.IWidget] = [
         cloudwatch.TextWidget(markdown="## GPU ledger and scale-down order", width=24, height=1),
-        _graph("GPU-ledger conflicts", [metric("LedgerConflicts", EXTENDER, period=FIVE_MINUTES)], width=12),
+        _graph(
+            "GPU sharing: binds, conflicts, rollbacks",
+            [metric(n, EXTENDER, period=FIVE_MINUTES) for n in ("Binds", "LedgerConflicts", "BindRollbacks")],
+            width=6,
+        ),
+        _graph("Bind latency", [metric("BindLatencyMs", EXTENDER, p) for p in ("p50", "p99")], width=6, unit="ms"),
+        _graph("Binds refused, by reason", [_by_dimension("BindFailures", EXTENDER, "reason")], width=6, stacked=True),
+        _graph("GPU-ledger drift corrected, by kind", [_by_dimension("LedgerDrift", NODE_STATE, "kind")], width=6),
         _graph(
             "Deletion-cost distribution: managed pods by cost range",
             [metric("PodsByCostRange", DELETION_COST, "Maximum", range=name) for name, _, _ in COST_RANGES],
-            width=12,
+            width=24,
             stacked=True,
         ),
     ]

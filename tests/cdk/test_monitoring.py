@@ -12,7 +12,7 @@ from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk.assertions import Template
 
-from adapters.metric_catalogue import CATALOGUE, NAMESPACE, spec
+from adapters.metric_catalogue import CATALOGUE, NAMESPACE, NODE_STATE, spec
 from cdk.monitoring import Monitoring
 from cdk.prometheus import rule_groups, scrape_configuration
 from gpu_scheduler.scheduler_manifests import SCRAPER_USER
@@ -125,6 +125,11 @@ def test_dashboard_covers_what_operators_ask(synth: Callable[..., Synth]) -> Non
             "RunFailures", "AmpQueryMs", "LedgerConflicts", "PodsByCostRange"} <= plotted  # fmt: skip
     (search,) = graphs["Unschedulable pods by reason"]
     assert search[0] == "expr" and 'MetricName="Unschedulable"' in search[1] and "service,reason" in search[1]
+    assert {"Binds", "BindLatencyMs", "BindRollbacks"} <= plotted
+    (refused,) = graphs["Binds refused, by reason"]
+    assert 'MetricName="BindFailures"' in refused[1] and "service,reason" in refused[1]
+    (drift,) = graphs["GPU-ledger drift corrected, by kind"]
+    assert 'MetricName="LedgerDrift"' in drift[1] and f'service="{NODE_STATE}"' in drift[1]
 
 
 def test_every_custom_metric_on_the_dashboard_is_catalogued(synth: Callable[..., Synth]) -> None:
