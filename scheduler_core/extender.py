@@ -242,7 +242,7 @@ class Reply:
 
 
 class Extender:
-    """Filter and prioritize for whole-GPU pods.
+    """Filter and prioritize for GPU pods (whole GPUs and shares); bind and preempt with a ledger.
 
     Parameters
     ----------
@@ -250,6 +250,11 @@ class Extender:
     cluster : callable returning ClusterState or None
         Source of per-node usage. Without one, every node counts as empty (kube-scheduler's own
         accounting of ``nvidia.com/gpu`` still applies), and the ``NodeNames`` form is refused.
+    readings : LedgerReadings, optional
+        What this instance's binds read from the ledger, laid over the cluster state; shared with
+        ``accounting``, which records them.
+    accounting : Accounting, optional
+        The GPU ledger; with it ``bind`` and ``preempt`` are served.
     """
 
     def __init__(
