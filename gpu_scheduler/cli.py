@@ -126,7 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     gsim = commands.add_parser("simulate", help="GPU-sharing placement on a trace, by the FGD paper's protocol")
     gsim.add_argument("--nodes", type=Path, required=True, help="node list CSV (openb format)")
     gsim.add_argument("--pods", type=Path, required=True, help="pod list CSV (openb format)")
-    gsim.add_argument("--policy", default="fgd", help="random, dotprod, gpu_clustering, gpu_packing, bestfit or fgd")
+    gsim.add_argument(
+        "--policy",
+        default="fgd_cpu",
+        help="fgd_cpu (ours, the default), fgd, bestfit, gpu_packing, gpu_clustering, dotprod or random",
+    )
     gsim.add_argument("--seeds", default="42-51", help="a range (42-51) or a list (42,43)")
     gsim.add_argument("--tune", type=float, default=1.3, help="inflate the trace to this multiple of GPU capacity")
     gsim.add_argument("--tie", choices=("first", "random"), default="first", help="how equal top scores are broken")

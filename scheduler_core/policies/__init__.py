@@ -37,7 +37,7 @@ Scorer = Callable[[Context, Task, npt.NDArray[np.intp]], Scores]
 
 
 def registry() -> dict[str, Scorer]:
-    from scheduler_core.policies import bestfit, dotprod, fgd, gpu_clustering, gpu_packing, random
+    from scheduler_core.policies import bestfit, dotprod, fgd, fgd_cpu, gpu_clustering, gpu_packing, random
 
     return {
         "random": random.score,
@@ -46,6 +46,7 @@ def registry() -> dict[str, Scorer]:
         "gpu_packing": gpu_packing.score,
         "bestfit": bestfit.score,
         "fgd": fgd.score,
+        "fgd_cpu": fgd_cpu.score,  # ours
     }
 
 

@@ -1,8 +1,9 @@
-"""Fractional GPU model, fragmentation, the six published policies and the simulator protocol."""
+"""Fractional GPU model, fragmentation, the six published policies, ours, and the simulator protocol."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -141,6 +142,44 @@ def test_baseline_scores_on_hand_built_nodes() -> None:
     scores, gpus = policies["random"](ctx, share, nodes)
     assert sorted(scores.tolist()) == [0, 1]
     assert all(cluster.gpu_left[n, g] >= 150 for n, g in enumerate(gpus.tolist()))
+
+
+def test_fgd_cpu_scores_gpu_tasks_as_fgd_and_cpu_only_tasks_by_spare_cpu() -> None:
+    """Ours: node 0 has 96 cores for 8 free GPUs, node 1 the same cores for 6.7 GPUs, node 2 is a
+    CPU-rich 2-GPU node with both GPUs taken. The workload wants 12 cores per GPU and 4 per CPU-only task."""
+    from scheduler_core.policies.fgd_cpu import cpu_per_gpu_milli
+
+    cluster = Cluster.build([96_000, 96_000, 104_000], [786_432] * 3, [8, 8, 2], ["G2", "G2", "T4"])
+    cluster.gpu_left[1, :2] = [500, 200]
+    cluster.gpu_left[2, :2] = 0
+    work = replace(workload((12_000, 1000, 1, 0.5), (4_000, 0, 0, 0.5)), allowed=np.ones((2, 2), dtype=bool))
+    ctx = context(cluster, work)
+    nodes = np.arange(3)
+    policies = registry()
+    r = cpu_per_gpu_milli(work)
+    assert r == pytest.approx((0.5 * 12_000 + 0.5 * 4_000) / (0.5 * 1000))  # 16 milli-cores per GPU milli
+    cpu_only = Task(4_000, 1, 0, 0)
+    scores, gpus = policies["fgd_cpu"](ctx, cpu_only, nodes)
+    spare = [96_000 - 4_000 - r * 8000, 96_000 - 4_000 - r * 6700, 104_000 - 4_000 - r * 0]
+    assert scores.tolist() == [math.floor(x / 100) for x in spare] and gpus.tolist() == [-1, -1, -1]
+    assert int(np.argmax(scores)) == 2  # where no GPU will ever need the CPU
+    fgd_scores, _ = policies["fgd"](ctx, cpu_only, nodes)
+    assert int(np.argmax(fgd_scores)) != 2  # FGD sends it to a node whose GPUs will want that CPU
+    for task in (Task(12_000, 1, 1, 1000), Task(2_000, 1, 1, 300), Task(8_000, 1, 2, 1000)):
+        ours, ours_gpus = policies["fgd_cpu"](ctx, task, nodes)
+        theirs, their_gpus = policies["fgd"](ctx, task, nodes)
+        assert ours.tolist() == theirs.tolist() and ours_gpus.tolist() == their_gpus.tolist()
+
+
+@pytest.mark.skipif(not OPENB.is_dir(), reason=f"{OPENB} is absent")
+def test_fgd_cpu_leaves_fewer_gpus_unallocated_than_fgd_on_the_openb_default_trace() -> None:
+    from scheduler_core.traces import read_nodes, read_tasks
+
+    cluster = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
+    tasks = read_tasks(OPENB / "openb_pod_list_default.csv")
+    ours = simulate(cluster, tasks, "fgd_cpu", 43).at("unallocated_pct", 100)
+    theirs = simulate(cluster, tasks, "fgd", 43).at("unallocated_pct", 100)
+    assert ours < theirs - 0.1, (ours, theirs)
 
 
 def test_tune_appends_copies_up_to_the_limit() -> None:
