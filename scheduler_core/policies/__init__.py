@@ -1,10 +1,11 @@
 """GPU-sharing placement policies, one module each, behind one interface.
 
 A policy scores the feasible nodes for a task: ``score(ctx, task, nodes) -> (scores, gpus)``, where
-``scores`` are integers (higher is better; the simulator and the extender take the top score and
-break ties uniformly at random, as kube-scheduler does) and ``gpus`` gives, per node, the GPU a
-sharing task would take (-1 for other tasks, which take :func:`scheduler_core.sharing.whole_gpus`).
-Each module follows ``FGD_NOTES.md`` section 5-6 exactly, integer flooring included.
+``scores`` are integers (higher is better; the simulator takes the top score and gives ties to the
+first node in the list, or at random with ``tie="random"``: see :mod:`scheduler_core.simulate`) and
+``gpus`` gives, per node, the GPU a sharing task would take (-1 for other tasks, which take
+:func:`scheduler_core.sharing.whole_gpus`). The six published policies follow ``FGD_NOTES.md``
+sections 5-6 exactly, integer flooring included; ``fgd_cpu`` is ours.
 """
 
 from __future__ import annotations
