@@ -113,3 +113,15 @@ def markdown_table() -> str:
         meaning = item.description + (f" (emitted once {item.planned} lands)" if item.planned else "")
         rows.append(f"| {item.service} | `{item.name}` | {item.unit} | {', '.join(item.all_dimensions)} | {meaning} |")
     return "\n".join(rows) + "\n"
+
+
+def emit_count(name: str, value: float, *, namespace: str, service: str, **dimension: str) -> None:
+    """One EMF document for a count with one extra dimension (``reason=...``, ``kind=...``), apart from
+    the invocation's metric set, whose dimensions are fixed."""
+    from aws_lambda_powertools.metrics import MetricUnit, single_metric
+
+    ((key, label),) = dimension.items()
+    with single_metric(
+        name=name, unit=MetricUnit.Count, value=value, namespace=namespace, default_dimensions={"service": service}
+    ) as metric:
+        metric.add_dimension(name=key, value=label)

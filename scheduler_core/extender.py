@@ -33,7 +33,7 @@ from scheduler_core.allocation import MILLI_PER_GPU
 from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
 from scheduler_core.gpu_fit import FilterResult, Reason, ScoreResult, ScoreWeights, filter_nodes, free_gpus, score_nodes
-from scheduler_core.ledger_readings import LedgerReadings
+from scheduler_core.ledger_readings import LedgerReadings, Observed
 from scheduler_core.locality import PEERS_ANNOTATION, LocalitySettings, locality_scores, peer_placement
 from scheduler_core.nodes import NodeTable
 from scheduler_core.pods import PodDemand, pod_demand
@@ -417,17 +417,20 @@ class Extender:
         placement = peer_placement(state.apps, zones, peers, rows)
         return locality_scores(placement, zone_id, self.config.locality)
 
-    def _view(self, args: ExtenderArgs, demand: PodDemand) -> _NodeView:
+    def _view(self, args: ExtenderArgs, demand: PodDemand, *, per_gpu: bool = False) -> _NodeView:
+        """The request's nodes with their free GPUs; per GPU (``free_milli``) only where it is needed: a
+        share, ledger readings to apply, or ``per_gpu`` (preempt). A whole-GPU pod otherwise reads the
+        state's cached free-GPU counts, as before sharing existed."""
         state = self._cluster()
         if args.nodes is not None:
             table = NodeTable.from_nodes(args.nodes)
             if state is None:
                 view = _NodeView(table, table.alloc_gpus.copy(), np.zeros(table.n_nodes), [])
-                return view.per_gpu(_all_free(table), demand)
+                return view.per_gpu(_all_free(table), demand) if per_gpu or demand.share else view
             rows = state.table.rows_of(table.names)
             used, utilization = state.usage_at(rows)
             view = _NodeView(table, free_gpus(table, used), utilization, [], state, rows, names_form=False)
-            return view.per_gpu(self._free_milli(state, rows, table), demand)
+            return self._per_gpu(view, state, rows, demand, per_gpu)
         if state is None:
             raise ClusterStateUnavailableError(
                 "NodeNames (nodeCacheCapable: true) needs cluster state and this extender has none: "
@@ -445,13 +448,22 @@ class Extender:
         rows = found[known]
         table = state.table.take(rows, names=known_names)
         view = _NodeView(table, state.free_gpus[rows], state.utilization[rows], unknown, state, rows)
-        return view.per_gpu(self._free_milli(state, rows, table), demand)
+        return self._per_gpu(view, state, rows, demand, per_gpu)
 
-    def _free_milli(self, state: ClusterState, rows: npt.NDArray[np.intp], table: NodeTable) -> _FreeMilli:
-        """Free milli per GPU at ``rows`` of ``state`` (-1: a node the state lacks, taken as empty), capped
-        by what this instance read from the ledger since the state was made; None when the state has no
-        per-GPU figures and there are no readings."""
+    def _per_gpu(
+        self, view: _NodeView, state: ClusterState, rows: npt.NDArray[np.intp], demand: PodDemand, force: bool
+    ) -> _NodeView:
         pending = self.readings.pending(state.generated_at)
+        if not (force or demand.share or pending):
+            return view
+        return view.per_gpu(self._free_milli(state, rows, view.table, pending), demand)
+
+    def _free_milli(
+        self, state: ClusterState, rows: npt.NDArray[np.intp], table: NodeTable, pending: list[Observed]
+    ) -> _FreeMilli:
+        """Free milli per GPU at ``rows`` of ``state`` (-1: a node the state lacks, taken as empty), capped
+        by the ledger readings ``pending`` over it; None when the state has no per-GPU figures and there
+        are no readings."""
         if state.free_milli is None or state.table.n_nodes == 0:
             if state.free_milli is None and not pending:
                 return None
@@ -467,7 +479,7 @@ class Extender:
 
     def preempt_view(self, names: Sequence[str], demand: PodDemand) -> _NodeView:
         """The ``names`` nodes as :meth:`filter` sees them (for the ``preempt`` verb)."""
-        return self._view(ExtenderArgs(pod={}, node_names=list(names)), demand)
+        return self._view(ExtenderArgs(pod={}, node_names=list(names)), demand, per_gpu=True)
 
 
 _FreeMilli = npt.NDArray[np.int32] | None

@@ -29,13 +29,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from adapters.amp import PrometheusClient, PrometheusQueryError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import CostPod
-from adapters.metric_catalogue import DELETION_COST, NAMESPACE
+from adapters.metric_catalogue import DELETION_COST, NAMESPACE, emit_count
 from lambdas.deletion_cost.config import MANAGED_SELECTOR, DeletionCostSettings
 from scheduler_core.deletion_cost import ANNOTATION, COST_RANGES, CostConfig, format_cost
 from scheduler_core.deletion_plan import (
@@ -376,14 +376,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     metrics.add_metric(name="RunFailures", unit=MetricUnit.Count, value=int(report.status != "ok"))
     if report.passes:
         for name, count in report.passes[-1].cost_ranges.items():
-            with single_metric(
-                name="PodsByCostRange",
-                unit=MetricUnit.Count,
-                value=count,
-                namespace=metrics.namespace,
-                default_dimensions={"service": logger.service},
-            ) as metric:
-                metric.add_dimension(name="range", value=name)
+            emit_count("PodsByCostRange", count, namespace=metrics.namespace, service=logger.service, range=name)
     summary = asdict(report)
     (logger.info if report.status == "ok" else logger.error)("deletion-cost run", extra={"report": summary})
     return summary

@@ -19,9 +19,10 @@ from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from adapters.metric_catalogue import emit_count
 from adapters.runtime import tune_allocator
 from adapters.snapshot_store import RefreshEvent, SnapshotSource, open_store
 from adapters.tracing import make_tracer
@@ -47,14 +48,7 @@ tune_allocator()
 
 def _count(name: str, reason: str) -> None:
     """A count with its own ``reason`` dimension (kept out of the per-invocation metric set)."""
-    with single_metric(
-        name=name,
-        unit=MetricUnit.Count,
-        value=1,
-        namespace=SETTINGS.metrics_namespace,
-        default_dimensions={"service": SETTINGS.service},
-    ) as metric:
-        metric.add_dimension(name="reason", value=reason)
+    emit_count(name, 1, namespace=SETTINGS.metrics_namespace, service=SETTINGS.service, reason=reason)
 
 
 def _on_refresh(event: RefreshEvent) -> None:

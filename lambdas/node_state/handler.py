@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from aws_lambda_powertools import Logger, Metrics
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from adapters.amp import PrometheusClient, PrometheusQueryError, utilization_by_node, utilization_query
@@ -47,7 +47,7 @@ from adapters.ec2_gpu import GpuInfoCatalog
 from adapters.gpu_ledger import LedgerStore, LedgerStoreError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import SchedulingPod
-from adapters.metric_catalogue import NAMESPACE, NODE_STATE
+from adapters.metric_catalogue import NAMESPACE, NODE_STATE, emit_count
 from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
 from lambdas.node_state.config import NodeStateSettings
 from scheduler_core.allocation import ASSIGNED_GPUS_ANNOTATION, parse_assigned_gpus
@@ -430,11 +430,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     if settings.ledger_table:
         metrics.add_metric(name="LedgerReconcileFailures", unit=MetricUnit.Count, value=int(bool(report.ledger_error)))
         for kind, count in report.ledger_drift.items():
-            with single_metric(
-                name="LedgerDrift", unit=MetricUnit.Count, value=count, namespace=metrics.namespace,
-                default_dimensions={"service": logger.service},
-            ) as metric:  # fmt: skip
-                metric.add_dimension(name="kind", value=kind)
+            emit_count("LedgerDrift", count, namespace=metrics.namespace, service=logger.service, kind=kind)
     summary = asdict(report)
     (logger.info if report.status == "ok" else logger.error)("node-state run", extra={"report": summary})
     return summary
