@@ -145,3 +145,24 @@ def test_preempt_without_cluster_state_is_a_503_and_a_bad_pod_a_400() -> None:
     extender = Extender(cluster=lambda: ClusterState.from_objects([]), accounting=LedgerOf({}))
     status, reply = extender.handle("preempt", json.dumps(body).encode())
     assert status == 400 and "gpu.nvidia.com/memory" in json.loads(reply)["Error"]
+
+
+@pytest.mark.parametrize(
+    ("verb", "body", "message"),
+    [
+        ("bind", b'{"PodName": 3, "PodNamespace": "default", "PodUID": "u", "Node": "n"}', "PodName: expected"),
+        ("bind", b'{"PodName": "p", "PodNamespace": "default", "PodUID": "u"}', "Node: expected a non-empty string"),
+        ("bind", b"[1]", "request body: expected a JSON object"),
+        ("preempt", b'{"NodeNameToMetaVictims": {}}', "Pod: required"),
+        ("preempt", b'{"Pod": {}, "NodeNameToMetaVictims": {"n": {"Pods": [{"UID": 7}]}}}', "Pods[0].UID"),
+    ],
+)
+def test_malformed_bind_and_preempt_bodies_are_400s_naming_the_field(verb: str, body: bytes, message: str) -> None:
+    class NeverBinds(LedgerOf):
+        def bind(self, args: ExtenderBindingArgs) -> BindOutcome:
+            raise AssertionError("a malformed body never reaches the ledger")
+
+    status, reply = Extender(cluster=lambda: ClusterState.from_objects([]), accounting=NeverBinds({})).handle(
+        verb, body
+    )
+    assert status == 400 and message in json.loads(reply)["Error"]
