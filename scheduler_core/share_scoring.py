@@ -58,9 +58,11 @@ def share_fit(
     share : int
         The pod's milli of one GPU, 1..999.
 
+    With ``gpu_packing``: the shared GPU first, then the smaller idle node (1 GPU) just above the 2-GPU one.
+
     >>> free = np.array([[1000, 1000], [400, 1000], [1000, 0]], dtype=np.int32)
-    >>> share_fit(free, np.array([2, 2, 1]), 300, np.array([True, True, True])).tolist()
-    [0.0, 1.0, 0.0]
+    >>> share_fit(free, np.array([2, 2, 1]), 300, np.array([True, True, True])).round(3).tolist()
+    [0.0, 1.0, 0.015]
     """
     fit = np.zeros(free_milli.shape[0], dtype=np.float64)
     rows = np.flatnonzero(feasible)

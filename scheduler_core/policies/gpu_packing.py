@@ -2,8 +2,12 @@
 
 (a) the task fits on already-shared GPUs: 100 - (sum of the chosen GPUs' free %) // 10, at least 50;
 (b) it needs fully free GPUs on a partly used node: 50 - the number of fully free GPUs it takes, at
-least 33; (c) the node is idle: 33 - the number of GPUs it takes, at least 0. CPU-only tasks score 0.
-Sharing tasks take the tightest GPU that fits (a shared one when one fits).
+least 33; (c) the node is idle: 33 - the node's GPU count, at least that count (so smaller idle nodes
+come first: 2 GPUs score 31, 8 GPUs 25). CPU-only tasks score 0. Sharing tasks take the tightest GPU
+that fits (a shared one when one fits).
+
+(c) is the authors' ``gpu_packing_score.go``: its "#GPUs" is the node's count of fully free GPUs, which
+on an idle node is all of them, not the task's.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ def score(ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
     cluster = ctx.cluster
     left = cluster.gpu_left[nodes]
     capacity = cluster.gpu_count[nodes] * MILLI
+    count = cluster.gpu_count[nodes]
     idle = left.sum(axis=1) == capacity
-    scores: npt.NDArray[np.int64] = np.where(idle, max(33 - task.num_gpu, 0), max(50 - task.num_gpu, 33)).astype(
+    scores: npt.NDArray[np.int64] = np.where(idle, np.maximum(33 - count, count), max(50 - task.num_gpu, 33)).astype(
         np.int64
     )
     if not task.sharing:

@@ -126,9 +126,20 @@ def test_baseline_scores_on_hand_built_nodes() -> None:
     scores, gpus = policies["dotprod"](ctx, share, nodes)
     assert scores.tolist() == [math.floor(100 * (1 - x / 2)) for x in dot]
     assert gpus.tolist() == [0, 1]  # the tightest GPU that fits: node 1's 200
-    # GpuPacking: node 1's shared GPU (a); node 0 is idle (c).
+    # GpuPacking: node 1's shared GPU (a); node 0 is idle (c): 33 less its 8 GPUs, at least 8.
     scores, gpus = policies["gpu_packing"](ctx, share, nodes)
-    assert scores.tolist() == [32, max(100 - (200 * 100 // 1000) // 10, 50)]
+    assert scores.tolist() == [33 - 8, max(100 - (200 * 100 // 1000) // 10, 50)]
+    small = Cluster.build([32_000] * 2, [262_144] * 2, [2, 1], ["T4", "T4"])
+    scores, _ = policies["gpu_packing"](context(small, workload((1000, 300, 1, 1.0))), share, np.arange(2))
+    assert scores.tolist() == [33 - 2, 33 - 1]  # the smaller idle node first
+    # The authors' own cases (gpu_packing_score_test.go): 2 whole GPUs on a partly used 4-GPU node (48),
+    # on an idle 4-GPU node (29) and on an idle 8-GPU node (25).
+    three = Cluster.build([96_000] * 3, [786_432] * 3, [4, 4, 8], ["1080"] * 3)
+    three.gpu_left[0, :4] = [200, 1000, 1000, 500]
+    scores, _ = policies["gpu_packing"](
+        context(three, workload((100, 1000, 2, 1.0))), Task(100, 1, 2, 1000), np.arange(3)
+    )
+    assert scores.tolist() == [48, 29, 25]
     # BestFit: min-max normalised, so the tighter node scores 100 and the other 0.
     scores, _ = policies["bestfit"](ctx, share, nodes)
     assert scores.tolist() == [0, 100]
