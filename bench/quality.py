@@ -16,8 +16,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from scheduler_core.traces import OPENB_DIR as OPENB
+
 ROOT = Path(__file__).resolve().parents[1]
-OPENB = ROOT.parent / "shared" / "data" / "openb"
 POLICIES = {
     "random": "01-Random", "dotprod": "02-DotProd", "gpu_clustering": "03-GpuClustering",
     "gpu_packing": "04-GpuPacking", "bestfit": "05-BestFit", "fgd": "06-FGD", "fgd_cpu": "",

@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode", choices=("names", "nodes"), default="names", help="nodeCacheCapable true (names) or false (nodes)"
     )
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+    demo.add_argument("--placement-seeds", default="42,43", help="seeds for the FGD vs ours comparison ('' skips it)")
 
     gsim = commands.add_parser("simulate", help="GPU-sharing placement on a trace, by the FGD paper's protocol")
     gsim.add_argument("--nodes", type=Path, required=True, help="node list CSV (openb format)")
@@ -223,8 +224,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _explain(args)
         if args.command == "demo":
             from gpu_scheduler.demo import run_demo
+            from gpu_scheduler.simulate_cmd import parse_seeds
 
-            return run_demo(n_nodes=args.nodes, n_pods=args.pods, seed=args.seed, mode=args.mode, as_json=args.json)
+            return run_demo(
+                n_nodes=args.nodes,
+                n_pods=args.pods,
+                seed=args.seed,
+                mode=args.mode,
+                as_json=args.json,
+                placement_seeds=tuple(parse_seeds(args.placement_seeds)),
+            )
         if args.command == "deletion-costs":
             return _deletion_costs(args)
         if args.command == "simulate":

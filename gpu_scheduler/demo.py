@@ -13,6 +13,10 @@ The demo plays kube-scheduler and the API server around a ``gpu-scheduler serve`
 4. prints placements, free and stranded GPUs, and client-side latency per verb.
 
 Only the extender's score ranks nodes here; a real kube-scheduler adds its own plugin scores.
+
+Then it compares placement quality for GPU sharing (:func:`placement_comparison`): FGD against ours
+(``fgd_cpu``) by the FGD paper's protocol, on the openb ``default`` trace when ``../shared/data/openb``
+is there, and on a synthetic openb-like trace otherwise.
 """
 
 from __future__ import annotations
@@ -32,11 +36,17 @@ import numpy as np
 from tqdm import tqdm
 
 from adapters.snapshot_store import FileSnapshotStore
+from gpu_scheduler.simulate_cmd import run_many
 from scheduler_core.cluster import ClusterState
 from scheduler_core.gpu_fit import filter_nodes
 from scheduler_core.pods import effective_gpu_request, pod_demand
 from scheduler_core.snapshot import build_snapshot, write_snapshot
 from scheduler_core.synthetic import demo_pod_stream, synthetic_cluster
+from scheduler_core.traces import OPENB_DIR, synthetic_trace, write_trace
+
+PLACEMENT_POLICIES = ("fgd", "fgd_cpu")
+FGD_RELEASED_DEFAULT = 4.77
+"""The authors' released mean for FGD on ``default`` at 100 % arrived (FGD_NOTES.md section 7)."""
 
 
 class ExtenderClient:
@@ -119,7 +129,13 @@ class _Cluster:
 
 
 def run_demo(
-    *, n_nodes: int = 200, n_pods: int = 350, seed: int = 7, mode: str = "names", as_json: bool = False
+    *,
+    n_nodes: int = 200,
+    n_pods: int = 350,
+    seed: int = 7,
+    mode: str = "names",
+    as_json: bool = False,
+    placement_seeds: tuple[int, ...] = (42, 43),
 ) -> int:
     if mode not in ("names", "nodes"):
         raise ValueError(f"mode: expected 'names' or 'nodes', got {mode!r}")
@@ -173,8 +189,46 @@ def run_demo(
     summary = _summary(nodes, bound, unplaced_pods, placed, unplaced, client.latency_ms, elapsed)
     summary["mode"] = mode
     summary["server_exit_code"] = proc.returncode
-    print(json.dumps(summary, indent=2) if as_json else _format(summary))
+    if not as_json:
+        print(_format(summary), flush=True)
+    if placement_seeds:
+        summary["placement"] = placement_comparison(placement_seeds)
+        if not as_json:
+            print(_format_placement(summary["placement"]))
+    if as_json:
+        print(json.dumps(summary, indent=2))
     return 0 if proc.returncode == 0 else 1
+
+
+def placement_comparison(seeds: tuple[int, ...], *, openb: Path | None = None, jobs: int = 2) -> dict[str, Any]:
+    """FGD and ours on the same trace and seeds, by the FGD protocol (inflated to 1.3x, no departures):
+    unallocated GPU % at 100 % and 130 % arrived, failed tasks, and seconds per run. The openb
+    ``default`` trace when ``openb`` (default :data:`OPENB_DIR`) holds it, else a synthetic look-alike
+    (150 nodes, 1,200 tasks)."""
+    openb = openb or OPENB_DIR
+    with tempfile.TemporaryDirectory(prefix="gpu-scheduler-placement-") as tmp:
+        if (openb / "openb_pod_list_default.csv").is_file():
+            nodes, pods = openb / "openb_node_list_gpu_node.csv", openb / "openb_pod_list_default.csv"
+            trace = f"openb default ({openb})"
+        else:
+            nodes, pods = Path(tmp) / "nodes.csv", Path(tmp) / "pods.csv"
+            write_trace(*synthetic_trace(150, 1200, np.random.default_rng(0)), nodes, pods)
+            trace = f"synthetic, openb-like (150 nodes, 1,200 tasks; {openb} is absent)"
+        reports = run_many(nodes, pods, list(PLACEMENT_POLICIES), list(seeds), 1.3, "first", jobs)
+    return {
+        "trace": trace,
+        "seeds": list(seeds),
+        "released_fgd_unallocated_gpu_pct_100": FGD_RELEASED_DEFAULT if trace.startswith("openb") else None,
+        "policies": {
+            r["policy"]: {
+                "unallocated_gpu_pct_100": r["unallocated_gpu_pct"]["100"]["mean"],
+                "unallocated_gpu_pct_130": r["unallocated_gpu_pct"]["130"]["mean"],
+                "pods_failed": r["pods_failed"]["mean"],
+                "seconds_per_run": r["seconds_per_seed"]["mean"],
+            }
+            for r in reports
+        },
+    }
 
 
 def _summary(
@@ -244,4 +298,24 @@ def _format(s: dict[str, Any]) -> str:
     for verb, stats in s["latency_ms"].items():
         lines.append(f"      {verb:<10} calls {stats['calls']:4d}  p50 {stats['p50']} ms  p99 {stats['p99']} ms")
     lines.append(f"  server exited with code {s['server_exit_code']}")
+    return "\n".join(lines)
+
+
+def _format_placement(p: dict[str, Any]) -> str:
+    lines = [
+        "",
+        f"GPU-sharing placement, FGD vs ours (FGD protocol, mean of seeds {', '.join(map(str, p['seeds']))}):",
+        f"  trace: {p['trace']}",
+    ]
+    for name, r in p["policies"].items():
+        label = f"{name} (ours)" if name == "fgd_cpu" else name
+        lines.append(
+            f"      {label:<15} unallocated GPUs {r['unallocated_gpu_pct_100']:5.2f} % at 100 % arrived, "
+            f"{r['unallocated_gpu_pct_130']:5.2f} % at 130 %; {r['pods_failed']:.0f} tasks failed; "
+            f"{r['seconds_per_run']:.1f} s per run"
+        )
+    if p["released_fgd_unallocated_gpu_pct_100"] is not None:
+        lines.append(
+            f"  the authors' released FGD figure at 100 %: {p['released_fgd_unallocated_gpu_pct_100']} % (10 seeds)"
+        )
     return "\n".join(lines)

@@ -7,6 +7,7 @@ ratio at 80 % and 90 % arrived, and failed tasks. ``--json OUT`` writes the same
 from __future__ import annotations
 
 import json
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,12 +44,20 @@ def _one(nodes: Path, pods: Path, policy: str, seed: int, tune: float, tie: str)
 
 
 def run(nodes: Path, pods: Path, policy: str, seeds: list[int], tune: float, tie: str, jobs: int) -> dict[str, Any]:
+    return run_many(nodes, pods, [policy], seeds, tune, tie, jobs)[0]
+
+
+def run_many(
+    nodes: Path, pods: Path, policies: list[str], seeds: list[int], tune: float, tie: str, jobs: int
+) -> list[dict[str, Any]]:
+    """Every policy on every seed, ``jobs`` runs at a time; one report per policy, in order."""
     read_nodes(nodes), read_tasks(pods)  # fail fast, with the file and line, before any worker starts
-    arguments = [(nodes, pods, policy, seed, tune, tie) for seed in seeds]
+    arguments = [(nodes, pods, policy, seed, tune, tie) for policy in policies for seed in seeds]
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(_one, *a) for a in arguments]
-        results = [f.result() for f in tqdm(futures, desc=f"{policy} on {pods.name}", unit="seed")]
-    return report(policy, pods, results)
+        desc = f"{' vs '.join(policies)} on {pods.name}"
+        results = [f.result() for f in tqdm(futures, desc=desc, unit="run")]
+    return [report(policy, pods, results[i * len(seeds) : (i + 1) * len(seeds)]) for i, policy in enumerate(policies)]
 
 
 def report(policy: str, pods: Path, results: list[SimResult]) -> dict[str, Any]:
@@ -60,7 +69,8 @@ def report(policy: str, pods: Path, results: list[SimResult]) -> dict[str, Any]:
     for i, r in enumerate(results):
         size = min(131, r.unallocated_pct.shape[0])
         curves[i, :size] = r.unallocated_pct[:size]
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # arrived % values no seed reached: NaN, as meant
         bands = {q: np.nanpercentile(curves, q, axis=0) if len(results) else curves[0] for q in (25, 50, 75)}
     return {
         "policy": policy,

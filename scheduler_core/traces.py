@@ -8,12 +8,18 @@ models (empty: any). CPU-only nodes (``gpu`` 0) are dropped from the cluster, as
 from __future__ import annotations
 
 import csv
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.sharing import Cluster, Task
+
+OPENB_DIR = Path(os.environ.get("OPENB_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data" / "openb")
+"""Where the openb trace lies: ``../shared/data/openb`` beside the repository, or ``$OPENB_DIR``. The trace
+is research-use only and is never copied into the repository; whatever reads it skips when it is absent."""
 
 
 def read_nodes(path: str | Path) -> Cluster:
@@ -81,3 +87,18 @@ def synthetic_trace(n_nodes: int, n_tasks: int, rng: np.random.Generator) -> tup
         else:
             tasks.append(Task(cpu * 4, 65536, int(rng.choice([2, 4, 8])), 1000))
     return cluster, tasks
+
+
+def write_trace(cluster: Cluster, tasks: Sequence[Task], nodes_csv: Path, pods_csv: Path) -> None:
+    """Write ``cluster`` and ``tasks`` as openb-style CSVs that :func:`read_nodes` and :func:`read_tasks`
+    read back unchanged."""
+    nodes = ["sn,cpu_milli,memory_mib,gpu,model"] + [
+        f"n{i},{cluster.cpu_left[i]},{cluster.mem_left[i]},{cluster.gpu_count[i]},{cluster.models[cluster.model_id[i]]}"
+        for i in range(cluster.n_nodes)
+    ]
+    pods = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec"] + [
+        f"p{i},{t.cpu},{t.mem},{t.num_gpu},{t.gpu_milli},{'|'.join(sorted(t.models or ()))}"
+        for i, t in enumerate(tasks)
+    ]
+    nodes_csv.write_text("\n".join(nodes) + "\n")
+    pods_csv.write_text("\n".join(pods) + "\n")

@@ -1,4 +1,5 @@
 import json
+from unittest.mock import patch
 
 import pytest
 
@@ -68,7 +69,8 @@ def test_serve_rejects_invalid_weights_at_start(capsys):
 
 
 def run_demo(capsys, mode):
-    assert main(["demo", "--nodes", "24", "--pods", "40", "--seed", "3", "--mode", mode, "--json"]) == 0
+    argv = ["demo", "--nodes", "24", "--pods", "40", "--seed", "3", "--mode", mode, "--json", "--placement-seeds", ""]
+    assert main(argv) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -82,6 +84,35 @@ def test_demo_places_pods_and_accounts_for_every_pod_and_gpu(capsys, mode):
     assert 0 <= summary["gpus_stranded"] <= summary["gpus_free"] <= summary["gpus_total"]
     assert summary["latency_ms"]["filter"]["calls"] >= summary["pods_placed"]
     assert summary["server_exit_code"] == 0
+
+
+def test_demo_compares_fgd_and_ours_on_a_synthetic_trace_without_openb(tmp_path, capsys):
+    argv = ["demo", "--nodes", "24", "--pods", "20", "--json", "--placement-seeds", "1"]
+    with patch("gpu_scheduler.demo.OPENB_DIR", tmp_path / "absent"):
+        assert main(argv) == 0
+    placement = json.loads(capsys.readouterr().out)["placement"]
+    assert placement["trace"].startswith("synthetic") and placement["seeds"] == [1]
+    assert placement["released_fgd_unallocated_gpu_pct_100"] is None
+    assert set(placement["policies"]) == {"fgd", "fgd_cpu"}
+    for figures in placement["policies"].values():
+        assert 0 <= figures["unallocated_gpu_pct_130"] <= figures["unallocated_gpu_pct_100"] < 100
+        assert figures["pods_failed"] > 0  # inflated to 1.3x capacity: some tasks cannot fit
+
+
+def test_demo_placement_reads_the_openb_default_trace_when_present(tmp_path):
+    """A stand-in openb directory (the synthetic trace under openb's file names) is read, and labelled so."""
+    import numpy as np
+
+    from gpu_scheduler.demo import _format_placement, placement_comparison
+    from scheduler_core.traces import synthetic_trace, write_trace
+
+    cluster, tasks = synthetic_trace(30, 200, np.random.default_rng(5))
+    write_trace(cluster, tasks, tmp_path / "openb_node_list_gpu_node.csv", tmp_path / "openb_pod_list_default.csv")
+    placement = placement_comparison((1, 2), openb=tmp_path, jobs=1)
+    assert placement["trace"] == f"openb default ({tmp_path})" and placement["seeds"] == [1, 2]
+    assert placement["released_fgd_unallocated_gpu_pct_100"] == 4.77
+    text = _format_placement(placement)
+    assert "fgd_cpu (ours)" in text and "released FGD figure at 100 %: 4.77" in text
 
 
 def test_both_node_forms_make_the_same_decisions(capsys):
@@ -170,18 +201,10 @@ def test_bench_deletion_cost_reports_each_size(capsys):
 def _write_trace(tmp_path):
     import numpy as np
 
-    from scheduler_core.traces import synthetic_trace
+    from scheduler_core.traces import synthetic_trace, write_trace
 
     cluster, tasks = synthetic_trace(30, 200, np.random.default_rng(3))
-    nodes = ["sn,cpu_milli,memory_mib,gpu,model"] + [
-        f"n{i},{cluster.cpu_left[i]},{cluster.mem_left[i]},{cluster.gpu_count[i]},{cluster.models[cluster.model_id[i]]}"
-        for i in range(cluster.n_nodes)
-    ]
-    pods = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec"] + [
-        f"p{i},{t.cpu},{t.mem},{t.num_gpu},{t.gpu_milli}," for i, t in enumerate(tasks)
-    ]
-    (tmp_path / "nodes.csv").write_text("\n".join(nodes) + "\n")
-    (tmp_path / "pods.csv").write_text("\n".join(pods) + "\n")
+    write_trace(cluster, tasks, tmp_path / "nodes.csv", tmp_path / "pods.csv")
     return tmp_path / "nodes.csv", tmp_path / "pods.csv"
 
 
