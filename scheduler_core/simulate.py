@@ -10,9 +10,11 @@
 Per integer arrived %, values are averaged over the arrivals that round to it. Equal top scores go
 to the first node in the node list (``tie="first"``, the default), or to one of them uniformly at
 random from the seed's generator (``tie="random"``). FGD_NOTES.md says kube-scheduler breaks ties at
-random, but only the first-node rule reproduces the authors' released numbers: on ``default``, FGD
-leaves 4.9 % of GPUs unallocated at 100 % arrived with it (released: 4.77) and 10.5 % with random
-ties, DotProd and BestFit land within 0.3 points either way (see the README).
+random, but the authors' simulator does not: its vendored ``generic_scheduler.go`` replaces
+``selectHost``'s reservoir sampling with "the smallest lexicographical order if the score remains the
+same", i.e. the node whose name sorts first. :func:`scheduler_core.traces.read_nodes` orders the nodes
+by name, so the first node is that node. With it, FGD leaves 4.9 % of GPUs unallocated on ``default`` at
+100 % arrived (released: 4.77); with random ties, 10.5 %.
 """
 
 from __future__ import annotations

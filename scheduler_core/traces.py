@@ -23,8 +23,11 @@ is research-use only and is never copied into the repository; whatever reads it 
 
 
 def read_nodes(path: str | Path) -> Cluster:
+    """The GPU nodes, ordered by name (``sn``) when the file names them. The authors' simulator gives an
+    equal top score to the node whose name sorts first (their ``selectHost``), and the simulator here to
+    the first row, so the two agree."""
     rows = _rows(path, ("cpu_milli", "memory_mib", "gpu", "model"))
-    gpu_rows = [r for r in rows if int(r["gpu"]) > 0]
+    gpu_rows = sorted((r for r in rows if int(r["gpu"]) > 0), key=lambda r: r.get("sn") or "")
     return Cluster.build(
         [int(r["cpu_milli"]) for r in gpu_rows],
         [int(r["memory_mib"]) for r in gpu_rows],
@@ -91,9 +94,9 @@ def synthetic_trace(n_nodes: int, n_tasks: int, rng: np.random.Generator) -> tup
 
 def write_trace(cluster: Cluster, tasks: Sequence[Task], nodes_csv: Path, pods_csv: Path) -> None:
     """Write ``cluster`` and ``tasks`` as openb-style CSVs that :func:`read_nodes` and :func:`read_tasks`
-    read back unchanged."""
+    read back unchanged (node names zero-padded, so that they sort in row order)."""
     nodes = ["sn,cpu_milli,memory_mib,gpu,model"] + [
-        f"n{i},{cluster.cpu_left[i]},{cluster.mem_left[i]},{cluster.gpu_count[i]},{cluster.models[cluster.model_id[i]]}"
+        f"node-{i:05d},{cluster.cpu_left[i]},{cluster.mem_left[i]},{cluster.gpu_count[i]},{cluster.models[cluster.model_id[i]]}"
         for i in range(cluster.n_nodes)
     ]
     pods = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec"] + [

@@ -193,6 +193,24 @@ def test_fgd_cpu_leaves_fewer_gpus_unallocated_than_fgd_on_the_openb_default_tra
     assert ours < theirs - 0.1, (ours, theirs)
 
 
+def test_a_written_trace_reads_back_and_nodes_come_in_name_order(tmp_path) -> None:
+    """Equal top scores go to the first node, which must be the node whose name sorts first, as in the
+    authors' simulator."""
+    from scheduler_core.traces import read_nodes, read_tasks, write_trace
+
+    cluster, tasks = synthetic_trace(12, 40, np.random.default_rng(1))
+    tasks.append(Task(4000, 8192, 1, 500, frozenset({"T4", "G2"})))
+    write_trace(cluster, tasks, tmp_path / "nodes.csv", tmp_path / "pods.csv")
+    back = read_nodes(tmp_path / "nodes.csv")
+    assert back.gpu_count.tolist() == cluster.gpu_count.tolist() and back.cpu_left.tolist() == cluster.cpu_left.tolist()
+    assert read_tasks(tmp_path / "pods.csv") == tasks
+    (tmp_path / "named.csv").write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\nnode-b,2000,1,2,T4\nnode-c,0,1,0,CPU\nnode-a,1000,1,8,G2\n"
+    )
+    named = read_nodes(tmp_path / "named.csv")
+    assert named.cpu_left.tolist() == [1000, 2000] and named.gpu_count.tolist() == [8, 2]
+
+
 def test_tune_appends_copies_up_to_the_limit() -> None:
     tasks = [Task(1000, 1, 1, 1000), Task(1000, 1, 0, 0), Task(1000, 1, 1, 500)]
     order = tune_order(tasks, total_gpus=4, tune=1.3, rng=np.random.default_rng(1))
