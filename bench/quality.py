@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from scheduler_core.traces import OPENB_DIR as OPENB
@@ -37,6 +39,35 @@ def _run(trace: str, policy: str, seed: int) -> tuple[str, str, int, float, floa
     return trace, policy, seed, result.at("unallocated_pct", 100), result.seconds
 
 
+def share_packing_bounds(shares: Sequence[int], capacity: int = 1000) -> tuple[int, int]:
+    """The GPUs ``shares`` (milli of one GPU each) need, at the least: Martello and Toth's L2 lower bound
+    on the optimal bin packing, and what first-fit decreasing uses (an upper bound on the optimum).
+
+    >>> share_packing_bounds([810, 810, 470, 470, 320, 160])
+    (4, 4)
+    >>> share_packing_bounds([600, 600, 600])  # no two fit together
+    (3, 3)
+    """
+    items = np.sort(np.asarray(shares, dtype=np.int64))[::-1]
+    lower = 0
+    for alpha in np.unique(np.concatenate([[0], items[items <= capacity // 2]])).tolist():
+        big = items[items > capacity - alpha]
+        mid = items[(items > capacity / 2) & (items <= capacity - alpha)]
+        small = items[(items >= alpha) & (items <= capacity / 2)]
+        room = mid.shape[0] * capacity - int(mid.sum())
+        lower = max(lower, big.shape[0] + mid.shape[0] + max(0, -(-(int(small.sum()) - room) // capacity)))
+    free = np.empty(items.shape[0], dtype=np.int64)  # room left in each GPU opened so far
+    used = 0
+    for item in items.tolist():
+        fits = np.flatnonzero(free[:used] >= item)
+        if fits.size:
+            free[fits[0]] -= item
+        else:
+            free[used] = capacity - item
+            used += 1
+    return lower, used
+
+
 def released() -> dict[tuple[str, str], float]:
     path = OPENB / "published_results" / "fgd_unalloc_gpu_summary_derived.csv"
     with path.open() as handle:
@@ -53,11 +84,16 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "quality.json")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma list (default: all)")
+    parser.add_argument(
+        "--floor", action="store_true", help="only the GPU waste that packing each trace's shares must leave"
+    )
     args = parser.parse_args()
     if not OPENB.is_dir():
         raise SystemExit(f"{OPENB} is absent: the trace is research-use only and is not shipped here")
     published = released()
     traces = sorted({trace for trace, _ in published})
+    if args.floor:
+        return floor(traces)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = sorted(set(policies) - set(POLICIES))
     if unknown:
@@ -79,6 +115,27 @@ def main() -> int:
             name = POLICIES[policy]
             cells.append(f"{mean:.2f} ({published.get((trace, name), float('nan')):.2f})" if name else f"{mean:.2f}")
         print(f"| {trace} | " + " | ".join(cells) + " |")
+    return 0
+
+
+def floor(traces: list[str]) -> int:
+    """Per trace, the GPU capacity its shares leave unused however well they are packed, as % of the
+    cluster's GPUs: at least the L2 bound's, and no more than first-fit decreasing's (offline, every
+    share known in advance, CPU and GPU models ignored). Where the trace's GPU demand is under 100 % of
+    the GPUs, every share has arrived by 100 % arrived, so the L2 figure bounds unallocated GPU % there."""
+    from scheduler_core.traces import read_nodes, read_tasks
+
+    total = read_nodes(OPENB / "openb_node_list_gpu_node.csv").total_gpus * 1000
+    print("| trace | GPU demand, % of the GPUs | shares | GPUs they need: L2 bound / first-fit decreasing "
+          "| unused in them, % of all GPUs |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|")
+    for trace in traces:
+        tasks = read_tasks(OPENB / f"openb_pod_list_{trace}.csv")
+        shares = [t.gpu_milli for t in tasks if t.sharing]
+        lower, ffd = share_packing_bounds(shares)
+        waste = [100 * (bins * 1000 - sum(shares)) / total for bins in (lower, ffd)]
+        demand = 100 * sum(t.gpu_demand for t in tasks) / total
+        print(f"| {trace} | {demand:.0f} | {len(shares)} | {lower} / {ffd} | {waste[0]:.2f} - {waste[1]:.2f} |")
     return 0
 
 
