@@ -198,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
     bnd.add_argument("--threads", type=int, default=8)
     bnd.add_argument("--pods", type=int, default=1000)
     bnd.add_argument("--json", action="store_true", help="JSON output (the only format)")
+    pol = suites.add_parser("policies", help="placement policies: seconds per seed and cost per decision")
+    pol.add_argument(
+        "--policies", default="random,dotprod,gpu_clustering,gpu_packing,bestfit,fgd,fgd_cpu", help="comma list"
+    )
+    pol.add_argument("--trace", default="default", help="openb trace name (synthetic when ../shared lacks it)")
+    pol.add_argument("--seed", type=int, default=42)
+    pol.add_argument("--json", action="store_true", help="JSON output (the only format)")
     syn = suites.add_parser("synth", help="make synth: wall time and peak memory of the CDK app")
     syn.add_argument("--runs", type=int, default=3)
     syn.add_argument("--package-dir", type=Path, default=Path("build/lambda"), help="where make package wrote")
@@ -266,6 +273,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bench.bind import run as run_bind_bench
 
             print(json.dumps(run_bind_bench(args.threads, args.pods), indent=2))
+            return 0
+        if args.command == "bench" and args.suite == "policies":
+            from bench.policies import run as run_policies_bench
+
+            names = [p.strip() for p in args.policies.split(",") if p.strip()]
+            try:
+                report = run_policies_bench(names, args.trace, args.seed)
+            except ValueError as exc:
+                raise InvalidArgsError(str(exc)) from exc
+            print(json.dumps(report, indent=2))
             return 0
         if args.command == "bench" and args.suite == "synth":
             from bench.synth import run as run_synth_bench

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 from unittest.mock import patch
 
 import pytest
@@ -237,3 +238,20 @@ def test_simulate_names_the_bad_line_of_a_trace(tmp_path, capsys):
     pods.write_text(pods.read_text() + "bad,1000,100,1,2000,\n")
     assert main(["simulate", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1"]) != 0
     assert "pods.csv:202: num_gpu=1, gpu_milli=2000" in capsys.readouterr().err
+
+
+def test_bench_policies_reports_cost_per_decision_on_a_synthetic_trace_without_openb(capsys):
+    with patch("bench.policies.OPENB_DIR", Path("/nonexistent")):
+        assert main(["bench", "policies", "--policies", "bestfit,fgd_cpu", "--seed", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["trace"].startswith("synthetic") and report["seed"] == 3
+    assert [r["policy"] for r in report["results"]] == ["bestfit", "fgd_cpu"]
+    for r in report["results"]:
+        assert r["decisions"] >= 2500  # every task of the trace, and copies up to 1.3x capacity
+        assert r["us_per_decision"] == pytest.approx(1e6 * r["seconds"] / r["decisions"], rel=0.05)
+        assert 0 <= r["unallocated_gpu_pct_100"] < 100
+
+
+def test_bench_policies_refuses_an_unknown_policy(capsys):
+    assert main(["bench", "policies", "--policies", "fgd,first_fit"]) == 2
+    assert "--policies: unknown first_fit" in capsys.readouterr().err

@@ -1,0 +1,48 @@
+"""``gpu-scheduler bench policies``: what each placement policy costs per decision, one seed each.
+
+Runs one seed of the FGD protocol per policy in this one process, one after another (no other run
+beside it), on the openb trace when ``../shared/data/openb`` has it and on a synthetic openb-like trace
+otherwise. Reported per policy: wall seconds for the seed, decisions (every task that arrives, placed
+or not), microseconds per decision, and unallocated GPU % at 100 % arrived.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scheduler_core.policies import registry
+from scheduler_core.sharing import Cluster, Task, Workload
+from scheduler_core.simulate import simulate
+from scheduler_core.traces import OPENB_DIR, read_nodes, read_tasks, synthetic_trace
+
+
+def load(trace: str, openb: Path) -> tuple[str, Cluster, list[Task]]:
+    pods = openb / f"openb_pod_list_{trace}.csv"
+    if pods.is_file():
+        return f"openb {trace}", read_nodes(openb / "openb_node_list_gpu_node.csv"), read_tasks(pods)
+    cluster, tasks = synthetic_trace(300, 2500, np.random.default_rng(0))
+    return f"synthetic, openb-like (300 nodes; {pods} is absent)", cluster, tasks
+
+
+def run(policies: list[str], trace: str = "default", seed: int = 42, openb: Path | None = None) -> dict[str, Any]:
+    unknown = sorted(set(policies) - set(registry()))
+    if unknown:
+        raise ValueError(f"--policies: unknown {', '.join(unknown)}; choose from {', '.join(registry())}")
+    name, cluster, tasks = load(trace, openb or OPENB_DIR)
+    workload = Workload.typical(tasks, cluster.models)
+    results = []
+    for policy in policies:
+        result = simulate(cluster, tasks, policy, seed, workload=workload)
+        results.append(
+            {
+                "policy": policy,
+                "seconds": round(result.seconds, 2),
+                "decisions": result.tasks,
+                "us_per_decision": round(1e6 * result.seconds / result.tasks, 1),
+                "unallocated_gpu_pct_100": round(result.at("unallocated_pct", 100), 2),
+            }
+        )
+    return {"suite": "policies", "trace": name, "nodes": cluster.n_nodes, "seed": seed, "results": results}
