@@ -1,8 +1,9 @@
 """``make bench-quality``: every policy on every public openb trace, seeds 42-51, against the released numbers.
 
-Writes ``build/quality.json`` and prints a Markdown table (unallocated GPU % at 100 % arrived, mean of
-the seeds, with the authors' released mean beside it). Needs ``../shared/data/openb``; takes about
-25 minutes on a 2-core machine with ``--jobs 2``.
+Writes ``build/quality.json`` (every run), ``build/quality.md`` (the README's Markdown table: unallocated
+GPU % at 100 % arrived, mean of the seeds, with the authors' released mean beside it; also printed) and
+``build/quality.png`` (the same as grouped bars, released means as black ticks). Needs
+``../shared/data/openb``; takes about 25 minutes on a 2-core machine with ``--jobs 2``.
 """
 
 from __future__ import annotations
@@ -105,17 +106,71 @@ def main() -> int:
             runs.append({"trace": trace, "policy": policy, "seed": seed, "unalloc_100": unalloc, "seconds": seconds})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
-    header = "| trace | " + " | ".join(f"{p} (released)" if POLICIES[p] else f"{p} (ours)" for p in policies) + " |"
-    print(header + "\n|---|" + "---:|" * len(policies))
+    text = table(runs, policies, traces, published)
+    args.out.with_suffix(".md").write_text(text + "\n")
+    plot(runs, policies, traces, published, args.out.with_suffix(".png"))
+    print(text)
+    print(f"wrote {args.out}, {args.out.with_suffix('.md')} and {args.out.with_suffix('.png')}")
+    return 0
+
+
+def _means(runs: list[dict[str, Any]], policies: list[str], traces: list[str]) -> dict[tuple[str, str], float]:
+    """Mean unallocated GPU % at 100 % arrived per (trace, policy), over the seeds run."""
+    means = {}
+    for trace in traces:
+        for policy in policies:
+            values = [r["unalloc_100"] for r in runs if r["trace"] == trace and r["policy"] == policy]
+            means[trace, policy] = sum(values) / len(values) if values else float("nan")
+    return means
+
+
+def table(
+    runs: list[dict[str, Any]], policies: list[str], traces: list[str], published: dict[tuple[str, str], float]
+) -> str:
+    """The README's Markdown table: per trace, each policy's mean, with the released mean beside it."""
+    means = _means(runs, policies, traces)
+    lines = ["| trace | " + " | ".join(f"{p} (released)" if POLICIES[p] else f"{p} (ours)" for p in policies) + " |"]
+    lines.append("|---|" + "---:|" * len(policies))
     for trace in traces:
         cells = []
         for policy in policies:
-            values = [r["unalloc_100"] for r in runs if r["trace"] == trace and r["policy"] == policy]
-            mean = sum(values) / len(values)
             name = POLICIES[policy]
+            mean = means[trace, policy]
             cells.append(f"{mean:.2f} ({published.get((trace, name), float('nan')):.2f})" if name else f"{mean:.2f}")
-        print(f"| {trace} | " + " | ".join(cells) + " |")
-    return 0
+        lines.append(f"| {trace} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(
+    runs: list[dict[str, Any]],
+    policies: list[str],
+    traces: list[str],
+    published: dict[tuple[str, str], float],
+    path: Path,
+) -> None:
+    """Grouped bars, one group per trace and one bar per policy (the mean over seeds), with each released
+    mean as a black tick on its bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    means = _means(runs, policies, traces)
+    width = 0.8 / len(policies)
+    figure, axes = plt.subplots(figsize=(max(8.0, 1.1 * len(traces)), 4.5))
+    for k, policy in enumerate(policies):
+        x = np.arange(len(traces)) + (k - (len(policies) - 1) / 2) * width
+        axes.bar(x, [means[t, policy] for t in traces], width, label=policy + ("" if POLICIES[policy] else " (ours)"))
+        released_values = [published.get((t, POLICIES[policy]), np.nan) for t in traces]
+        label = "released" if k == 0 else None
+        axes.scatter(x, released_values, marker="_", s=60, color="black", zorder=3, label=label)
+    axes.set_xticks(np.arange(len(traces)), traces, rotation=30, ha="right")
+    axes.set_ylabel("unallocated GPUs at 100 % arrived, %")
+    axes.grid(axis="y", alpha=0.3)
+    axes.legend(ncol=len(policies) + 1, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def floor(traces: list[str]) -> int:

@@ -34,3 +34,20 @@ def test_bounds_on_hand_built_shares() -> None:
 def test_the_optimum_lies_between_the_lower_bound_and_first_fit_decreasing(items: list[int]) -> None:
     lower, ffd = share_packing_bounds(items)
     assert math.ceil(sum(items) / 1000) <= lower <= _optimum(items) <= ffd <= len(items)
+
+
+def test_table_and_plot_from_runs(tmp_path) -> None:
+    from bench.quality import plot, table
+
+    runs = [
+        {"trace": trace, "policy": policy, "seed": seed, "unalloc_100": value + seed / 100, "seconds": 1.0}
+        for trace, base in (("default", 5.0), ("cpu250", 8.0))
+        for policy, value in (("fgd", base), ("fgd_cpu", base - 0.5))
+        for seed in (0, 2)
+    ]
+    published = {("default", "06-FGD"): 4.77, ("cpu250", "06-FGD"): 6.80}
+    text = table(runs, ["fgd", "fgd_cpu"], ["cpu250", "default"], published).splitlines()
+    assert text[0] == "| trace | fgd (released) | fgd_cpu (ours) |"
+    assert text[2:] == ["| cpu250 | 8.01 (6.80) | 7.51 |", "| default | 5.01 (4.77) | 4.51 |"]
+    plot(runs, ["fgd", "fgd_cpu"], ["cpu250", "default"], published, tmp_path / "q.png")
+    assert (tmp_path / "q.png").read_bytes().startswith(b"\x89PNG")
