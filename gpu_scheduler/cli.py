@@ -205,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     pol.add_argument("--trace", default="default", help="openb trace name (synthetic when ../shared lacks it)")
     pol.add_argument("--seed", type=int, default=42)
     pol.add_argument("--json", action="store_true", help="JSON output (the only format)")
+    shp = suites.add_parser("share-policy", help="which policy the extender should place GPU shares with")
+    shp.add_argument(
+        "--candidates", default="fgd,fgd_cpu_blind,gpu_packing,bestfit,dotprod", help="comma list of share policies"
+    )
+    shp.add_argument("--trace", default="default", help="openb trace name (synthetic when ../shared lacks it)")
+    shp.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")
+    shp.add_argument("--jobs", type=int, default=2)
+    shp.add_argument("--json", action="store_true", help="JSON output (the only format)")
     syn = suites.add_parser("synth", help="make synth: wall time and peak memory of the CDK app")
     syn.add_argument("--runs", type=int, default=3)
     syn.add_argument("--package-dir", type=Path, default=Path("build/lambda"), help="where make package wrote")
@@ -280,6 +288,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             names = [p.strip() for p in args.policies.split(",") if p.strip()]
             try:
                 report = run_policies_bench(names, args.trace, args.seed)
+            except ValueError as exc:
+                raise InvalidArgsError(str(exc)) from exc
+            print(json.dumps(report, indent=2))
+            return 0
+        if args.command == "bench" and args.suite == "share-policy":
+            from bench.share_policy import run as run_share_policy_bench
+
+            names = [p.strip() for p in args.candidates.split(",") if p.strip()]
+            try:
+                report = run_share_policy_bench(names, args.trace, args.seeds, args.jobs)
             except ValueError as exc:
                 raise InvalidArgsError(str(exc)) from exc
             print(json.dumps(report, indent=2))

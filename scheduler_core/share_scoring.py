@@ -8,8 +8,9 @@ the ledger applied), and the bind takes the GPU that policy would (the tightest 
 Only the policies that need nothing but the nodes' free GPU milli are offered: ``gpu_packing``
 (the default: of these three, it leaves the fewest GPUs unallocated on the openb ``default`` trace),
 ``bestfit`` and ``dotprod``. ``fgd`` and ``gpu_clustering`` need the typical task shapes of the whole
-workload, which the snapshot does not carry. CPU and memory are kube-scheduler's to account, so the
-policies see the GPU terms only.
+workload, which the snapshot does not carry, and FGD helps shares only with each node's free CPU known:
+blind to CPU it places them worse than ``gpu_packing`` (``gpu-scheduler bench share-policy``). CPU and
+memory are kube-scheduler's to account, so the policies see the GPU terms only.
 """
 
 from __future__ import annotations

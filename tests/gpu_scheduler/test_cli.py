@@ -255,3 +255,15 @@ def test_bench_policies_reports_cost_per_decision_on_a_synthetic_trace_without_o
 def test_bench_policies_refuses_an_unknown_policy(capsys):
     assert main(["bench", "policies", "--policies", "fgd,first_fit"]) == 2
     assert "--policies: unknown first_fit" in capsys.readouterr().err
+
+
+def test_bench_share_policy_compares_share_placements_on_a_synthetic_trace(capsys):
+    argv = ["bench", "share-policy", "--candidates", "fgd,fgd_cpu_blind,gpu_packing", "--seeds", "1", "--jobs", "1"]
+    with patch("bench.share_policy.OPENB_DIR", Path("/nonexistent")):
+        assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["trace"].startswith("synthetic") and report["seeds"] == [42] and report["others_by"] == "fgd_cpu"
+    assert set(report["unallocated_gpu_pct_100"]) == {"fgd", "fgd_cpu_blind", "gpu_packing"}
+    assert all(0 <= v < 100 for v in report["unallocated_gpu_pct_100"].values())
+    assert main(["bench", "share-policy", "--candidates", "fgd,first_fit"]) == 2
+    assert "--candidates: unknown first_fit" in capsys.readouterr().err
