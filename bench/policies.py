@@ -20,11 +20,16 @@ from scheduler_core.traces import OPENB_DIR, read_nodes, read_tasks, synthetic_t
 
 
 def load(trace: str, openb: Path) -> tuple[str, Cluster, list[Task]]:
+    """The openb trace ``trace`` when ``openb`` is there (ValueError naming the traces it has, for a name it
+    lacks); a synthetic openb-like trace when ``openb`` is absent."""
+    if not openb.is_dir():
+        cluster, tasks = synthetic_trace(300, 2500, np.random.default_rng(0))
+        return f"synthetic, openb-like (300 nodes; {openb} is absent)", cluster, tasks
     pods = openb / f"openb_pod_list_{trace}.csv"
-    if pods.is_file():
-        return f"openb {trace}", read_nodes(openb / "openb_node_list_gpu_node.csv"), read_tasks(pods)
-    cluster, tasks = synthetic_trace(300, 2500, np.random.default_rng(0))
-    return f"synthetic, openb-like (300 nodes; {pods} is absent)", cluster, tasks
+    if not pods.is_file():
+        known = sorted(path.stem.removeprefix("openb_pod_list_") for path in openb.glob("openb_pod_list_*.csv"))
+        raise ValueError(f"--trace: {trace!r} is not in {openb}; choose from {', '.join(known)}")
+    return f"openb {trace}", read_nodes(openb / "openb_node_list_gpu_node.csv"), read_tasks(pods)
 
 
 def run(policies: list[str], trace: str = "default", seed: int = 42, openb: Path | None = None) -> dict[str, Any]:

@@ -60,6 +60,8 @@ def _one(trace: str, share: str, seed: int, openb: Path) -> tuple[str, int, floa
 def run(
     candidates: list[str], trace: str = "default", seeds: int = 10, jobs: int = 2, openb: Path | None = None
 ) -> dict[str, Any]:
+    if seeds < 1:
+        raise ValueError(f"--seeds: expected at least 1, got {seeds}")
     unknown = sorted(set(candidates) - set(CANDIDATES))
     if unknown:
         raise ValueError(f"--candidates: unknown {', '.join(unknown)}; choose from {', '.join(CANDIDATES)}")

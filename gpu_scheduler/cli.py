@@ -247,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seed=args.seed,
                 mode=args.mode,
                 as_json=args.json,
-                placement_seeds=tuple(parse_seeds(args.placement_seeds)),
+                placement_seeds=tuple(parse_seeds(args.placement_seeds, "--placement-seeds")),
             )
         if args.command == "deletion-costs":
             return _deletion_costs(args)

@@ -21,8 +21,8 @@ from scheduler_core.simulate import SimResult, simulate
 from scheduler_core.traces import read_nodes, read_tasks
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``42-51`` or ``42,43,50``.
+def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
+    """``42-51`` or ``42,43,50``; an error names ``flag``.
 
     >>> parse_seeds("42-44"), parse_seeds("7,9")
     ([42, 43, 44], [7, 9])
@@ -35,7 +35,7 @@ def parse_seeds(text: str) -> list[int]:
             return list(range(low, high + 1))
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError as exc:
-        raise InvalidArgsError(f"--seeds: expected a range like 42-51 or a list like 42,43, got {text!r}") from exc
+        raise InvalidArgsError(f"{flag}: expected a range like 42-51 or a list like 42,43, got {text!r}") from exc
 
 
 def _one(nodes: Path, pods: Path, policy: str, seed: int, tune: float, tie: str) -> SimResult:

@@ -267,3 +267,24 @@ def test_bench_share_policy_compares_share_placements_on_a_synthetic_trace(capsy
     assert all(0 <= v < 100 for v in report["unallocated_gpu_pct_100"].values())
     assert main(["bench", "share-policy", "--candidates", "fgd,first_fit"]) == 2
     assert "--candidates: unknown first_fit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["demo", "--placement-seeds", "x"], "--placement-seeds: expected a range"),
+        (["bench", "share-policy", "--seeds", "0"], "--seeds: expected at least 1, got 0"),
+        (["bench", "policies", "--trace", "nope"], "--trace: 'nope' is not in"),
+        (["bench", "share-policy", "--trace", "nope", "--seeds", "1"], "--trace: 'nope' is not in"),
+    ],
+)
+def test_bench_and_demo_refuse_bad_arguments_naming_them(tmp_path, capsys, argv, message):
+    """A trace name the openb directory lacks is refused with the names it has, not replaced by the
+    synthetic trace (that stands in only when the directory is absent)."""
+    (tmp_path / "openb_pod_list_default.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+    with patch("bench.policies.OPENB_DIR", tmp_path), patch("bench.share_policy.OPENB_DIR", tmp_path):
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    if "--trace" in message:
+        assert "choose from default" in err
