@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import check_choices
 from scheduler_core.policies import registry
 from scheduler_core.sharing import Cluster, Task, Workload
 from scheduler_core.simulate import simulate
@@ -33,9 +34,7 @@ def load(trace: str, openb: Path) -> tuple[str, Cluster, list[Task]]:
 
 
 def run(policies: list[str], trace: str = "default", seed: int = 42, openb: Path | None = None) -> dict[str, Any]:
-    unknown = sorted(set(policies) - set(registry()))
-    if unknown:
-        raise ValueError(f"--policies: unknown {', '.join(unknown)}; choose from {', '.join(registry())}")
+    check_choices(policies, registry(), "--policies")
     name, cluster, tasks = load(trace, openb or OPENB_DIR)
     workload = Workload.typical(tasks, cluster.models)
     results = []

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from bench import check_choices
 from scheduler_core.traces import OPENB_DIR as OPENB
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,9 +97,10 @@ def main() -> int:
     if args.floor:
         return floor(traces)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = sorted(set(policies) - set(POLICIES))
-    if unknown:
-        raise SystemExit(f"--policies: unknown {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
+    try:
+        check_choices(policies, POLICIES, "--policies")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
     jobs = [(t, p, 42 + s) for t in traces for p in policies for s in range(args.seeds)]
     runs: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bench import check_choices
 from bench.policies import load
 from scheduler_core.policies import Context, Scores, fgd_cpu, registry
 from scheduler_core.sharing import Task, Workload
@@ -62,9 +63,7 @@ def run(
 ) -> dict[str, Any]:
     if seeds < 1:
         raise ValueError(f"--seeds: expected at least 1, got {seeds}")
-    unknown = sorted(set(candidates) - set(CANDIDATES))
-    if unknown:
-        raise ValueError(f"--candidates: unknown {', '.join(unknown)}; choose from {', '.join(CANDIDATES)}")
+    check_choices(candidates, CANDIDATES, "--candidates")
     openb = openb or OPENB_DIR
     name = load(trace, openb)[0]
     jobs_list = [(trace, share, 42 + s, openb) for share in candidates for s in range(seeds)]
