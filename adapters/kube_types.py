@@ -13,7 +13,9 @@ from typing import Any, TypedDict
 # Quantities are strings on the wire; a number is accepted too, and parsed by the core.
 # The keys are spelled out because type checkers need literals; a test checks them against the core's names.
 GpuQuantities = TypedDict(
-    "GpuQuantities", {"nvidia.com/gpu": str | int, "gpu-scheduler.io/gpu-milli": str | int}, total=False
+    "GpuQuantities",
+    {"nvidia.com/gpu": str | int, "gpu-scheduler.io/gpu-milli": str | int, "cpu": str | int},
+    total=False,
 )
 SchedulingAnnotations = TypedDict(
     "SchedulingAnnotations",
@@ -37,18 +39,24 @@ class GpuContainer(TypedDict, total=False):
     restartPolicy: str
 
 
+class OwnerReference(TypedDict, total=False):
+    kind: str
+
+
 class SchedulingPodMetadata(TypedDict, total=False):
     name: str
     namespace: str
     uid: str
     labels: dict[str, str]
     annotations: SchedulingAnnotations
+    ownerReferences: list[OwnerReference]
 
 
 class SchedulingPodSpec(TypedDict, total=False):
     nodeName: str
     containers: list[GpuContainer]
     initContainers: list[GpuContainer]
+    overhead: dict[str, str | int]
 
 
 class PodPhase(TypedDict, total=False):

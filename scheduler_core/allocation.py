@@ -16,18 +16,22 @@ Everything here is pure: the node-state refresher and the local tools feed it v1
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.nodes import GPU_RESOURCE, MILLI_RESOURCE, NodeTable
-from scheduler_core.pods import bound_row, effective_requests
+from scheduler_core.nodes import GPU_RESOURCE, LABEL_MODEL, MILLI_RESOURCE, NodeTable
+from scheduler_core.pods import bound_row, cpu_milli, parse_models, requests_with_cpu
+from scheduler_core.sharing import MAX_SHAPES, Shape, Task, keep_typical, shape_of
 
 MILLI_PER_GPU = 1000
+UNKNOWN_CPU = 2**31 - 1
+"""Free CPU (milli) of a node whose allocatable CPU is unknown: more than any pod asks (int32, as stored)."""
 ASSIGNED_GPUS_ANNOTATION = "gpu-scheduler.io/assigned-gpus"
 _RESOURCES = (GPU_RESOURCE, MILLI_RESOURCE)
 __all__ = ["ASSIGNED_GPUS_ANNOTATION", "MILLI_PER_GPU", "MILLI_RESOURCE", "GpuUsage", "gpu_usage"]
@@ -80,11 +84,19 @@ class GpuUsage:
         GPUs requested as ``nvidia.com/gpu`` by bound, non-terminal pods.
     problems : tuple of str
         Pods counted by a best guess or not at all, one line each.
+    used_cpu : ndarray of shape (n_nodes,), int64
+        Milli-cores requested by bound, non-terminal pods (:func:`scheduler_core.pods.effective_cpu_milli`).
+    shapes : Counter of Shape
+        The pods bound to GPU nodes, DaemonSets' aside, by shape (CPU, GPU milli, GPUs, allowed
+        models): the workload FGD scores against (:func:`scheduler_core.sharing.keep_typical` keeps
+        the common ones). CPU-only pods count, as FGD counts its CPU-only tasks.
     """
 
     used_milli: npt.NDArray[np.int32]
     whole_gpus: npt.NDArray[np.int32]
     problems: tuple[str, ...]
+    used_cpu: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    shapes: Counter[Shape] = field(default_factory=Counter)
 
     def free_milli(self, alloc_gpus: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
         exists = np.arange(self.used_milli.shape[1])[None, :] < alloc_gpus[:, None]
@@ -109,6 +121,9 @@ def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
     """
     n_nodes = table.n_nodes
     whole_list = [0] * n_nodes  # Python ints in the loop: numpy scalar updates cost more than the parse
+    cpu_list = [0] * n_nodes
+    alloc_list = table.alloc_gpus.tolist()
+    kinds: dict[tuple[int, int, int, object], int] = {}  # (cpu, gpus, milli, model annotation): pods
     shares: list[tuple[int, int, int]] = []  # (row, gpu, milli) from annotations
     unplaced: list[tuple[int, int, str]] = []  # (row, milli, pod) without a usable annotation
     problems: list[str] = []
@@ -123,12 +138,20 @@ def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
         metadata = pod.get("metadata")
         metadata = metadata if isinstance(metadata, Mapping) else {}
         try:
-            gpus, milli = effective_requests(pod["spec"], _RESOURCES)
+            (gpus, milli), cpu, cpu_problem = requests_with_cpu(pod["spec"], _RESOURCES)
         except InvalidPodError as exc:
             problems.append(f"pod {_pod_name(metadata, position)} on {table.names[row]}: {exc}")
             continue
+        if cpu_problem:  # its GPUs still count; its CPU cannot
+            problems.append(
+                f"pod {_pod_name(metadata, position)} on {table.names[row]}: {cpu_problem}; its CPU is not counted"
+            )
         whole_list[row] += gpus
+        cpu_list[row] += cpu
         annotations = metadata.get("annotations")
+        if alloc_list[row] and not _daemon(metadata):
+            key = (cpu, gpus, milli, annotations.get(LABEL_MODEL) if type(annotations) is dict else None)
+            kinds[key] = kinds.get(key, 0) + 1
         assigned = annotations.get(ASSIGNED_GPUS_ANNOTATION) if isinstance(annotations, Mapping) else None
         if assigned is None:
             if milli:
@@ -163,7 +186,64 @@ def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
         used_milli=np.minimum(used, MILLI_PER_GPU).astype(np.int32),
         whole_gpus=np.minimum(whole, int32_max).astype(np.int32),
         problems=tuple(problems),
+        used_cpu=np.asarray(cpu_list, dtype=np.int64),
+        shapes=_shapes(kinds),
     )
+
+
+def _shapes(kinds: Mapping[tuple[int, int, int, object], int]) -> Counter[Shape]:
+    shapes: Counter[Shape] = Counter()
+    for key, count in kinds.items():
+        shapes[_shape(*key)] += count
+    return shapes
+
+
+def _shape(cpu: int, gpus: int, milli: int, models: object) -> Shape:
+    """A bound pod's shape; a model annotation the pod's own parse would refuse counts as any model."""
+    if not (gpus or milli):
+        return shape_of(Task(cpu, 0, 0, 0))
+    try:
+        allowed = parse_models(models)
+    except InvalidPodError:
+        allowed = None
+    if 0 < milli < MILLI_PER_GPU:
+        return shape_of(Task(cpu, 0, 1, milli, allowed))
+    return shape_of(Task(cpu, 0, gpus + milli // MILLI_PER_GPU, MILLI_PER_GPU, allowed))
+
+
+def _daemon(metadata: Mapping[str, Any]) -> bool:
+    """A DaemonSet's pod: it runs on every node it may, so where it lands is no scheduling choice."""
+    owners = metadata.get("ownerReferences")
+    return type(owners) is list and any(type(o) is dict and o.get("kind") == "DaemonSet" for o in owners)
+
+
+def cpu_and_shapes(
+    nodes: Sequence[Any], usage: GpuUsage
+) -> tuple[npt.NDArray[np.int64], tuple[tuple[Shape, int], ...], list[str]]:
+    """Free CPU per node (allocatable less ``usage.used_cpu``), the typical GPU pod shapes (at most
+    :data:`~scheduler_core.sharing.MAX_SHAPES`), and the problems found reading the nodes' CPU."""
+    allocatable, problems = node_cpu_milli(nodes)
+    return allocatable - usage.used_cpu, tuple(keep_typical(usage.shapes, limit=MAX_SHAPES)), problems
+
+
+def node_cpu_milli(nodes: Sequence[Any]) -> tuple[npt.NDArray[np.int64], list[str]]:
+    """Each node's allocatable CPU in milli-cores (``status.allocatable.cpu``), in row order, and the
+    problems found. A node without one, or with a value that is not a quantity, counts as
+    :data:`UNKNOWN_CPU`: no CPU limit, rather than none free."""
+    values, problems = [], []
+    for row, node in enumerate(nodes):
+        status = node.get("status") if isinstance(node, Mapping) else None
+        allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
+        value = allocatable.get("cpu") if isinstance(allocatable, Mapping) else None
+        if value is None:
+            values.append(UNKNOWN_CPU)
+            continue
+        try:
+            values.append(cpu_milli(value, f"Nodes.items[{row}].status.allocatable.cpu"))
+        except InvalidPodError as exc:
+            problems.append(str(exc))
+            values.append(UNKNOWN_CPU)
+    return np.asarray(values, dtype=np.int64), problems
 
 
 def _pod_name(metadata: Mapping[str, Any], position: int) -> str:

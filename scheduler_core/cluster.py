@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.allocation import gpu_usage
+from scheduler_core.allocation import cpu_and_shapes, gpu_usage
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.gpu_fit import free_gpus
 from scheduler_core.locality import DEFAULT_LABEL_KEYS, AppIndex, index_apps
 from scheduler_core.nodes import NodeTable
+from scheduler_core.sharing import Shape, Workload
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,6 +47,17 @@ class ClusterState:
     """Shape (n_nodes, max_gpus): free thousandths of each GPU, 0 past a node's GPUs; None if unknown."""
     generated_at: float | None = None
     """When the pods behind it were listed (Unix seconds), for a snapshot; None otherwise."""
+    free_cpu: npt.NDArray[np.int64] | None = None
+    """Shape (n_nodes,): allocatable milli-cores less the requests of the pods bound there; None if
+    unknown (a snapshot from before this field)."""
+    shapes: tuple[tuple[Shape, int], ...] = ()
+    """The typical shapes of the GPU pods on GPU nodes, with their counts: what FGD scores against."""
+
+    @cached_property
+    def workload(self) -> Workload:
+        """:attr:`shapes` over the table's models, plus a last row for a node of unknown model (-1),
+        which only the shapes that allow any model may use."""
+        return Workload.from_shapes(self.shapes, (*self.table.models, ""))
 
     @cached_property
     def free_gpus(self) -> npt.NDArray[np.int32]:
@@ -72,6 +84,8 @@ class ClusterState:
         max_gpus = max(1, int(table.alloc_gpus.max())) if table.n_nodes else 1
         usage = gpu_usage(table, pods, max_gpus)
         used, problems = usage.busy_gpus(table.alloc_gpus), list(usage.problems)
+        free_cpu, shapes, cpu_problems = cpu_and_shapes(nodes, usage)
+        problems += cpu_problems
         apps = index_apps(table, pods, label_keys)
         util = np.zeros(table.n_nodes, dtype=np.float64)
         for name, value in (utilization or {}).items():
@@ -89,6 +103,8 @@ class ClusterState:
             problems=tuple(problems),
             apps=apps,
             free_milli=usage.free_milli(table.alloc_gpus),
+            free_cpu=free_cpu,
+            shapes=shapes,
         )
 
     @classmethod

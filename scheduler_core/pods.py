@@ -93,7 +93,7 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
         name=_text(metadata.get("name")),
         uid=_text(metadata.get("uid")),
         **_gpu_request(spec or {}),
-        models=_parse_models(annotations.get(LABEL_MODEL)),
+        models=parse_models(annotations.get(LABEL_MODEL)),
         min_memory_mib=_parse_memory_mib(annotations.get(LABEL_MEMORY)),
         peers=parse_peers(annotations[PEERS_ANNOTATION]) if PEERS_ANNOTATION in annotations else (),
         labels=_string_map(metadata.get("labels")),
@@ -146,25 +146,113 @@ def effective_request(spec: Mapping[str, Any], resource: str) -> int:
 
 def effective_requests(spec: Mapping[str, Any], resources: tuple[str, ...]) -> list[int]:
     """:func:`effective_request` of several resources in one pass over the containers."""
-    app_total = [0] * len(resources)
+    totals = _combine(spec, resources, None)
+    _check_range(resources, totals)
+    return totals
+
+
+def effective_cpu_milli(spec: Mapping[str, Any]) -> int:
+    """The pod's CPU request in milli-cores, as kube-scheduler counts it: the containers by the rule in
+    the module docstring, plus ``spec.overhead`` (RuntimeClass). A container's request is its
+    ``requests.cpu``, else its ``limits.cpu`` (what the API server defaults it to); fractions of a
+    milli-core round up.
+
+    Raises
+    ------
+    InvalidPodError
+        A malformed container list or CPU quantity; the message names the field.
+
+    >>> effective_cpu_milli({"containers": [{"resources": {"requests": {"cpu": "1.5"}}},
+    ...                                     {"resources": {"limits": {"cpu": "250m"}}}],
+    ...                      "overhead": {"cpu": "100m"}})
+    1850
+    """
+    _, cpu, problem = requests_with_cpu(spec, ())
+    if problem:
+        raise InvalidPodError(problem)
+    return cpu
+
+
+def requests_with_cpu(spec: Mapping[str, Any], resources: tuple[str, ...]) -> tuple[list[int], int, str]:
+    """:func:`effective_requests` of ``resources`` and :func:`effective_cpu_milli`, in one pass over the
+    containers (the refresher reads every pod). A bad CPU quantity does not void the others: the CPU
+    then counts 0 and the third value says why ('' otherwise).
+
+    Raises
+    ------
+    InvalidPodError
+        As :func:`effective_requests` does.
+    """
+    problems: list[str] = []
+    *totals, cpu = _combine(spec, resources, problems)
+    _check_range(resources, totals)
+    overhead = spec.get("overhead")
+    if _is_mapping(overhead) and "cpu" in overhead:
+        try:
+            cpu += cpu_milli(overhead["cpu"], "spec.overhead.cpu")
+        except InvalidPodError as exc:
+            problems.append(str(exc))
+    return totals, (0 if problems else cpu), "; ".join(problems)
+
+
+def _check_range(resources: tuple[str, ...], totals: list[int]) -> None:
+    for resource, total in zip(resources, totals, strict=True):
+        if total > _INT32_MAX:
+            raise InvalidPodError(f"{resource}: request of {total} is out of range")
+
+
+def _combine(spec: Mapping[str, Any], resources: tuple[str, ...], cpu_problems: list[str] | None) -> list[int]:
+    """kube-scheduler's ``PodRequests`` of ``resources``, and of CPU (last) when ``cpu_problems`` is a
+    list, which collects bad CPU quantities (counted 0) instead of raising."""
+    n = len(resources) + (cpu_problems is not None)
+    app_total = [0] * n
     for i, container in enumerate(_container_list(spec, "containers")):
-        for k, amount in enumerate(_container_counts(container, f"containers[{i}]", resources)):
+        for k, amount in enumerate(_container_counts(container, ("containers", i), resources, cpu_problems)):
             app_total[k] += amount
-    sidecars = [0] * len(resources)
-    init_peak = [0] * len(resources)
+    sidecars = [0] * n
+    init_peak = [0] * n
     for i, container in enumerate(_container_list(spec, "initContainers")):
         restartable = container.get("restartPolicy") == "Always"
-        for k, amount in enumerate(_container_counts(container, f"initContainers[{i}]", resources)):
+        for k, amount in enumerate(_container_counts(container, ("initContainers", i), resources, cpu_problems)):
             if restartable:
                 sidecars[k] += amount
                 init_peak[k] = max(init_peak[k], sidecars[k])
             else:
                 init_peak[k] = max(init_peak[k], sidecars[k] + amount)
-    totals = [max(app + side, peak) for app, side, peak in zip(app_total, sidecars, init_peak, strict=True)]
-    for resource, total in zip(resources, totals, strict=True):
-        if total > _INT32_MAX:
-            raise InvalidPodError(f"{resource}: request of {total} is out of range")
-    return totals
+    return [max(app + side, peak) for app, side, peak in zip(app_total, sidecars, init_peak, strict=True)]
+
+
+def cpu_milli(value: object, what: str) -> int:
+    """A non-negative CPU quantity in milli-cores, rounded up (``resource.Quantity.MilliValue``);
+    :class:`InvalidPodError` naming ``what`` otherwise.
+
+    >>> cpu_milli("250m", "cpu"), cpu_milli("2", "cpu"), cpu_milli("0.0005", "cpu")
+    (250, 2000, 1)
+    """
+    fast = _plain_cpu_milli(value)
+    if fast is not None:
+        return fast
+    try:
+        quantity = parse_quantity(value)
+    except ValueError as exc:
+        raise InvalidPodError(f"{what}: {exc}") from exc
+    if quantity < 0:
+        raise InvalidPodError(f"{what}: must not be negative, got {value!r}")
+    milli = int((quantity * 1000).to_integral_value(rounding="ROUND_CEILING"))
+    if milli > _INT32_MAX:
+        raise InvalidPodError(f"{what}: {value!r} is out of range")
+    return milli
+
+
+def _plain_cpu_milli(value: object) -> int | None:
+    """The common forms, "2" and "250m", without building a Decimal; None for anything else."""
+    if type(value) is not str or not value.isascii():
+        return None
+    if value.isdigit() and len(value) < 7:
+        return int(value) * 1000
+    if value[-1:] == "m" and value[:-1].isdigit() and len(value) < 11:
+        return int(value[:-1])
+    return None
 
 
 def _string_map(value: object) -> dict[str, str]:
@@ -201,10 +289,12 @@ def _container_list(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]
     return items
 
 
-def _container_counts(container: Mapping[str, Any], where: str, resources: tuple[str, ...]) -> list[int]:
+def _container_counts(
+    container: Mapping[str, Any], at: tuple[str, int], resources: tuple[str, ...], cpu_problems: list[str] | None
+) -> list[int]:
     section = container.get("resources")
     if not _is_mapping(section):
-        return [0] * len(resources)
+        return [0] * (len(resources) + (cpu_problems is not None))
     limits = section.get("limits")
     requests = section.get("requests")
     limits = limits if _is_mapping(limits) else {}
@@ -215,15 +305,28 @@ def _container_counts(container: Mapping[str, Any], where: str, resources: tuple
         source, value = ("limits", limits[resource]) if resource in limits else ("requests", requests.get(resource))
         if value is None:
             counts.append(0)
-            continue
-        try:
-            counts.append(parse_whole_count(value, what=f"{where}.resources.{source}.{resource}"))
-        except ValueError as exc:
-            raise InvalidPodError(str(exc)) from exc
+        elif type(value) is str and value.isascii() and value.isdigit():
+            counts.append(int(value))  # the common case, without building the field name
+        else:
+            try:
+                counts.append(parse_whole_count(value, what=f"{at[0]}[{at[1]}].resources.{source}.{resource}"))
+            except ValueError as exc:
+                raise InvalidPodError(str(exc)) from exc
+    if cpu_problems is not None:
+        # CPU can be overcommitted: the request, else the limit (the API server's default).
+        source, value = ("requests", requests["cpu"]) if "cpu" in requests else ("limits", limits.get("cpu"))
+        cpu = 0 if value is None else _plain_cpu_milli(value)
+        if cpu is None:
+            try:
+                cpu = cpu_milli(value, f"{at[0]}[{at[1]}].resources.{source}.cpu")
+            except InvalidPodError as exc:
+                cpu_problems.append(str(exc))
+                cpu = 0
+        counts.append(cpu)
     return counts
 
 
-def _parse_models(value: object) -> frozenset[str] | None:
+def parse_models(value: object) -> frozenset[str] | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():

@@ -16,8 +16,9 @@ and whole GPUs (``nvidia.com/gpu``) onto ``gpu_milli = 1000``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +26,9 @@ import numpy.typing as npt
 MILLI = 1000
 MAX_GPUS = 8
 COVERAGE = 0.95
+
+Shape = tuple[int, int, int, str]
+"""A task shape: CPU milli, GPU milli per GPU, GPUs, and the allowed models joined by "|" ("" for any)."""
 
 
 @dataclass(frozen=True)
@@ -139,16 +143,18 @@ class Workload:
 
     @classmethod
     def typical(cls, tasks: Sequence[Task], models: Sequence[str], coverage: float = COVERAGE) -> Workload:
-        """Count shapes (cpu, gpu_milli, num_gpu, models) over the original tasks; keep the most common
-        (ties: descending lexicographic order) until they cover ``coverage`` of the tasks."""
-        counts = Counter((t.cpu, t.gpu_milli, t.num_gpu, _model_key(t.models)) for t in tasks)
-        ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
-        kept, covered = [], 0
-        for shape, count in ranked:
-            kept.append((shape, count))
-            covered += count
-            if covered >= coverage * len(tasks):
-                break
+        """The typical shapes of ``tasks`` (:func:`typical_shapes`) over the cluster's ``models``."""
+        return cls.from_shapes(typical_shapes(tasks, coverage), models)
+
+    @classmethod
+    def from_shapes(cls, kept: Sequence[tuple[Shape, int]], models: Sequence[str]) -> Workload:
+        """Shapes and their counts; popularity is each count over the total kept. ``allowed`` has a row
+        per name in ``models``: a shape that names models allows only those.
+
+        >>> w = Workload.from_shapes([((8000, 500, 1, ""), 3), ((4000, 1000, 2, "V100"), 1)], ["T4", "V100"])
+        >>> w.popularity.tolist(), w.allowed.tolist()
+        ([0.75, 0.25], [[True, False], [True, True]])
+        """
         total = sum(count for _, count in kept)
         allowed = np.asarray(
             [[not key or model in key.split("|") for (_, _, _, key), _ in kept] for model in models], dtype=bool
@@ -160,6 +166,12 @@ class Workload:
             popularity=np.asarray([c / total for _, c in kept], dtype=np.float64),
             allowed=allowed,
         )
+
+    @cached_property
+    def thresholds(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
+        """The distinct ``gpu_milli`` values (ascending), and each shape's position among them."""
+        values, of_shape = np.unique(self.gpu_milli, return_inverse=True)
+        return values, of_shape.reshape(-1)
 
     @property
     def n_shapes(self) -> int:
@@ -177,19 +189,70 @@ class Workload:
         >>> w.fragmentation(np.array([[300, 1000]]), np.array([8000]), np.array([0])).tolist()
         [300.0]
         """
-        free = gpu_left.sum(axis=1)
-        fits = gpu_left[:, None, :] >= self.gpu_milli[None, :, None]  # (rows, shapes, gpus)
-        count = fits.sum(axis=2)
+        count, small = self.by_threshold(gpu_left)
+        return self.fragmentation_from(count, small, gpu_left.sum(axis=1), cpu_left, model_id)
+
+    def by_threshold(self, gpu_left: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Per row and per distinct GPU milli t (:attr:`thresholds`): how many GPUs have t free, and
+        the free milli of those that have less. Fewer columns than shapes, and all FGD needs of the GPUs."""
+        thresholds, _ = self.thresholds
+        fits = gpu_left[:, None, :] >= thresholds[None, :, None]  # (rows, thresholds, gpus)
         small = np.where(fits, 0, gpu_left[:, None, :]).sum(axis=2)
+        return fits.sum(axis=2), small
+
+    def fragmentation_from(
+        self,
+        count: npt.NDArray[np.int64],
+        small: npt.NDArray[np.int64],
+        free: npt.NDArray[np.int64],
+        cpu_left: npt.NDArray[np.int64],
+        model_id: npt.NDArray[np.int64],
+    ) -> npt.NDArray[np.float64]:
+        """:meth:`fragmentation` from :meth:`by_threshold`'s counts and each row's total free milli."""
+        _, of_shape = self.thresholds
         usable = (
             (self.num_gpu[None, :] > 0)
-            & (count >= self.num_gpu[None, :])
+            & (count[:, of_shape] >= self.num_gpu[None, :])
             & (cpu_left[:, None] >= self.cpu[None, :])
             & self.allowed[model_id]
         )
-        per_shape = np.where(usable, small, free[:, None]).astype(np.float64)
+        per_shape = np.where(usable, small[:, of_shape], free[:, None]).astype(np.float64)
         result: npt.NDArray[np.float64] = per_shape @ self.popularity
         return result
+
+
+MAX_SHAPES = 64
+"""The most shapes a snapshot carries: FGD's cost per decision grows with them (openb needs 35)."""
+
+
+def typical_shapes(tasks: Sequence[Task], coverage: float = COVERAGE) -> list[tuple[Shape, int]]:
+    """:func:`keep_typical` over the shapes of ``tasks``.
+
+    >>> typical_shapes([Task(8000, 0, 1, 500)] * 3 + [Task(4000, 0, 2, 1000)], coverage=0.7)
+    [((8000, 500, 1, ''), 3)]
+    """
+    return keep_typical(Counter(shape_of(t) for t in tasks), coverage)
+
+
+def keep_typical(
+    counts: Mapping[Shape, int], coverage: float = COVERAGE, limit: int | None = None
+) -> list[tuple[Shape, int]]:
+    """The most common shapes (ties: descending lexicographic order) until they cover ``coverage`` of
+    the counted tasks, or ``limit`` shapes are kept."""
+    ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+    needed = coverage * sum(counts.values())
+    kept: list[tuple[Shape, int]] = []
+    covered = 0
+    for shape, count in ranked[:limit]:
+        kept.append((shape, count))
+        covered += count
+        if covered >= needed:
+            break
+    return kept
+
+
+def shape_of(task: Task) -> Shape:
+    return (task.cpu, task.gpu_milli, task.num_gpu, _model_key(task.models))
 
 
 def _model_key(models: frozenset[str] | None) -> str:

@@ -9,7 +9,9 @@ are the arrays below plus ``header``, a UTF-8 JSON document stored as a uint8 ar
     header            {"schema_version", "generated_at" (Unix seconds), "cluster", "n_nodes",
                        "max_gpus", "zones", "instance_types", "models", "apps",
                        "gpu_info_errors" {row: reason}, "problems" [..],
-                       "utilization_at" (Unix seconds or null; optional)}
+                       "utilization_at" (Unix seconds or null; optional),
+                       "shapes" [[cpu milli, GPU milli, GPUs, models "A|B" or "", pods], ..]
+                       (optional: the typical GPU pod shapes, for FGD)}
     names_utf8        uint8 (bytes,)         node names joined by "\\n"
     zone_id, instance_type_id, model_id, gpu_count, memory_mib, alloc_gpus, used_gpus
                       int32 (n_nodes,)
@@ -17,6 +19,9 @@ are the arrays below plus ``header``, a UTF-8 JSON document stored as a uint8 ar
     gpu_utilization   float32 (n_nodes, max_gpus) per-GPU utilisation in [0, 1]; NaN unknown
     app_node          int32 (3, n_entries)   rows (app_id, node row, pod count): pods per app per node
     app_zone_counts   int32 (n_apps, n_zones) pods per app per zone
+    free_cpu          int32 (n_nodes,)       allocatable milli-cores less bound pods' requests
+                                             (optional, with "shapes": a snapshot without them
+                                             leaves FGD share placement to its fallback)
 
 Readers refuse a newer schema version, and report a truncated or corrupt file as
 :class:`SnapshotFormatError` naming what is wrong.
@@ -35,11 +40,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.allocation import gpu_usage
+from scheduler_core.allocation import cpu_and_shapes, gpu_usage
 from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import SchedulerCoreError
 from scheduler_core.locality import DEFAULT_LABEL_KEYS, AppIndex, index_apps
 from scheduler_core.nodes import NodeTable
+from scheduler_core.sharing import Shape
 
 SCHEMA_VERSION = 1
 
@@ -131,7 +137,8 @@ def build_snapshot(
     n_nodes = table.n_nodes
     max_gpus = max(1, int(table.alloc_gpus.max())) if n_nodes else 1
     usage = gpu_usage(table, pods, max_gpus)
-    problems = list(usage.problems)
+    free_cpu, shapes, cpu_problems = cpu_and_shapes(nodes, usage)
+    problems = list(usage.problems) + cpu_problems
     free_milli = usage.free_milli(table.alloc_gpus)
     used = usage.busy_gpus(table.alloc_gpus)
 
@@ -154,6 +161,8 @@ def build_snapshot(
         apps=apps,
         free_milli=free_milli,
         generated_at=float(generated_at),
+        free_cpu=free_cpu,
+        shapes=shapes,
     )
     return ClusterSnapshot(cluster, float(generated_at), state, free_milli, util, tuple(problems), utilization_at)
 
@@ -185,6 +194,9 @@ def write_snapshot(snapshot: ClusterSnapshot) -> bytes:
         "problems": list(snapshot.problems),
         "utilization_at": snapshot.utilization_at,
     }
+    state = snapshot.state
+    if state.free_cpu is not None:
+        header["shapes"] = [[*shape, count] for shape, count in state.shapes]
     arrays: dict[str, npt.NDArray[Any]] = {
         "header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
         "names_utf8": np.frombuffer("\n".join(table.names).encode(), dtype=np.uint8),
@@ -194,6 +206,9 @@ def write_snapshot(snapshot: ClusterSnapshot) -> bytes:
         "app_zone_counts": snapshot.apps.zone_counts,
         "used_gpus": snapshot.state.used_gpus,
     }
+    if state.free_cpu is not None:
+        limits = np.iinfo(np.int32)
+        arrays["free_cpu"] = np.clip(state.free_cpu, limits.min, limits.max).astype(np.int32)
     for column in _NODE_COLUMNS[:-1]:
         arrays[column] = getattr(table, column)
     buffer = io.BytesIO()
@@ -264,12 +279,38 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
     )
     free_milli = np.ascontiguousarray(members["free_milli"], dtype=np.int32)
     generated_at = float(header["generated_at"])
+    free_cpu, shapes = _cpu_and_shapes(members, header, n_nodes)
     state = ClusterState(
-        table, column["used_gpus"], node_utilization(util, table.alloc_gpus), problems, apps, free_milli, generated_at
-    )
+        table, column["used_gpus"], node_utilization(util, table.alloc_gpus), problems, apps, free_milli, generated_at,
+        free_cpu, shapes,
+    )  # fmt: skip
     measured = header.get("utilization_at")
     utilization_at = float(measured) if isinstance(measured, int | float) else None
     return ClusterSnapshot(str(header["cluster"]), generated_at, state, free_milli, util, problems, utilization_at)
+
+
+def _cpu_and_shapes(
+    members: Mapping[str, npt.NDArray[Any]], header: Mapping[str, Any], n_nodes: int
+) -> tuple[npt.NDArray[np.int64] | None, tuple[tuple[Shape, int], ...]]:
+    """The optional ``free_cpu`` member and ``shapes`` header key: both or neither."""
+    free_cpu = members.get("free_cpu")
+    if free_cpu is None:
+        return None, ()
+    if free_cpu.shape != (n_nodes,) or free_cpu.dtype.kind != "i":
+        raise SnapshotFormatError(f"snapshot member 'free_cpu': expected ({n_nodes},) integers, got {free_cpu.shape}")
+    raw = header.get("shapes")
+    if not isinstance(raw, list):
+        raise SnapshotFormatError("snapshot has free_cpu but its header has no 'shapes' list")
+    shapes = []
+    for i, item in enumerate(raw):
+        valid = isinstance(item, list) and len(item) == 5 and isinstance(item[3], str)
+        numbers = item[:3] + item[4:] if valid else []
+        if not valid or not all(type(v) is int and v >= 0 for v in numbers):
+            raise SnapshotFormatError(
+                f"snapshot header shapes[{i}]: expected [cpu, gpu_milli, num_gpu, models, pods], got {item!r}"[:300]
+            )
+        shapes.append(((item[0], item[1], item[2], item[3]), item[4]))
+    return np.ascontiguousarray(free_cpu, dtype=np.int64), tuple(shapes)
 
 
 def _header(members: Mapping[str, npt.NDArray[Any]]) -> dict[str, Any]:

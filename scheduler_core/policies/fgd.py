@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.policies import Context, Scores, no_gpu
-from scheduler_core.sharing import Task
+from scheduler_core.sharing import Task, Workload
 
 
 def deltas(
@@ -27,31 +27,49 @@ def deltas(
         # One option per (node, distinct free value among fitting GPUs): the same value gives the same F.
         fits = left >= task.gpu_milli
         rows, gpus = np.nonzero(fits)
-        keys = rows * 1001 + left[rows, gpus]
+        values = left[rows, gpus]
+        keys = rows * 1001 + values
         _, first = np.unique(keys, return_index=True)  # np.nonzero is row-major: first = lowest index
-        rows, gpus = rows[first], gpus[first]
-        after = left[rows].copy()
-        after[np.arange(rows.shape[0]), gpus] -= task.gpu_milli
-        cpu_rows = cpu_after[rows]
-        option_gpu = gpus.astype(np.int64)
-    else:
-        rows = np.arange(nodes.shape[0])
-        after = left.copy()
-        if task.num_gpu:
-            # Take num_gpu GPUs with room, smallest free first then lowest index.
-            room = np.where(after >= task.gpu_milli, after, np.iinfo(np.int64).max)
-            order = np.lexsort((np.broadcast_to(np.arange(after.shape[1]), after.shape), room), axis=1)
-            take = order[:, : task.num_gpu]
-            np.subtract.at(after, (np.repeat(rows, task.num_gpu), take.ravel()), task.gpu_milli)
-        cpu_rows = cpu_after
-        option_gpu = np.full(rows.shape[0], -1, dtype=np.int64)
-    models = cluster.model_id[nodes][rows]
+        rows, gpus, values = rows[first], gpus[first], values[first]
+        # Many candidates share a state (idle nodes of one type): evaluate each state's options once.
+        unique, inverse = unique_rows(np.column_stack([cluster.model_id[nodes], cpu_after, np.sort(left, axis=1)]))
+        option_keys, frag_after = _share_options(workload, unique, task.gpu_milli)
+        frag = frag_after[np.searchsorted(option_keys, inverse[rows] * 1001 + values)]
+        return ctx.frag[nodes][rows] - frag, gpus.astype(np.int64), rows
+    rows = np.arange(nodes.shape[0])
+    after = left.copy()
+    if task.num_gpu:
+        # Take num_gpu GPUs with room, smallest free first then lowest index.
+        room = np.where(after >= task.gpu_milli, after, np.iinfo(np.int64).max)
+        order = np.lexsort((np.broadcast_to(np.arange(after.shape[1]), after.shape), room), axis=1)
+        take = order[:, : task.num_gpu]
+        np.subtract.at(after, (np.repeat(rows, task.num_gpu), take.ravel()), task.gpu_milli)
+    models = cluster.model_id[nodes]
     # Many candidates share a state (empty nodes of one type, early on): evaluate each state once.
-    state = np.column_stack([models, cpu_rows, np.sort(after, axis=1)])
+    state = np.column_stack([models, cpu_after, np.sort(after, axis=1)])
     unique, inverse = unique_rows(state)
     frag_after = workload.fragmentation(unique[:, 2:], unique[:, 1], unique[:, 0])[inverse]
-    d = ctx.frag[nodes][rows] - frag_after
-    return d, option_gpu, rows
+    return ctx.frag[nodes] - frag_after, np.full(rows.shape[0], -1, dtype=np.int64), rows
+
+
+def _share_options(
+    workload: Workload, states: npt.NDArray[np.int64], milli: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """F after a share of ``milli`` on each distinct fitting value of each state (model, CPU after,
+    GPUs' free milli), keyed ``state * 1001 + value`` in ascending order. One GPU goes from v to
+    v - milli, so the state's per-threshold counts are updated rather than every GPU re-read."""
+    left = states[:, 2:]
+    rows, gpus = np.nonzero(left >= milli)
+    keys, first = np.unique(rows * 1001 + left[rows, gpus], return_index=True)
+    rows = rows[first]
+    v = left[rows, gpus[first]][:, None]
+    w = v - milli
+    count, small = workload.by_threshold(left)
+    thresholds = workload.thresholds[0][None, :]
+    count_after = count[rows] - (v >= thresholds) + (w >= thresholds)
+    small_after = small[rows] - np.where(v < thresholds, v, 0) + np.where(w < thresholds, w, 0)
+    free_after = left.sum(axis=1)[rows] - milli
+    return keys, workload.fragmentation_from(count_after, small_after, free_after, states[rows, 1], states[rows, 0])
 
 
 def unique_rows(rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:

@@ -204,7 +204,7 @@ def test_scheduling_projection_keys_are_the_cores_names() -> None:
     from scheduler_core.locality import PEERS_ANNOTATION
     from scheduler_core.nodes import GPU_RESOURCE, LABEL_MEMORY, LABEL_MODEL
 
-    assert set(GpuQuantities.__annotations__) == {GPU_RESOURCE, MILLI_RESOURCE}
+    assert set(GpuQuantities.__annotations__) == {GPU_RESOURCE, MILLI_RESOURCE, "cpu"}
     assert set(SchedulingAnnotations.__annotations__) == {
         ASSIGNED_GPUS_ANNOTATION, LABEL_MODEL, LABEL_MEMORY, PEERS_ANNOTATION}  # fmt: skip
 
@@ -227,6 +227,8 @@ def test_projected_pods_account_exactly_like_full_pods(api: KubeApiDouble) -> No
     a = build_snapshot(nodes, projected, cluster="c", generated_at=0.0)
     b = build_snapshot(nodes, full, cluster="c", generated_at=0.0)
     assert a.free_milli.tolist() == b.free_milli.tolist()
+    assert a.state.free_cpu.tolist() == b.state.free_cpu.tolist() and a.state.shapes == b.state.shapes
+    assert a.state.shapes, "the synthetic cluster runs GPU pods"
     assert a.apps.apps == b.apps.apps and a.apps.node_entries.tolist() == b.apps.node_entries.tolist()
     assert a.problems == b.problems
 

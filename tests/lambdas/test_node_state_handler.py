@@ -25,6 +25,7 @@ from scheduler_core.allocation import MILLI_RESOURCE
 from scheduler_core.errors import ConfigError
 from scheduler_core.ledger import Demand
 from scheduler_core.node_labels import OWNED_LABELS
+from scheduler_core.quantity import parse_quantity
 from scheduler_core.snapshot import read_snapshot
 from scheduler_core.synthetic import eks_cluster
 from tests.conftest import FakeLambdaContext, assert_catalogued, make_nodes, make_pod
@@ -150,6 +151,22 @@ def test_one_run_labels_nodes_writes_the_snapshot_and_a_second_run_patches_nothi
     per_node = np.where(exists, used, 0).sum(axis=1)
     expected = expected_used_milli(nodes, pods)
     assert {name: int(per_node[row]) for row, name in enumerate(table.names)} == expected
+    # CPU: allocatable less every bound, unfinished pod's request; shapes: what runs on GPU nodes.
+    cpu_used = {n["metadata"]["name"]: 0 for n in nodes}
+    on_gpu_nodes = 0
+    for pod in pods:
+        node, phase = pod["spec"].get("nodeName"), pod["status"]["phase"]
+        if node and phase not in ("Succeeded", "Failed"):
+            cpu_used[node] += int(parse_quantity(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"]) * 1000)
+            on_gpu_nodes += not node.startswith("cpu-")
+    allocatable = {n["metadata"]["name"]: int(parse_quantity(n["status"]["allocatable"]["cpu"]) * 1000) for n in nodes}
+    assert dict(zip(table.names, snapshot.state.free_cpu.tolist(), strict=True)) == {
+        name: allocatable[name] - cpu_used[name] for name in table.names
+    }
+    shapes = dict(snapshot.state.shapes)
+    assert max(shapes, key=shapes.__getitem__) == (1000, 1000, 1, "")  # one whole GPU is the most common
+    assert any(0 < milli < 1000 for _, milli, _, _ in shapes), "a share shape is common enough to keep"
+    assert sum(shapes.values()) >= 0.95 * on_gpu_nodes
     row = table.index["gpu-00000"]
     assert snapshot.gpu_utilization[row, :2].tolist() == pytest.approx([0.4, 0.6])
     assert np.isnan(snapshot.gpu_utilization[row, 2:]).all()

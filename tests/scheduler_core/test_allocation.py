@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from scheduler_core.errors import InvalidPodError
 from scheduler_core.nodes import NodeTable
 from scheduler_core.snapshot import build_snapshot
 from scheduler_core.synthetic import CATALOGUE, make_node, make_pod
+from tests.conftest import make_nodes
 
 T4 = CATALOGUE[3]  # 4 GPUs
 
@@ -79,3 +81,54 @@ def test_snapshot_free_milli_and_busy_gpus_follow_the_shares() -> None:
     snap = build_snapshot([make_node("n", T4, "z")], [share("a", 500, "2:500")], cluster="c", generated_at=0.0)
     assert snap.free_milli.tolist() == [[1000, 1000, 500, 1000]]
     assert snap.state.free_gpus.tolist() == [3]  # a shared GPU is not free for a whole-GPU pod
+
+
+def test_cpu_in_use_and_the_gpu_pod_shapes_come_from_the_bound_pods():
+    """CPU counts every bound, non-terminal pod; shapes the pods on GPU nodes, but not DaemonSets'."""
+    from scheduler_core.allocation import cpu_and_shapes
+    from scheduler_core.synthetic import make_node
+    from tests.conftest import SHAPES
+
+    cpu_node = make_node("cpu-0", replace(SHAPES["T4"], gpus=0), "z")
+    nodes = [*make_nodes("A100", "T4"), cpu_node]
+    shares = [make_pod(f"s{i}", 0, milli=500, node_name="t4-1", phase="Running") for i in range(3)]
+    pinned = make_pod("pinned", 2, node_name="a100-0", phase="Running", models="a100")
+    pods = [
+        *shares,
+        pinned,
+        make_pod("cpu-only", 0, node_name="a100-0", phase="Running"),
+        make_pod("done", 1, node_name="a100-0", phase="Succeeded"),
+        make_pod("on-cpu-node", 0, node_name="cpu-0", phase="Running"),
+        make_pod("unbound", 1),
+        make_pod("daemon", 0, node_name="t4-1", phase="Running"),
+    ]
+    pods[-1]["metadata"]["ownerReferences"] = [{"kind": "DaemonSet", "name": "dcgm-exporter"}]
+    table = NodeTable.from_nodes(nodes)
+    usage = gpu_usage(table, pods, 8)
+    assert usage.used_cpu.tolist() == [2000, 4000, 1000]  # make_pod asks for 1 CPU
+    free_cpu, shapes, problems = cpu_and_shapes(nodes, usage)
+    assert free_cpu.tolist() == [95690 - 2000, 47810 - 4000, 47810 - 1000]
+    assert shapes == (((1000, 500, 1, ""), 3), ((1000, 1000, 2, "A100"), 1), ((1000, 0, 0, ""), 1))
+    assert problems == []
+
+
+def test_a_bad_cpu_quantity_still_counts_the_pods_gpus_and_a_node_without_cpu_is_unlimited():
+    from scheduler_core.allocation import UNKNOWN_CPU, cpu_and_shapes
+
+    nodes = make_nodes("A100", "T4")
+    del nodes[1]["status"]["allocatable"]["cpu"]
+    bad = make_pod("bad", 2, node_name="a100-0", phase="Running")
+    bad["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
+    usage = gpu_usage(NodeTable.from_nodes(nodes), [bad], 8)
+    assert usage.whole_gpus.tolist() == [2, 0]
+    assert usage.used_cpu.tolist() == [0, 0]
+    assert usage.problems == (
+        "pod default/bad on a100-0: containers[0].resources.requests.cpu: expected a Kubernetes quantity such as"
+        " '2' or '40Gi', got 'lots'; its CPU is not counted",
+    )
+    nodes[0]["status"]["allocatable"]["cpu"] = "many"
+    free_cpu, _, problems = cpu_and_shapes(nodes, usage)
+    assert free_cpu.tolist() == [UNKNOWN_CPU, UNKNOWN_CPU]
+    assert problems == [
+        "Nodes.items[0].status.allocatable.cpu: expected a Kubernetes quantity such as '2' or '40Gi', got 'many'"
+    ]

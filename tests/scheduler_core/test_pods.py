@@ -4,7 +4,7 @@ import pytest
 from scheduler_core.allocation import gpu_usage
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.nodes import NodeTable
-from scheduler_core.pods import effective_gpu_request, pod_demand
+from scheduler_core.pods import effective_cpu_milli, effective_gpu_request, pod_demand
 from tests.conftest import make_nodes, make_pod
 
 
@@ -143,3 +143,44 @@ def test_invalid_bound_pod_is_reported_not_raised():
     assert len(problems) == 2
     assert "bad on a100-0" in problems[0]
     assert "pods[1]" in problems[1]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param({"containers": [{"resources": {"requests": {"cpu": "500m"}}}] * 2}, 1000, id="containers add up"),
+        pytest.param({"containers": [{"resources": {"limits": {"cpu": "2"}}}]}, 2000, id="a limit alone counts"),
+        pytest.param(
+            {"containers": [{"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "4"}}}]}, 1000,
+            id="the request wins over the limit",
+        ),
+        pytest.param(
+            {"containers": [{"resources": {"requests": {"cpu": "1"}}}],
+             "initContainers": [{"resources": {"requests": {"cpu": "3"}}}]}, 3000,
+            id="a larger init container sets the request",
+        ),
+        pytest.param(
+            {"containers": [{"resources": {"requests": {"cpu": "1"}}}],
+             "initContainers": [{"restartPolicy": "Always", "resources": {"requests": {"cpu": "250m"}}}]}, 1250,
+            id="a sidecar runs alongside",
+        ),
+        pytest.param({"containers": [{}], "overhead": {"cpu": "120m"}}, 120, id="overhead adds"),
+        pytest.param({"containers": [{"resources": {"requests": {"cpu": "0.0001"}}}]}, 1, id="rounds up"),
+        pytest.param({"containers": [{"resources": {"requests": {"cpu": 3}}}]}, 3000, id="a JSON number"),
+    ],
+)  # fmt: skip
+def test_effective_cpu_follows_kube_scheduler(spec, expected):
+    assert effective_cpu_milli(spec) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"containers": [{"resources": {"requests": {"cpu": "lots"}}}]}, r"containers\[0\].resources.requests.cpu"),
+        ({"containers": [{"resources": {"limits": {"cpu": "-1"}}}]}, "must not be negative"),
+        ({"containers": [], "overhead": {"cpu": "1x"}}, "spec.overhead.cpu"),
+    ],
+)
+def test_an_invalid_cpu_quantity_is_a_pod_error_naming_the_field(spec, message):
+    with pytest.raises(InvalidPodError, match=message):
+        effective_cpu_milli(spec)

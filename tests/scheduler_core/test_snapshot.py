@@ -69,6 +69,45 @@ def test_captured_cluster_round_trips():
     assert back.table.alloc_gpus.sum() == snap.table.alloc_gpus.sum() > 0
 
 
+def test_free_cpu_and_the_gpu_pod_shapes_round_trip():
+    snap = small_snapshot()
+    back = read_snapshot(write_snapshot(snap))
+    # a100-0 runs a (3 GPUs) and d (2 GPUs), t4-1 runs b; c has finished. make_pod asks for 1 CPU.
+    assert back.state.free_cpu.tolist() == [95690 - 2000, 47810 - 1000, 191450]
+    assert (
+        back.state.shapes
+        == snap.state.shapes
+        == (
+            ((1000, 1000, 3, ""), 1),
+            ((1000, 1000, 2, ""), 1),
+            ((1000, 1000, 1, ""), 1),
+        )
+    )
+    assert back.state.workload.allowed.shape == (len(back.table.models) + 1, 3)
+
+
+def test_a_snapshot_without_cpu_reads_as_unknown_cpu():
+    """Snapshots written before free_cpu existed still read; FGD share placement then falls back."""
+    data = _rewrite(write_snapshot(small_snapshot()), free_cpu=None)
+    back = read_snapshot(data)
+    assert back.state.free_cpu is None and back.state.shapes == ()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"header": {"shapes": None}}, "has free_cpu but its header has no 'shapes' list"),
+        ({"header": {"shapes": [[1000, 500, 1, "", -2]]}}, r"shapes\[0\]: expected \[cpu, gpu_milli, num_gpu, models"),
+        ({"header": {"shapes": [[1000, 500, 1]]}}, r"shapes\[0\]"),
+        ({"free_cpu": np.zeros(2, dtype=np.int64)}, r"'free_cpu': expected \(3,\) integers"),
+        ({"free_cpu": np.zeros(3, dtype=np.float64)}, r"'free_cpu': expected \(3,\) integers"),
+    ],
+)
+def test_bad_cpu_or_shapes_are_a_format_error(changes, message):
+    with pytest.raises(SnapshotFormatError, match=message):
+        read_snapshot(_rewrite(write_snapshot(small_snapshot()), **changes))
+
+
 def _rewrite(data, **changes):
     members = dict(np.load(io.BytesIO(data), allow_pickle=False))
     header = json.loads(members["header"].tobytes())
