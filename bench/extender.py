@@ -18,10 +18,11 @@ from bench.lambda_path import warm_path
 from bench.timing import time_us
 from scheduler_core._reference import reference_reasons, reference_scores
 from scheduler_core.cluster import ClusterState
-from scheduler_core.extender import Extender
+from scheduler_core.extender import Extender, ExtenderConfig
 from scheduler_core.gpu_fit import ScoreWeights, filter_nodes, score_nodes
 from scheduler_core.nodes import NodeTable
 from scheduler_core.pods import PodDemand
+from scheduler_core.share_scoring import SHARE_POLICIES
 from scheduler_core.synthetic import CATALOGUE, ZONES, make_node, make_pod, synthetic_table
 
 WEIGHTS = ScoreWeights()
@@ -106,6 +107,44 @@ def _handle(n_nodes: int, repeat: int, rng: np.random.Generator) -> dict[str, An
     return {"nodes": n_nodes, "request_bytes": len(body), **results}
 
 
+def _share_state(n_nodes: int, rng: np.random.Generator) -> ClusterState:
+    """A synthetic cluster in the middle of a shared workload: GPUs whole, partly shared or busy, CPU
+    free per node, and 35 typical pod shapes (as many as openb's ``default`` keeps)."""
+    table = synthetic_table(n_nodes, rng)
+    width = int(table.alloc_gpus.max())
+    exists = np.arange(width)[None, :] < table.alloc_gpus[:, None]
+    free = np.where(exists, rng.choice([0, 0, 190, 500, 810, 1000, 1000], (n_nodes, width)), 0).astype(np.int32)
+    used = (table.alloc_gpus - (free == 1000).sum(axis=1)).astype(np.int32)
+    shapes = tuple(
+        ((int(rng.integers(1, 33)) * 1000, *gpu, ""), int(rng.integers(1, 500)))
+        for gpu in [(int(m), 1) for m in rng.choice([100, 190, 250, 500, 810], 25)]
+        + [(1000, int(n)) for n in rng.choice([1, 2, 4, 8], 10)]
+    )
+    return ClusterState(
+        table, used, rng.random(n_nodes), free_milli=free,
+        free_cpu=rng.integers(0, 96_000, n_nodes).astype(np.int64), shapes=shapes,
+    )  # fmt: skip
+
+
+def _share_prioritize(n_nodes: int, names: list[int], repeat: int, rng: np.random.Generator) -> dict[str, Any]:
+    """``prioritize`` for a 500-milli share, by each share policy, side by side on the same requests."""
+    state = _share_state(n_nodes, rng)
+    pod = make_pod("share", 0, milli=500)
+    extenders = {policy: Extender(ExtenderConfig(share_policy=policy), lambda: state) for policy in SHARE_POLICIES}
+    rows = []
+    for count in names:
+        picked = rng.choice(np.array(state.table.names), size=min(count, n_nodes), replace=False).tolist()
+        body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": picked}).encode()
+        row: dict[str, Any] = {"names": len(picked)}
+        for policy, extender in extenders.items():
+            status, _ = extender.handle("prioritize", body)
+            assert status == 200, status
+            row[policy] = time_us(partial(extender.handle, "prioritize", body), max(5, repeat // 4))
+        row["fgd_cpu_over_gpu_packing_p50"] = round(row["fgd_cpu"]["p50_us"] / row["gpu_packing"]["p50_us"], 2)
+        rows.append(row)
+    return {"snapshot_nodes": n_nodes, "shapes": len(state.shapes), "by_names": rows}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     return {
@@ -114,6 +153,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "demand": {"gpus": DEMAND.gpus, "models": sorted(DEMAND.models or ()), "min_memory_mib": DEMAND.min_memory_mib},
         "core": _core([_CoreCase.build(n, rng) for n in args.nodes], args.repeat),
         "handle_full_nodes": [_handle(n, args.repeat, rng) for n in args.payload_nodes],
+        "share_prioritize": _share_prioritize(max(args.share_names), args.share_names, args.repeat, rng)
+        if args.share_names
+        else None,
         "lambda_names_only": (
             warm_path(args.snapshot_nodes, args.names, args.repeat, args.seed) if args.snapshot_nodes else None
         ),

@@ -1,14 +1,18 @@
 """``gpu-scheduler bench share-policy``: which policy the extender should place GPU shares with.
 
-The extender chooses a node for a share from the snapshot's per-GPU free milli; it does not know the
-nodes' free CPU, nor the workload's typical task shapes. This runs the FGD protocol with every task
-that is not a share placed by our policy (``fgd_cpu``), and the shares placed by each candidate:
+This runs the FGD protocol with every task that is not a share placed by our policy (``fgd_cpu``),
+and the shares placed by each candidate:
 
-- ``fgd``: FGD as the simulator runs it, node CPU and task shapes known (what ``fgd_cpu`` does with
-  shares; a reference the extender cannot reach today);
-- ``fgd_cpu_blind``: FGD with the shapes' CPU set to 0, so that node CPU plays no part (what the
-  extender could do with typical shapes but no CPU);
-- ``gpu_packing``, ``bestfit``, ``dotprod``: the policies the extender offers (``SHARE_POLICY``).
+- ``fgd``: FGD as the simulator runs it: the whole trace's typical shapes known in advance, and the
+  GPU FGD prefers;
+- ``extender``: ``fgd_cpu`` as the extender runs it (``SHARE_POLICY=fgd_cpu``). It knows only what
+  a snapshot carries: each node's free CPU, and the shapes of the pods placed so far (refreshed
+  every :data:`REFRESH` placements, at most ``MAX_SHAPES``), and the bind takes the tightest GPU;
+- ``fgd_cpu_blind``: FGD with the shapes' CPU set to 0, so that node CPU plays no part;
+- ``gpu_packing``, ``bestfit``, ``dotprod``: the policies that need only free GPU milli.
+
+What it cannot model: kube-scheduler adds its own scores to the extender's, and breaks ties at
+random, where the simulator gives them to the node whose name sorts first.
 
 Reported: unallocated GPU % at 100 % arrived, mean over the seeds, on the openb trace when
 ``../shared/data/openb`` has it and on a synthetic openb-like trace otherwise.
@@ -16,8 +20,9 @@ Reported: unallocated GPU % at 100 % arrived, mean over the seeds, on the openb 
 
 from __future__ import annotations
 
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,30 +31,53 @@ import numpy.typing as npt
 
 from bench import check_choices
 from bench.policies import load
-from scheduler_core.policies import Context, Scores, fgd_cpu, registry
-from scheduler_core.sharing import Task, Workload
+from scheduler_core.policies import Context, Scores, fgd_cpu, registry, tightest
+from scheduler_core.sharing import MAX_SHAPES, Task, Workload, keep_typical, shape_of
 from scheduler_core.simulate import simulate
 from scheduler_core.traces import OPENB_DIR
 
-CANDIDATES = ("fgd", "fgd_cpu_blind", "gpu_packing", "bestfit", "dotprod")
+CANDIDATES = ("fgd", "extender", "fgd_cpu_blind", "gpu_packing", "bestfit", "dotprod")
 
 
-@dataclass(frozen=True)
+@dataclass
 class SharesBy:
     """A scorer: shares by policy ``share``, every other task by ``fgd_cpu``."""
 
     share: str
+    placed: list[Task] = field(default_factory=list)
+    live: Workload | None = None
 
     def __call__(self, ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
+        self.placed.append(task)  # every task scored has a feasible node, and is placed
         if not task.sharing:
             return fgd_cpu.score(ctx, task, nodes)
+        if self.share == "extender":
+            return self._as_extender(ctx, task, nodes)
         if self.share != "fgd_cpu_blind":
             return registry()[self.share](ctx, task, nodes)
         blind = replace(ctx.workload, cpu=np.zeros_like(ctx.workload.cpu))
-        cluster = ctx.cluster
-        frag = np.zeros(cluster.n_nodes)
-        frag[nodes] = blind.fragmentation(cluster.gpu_left[nodes], cluster.cpu_left[nodes], cluster.model_id[nodes])
-        return registry()["fgd"](replace(ctx, workload=blind, frag=frag), task, nodes)
+        return _fgd_with(ctx, blind, task, nodes)
+
+    def _as_extender(self, ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
+        """What the extender knows: the shapes of the GPU pods running when the snapshot was taken (here:
+        placed so far, refreshed every ``REFRESH`` placements), capped as the snapshot caps them; and
+        the bind takes the tightest GPU, not FGD's."""
+        if self.live is None or len(self.placed) % REFRESH == 0:
+            shapes = keep_typical(Counter(map(shape_of, self.placed)), limit=MAX_SHAPES)
+            self.live = Workload.from_shapes(shapes, ctx.cluster.models)
+        scores, _ = _fgd_with(ctx, self.live, task, nodes)
+        return scores, tightest(ctx.cluster.gpu_left[nodes], task.gpu_milli)
+
+
+REFRESH = 200
+"""Placements between two snapshots in the ``extender`` candidate: one minute of a busy cluster."""
+
+
+def _fgd_with(ctx: Context, workload: Workload, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
+    cluster = ctx.cluster
+    frag = np.zeros(cluster.n_nodes)
+    frag[nodes] = workload.fragmentation(cluster.gpu_left[nodes], cluster.cpu_left[nodes], cluster.model_id[nodes])
+    return registry()["fgd"](replace(ctx, workload=workload, frag=frag), task, nodes)
 
 
 def _one(trace: str, share: str, seed: int, openb: Path) -> tuple[str, int, float]:

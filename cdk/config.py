@@ -16,7 +16,7 @@ its context key, and synth stops with all of them at once.
 | ``applyManifests`` | false | apply the RBAC and the second scheduler through ``aws_eks_v2`` |
 | ``schedulerImage`` | upstream kube-scheduler | match the cluster's minor version |
 | ``sharing`` | false | fractional GPUs: the extender's bind and preempt verbs on the DynamoDB GPU ledger |
-| ``sharePolicy`` | gpu_packing | where shares of a GPU go: ``gpu_packing``, ``bestfit`` or ``dotprod`` |
+| ``sharePolicy`` | fgd_cpu | where shares of a GPU go: ``fgd_cpu``, ``gpu_packing``, ``bestfit`` or ``dotprod`` |
 | ``extenderWeight`` | 5 | the extender's weight in kube-scheduler |
 | ``extenderReservedConcurrency`` | 20 | reserved concurrency of the extender function |
 | ``extenderProvisionedConcurrency`` | 0 | provisioned concurrency (0: none; >0 adds a ``live`` alias) |

@@ -93,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--refresh-s", type=float, default=None, help="re-check the state this often (1 s; 10 s for S3)")
     serve.add_argument("--max-snapshot-age-s", type=float, default=180.0, help="refuse an older snapshot")
     serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    serve.add_argument("--share-policy", default=DEFAULT_SHARE_POLICY, help="where shares of a GPU go (gpu_packing)")
+    serve.add_argument(
+        "--share-policy", default=DEFAULT_SHARE_POLICY, help="fgd_cpu (default), gpu_packing, bestfit or dotprod"
+    )
     sharing = serve.add_argument_group("GPU sharing: with --ledger-table, bind and preempt are served")
     sharing.add_argument(
         "--ledger-table", default="", help="the GPU ledger's DynamoDB table (boto3 honours AWS_ENDPOINT_URL_DYNAMODB)"
@@ -174,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--seed", type=int, default=1)
     ext.add_argument("--snapshot-nodes", type=int, default=0, help="time the Lambda path over a snapshot this big")
     ext.add_argument("--names", type=_int_list, default=[1000, 10000, 100000], help="NodeNames per request")
+    ext.add_argument(
+        "--share-names", type=_int_list, default=[1000, 10000], help="names per share prioritize, by share policy"
+    )
     ext.add_argument("--json", action="store_true", help="JSON output (the default; kept for scripts)")
     dc = suites.add_parser("deletion-cost", help="deletion-cost computation for many pods at once")
     dc.add_argument("--pods", type=_int_list, default=[1000, 10000, 100000])
@@ -207,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     pol.add_argument("--json", action="store_true", help="JSON output (the only format)")
     shp = suites.add_parser("share-policy", help="which policy the extender should place GPU shares with")
     shp.add_argument(
-        "--candidates", default="fgd,fgd_cpu_blind,gpu_packing,bestfit,dotprod", help="comma list of share policies"
+        "--candidates", default="fgd,extender,fgd_cpu_blind,gpu_packing,bestfit,dotprod", help="comma list of policies"
     )
     shp.add_argument("--trace", default="default", help="openb trace name (synthetic when ../shared lacks it)")
     shp.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")

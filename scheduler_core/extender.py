@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Protocol
@@ -29,16 +29,16 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.allocation import MILLI_PER_GPU
+from scheduler_core.allocation import MILLI_PER_GPU, UNKNOWN_CPU
 from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
 from scheduler_core.gpu_fit import FilterResult, Reason, ScoreResult, ScoreWeights, filter_nodes, free_gpus, score_nodes
 from scheduler_core.ledger_readings import LedgerReadings, Observed
 from scheduler_core.locality import PEERS_ANNOTATION, LocalitySettings, locality_scores, peer_placement
 from scheduler_core.nodes import NodeTable
-from scheduler_core.pods import PodDemand, pod_demand
+from scheduler_core.pods import PodDemand, effective_cpu_milli, pod_demand
 from scheduler_core.preemption import Candidate, Holdings, PreemptOutcome, decide, victim_frees
-from scheduler_core.share_scoring import DEFAULT_SHARE_POLICY, SHARE_POLICIES, share_fit
+from scheduler_core.share_scoring import DEFAULT_SHARE_POLICY, SHARE_POLICIES, Fragmentation, share_fit
 from scheduler_core.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -343,7 +343,9 @@ class Extender:
         locality = self._locality(view, demand)
         fit = None
         if demand.share and view.free_milli is not None:
-            fit = share_fit(view.free_milli, view.table.alloc_gpus, demand.share, feasible, self.config.share_policy)
+            policy = self.config.share_policy
+            fragmentation = self._fragmentation(view, args.pod) if policy == "fgd_cpu" else None
+            fit = share_fit(view.free_milli, view.table.alloc_gpus, demand.share, feasible, policy, fragmentation)
         scores = score_nodes(
             view.table,
             view.free,
@@ -397,6 +399,23 @@ class Extender:
                     f"use one of {', '.join(keys)}"
                 )
         return demand
+
+    def _fragmentation(self, view: _NodeView, pod: Any) -> Fragmentation | None:
+        """Free CPU, GPU model and the typical shapes per row of ``view``, from the cluster state; None
+        when the state carries no CPU or shapes. A node the state lacks counts as of unknown model
+        with no CPU limit."""
+        state = view.state
+        if state is None or state.free_cpu is None or not state.shapes:
+            return None
+        rows = view.state_rows
+        assert rows is not None  # set whenever state is
+        known = rows >= 0
+        safe = np.where(known, rows, 0)
+        cpu = np.where(known, state.free_cpu[safe], UNKNOWN_CPU)
+        model_id = np.where(known, state.table.model_id[safe], -1).astype(np.int64)
+        spec = pod.get("spec") if isinstance(pod, Mapping) else None
+        pod_cpu = effective_cpu_milli(spec) if isinstance(spec, Mapping) else 0
+        return Fragmentation(cpu, model_id, state.workload, pod_cpu)
 
     def _locality(self, view: _NodeView, demand: PodDemand) -> npt.NDArray[np.float64] | None:
         """Locality per row of ``view`` for a pod with peers, from the cluster state's app index."""

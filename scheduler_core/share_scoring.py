@@ -3,17 +3,22 @@
 A pod asking for ``gpu-scheduler.io/gpu-milli`` below 1000 takes part of one GPU. Which node it
 should land on is the question the simulator studies (``gpu-scheduler simulate``); the extender asks
 the same policy module, on the per-GPU free milli of the snapshot (with what the instance read from
-the ledger applied), and the bind takes the GPU that policy would (the tightest that fits).
+the ledger applied), and the bind takes the tightest GPU that fits.
 
-Only the policies that need nothing but the nodes' free GPU milli are offered: ``gpu_packing``
-(the default: of these three, it leaves the fewest GPUs unallocated on the openb ``default`` trace),
-``bestfit`` and ``dotprod``. ``fgd`` and ``gpu_clustering`` need the typical task shapes of the whole
-workload, which the snapshot does not carry, and FGD helps shares only with each node's free CPU known:
-blind to CPU it places them worse than ``gpu_packing`` (``gpu-scheduler bench share-policy``). CPU and
-memory are kube-scheduler's to account, so the policies see the GPU terms only.
+- ``fgd_cpu`` (the default, ours): for a share it is FGD, the fragmentation gradient of Weng et al.
+  (ATC '23), scored against the typical shapes of the GPU pods the snapshot saw and each node's free
+  CPU. A snapshot without those (written before they existed, or of a cluster with no GPU pod yet)
+  leaves the share to ``gpu_packing``.
+- ``gpu_packing``, ``bestfit``, ``dotprod``: they need only the nodes' free GPU milli.
+
+``gpu-scheduler bench share-policy`` measures them on the openb trace, the extender's limits
+included (shapes as a snapshot sees them, the tightest GPU at bind). CPU and memory feasibility stay
+kube-scheduler's; FGD reads the CPU only to judge which GPUs the typical pods could still use.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -22,8 +27,10 @@ from scheduler_core.errors import ConfigError
 from scheduler_core.policies import Context, Scorer, registry
 from scheduler_core.sharing import Cluster, Task, Workload
 
-SHARE_POLICIES = ("gpu_packing", "bestfit", "dotprod")
-DEFAULT_SHARE_POLICY = "gpu_packing"
+SHARE_POLICIES = ("fgd_cpu", "gpu_packing", "bestfit", "dotprod")
+DEFAULT_SHARE_POLICY = "fgd_cpu"
+FALLBACK_SHARE_POLICY = "gpu_packing"
+"""What ``fgd_cpu`` falls back to without node CPU and pod shapes."""
 _NO_WORKLOAD = Workload(
     cpu=np.zeros(0, dtype=np.int64),
     gpu_milli=np.zeros(0, dtype=np.int64),
@@ -33,14 +40,40 @@ _NO_WORKLOAD = Workload(
 )
 
 
+@dataclass(frozen=True)
+class Fragmentation:
+    """What FGD reads besides the GPUs, per candidate row.
+
+    Attributes
+    ----------
+    cpu_left : ndarray of shape (n_rows,), int64
+        Free milli-cores per node.
+    model_id : ndarray of shape (n_rows,), int64
+        Row of ``workload.allowed`` per node; -1 (the last row) for a node of unknown model.
+    workload : Workload
+        The typical pod shapes.
+    pod_cpu : int
+        The pod's own CPU request, milli-cores.
+    """
+
+    cpu_left: npt.NDArray[np.int64]
+    model_id: npt.NDArray[np.int64]
+    workload: Workload
+    pod_cpu: int
+
+
 def share_policy(name: str) -> Scorer:
     """The scorer called ``name``; :class:`ConfigError` naming the choices for any other name."""
     if name not in SHARE_POLICIES:
-        raise ConfigError(
-            f"share policy {name!r}: expected one of {', '.join(SHARE_POLICIES)}"
-            " (fgd and gpu_clustering need the whole workload's task shapes, which the snapshot lacks)"
-        )
+        raise ConfigError(f"share policy {name!r}: expected one of {', '.join(SHARE_POLICIES)}")
     return registry()[name]
+
+
+def effective_policy(policy: str, fragmentation: Fragmentation | None) -> str:
+    """``policy``, or the fallback when it is ``fgd_cpu`` and there is nothing to score against."""
+    if policy == "fgd_cpu" and (fragmentation is None or fragmentation.workload.n_shapes == 0):
+        return FALLBACK_SHARE_POLICY
+    return policy
 
 
 def share_fit(
@@ -49,6 +82,7 @@ def share_fit(
     share: int,
     feasible: npt.NDArray[np.bool_],
     policy: str = DEFAULT_SHARE_POLICY,
+    fragmentation: Fragmentation | None = None,
 ) -> npt.NDArray[np.float64]:
     """The policy's preference per node, scaled to [0, 1] over the ``feasible`` nodes (0 elsewhere).
 
@@ -58,11 +92,13 @@ def share_fit(
         Free thousandths of each GPU; 0 past a node's GPUs.
     share : int
         The pod's milli of one GPU, 1..999.
+    fragmentation : Fragmentation, optional
+        For ``fgd_cpu``; without it (or with no shapes) ``gpu_packing`` places the share.
 
     With ``gpu_packing``: the shared GPU first, then the smaller idle node (1 GPU) just above the 2-GPU one.
 
     >>> free = np.array([[1000, 1000], [400, 1000], [1000, 0]], dtype=np.int32)
-    >>> share_fit(free, np.array([2, 2, 1]), 300, np.array([True, True, True])).round(3).tolist()
+    >>> share_fit(free, np.array([2, 2, 1]), 300, np.array([True, True, True]), "gpu_packing").round(3).tolist()
     [0.0, 1.0, 0.015]
     """
     fit = np.zeros(free_milli.shape[0], dtype=np.float64)
@@ -71,9 +107,20 @@ def share_fit(
         return fit
     left = free_milli[rows].astype(np.int64)
     zeros = np.zeros(rows.size, dtype=np.int64)
-    cluster = Cluster(zeros, zeros, left, gpu_count[rows].astype(np.int64), zeros, ())
-    context = Context(cluster, _NO_WORKLOAD, np.zeros(rows.size), np.random.default_rng(0))
-    scores, _gpus = share_policy(policy)(context, Task(0, 0, 1, share), np.arange(rows.size))
+    policy = effective_policy(policy, fragmentation)
+    if policy == "fgd_cpu":
+        assert fragmentation is not None  # effective_policy falls back without it
+        cpu, model_id = fragmentation.cpu_left[rows], fragmentation.model_id[rows]
+        cluster = Cluster(cpu, zeros, left, gpu_count[rows].astype(np.int64), model_id, ())
+        workload = fragmentation.workload
+        frag = workload.fragmentation(left, cpu, model_id)
+        context = Context(cluster, workload, frag, np.random.default_rng(0))
+        task = Task(fragmentation.pod_cpu, 0, 1, share)
+    else:
+        cluster = Cluster(zeros, zeros, left, gpu_count[rows].astype(np.int64), zeros, ())
+        context = Context(cluster, _NO_WORKLOAD, np.zeros(rows.size), np.random.default_rng(0))
+        task = Task(0, 0, 1, share)
+    scores, _gpus = share_policy(policy)(context, task, np.arange(rows.size))
     low, high = int(scores.min()), int(scores.max())
     fit[rows] = (scores - low) / (high - low) if high > low else 1.0
     return fit

@@ -13,7 +13,7 @@
 | ``LOCALITY_ZONE_ALPHA`` | 0.5 | value of a peer pod in the same zone, on another node |
 | ``LOCALITY_ZONE_VALUES`` | (none) | JSON ``{zone: {zone: value}}`` replacing the same-zone/other-zone steps |
 | ``LOCALITY_SELF_WEIGHT`` | 1.0 | weight of a pod's own workload among its peers (0: off) |
-| ``SHARE_POLICY`` | gpu_packing | places shares of a GPU: ``gpu_packing``, ``bestfit`` or ``dotprod`` |
+| ``SHARE_POLICY`` | fgd_cpu | places shares: ``fgd_cpu`` (FGD), ``gpu_packing``, ``bestfit`` or ``dotprod`` |
 | ``LEDGER_TABLE`` | (none) | the GPU ledger's DynamoDB table; with it, ``/bind`` and ``/preempt`` are served |
 | ``CLUSTER_NAME`` | (none) | with ``LEDGER_TABLE``: the EKS cluster bind writes to |
 | ``KUBE_API_URL`` / ``KUBE_TOKEN``, ``KUBECONFIG`` | (none) | instead of ``CLUSTER_NAME`` (local runs) |

@@ -71,7 +71,7 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         ({"deletionCostConfig": {"workloads": []}}, "deletionCostConfig: workloads: expected a non-empty list"),
         ({"deletionCostConfig": "{not json"}, "deletionCostConfig: expected a JSON object"),
         ({"ampWorkspaceId": "prometheus"}, "ampWorkspaceId: expected ws-..., got 'prometheus'"),
-        ({"sharePolicy": "fgd"}, "sharePolicy: expected one of gpu_packing, bestfit, dotprod, got 'fgd'"),
+        ({"sharePolicy": "fgd"}, "sharePolicy: expected one of fgd_cpu, gpu_packing, bestfit, dotprod, got 'fgd'"),
     ],
     ids=[
         "provisioned concurrency cannot exceed the reserved",

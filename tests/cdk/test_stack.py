@@ -77,7 +77,7 @@ def test_sharing_grants_the_ledger_exactly_and_serves_bind_and_preempt(synth: Sy
     functions = sharing.resources("AWS::Lambda::Function")
     env = _by_prefix(functions, "ExtenderFunction")["Properties"]["Environment"]["Variables"]
     assert env["LEDGER_TABLE"] == {"Ref": table[0]} and env["CLUSTER_NAME"] == "gpu-prod"
-    assert env["SHARE_POLICY"] == "gpu_packing"
+    assert env["SHARE_POLICY"] == "fgd_cpu"
     node_env = _by_prefix(functions, "NodeStateFunction")["Properties"]["Environment"]["Variables"]
     assert node_env["LEDGER_TABLE"] == {"Ref": table[0]}
     # bind loads the kubernetes client: the extender gets the refreshers' layer, still shared.

@@ -290,11 +290,101 @@ def test_a_share_passes_where_one_gpu_has_room_and_says_why_not_elsewhere():
 def test_a_share_prefers_the_node_whose_shared_gpu_it_fills():
     """gpu_packing: a GPU already shared (t4-0's GPU 1, 400 free) before an idle node, before a partly used one."""
     state = shared_state()
-    status, scores = call(Extender(cluster=lambda: state), "prioritize",
+    gpu_packing = ExtenderConfig(share_policy="gpu_packing")
+    status, scores = call(Extender(gpu_packing, cluster=lambda: state), "prioritize",
                           body(make_pod("p", 0, milli=400), names=["a100-1", "t4-0", "h100-2"]))  # fmt: skip
     assert status == 200
     by_host = {p["Host"]: p["Score"] for p in scores}
     assert by_host["t4-0"] > by_host["h100-2"] > by_host["a100-1"]
+
+
+def cpu_starved_state(hungry_cpu="46"):
+    """Two T4 nodes (4 GPUs, 47.81 cores) with one whole-GPU pod each: t4-0's asks ``hungry_cpu`` cores,
+    t4-1's one core. Three pods of 8 cores and 1 GPU are the typical shapes, with the two bound ones."""
+    hungry = make_pod("hungry", 1, node_name="t4-0", phase="Running")
+    hungry["spec"]["containers"][0]["resources"]["requests"]["cpu"] = hungry_cpu
+    typical = [make_pod(f"t{i}", 1, node_name="t4-1", phase="Running") for i in range(3)]
+    for pod in typical:
+        pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "8"
+    return ClusterState.from_objects(make_nodes("T4", "T4"), [hungry, *typical])
+
+
+def share_scores(state, policy="fgd_cpu", cpu="500m", milli=500):
+    pod = make_pod("p", 0, milli=milli)
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = cpu
+    extender = Extender(ExtenderConfig(share_policy=policy), cluster=lambda: state)
+    status, scores = call(extender, "prioritize", body(pod, names=["t4-0", "t4-1"]))
+    assert status == 200, scores
+    return {p["Host"]: p["Score"] for p in scores}
+
+
+def test_fgd_cpu_puts_a_share_on_gpus_that_cpu_has_stranded():
+    """t4-0 has 3 free GPUs but 1.81 cores: no typical pod (8 cores) can use them, so a share there
+    strands nothing more. On t4-1 it would break a whole GPU the typical pods could still use."""
+    state = cpu_starved_state()
+    assert state.free_cpu.tolist() == [47810 - 46000, 47810 - 24000]
+    scores = share_scores(state)
+    assert scores["t4-0"] > scores["t4-1"]
+    # With t4-0's CPU free as well, the stranding is gone: t4-0 is no longer preferred.
+    roomy = share_scores(cpu_starved_state(hungry_cpu="1"))
+    assert roomy["t4-0"] <= roomy["t4-1"]
+    # gpu_packing sees two nodes with one busy GPU each, and cannot tell them apart.
+    packing = share_scores(state, policy="gpu_packing")
+    assert packing["t4-0"] == packing["t4-1"]
+
+
+def test_fgd_cpu_without_cpu_in_the_state_places_shares_as_gpu_packing_does():
+    state = cpu_starved_state()
+    blind = ClusterState(state.table, state.used_gpus, state.utilization, free_milli=state.free_milli)
+    assert share_scores(blind) == share_scores(blind, policy="gpu_packing")
+    no_shapes = ClusterState(state.table, state.used_gpus, state.utilization, free_milli=state.free_milli,
+                             free_cpu=state.free_cpu)  # fmt: skip
+    assert share_scores(no_shapes) == share_scores(state, policy="gpu_packing")
+
+
+def test_fgd_cpu_share_scores_equal_a_loop_over_each_gpu():
+    """The extender's FGD score per node, against FGD_NOTES' definition computed GPU by GPU."""
+    from scheduler_core.share_scoring import Fragmentation, share_fit
+    from scheduler_core.sharing import Workload
+
+    rng = np.random.default_rng(7)
+    workload = Workload.from_shapes(
+        [((4000, 1000, 1, ""), 5), ((8000, 500, 1, ""), 3), ((16000, 1000, 2, "A100"), 2)], ("A100", "T4", "")
+    )
+    for _ in range(30):
+        n = 6
+        gpu_count = rng.choice([1, 2, 4, 8], n)
+        free = np.where(np.arange(8) < gpu_count[:, None], rng.choice([0, 150, 400, 700, 1000], (n, 8)), 0)
+        cpu = rng.choice([1000, 6000, 20000, 60000], n).astype(np.int64)
+        model = rng.choice([-1, 0, 1], n).astype(np.int64)
+        share, pod_cpu = int(rng.choice([100, 300, 600])), 1000
+        feasible = (free >= share).any(axis=1)
+        fit = share_fit(free.astype(np.int32), gpu_count, share, feasible, "fgd_cpu",
+                        Fragmentation(cpu, model, workload, pod_cpu))  # fmt: skip
+        expected = {}
+        for row in np.flatnonzero(feasible):
+            before = workload.fragmentation(free[row : row + 1], cpu[row : row + 1], model[row : row + 1])[0]
+            best = None
+            for gpu in range(8):
+                if free[row, gpu] >= share:
+                    after = free[row : row + 1].copy()
+                    after[0, gpu] -= share
+                    f = workload.fragmentation(after, cpu[row : row + 1] - pod_cpu, model[row : row + 1])[0]
+                    option = int(np.floor(100.0 / (1.0 + np.exp(-(before - f) / 1000.0))))
+                    best = option if best is None else max(best, option)
+            expected[row] = best
+        low, high = min(expected.values()), max(expected.values())
+        for row, value in expected.items():
+            assert fit[row] == pytest.approx((value - low) / (high - low) if high > low else 1.0)
+        assert (fit[~feasible] == 0).all()
+
+
+def test_a_share_with_an_invalid_cpu_request_is_a_400_naming_the_field():
+    state = cpu_starved_state()
+    pod = make_pod("p", 0, milli=500)
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "half"
+    status, reply = call(Extender(cluster=lambda: state), "prioritize", body(pod, names=["t4-0"]))
+    assert status == 400 and "containers[0].resources.requests.cpu" in reply["Error"]
 
 
 def test_whole_gpus_asked_as_milli_are_whole_gpus_and_a_mixed_request_is_refused():
@@ -327,7 +417,8 @@ def test_what_the_ledger_showed_counts_until_a_newer_snapshot_shows_it():
 
 
 def test_an_unknown_share_policy_is_refused_naming_the_choices():
-    with pytest.raises(ConfigError, match="share_policy: expected one of gpu_packing, bestfit, dotprod, got 'fgd'"):
+    expected = "share_policy: expected one of fgd_cpu, gpu_packing, bestfit, dotprod, got 'fgd'"
+    with pytest.raises(ConfigError, match=expected):
         Extender(ExtenderConfig(share_policy="fgd"))
 
 
