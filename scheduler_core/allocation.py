@@ -220,8 +220,9 @@ def _daemon(metadata: Mapping[str, Any]) -> bool:
 def cpu_and_shapes(
     nodes: Sequence[Any], usage: GpuUsage
 ) -> tuple[npt.NDArray[np.int64], tuple[tuple[Shape, int], ...], list[str]]:
-    """Free CPU per node (allocatable less ``usage.used_cpu``), the typical GPU pod shapes (at most
-    :data:`~scheduler_core.sharing.MAX_SHAPES`), and the problems found reading the nodes' CPU."""
+    """Free CPU per node (allocatable less ``usage.used_cpu``), the typical shapes of the pods on GPU
+    nodes (at most :data:`~scheduler_core.sharing.MAX_SHAPES`), and the problems found reading the
+    nodes' CPU."""
     allocatable, problems = node_cpu_milli(nodes)
     return allocatable - usage.used_cpu, tuple(keep_typical(usage.shapes, limit=MAX_SHAPES)), problems
 

@@ -51,7 +51,7 @@ class ClusterState:
     """Shape (n_nodes,): allocatable milli-cores less the requests of the pods bound there; None if
     unknown (a snapshot from before this field)."""
     shapes: tuple[tuple[Shape, int], ...] = ()
-    """The typical shapes of the GPU pods on GPU nodes, with their counts: what FGD scores against."""
+    """The typical shapes of the pods on GPU nodes, with their counts: what FGD scores against."""
 
     @cached_property
     def workload(self) -> Workload:

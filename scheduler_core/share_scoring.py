@@ -6,9 +6,9 @@ the same policy module, on the per-GPU free milli of the snapshot (with what the
 the ledger applied), and the bind takes the tightest GPU that fits.
 
 - ``fgd_cpu`` (the default, ours): for a share it is FGD, the fragmentation gradient of Weng et al.
-  (ATC '23), scored against the typical shapes of the GPU pods the snapshot saw and each node's free
-  CPU. A snapshot without those (written before they existed, or of a cluster with no GPU pod yet)
-  leaves the share to ``gpu_packing``.
+  (ATC '23), scored against the typical shapes of the pods the snapshot saw on GPU nodes and each
+  node's free CPU. A snapshot without those (written before they existed), or whose shapes ask for no
+  GPU (no GPU pod has run yet), leaves the share to ``gpu_packing``.
 - ``gpu_packing``, ``bestfit``, ``dotprod``: they need only the nodes' free GPU milli.
 
 ``gpu-scheduler bench share-policy`` measures them on the openb trace, the extender's limits
@@ -70,8 +70,9 @@ def share_policy(name: str) -> Scorer:
 
 
 def effective_policy(policy: str, fragmentation: Fragmentation | None) -> str:
-    """``policy``, or the fallback when it is ``fgd_cpu`` and there is nothing to score against."""
-    if policy == "fgd_cpu" and (fragmentation is None or fragmentation.workload.n_shapes == 0):
+    """``policy``, or the fallback when it is ``fgd_cpu`` and there is nothing to score against: no
+    fragmentation inputs, or no shape that asks for a GPU (every node would score the same)."""
+    if policy == "fgd_cpu" and (fragmentation is None or not fragmentation.workload.num_gpu.any()):
         return FALLBACK_SHARE_POLICY
     return policy
 
@@ -93,7 +94,7 @@ def share_fit(
     share : int
         The pod's milli of one GPU, 1..999.
     fragmentation : Fragmentation, optional
-        For ``fgd_cpu``; without it (or with no shapes) ``gpu_packing`` places the share.
+        For ``fgd_cpu``; without it (or with no GPU shape) ``gpu_packing`` places the share.
 
     With ``gpu_packing``: the shared GPU first, then the smaller idle node (1 GPU) just above the 2-GPU one.
 

@@ -340,6 +340,17 @@ def test_fgd_cpu_without_cpu_in_the_state_places_shares_as_gpu_packing_does():
     no_shapes = ClusterState(state.table, state.used_gpus, state.utilization, free_milli=state.free_milli,
                              free_cpu=state.free_cpu)  # fmt: skip
     assert share_scores(no_shapes) == share_scores(state, policy="gpu_packing")
+    # Shapes that ask for no GPU would score every node the same: gpu_packing places the share.
+    shared = shared_state()
+    cpu_only = ClusterState(shared.table, shared.used_gpus, shared.utilization, free_milli=shared.free_milli,
+                            free_cpu=np.full(3, 40_000), shapes=(((1000, 0, 0, ""), 5),))  # fmt: skip
+    request = body(make_pod("p", 0, milli=400), names=["a100-1", "t4-0", "h100-2"])
+    by_policy = {
+        policy: call(Extender(ExtenderConfig(share_policy=policy), cluster=lambda: cpu_only), "prioritize", request)[1]
+        for policy in ("fgd_cpu", "gpu_packing")
+    }
+    assert by_policy["fgd_cpu"] == by_policy["gpu_packing"]
+    assert len({p["Score"] for p in by_policy["gpu_packing"]}) == 3
 
 
 def test_fgd_cpu_share_scores_equal_a_loop_over_each_gpu():
