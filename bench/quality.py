@@ -87,13 +87,22 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "quality.json")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma list (default: all)")
     parser.add_argument(
+        "--traces",
+        default="public",
+        help="public (those with released results, the default), unreleased (the directory's others), all,"
+        " or a comma list",
+    )
+    parser.add_argument(
         "--floor", action="store_true", help="only the GPU waste that packing each trace's shares must leave"
     )
     args = parser.parse_args()
     if not OPENB.is_dir():
         raise SystemExit(f"{OPENB} is absent: the trace is research-use only and is not shipped here")
     published = released()
-    traces = sorted({trace for trace, _ in published})
+    try:
+        traces = pick_traces(args.traces, available(), {trace for trace, _ in published})
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
     if args.floor:
         return floor(traces)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -114,6 +123,32 @@ def main() -> int:
     print(text)
     print(f"wrote {args.out}, {args.out.with_suffix('.md')} and {args.out.with_suffix('.png')}")
     return 0
+
+
+def available() -> list[str]:
+    """The traces in the openb directory, by name (``openb_pod_list_<name>.csv``)."""
+    return sorted(path.stem.removeprefix("openb_pod_list_") for path in OPENB.glob("openb_pod_list_*.csv"))
+
+
+def pick_traces(spec: str, present: Sequence[str], public: set[str]) -> list[str]:
+    """``--traces``: the public ones (with released results), the unreleased ones, all, or a comma list.
+
+    >>> pick_traces("unreleased", ["cpu0", "default"], {"default"})
+    ['cpu0']
+    >>> pick_traces("default,gpu9", ["cpu0", "default"], {"default"})
+    Traceback (most recent call last):
+    ValueError: --traces: unknown gpu9; choose from cpu0, default
+    """
+    groups = {
+        "public": [t for t in present if t in public],
+        "unreleased": [t for t in present if t not in public],
+        "all": list(present),
+    }
+    if spec in groups:
+        return groups[spec]
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    check_choices(names, present, "--traces")
+    return names
 
 
 def _means(runs: list[dict[str, Any]], policies: list[str], traces: list[str]) -> dict[tuple[str, str], float]:
@@ -138,7 +173,11 @@ def table(
         for policy in policies:
             name = POLICIES[policy]
             mean = means[trace, policy]
-            cells.append(f"{mean:.2f} ({published.get((trace, name), float('nan')):.2f})" if name else f"{mean:.2f}")
+            text = f"{mean:.2f}"
+            if name:  # a published policy: its released mean, or "-" on a trace without released results
+                known = published.get((trace, name))
+                text += f" ({known:.2f})" if known is not None else " (-)"
+            cells.append(text)
         lines.append(f"| {trace} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

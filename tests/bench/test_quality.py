@@ -49,5 +49,22 @@ def test_table_and_plot_from_runs(tmp_path) -> None:
     text = table(runs, ["fgd", "fgd_cpu"], ["cpu250", "default"], published).splitlines()
     assert text[0] == "| trace | fgd (released) | fgd_cpu (ours) |"
     assert text[2:] == ["| cpu250 | 8.01 (6.80) | 7.51 |", "| default | 5.01 (4.77) | 4.51 |"]
+    unreleased = table(runs, ["fgd", "fgd_cpu"], ["cpu250"], {}).splitlines()
+    assert unreleased[2] == "| cpu250 | 8.01 (-) | 7.51 |"
     plot(runs, ["fgd", "fgd_cpu"], ["cpu250", "default"], published, tmp_path / "q.png")
     assert (tmp_path / "q.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_traces_are_picked_by_group_or_by_name() -> None:
+    import pytest
+
+    from bench.quality import pick_traces
+
+    present = ["cpu0", "cpu250", "default", "gpuspec05"]
+    public = {"cpu250", "default"}
+    assert pick_traces("public", present, public) == ["cpu250", "default"]
+    assert pick_traces("unreleased", present, public) == ["cpu0", "gpuspec05"]
+    assert pick_traces("all", present, public) == present
+    assert pick_traces("gpuspec05, default", present, public) == ["gpuspec05", "default"]
+    with pytest.raises(ValueError, match="--traces: unknown nope; choose from cpu0, cpu250, default, gpuspec05"):
+        pick_traces("default,nope", present, public)
