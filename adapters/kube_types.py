@@ -39,17 +39,12 @@ class GpuContainer(TypedDict, total=False):
     restartPolicy: str
 
 
-class OwnerReference(TypedDict, total=False):
-    kind: str
-
-
 class SchedulingPodMetadata(TypedDict, total=False):
     name: str
     namespace: str
     uid: str
     labels: dict[str, str]
     annotations: SchedulingAnnotations
-    ownerReferences: list[OwnerReference]
 
 
 class SchedulingPodSpec(TypedDict, total=False):

@@ -102,7 +102,9 @@ def test_cpu_in_use_and_the_gpu_pod_shapes_come_from_the_bound_pods():
         make_pod("unbound", 1),
         make_pod("daemon", 0, node_name="t4-1", phase="Running"),
     ]
+    # As the DaemonSet controller makes them: an owner reference and the template generation label.
     pods[-1]["metadata"]["ownerReferences"] = [{"kind": "DaemonSet", "name": "dcgm-exporter"}]
+    pods[-1]["metadata"]["labels"] = {"app": "dcgm-exporter", "pod-template-generation": "3"}
     table = NodeTable.from_nodes(nodes)
     usage = gpu_usage(table, pods, 8)
     assert usage.used_cpu.tolist() == [2000, 4000, 1000]  # make_pod asks for 1 CPU
