@@ -59,7 +59,7 @@ class SharesBy:
         return _fgd_with(ctx, blind, task, nodes)
 
     def _as_extender(self, ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
-        """What the extender knows: the shapes of the GPU pods running when the snapshot was taken (here:
+        """What the extender knows: the shapes of the pods running when the snapshot was taken (here:
         placed so far, refreshed every ``REFRESH`` placements), capped as the snapshot caps them; and
         the bind takes the tightest GPU, not FGD's."""
         if self.live is None or len(self.placed) % REFRESH == 0:
