@@ -17,7 +17,7 @@ from bench import check_choices
 from scheduler_core.policies import registry
 from scheduler_core.sharing import Cluster, Task, Workload
 from scheduler_core.simulate import simulate
-from scheduler_core.traces import OPENB_DIR, read_nodes, read_tasks, synthetic_trace
+from scheduler_core.traces import OPENB_DIR, openb_traces, read_nodes, read_tasks, synthetic_trace
 
 
 def load(trace: str, openb: Path) -> tuple[str, Cluster, list[Task]]:
@@ -28,8 +28,7 @@ def load(trace: str, openb: Path) -> tuple[str, Cluster, list[Task]]:
         return f"synthetic, openb-like (300 nodes; {openb} is absent)", cluster, tasks
     pods = openb / f"openb_pod_list_{trace}.csv"
     if not pods.is_file():
-        known = sorted(path.stem.removeprefix("openb_pod_list_") for path in openb.glob("openb_pod_list_*.csv"))
-        raise ValueError(f"--trace: {trace!r} is not in {openb}; choose from {', '.join(known)}")
+        raise ValueError(f"--trace: {trace!r} is not in {openb}; choose from {', '.join(openb_traces(openb))}")
     return f"openb {trace}", read_nodes(openb / "openb_node_list_gpu_node.csv"), read_tasks(pods)
 
 

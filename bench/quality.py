@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from bench import check_choices
 from scheduler_core.traces import OPENB_DIR as OPENB
+from scheduler_core.traces import openb_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = {
@@ -100,7 +101,7 @@ def main() -> int:
         raise SystemExit(f"{OPENB} is absent: the trace is research-use only and is not shipped here")
     published = released()
     try:
-        traces = pick_traces(args.traces, available(), {trace for trace, _ in published})
+        traces = pick_traces(args.traces, openb_traces(OPENB), {trace for trace, _ in published})
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
     if args.floor:
@@ -123,11 +124,6 @@ def main() -> int:
     print(text)
     print(f"wrote {args.out}, {args.out.with_suffix('.md')} and {args.out.with_suffix('.png')}")
     return 0
-
-
-def available() -> list[str]:
-    """The traces in the openb directory, by name (``openb_pod_list_<name>.csv``)."""
-    return sorted(path.stem.removeprefix("openb_pod_list_") for path in OPENB.glob("openb_pod_list_*.csv"))
 
 
 def pick_traces(spec: str, present: Sequence[str], public: set[str]) -> list[str]:

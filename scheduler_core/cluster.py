@@ -137,10 +137,16 @@ class ClusterState:
         used_gpus : ndarray of shape (len(rows),), int32
         utilization : ndarray of shape (len(rows),), float64
         """
-        if self.table.n_nodes == 0:
-            return np.zeros(rows.size, dtype=np.int32), np.zeros(rows.size, dtype=np.float64)
-        known = rows >= 0
-        safe = np.where(known, rows, 0)
-        used = np.where(known, self.used_gpus[safe], 0).astype(np.int32)
-        util = np.where(known, self.utilization[safe], 0.0)
-        return used, util
+        return values_at(self.used_gpus, rows, 0).astype(np.int32), values_at(self.utilization, rows, 0.0)
+
+
+def values_at(values: npt.NDArray[Any], rows: npt.NDArray[np.intp], fill: float) -> npt.NDArray[Any]:
+    """``values`` at ``rows`` (state rows, from ``table.rows_of``), ``fill`` where a row is -1.
+
+    >>> values_at(np.array([5, 7]), np.array([1, -1, 0]), 0).tolist()
+    [7, 0, 5]
+    """
+    known = rows >= 0
+    if values.shape[0] == 0:
+        return np.full(rows.shape, fill, dtype=np.result_type(values, type(fill)))
+    return np.where(known, values[np.where(known, rows, 0)], fill)

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.allocation import MILLI_PER_GPU, UNKNOWN_CPU
-from scheduler_core.cluster import ClusterState
+from scheduler_core.cluster import ClusterState, values_at
 from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
 from scheduler_core.gpu_fit import FilterResult, Reason, ScoreResult, ScoreWeights, filter_nodes, free_gpus, score_nodes
 from scheduler_core.ledger_readings import LedgerReadings, Observed
@@ -409,10 +409,8 @@ class Extender:
             return None
         rows = view.state_rows
         assert rows is not None  # set whenever state is
-        known = rows >= 0
-        safe = np.where(known, rows, 0)
-        cpu = np.where(known, state.free_cpu[safe], UNKNOWN_CPU)
-        model_id = np.where(known, state.table.model_id[safe], -1).astype(np.int64)
+        cpu = values_at(state.free_cpu, rows, UNKNOWN_CPU)
+        model_id = values_at(state.table.model_id, rows, -1).astype(np.int64)
         spec = pod.get("spec") if isinstance(pod, Mapping) else None
         pod_cpu = effective_cpu_milli(spec) if isinstance(spec, Mapping) else 0
         return Fragmentation(cpu, model_id, state.workload, pod_cpu)

@@ -109,19 +109,14 @@ def share_fit(
     left = free_milli[rows].astype(np.int64)
     zeros = np.zeros(rows.size, dtype=np.int64)
     policy = effective_policy(policy, fragmentation)
+    cpu, model_id, workload, frag, pod_cpu = zeros, zeros, _NO_WORKLOAD, np.zeros(rows.size), 0
     if policy == "fgd_cpu":
         assert fragmentation is not None  # effective_policy falls back without it
-        cpu, model_id = fragmentation.cpu_left[rows], fragmentation.model_id[rows]
-        cluster = Cluster(cpu, zeros, left, gpu_count[rows].astype(np.int64), model_id, ())
-        workload = fragmentation.workload
-        frag = workload.fragmentation(left, cpu, model_id)
-        context = Context(cluster, workload, frag, np.random.default_rng(0))
-        task = Task(fragmentation.pod_cpu, 0, 1, share)
-    else:
-        cluster = Cluster(zeros, zeros, left, gpu_count[rows].astype(np.int64), zeros, ())
-        context = Context(cluster, _NO_WORKLOAD, np.zeros(rows.size), np.random.default_rng(0))
-        task = Task(0, 0, 1, share)
-    scores, _gpus = share_policy(policy)(context, task, np.arange(rows.size))
+        cpu, model_id, workload = fragmentation.cpu_left[rows], fragmentation.model_id[rows], fragmentation.workload
+        frag, pod_cpu = workload.fragmentation(left, cpu, model_id), fragmentation.pod_cpu
+    cluster = Cluster(cpu, zeros, left, gpu_count[rows].astype(np.int64), model_id, ())
+    context = Context(cluster, workload, frag, np.random.default_rng(0))
+    scores, _gpus = share_policy(policy)(context, Task(pod_cpu, 0, 1, share), np.arange(rows.size))
     low, high = int(scores.min()), int(scores.max())
     fit[rows] = (scores - low) / (high - low) if high > low else 1.0
     return fit

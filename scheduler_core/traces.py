@@ -22,6 +22,11 @@ OPENB_DIR = Path(os.environ.get("OPENB_DIR") or Path(__file__).resolve().parents
 is research-use only and is never copied into the repository; whatever reads it skips when it is absent."""
 
 
+def openb_traces(openb: Path = OPENB_DIR) -> list[str]:
+    """The traces in an openb directory, by name (``openb_pod_list_<name>.csv``), sorted."""
+    return sorted(path.stem.removeprefix("openb_pod_list_") for path in openb.glob("openb_pod_list_*.csv"))
+
+
 def read_nodes(path: str | Path) -> Cluster:
     """The GPU nodes, ordered by name (``sn``) when the file names them. The authors' simulator gives an
     equal top score to the node whose name sorts first (their ``selectHost``), and the simulator here to
