@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.sharing import Workload
-from scheduler_core.simulate import SimResult, simulate
+from scheduler_core.simulate import SimResult, check_trace, simulate
 from scheduler_core.traces import read_nodes, read_tasks
 
 
@@ -51,7 +51,7 @@ def run_many(
     nodes: Path, pods: Path, policies: list[str], seeds: list[int], tune: float, tie: str, jobs: int
 ) -> list[dict[str, Any]]:
     """Every policy on every seed, ``jobs`` runs at a time; one report per policy, in order."""
-    read_nodes(nodes), read_tasks(pods)  # fail fast, with the file and line, before any worker starts
+    check_trace(read_nodes(nodes), read_tasks(pods))  # fail fast, naming the file and line, before any worker starts
     arguments = [(nodes, pods, policy, seed, tune, tie) for policy in policies for seed in seeds]
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(_one, *a) for a in arguments]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from scheduler_core.errors import InvalidArgsError
 from scheduler_core.policies import Context, Scorer, registry
 from scheduler_core.policies.gpu_clustering import task_class
 from scheduler_core.sharing import MILLI, Cluster, Task, Workload, whole_gpus
@@ -47,6 +48,17 @@ class SimResult:
     def at(self, curve: str, arrived: int) -> float:
         values: npt.NDArray[np.float64] = getattr(self, curve)
         return float(values[arrived]) if arrived < values.shape[0] else float("nan")
+
+
+def check_trace(cluster: Cluster, tasks: Sequence[Task]) -> None:
+    """Refuse what the protocol cannot run: no GPU node (GPU % has no denominator), or no task asking for
+    a GPU (inflating to a multiple of the GPU capacity would never stop)."""
+    if cluster.total_gpus <= 0:
+        raise InvalidArgsError("the node list has no GPU node: unallocated GPU % is undefined")
+    if not any(task.gpu_milli > 0 for task in tasks):
+        raise InvalidArgsError(
+            "no task in the pod list asks for a GPU: it cannot be inflated to a multiple of the GPU capacity"
+        )
 
 
 def tune_order(tasks: Sequence[Task], total_gpus: int, tune: float, rng: np.random.Generator) -> list[int]:
@@ -73,6 +85,7 @@ def simulate(
     started = time.perf_counter()
     if tie not in TIES:
         raise ValueError(f"tie must be one of {', '.join(TIES)}, got {tie!r}")
+    check_trace(cluster, tasks)
     scorer = registry()[policy] if isinstance(policy, str) else policy
     name = policy if isinstance(policy, str) else getattr(policy, "__module__", "custom")
     rng = np.random.default_rng(seed)

@@ -233,6 +233,13 @@ def test_simulate_refuses_bad_arguments(tmp_path, capsys, extra, message):
     assert message in capsys.readouterr().err
 
 
+def test_simulate_refuses_a_trace_without_gpu_tasks_instead_of_hanging(tmp_path, capsys):
+    nodes, pods = _write_trace(tmp_path)
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np,1000,100,0,0,\n")
+    assert main(["simulate", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1"]) != 0
+    assert "no task in the pod list asks for a GPU" in capsys.readouterr().err
+
+
 def test_simulate_names_the_bad_line_of_a_trace(tmp_path, capsys):
     nodes, pods = _write_trace(tmp_path)
     pods.write_text(pods.read_text() + "bad,1000,100,1,2000,\n")

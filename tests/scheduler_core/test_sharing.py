@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from scheduler_core.errors import InvalidArgsError
 from scheduler_core.policies import Context, registry
 from scheduler_core.policies.fgd import deltas
 from scheduler_core.sharing import Cluster, Task, Workload, whole_gpus
@@ -229,6 +230,16 @@ def test_simulation_is_deterministic_per_seed_and_never_overcommits(policy: str,
     assert np.nanmin(a.unallocated_pct) >= 0 and np.nanmax(a.unallocated_pct) <= 100
     assert a.failed > 0  # 130 % of capacity cannot all fit
     assert cluster.gpu_left.max() == 1000  # the input cluster is not modified
+
+
+def test_a_trace_the_protocol_cannot_run_is_refused_by_name() -> None:
+    cluster = Cluster.build([64_000], [1 << 20], [2], ["T4"])
+    with pytest.raises(InvalidArgsError, match="no task in the pod list asks for a GPU"):
+        simulate(cluster, [Task(1000, 1, 0, 0)], "fgd", 1)  # inflating it would never stop
+    with pytest.raises(InvalidArgsError, match="no task in the pod list asks for a GPU"):
+        simulate(cluster, [], "fgd", 1)
+    with pytest.raises(InvalidArgsError, match="no GPU node"):
+        simulate(Cluster.build([64_000], [1 << 20], [0], [""]), [Task(1000, 1, 1, 1000)], "fgd", 1)
 
 
 def test_fgd_beats_random_on_a_synthetic_trace() -> None:
