@@ -3,7 +3,7 @@
 Writes ``build/quality.json`` (every run), ``build/quality.md`` (the README's Markdown table: unallocated
 GPU % at 100 % arrived, mean of the seeds, with the authors' released mean beside it; also printed) and
 ``build/quality.png`` (the same as grouped bars, released means as black ticks). Needs
-``../shared/data/openb``; takes about 25 minutes on a 2-core machine with ``--jobs 2``.
+``../shared/data/openb``; takes about 30 minutes on a 2-core machine with ``--jobs 2``.
 """
 
 from __future__ import annotations

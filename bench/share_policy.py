@@ -12,7 +12,8 @@ and the shares placed by each candidate:
 - ``gpu_packing``, ``bestfit``, ``dotprod``: the policies that need only free GPU milli.
 
 What it cannot model: kube-scheduler adds its own scores to the extender's, and breaks ties at
-random, where the simulator gives them to the node whose name sorts first.
+random per decision, where the simulator, as the authors' does, gives them to the node that comes first
+in an order shuffled once per run.
 
 Reported: unallocated GPU % at 100 % arrived, mean over the seeds, on the openb trace when
 ``../shared/data/openb`` has it and on a synthetic openb-like trace otherwise.

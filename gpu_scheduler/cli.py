@@ -136,7 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gsim.add_argument("--seeds", default="42-51", help="a range (42-51) or a list (42,43)")
     gsim.add_argument("--tune", type=float, default=1.3, help="inflate the trace to this multiple of GPU capacity")
-    gsim.add_argument("--tie", choices=("first", "random"), default="first", help="how equal top scores are broken")
+    gsim.add_argument(
+        "--tie", choices=("shuffled", "first", "random"), default="shuffled",
+        help="how equal top scores are broken: the first node in an order shuffled once per seed (as the authors' "
+        "simulator does), the first node in the file, or at random per decision",
+    )  # fmt: skip
     gsim.add_argument("--jobs", type=int, default=1, help="seeds run in parallel")
     gsim.add_argument("--json", type=Path, help="write the results here")
     gsim.add_argument("--plot", type=Path, help="draw unallocated GPU %% against arrived %% to this PNG")

@@ -214,7 +214,7 @@ def placement_comparison(seeds: tuple[int, ...], *, openb: Path | None = None, j
             nodes, pods = Path(tmp) / "nodes.csv", Path(tmp) / "pods.csv"
             write_trace(*synthetic_trace(150, 1200, np.random.default_rng(0)), nodes, pods)
             trace = f"synthetic, openb-like (150 nodes, 1,200 tasks; {openb} is absent)"
-        reports = run_many(nodes, pods, list(PLACEMENT_POLICIES), list(seeds), 1.3, "first", jobs)
+        reports = run_many(nodes, pods, list(PLACEMENT_POLICIES), list(seeds), 1.3, "shuffled", jobs)
     return {
         "trace": trace,
         "seeds": list(seeds),

@@ -2,7 +2,8 @@
 
 A policy scores the feasible nodes for a task: ``score(ctx, task, nodes) -> (scores, gpus)``, where
 ``scores`` are integers (higher is better; the simulator takes the top score and gives ties to the
-first node in the list, or at random with ``tie="random"``: see :mod:`scheduler_core.simulate`) and
+node that comes first in an order shuffled once per run, as the authors' simulator does: see
+:mod:`scheduler_core.simulate`) and
 ``gpus`` gives, per node, the GPU a sharing task would take (-1 for other tasks, which take
 :func:`scheduler_core.sharing.whole_gpus`). The six published policies follow ``FGD_NOTES.md``
 sections 5-6 exactly, integer flooring included; ``fgd_cpu`` is ours.

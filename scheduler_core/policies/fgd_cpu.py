@@ -2,8 +2,8 @@
 
 On the openb traces, GPUs are stranded by CPU. With FGD at 100 % arrived (``default``, seed 42), 3.3 %
 of the cluster's GPU capacity sits free on nodes with under 10 % of their CPU left. FGD places a
-CPU-only task by the fragmentation it causes, which is about zero on most nodes; the tie then goes to
-the first node in the list, whether or not its free GPUs will need that CPU later.
+CPU-only task by the fragmentation it causes, which is about zero on most nodes, so the task goes
+wherever the tie rule sends it, whether or not that node's free GPUs will need the CPU later.
 
 This policy scores a CPU-only task by the CPU a node has to spare once its free GPUs are served:
 ``cpu_left - cpu - R x free GPU milli``, where ``R`` is the workload's CPU demand per GPU milli (the

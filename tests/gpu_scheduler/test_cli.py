@@ -4,7 +4,7 @@ from unittest.mock import patch
 
 import pytest
 
-from gpu_scheduler.cli import main
+from gpu_scheduler.cli import build_parser, main
 from tests.conftest import make_nodes, make_pod
 
 
@@ -88,16 +88,27 @@ def test_demo_places_pods_and_accounts_for_every_pod_and_gpu(capsys, mode):
 
 
 def test_demo_compares_fgd_and_ours_on_a_synthetic_trace_without_openb(tmp_path, capsys):
-    argv = ["demo", "--nodes", "24", "--pods", "20", "--json", "--placement-seeds", "1"]
+    argv = ["demo", "--nodes", "24", "--pods", "20", "--json", "--placement-seeds", "2"]
     with patch("gpu_scheduler.demo.OPENB_DIR", tmp_path / "absent"):
         assert main(argv) == 0
     placement = json.loads(capsys.readouterr().out)["placement"]
-    assert placement["trace"].startswith("synthetic") and placement["seeds"] == [1]
+    assert placement["trace"].startswith("synthetic") and placement["seeds"] == [2]
     assert placement["released_fgd_unallocated_gpu_pct_100"] is None
     assert set(placement["policies"]) == {"fgd", "fgd_cpu"}
     for figures in placement["policies"].values():
         assert 0 <= figures["unallocated_gpu_pct_130"] <= figures["unallocated_gpu_pct_100"] < 100
         assert figures["pods_failed"] > 0  # inflated to 1.3x capacity: some tasks cannot fit
+    # the demo runs the simulator's own protocol, tie rule included (on seed 2 the rules differ)
+    import numpy as np
+
+    from scheduler_core.simulate import simulate
+    from scheduler_core.traces import synthetic_trace
+
+    cluster, tasks = synthetic_trace(150, 1200, np.random.default_rng(0))
+    for policy, figures in placement["policies"].items():
+        expected = simulate(cluster, tasks, policy, 2).at("unallocated_pct", 100)
+        assert expected != pytest.approx(simulate(cluster, tasks, policy, 2, tie="first").at("unallocated_pct", 100))
+        assert figures["unallocated_gpu_pct_100"] == pytest.approx(expected, abs=1e-3)
 
 
 def test_demo_placement_reads_the_openb_default_trace_when_present(tmp_path):
@@ -231,6 +242,16 @@ def test_simulate_refuses_bad_arguments(tmp_path, capsys, extra, message):
     nodes, pods = _write_trace(tmp_path)
     assert main(["simulate", "--nodes", str(nodes), "--pods", str(pods), *extra]) != 0
     assert message in capsys.readouterr().err
+
+
+def test_simulate_offers_every_tie_rule_of_the_simulator_and_defaults_to_the_authors():
+    from scheduler_core.simulate import TIES
+
+    base = ["simulate", "--nodes", "nodes.csv", "--pods", "pods.csv"]
+    assert build_parser().parse_args(base).tie == "shuffled"
+    assert [build_parser().parse_args([*base, "--tie", tie]).tie for tie in TIES] == list(TIES)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*base, "--tie", "last"])
 
 
 def test_simulate_refuses_a_trace_without_gpu_tasks_instead_of_hanging(tmp_path, capsys):

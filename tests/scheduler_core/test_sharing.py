@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.policies import Context, registry
+from scheduler_core.policies import Context, no_gpu, registry
 from scheduler_core.policies.fgd import deltas
 from scheduler_core.sharing import Cluster, Task, Workload, whole_gpus
-from scheduler_core.simulate import simulate, tune_order
+from scheduler_core.simulate import TIES, simulate, tune_order
 from scheduler_core.traces import synthetic_trace
 from tests.conftest import SHARED
 
@@ -184,19 +184,21 @@ def test_fgd_cpu_scores_gpu_tasks_as_fgd_and_cpu_only_tasks_by_spare_cpu() -> No
 
 
 @pytest.mark.skipif(not OPENB.is_dir(), reason=f"{OPENB} is absent")
-def test_fgd_cpu_leaves_fewer_gpus_unallocated_than_fgd_on_the_openb_default_trace() -> None:
+def test_fgd_cpu_leaves_fewer_gpus_unallocated_than_fgd_on_the_openb_gpuspec10_trace() -> None:
+    """Where placing CPU-only tasks by spare CPU pays: `gpuspec10`, better on 10 of 10 seeds (-0.27 on
+    the mean; seed 43: -0.34). On `default` the two tie (README), so that is not asserted."""
     from scheduler_core.traces import read_nodes, read_tasks
 
     cluster = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
-    tasks = read_tasks(OPENB / "openb_pod_list_default.csv")
+    tasks = read_tasks(OPENB / "openb_pod_list_gpuspec10.csv")
     ours = simulate(cluster, tasks, "fgd_cpu", 43).at("unallocated_pct", 100)
     theirs = simulate(cluster, tasks, "fgd", 43).at("unallocated_pct", 100)
     assert ours < theirs - 0.1, (ours, theirs)
 
 
 def test_a_written_trace_reads_back_and_nodes_come_in_name_order(tmp_path) -> None:
-    """Equal top scores go to the first node, which must be the node whose name sorts first, as in the
-    authors' simulator."""
+    """With ``tie="first"`` equal top scores go to the first node, which must be the node whose name
+    sorts first."""
     from scheduler_core.traces import read_nodes, read_tasks, write_trace
 
     cluster, tasks = synthetic_trace(12, 40, np.random.default_rng(1))
@@ -220,7 +222,7 @@ def test_tune_appends_copies_up_to_the_limit() -> None:
     assert requested <= 1.3 * 4 * 1000 < requested + 1000
 
 
-@pytest.mark.parametrize("tie", ["first", "random"])
+@pytest.mark.parametrize("tie", TIES)
 @pytest.mark.parametrize("policy", sorted(registry()))
 def test_simulation_is_deterministic_per_seed_and_never_overcommits(policy: str, tie: str) -> None:
     cluster, tasks = synthetic_trace(40, 300, np.random.default_rng(2))
@@ -232,6 +234,32 @@ def test_simulation_is_deterministic_per_seed_and_never_overcommits(policy: str,
     assert cluster.gpu_left.max() == 1000  # the input cluster is not modified
 
 
+def _nodes_used(tie: str, seed: int) -> frozenset[int]:
+    """Every score ties: 48 one-GPU tasks (0.3 x the capacity of 20 idle 8-GPU nodes). Which nodes do
+    they land on?"""
+    cluster = Cluster.build([64_000] * 20, [1 << 20] * 20, [8] * 20, ["G2"] * 20)
+    seen: list[Context] = []
+
+    def all_equal(ctx: Context, task: Task, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        seen.append(ctx)
+        return np.zeros(nodes.shape[0], dtype=np.int64), no_gpu(nodes)
+
+    simulate(cluster, [Task(1000, 1, 1, 1000)] * 10, all_equal, seed, tune=0.3, tie=tie)
+    left = seen[-1].cluster.gpu_left
+    return frozenset(np.nonzero(left.sum(axis=1) < 8000)[0].tolist())
+
+
+def test_shuffled_ties_fill_one_node_after_another_in_an_order_drawn_from_the_seed() -> None:
+    """The authors' simulator: equal top scores go to the node whose name sorts first, and every node's
+    name starts with its place in a seeded permutation. Ties consolidate, on nodes the seed picks."""
+    first = {_nodes_used("first", seed) for seed in range(5)}
+    shuffled = {_nodes_used("shuffled", seed) for seed in range(5)}
+    assert first == {frozenset(range(6))}  # 48 GPUs fill six nodes: always the first six
+    assert all(len(used) == 6 for used in shuffled) and len(shuffled) > 1 and frozenset(range(6)) not in shuffled
+    assert _nodes_used("shuffled", 3) == _nodes_used("shuffled", 3)
+    assert len(_nodes_used("random", 0)) > 6  # per-decision random ties spread the tasks
+
+
 def test_a_trace_the_protocol_cannot_run_is_refused_by_name() -> None:
     cluster = Cluster.build([64_000], [1 << 20], [2], ["T4"])
     with pytest.raises(InvalidArgsError, match="no task in the pod list asks for a GPU"):
@@ -240,6 +268,8 @@ def test_a_trace_the_protocol_cannot_run_is_refused_by_name() -> None:
         simulate(cluster, [], "fgd", 1)
     with pytest.raises(InvalidArgsError, match="no GPU node"):
         simulate(Cluster.build([64_000], [1 << 20], [0], [""]), [Task(1000, 1, 1, 1000)], "fgd", 1)
+    with pytest.raises(ValueError, match="tie must be one of shuffled, first, random"):
+        simulate(cluster, [Task(1000, 1, 1, 1000)], "fgd", 1, tie="last")
 
 
 def test_fgd_beats_random_on_a_synthetic_trace() -> None:
@@ -269,14 +299,15 @@ RELEASED = OPENB / "published_results" / "fgd_unalloc_gpu_summary_derived.csv"
 @pytest.mark.skipif(not RELEASED.is_file(), reason=f"{RELEASED} is absent")
 @pytest.mark.parametrize(
     ("policy", "released_name"),
-    [("random", "01-Random"), ("dotprod", "02-DotProd"), ("bestfit", "05-BestFit"), ("fgd", "06-FGD")],
-)
+    [
+        ("random", "01-Random"), ("dotprod", "02-DotProd"), ("gpu_clustering", "03-GpuClustering"),
+        ("gpu_packing", "04-GpuPacking"), ("bestfit", "05-BestFit"), ("fgd", "06-FGD"),
+    ],
+)  # fmt: skip
 def test_fidelity_to_the_released_numbers_on_one_seed(policy: str, released_name: str) -> None:
-    """Seed 42 of `default` against the authors' 10-seed mean of unallocated GPU % at 100 % arrived.
-
-    One seed spreads by about 0.3 points around the mean (README), so the bound here is 0.6; the
-    10-seed means in the README are within 0.2. GpuPacking and GpuClustering do not match yet.
-    """
+    """Seed 42 of `default` against the authors' 10-seed mean of unallocated GPU % at 100 % arrived,
+    within the issue's 0.5 points. (The 10-seed means in the README are within 0.2; one seed of the
+    packing policies spreads by up to 0.7 around its mean, and seed 42 is 0.35 off at most.)"""
     import csv
 
     from scheduler_core.traces import read_nodes, read_tasks
@@ -290,4 +321,4 @@ def test_fidelity_to_the_released_numbers_on_one_seed(policy: str, released_name
     cluster = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
     tasks = read_tasks(OPENB / "openb_pod_list_default.csv")
     result = simulate(cluster, tasks, policy, 42)
-    assert abs(result.at("unallocated_pct", 100) - released) <= 0.6, (result.at("unallocated_pct", 100), released)
+    assert abs(result.at("unallocated_pct", 100) - released) <= 0.5, (result.at("unallocated_pct", 100), released)
