@@ -28,9 +28,9 @@ def openb_traces(openb: Path = OPENB_DIR) -> list[str]:
 
 
 def read_nodes(path: str | Path) -> Cluster:
-    """The GPU nodes, ordered by name (``sn``) when the file names them. The authors' simulator gives an
-    equal top score to the node whose name sorts first (their ``selectHost``), and the simulator here to
-    the first row, so the two agree."""
+    """The GPU nodes, ordered by name (``sn``) when the file names them, as the authors' simulator sorts
+    them before it draws its per-run node order for ties: a seed's shuffled order then picks the same
+    nodes whatever order the file lists them in (and ``tie="first"`` means the name that sorts first)."""
     rows = _rows(path, ("cpu_milli", "memory_mib", "gpu", "model"))
     gpu_rows = sorted((r for r in rows if int(r["gpu"]) > 0), key=lambda r: r.get("sn") or "")
     return Cluster.build(
