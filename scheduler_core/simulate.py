@@ -66,6 +66,10 @@ def check_trace(cluster: Cluster, tasks: Sequence[Task]) -> None:
     a GPU (inflating to a multiple of the GPU capacity would never stop)."""
     if cluster.total_gpus <= 0:
         raise InvalidArgsError("the node list has no GPU node: unallocated GPU % is undefined")
+    _require_gpu_tasks(tasks)
+
+
+def _require_gpu_tasks(tasks: Sequence[Task]) -> None:
     if not any(task.gpu_milli > 0 for task in tasks):
         raise InvalidArgsError(
             "no task in the pod list asks for a GPU: it cannot be inflated to a multiple of the GPU capacity"
@@ -73,7 +77,9 @@ def check_trace(cluster: Cluster, tasks: Sequence[Task]) -> None:
 
 
 def tune_order(tasks: Sequence[Task], total_gpus: int, tune: float, rng: np.random.Generator) -> list[int]:
-    """Task indices: the originals shuffled, then random copies up to ``tune`` x the GPU capacity."""
+    """Task indices: the originals shuffled, then random copies up to ``tune`` x the GPU capacity.
+    Without a task that asks for a GPU the copies would never stop: that is refused here."""
+    _require_gpu_tasks(tasks)
     order: list[int] = rng.permutation(len(tasks)).tolist()
     requested = sum(t.gpu_demand for t in tasks)
     limit = tune * total_gpus * MILLI

@@ -268,6 +268,11 @@ def test_a_trace_the_protocol_cannot_run_is_refused_by_name() -> None:
         simulate(cluster, [Task(1000, 1, 1, 1000)], "fgd", 1, tie="last")
 
 
+def test_tune_refuses_tasks_that_ask_for_no_gpu_rather_than_loop_for_ever() -> None:
+    with pytest.raises(InvalidArgsError, match="no task in the pod list asks for a GPU"):
+        tune_order([Task(1000, 1, 0, 0)], total_gpus=4, tune=1.3, rng=np.random.default_rng(1))
+
+
 def test_fgd_beats_random_on_a_synthetic_trace() -> None:
     cluster, tasks = synthetic_trace(60, 500, np.random.default_rng(4))
     fgd = np.mean([simulate(cluster, tasks, "fgd", s).at("unallocated_pct", 100) for s in (1, 2, 3)])
