@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from bench import check_choices
+from bench import check_choices, tried
 from scheduler_core.traces import OPENB_DIR as OPENB
 from scheduler_core.traces import openb_traces
 
@@ -28,7 +28,8 @@ POLICIES = {
     "random": "01-Random", "dotprod": "02-DotProd", "gpu_clustering": "03-GpuClustering",
     "gpu_packing": "04-GpuPacking", "bestfit": "05-BestFit", "fgd": "06-FGD", "fgd_cpu": "",
 }  # fmt: skip
-"""Each policy and its name in the released results ("": ours, which has none)."""
+"""Each policy and its name in the released results ("": ours, which has none). ``--policies`` also takes
+the rules in :data:`bench.tried.RULES`, tried and not adopted."""
 
 
 def _run(trace: str, policy: str, seed: int) -> tuple[str, str, int, float, float]:
@@ -38,7 +39,8 @@ def _run(trace: str, policy: str, seed: int) -> tuple[str, str, int, float, floa
 
     cluster = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
     tasks = read_tasks(OPENB / f"openb_pod_list_{trace}.csv")
-    result = simulate(cluster, tasks, policy, seed, workload=Workload.typical(tasks, cluster.models))
+    scorer = tried.RULES.get(policy, policy)
+    result = simulate(cluster, tasks, scorer, seed, workload=Workload.typical(tasks, cluster.models))
     return trace, policy, seed, result.at("unallocated_pct", 100), result.seconds
 
 
@@ -108,7 +110,7 @@ def main() -> int:
         return floor(traces)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     try:
-        check_choices(policies, POLICIES, "--policies")
+        check_choices(policies, [*POLICIES, *tried.RULES], "--policies")
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
     jobs = [(t, p, 42 + s) for t in traces for p in policies for s in range(args.seeds)]
@@ -162,12 +164,12 @@ def table(
 ) -> str:
     """The README's Markdown table: per trace, each policy's mean, with the released mean beside it."""
     means = _means(runs, policies, traces)
-    lines = ["| trace | " + " | ".join(f"{p} (released)" if POLICIES[p] else f"{p} (ours)" for p in policies) + " |"]
+    lines = ["| trace | " + " | ".join(f"{p} ({_kind(p)})" for p in policies) + " |"]
     lines.append("|---|" + "---:|" * len(policies))
     for trace in traces:
         cells = []
         for policy in policies:
-            name = POLICIES[policy]
+            name = POLICIES.get(policy, "")
             mean = means[trace, policy]
             text = f"{mean:.2f}"
             if name:  # a published policy: its released mean, or "-" on a trace without released results
@@ -176,6 +178,11 @@ def table(
             cells.append(text)
         lines.append(f"| {trace} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _kind(policy: str) -> str:
+    """How the table and the plot label a policy: released (published), ours, or tried (not adopted)."""
+    return "tried" if policy in tried.RULES else "released" if POLICIES[policy] else "ours"
 
 
 def plot(
@@ -197,8 +204,11 @@ def plot(
     figure, axes = plt.subplots(figsize=(max(8.0, 1.1 * len(traces)), 4.5))
     for k, policy in enumerate(policies):
         x = np.arange(len(traces)) + (k - (len(policies) - 1) / 2) * width
-        axes.bar(x, [means[t, policy] for t in traces], width, label=policy + ("" if POLICIES[policy] else " (ours)"))
-        released_values = [published.get((t, POLICIES[policy]), np.nan) for t in traces]
+        kind = _kind(policy)
+        axes.bar(
+            x, [means[t, policy] for t in traces], width, label=policy if kind == "released" else f"{policy} ({kind})"
+        )
+        released_values = [published.get((t, POLICIES.get(policy, "")), np.nan) for t in traces]
         label = "released" if k == 0 else None
         axes.scatter(x, released_values, marker="_", s=60, color="black", zorder=3, label=label)
     axes.set_xticks(np.arange(len(traces)), traces, rotation=30, ha="right")
