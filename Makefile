@@ -38,7 +38,7 @@ unit: $(STAMP)
 	$(BIN)/pytest -q
 
 bench: $(STAMP)
-	$(BIN)/gpu-scheduler bench extender --json
+	$(BIN)/gpu-scheduler bench extender
 
 # Every sharing policy on every public openb trace, 10 seeds (about 25 minutes on 2 cores).
 bench-quality: $(STAMP)

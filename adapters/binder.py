@@ -32,17 +32,17 @@ from typing import Any
 
 from adapters.gpu_ledger import Assigned, LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient, RetryPolicy
+from adapters.ledger_readings import LedgerReadings
 from adapters.settings import ClusterAccess
-from scheduler_core.allocation import ASSIGNED_GPUS_ANNOTATION, MILLI_PER_GPU
-from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ClusterStateUnavailableError, InvalidPodError
-from scheduler_core.extender import BindOutcome
-from scheduler_core.ledger import Demand
-from scheduler_core.ledger_readings import LedgerReadings
-from scheduler_core.nodes import NodeTable
-from scheduler_core.pods import pod_demand
-from scheduler_core.preemption import Holdings
-from scheduler_core.wire import ExtenderBindingArgs
+from scheduler_core.extender.facade import BindOutcome
+from scheduler_core.extender.preemption import Holdings
+from scheduler_core.extender.wire import ExtenderBindingArgs
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, MILLI_PER_GPU
+from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.k8s.pods import pod_demand
+from scheduler_core.state.cluster import ClusterState
+from scheduler_core.state.ledger import Demand
 
 log = logging.getLogger(__name__)
 

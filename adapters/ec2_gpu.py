@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from scheduler_core.node_labels import GpuInfo, gpu_info_from_ec2
+from scheduler_core.k8s.node_labels import GpuInfo, gpu_info_from_ec2
 
 log = logging.getLogger(__name__)
 

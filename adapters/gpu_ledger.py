@@ -18,9 +18,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from scheduler_core.allocation import format_assigned_gpus, parse_assigned_gpus
 from scheduler_core.errors import SchedulerCoreError
-from scheduler_core.ledger import Demand, NodeLedger, Pairs, choose_gpus
+from scheduler_core.k8s.annotations import format_assigned_gpus, parse_assigned_gpus
+from scheduler_core.state.ledger import Demand, NodeLedger, Pairs, choose_gpus
 
 
 class LedgerStoreError(Exception):

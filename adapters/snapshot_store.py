@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ClusterStateUnavailableError
-from scheduler_core.snapshot import ClusterSnapshot, SnapshotFormatError, read_snapshot
+from scheduler_core.state.cluster import ClusterState
+from scheduler_core.state.snapshot import SnapshotFormatError, read_snapshot
 
 DEFAULT_REFRESH_S = 10.0
 DEFAULT_MAX_AGE_S = 180.0
@@ -183,16 +183,16 @@ class SnapshotSource:
         self._trace = trace or (lambda _name: nullcontext())
         self._on_refresh = on_refresh
         self._lock = threading.Lock()
-        self._snapshot: ClusterSnapshot | None = None
+        self._snapshot: ClusterState | None = None
         self._etag: str | None = None
         self._checked_at = float("-inf")
         self._last_error: tuple[str, str] = ("missing", f"{store.uri}: not read yet")
         self.last_age_s: float | None = None
 
     def __call__(self) -> ClusterState:
-        return self.current().state
+        return self.current()
 
-    def current(self) -> ClusterSnapshot:
+    def current(self) -> ClusterState:
         if self._monotonic() - self._checked_at >= self.refresh_s:
             with self._lock:
                 if self._monotonic() - self._checked_at >= self.refresh_s:

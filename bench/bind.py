@@ -31,16 +31,16 @@ import numpy as np
 from adapters.binder import LedgerBinder
 from adapters.gpu_ledger import LedgerStore
 from adapters.kube import RetryPolicy, connect_url
+from adapters.ledger_readings import LedgerReadings
 from bench.ledger import SHARES, TABLE, create_table
 from bench.timing import run_threads
-from gpu_scheduler.kube_double import KubeApiDouble
-from gpu_scheduler.local_moto import moto_server
-from scheduler_core.cluster import ClusterState
-from scheduler_core.extender import BindOutcome, Extender
-from scheduler_core.ledger import NodeLedger
-from scheduler_core.ledger_readings import LedgerReadings
-from scheduler_core.synthetic import CATALOGUE, make_node, make_pod
-from scheduler_core.wire import ExtenderArgs
+from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from scheduler_core.extender.facade import BindOutcome, Extender
+from scheduler_core.extender.wire import ExtenderArgs
+from scheduler_core.state.cluster import ClusterState
+from scheduler_core.state.ledger import NodeLedger
+from testing.kube_double import KubeApiDouble
+from testing.moto import moto_server
 
 TOKEN = "bench"
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from bench.timing import time_us
-from scheduler_core.deletion_cost import CostPolicy, PodSignals, compute_costs
+from scheduler_core.deletion_cost.policy import CostPolicy, PodSignals, compute_costs
 
 
 def run(n_pods: list[int], repeat: int, seed: int) -> dict[str, Any]:

@@ -31,10 +31,10 @@ def run(n_pods: int, seed: int) -> dict[str, Any]:
 
     from adapters.amp import PrometheusClient
     from adapters.kube import connect_url
-    from gpu_scheduler.local_prometheus import MISSING, PROMETHEUS, PROMTOOL, prometheus_with
     from lambdas.deletion_cost.config import DeletionCostSettings
     from lambdas.deletion_cost.handler import CostServices, refresh
-    from scheduler_core.deletion_cost import CostConfig
+    from scheduler_core.deletion_cost.policy import CostConfig
+    from testing.prometheus import MISSING, PROMETHEUS, PROMTOOL, prometheus_with
 
     logging.getLogger("lambdas.deletion_cost.handler").setLevel(logging.WARNING)
     rng = np.random.default_rng(seed)
@@ -43,7 +43,7 @@ def run(n_pods: int, seed: int) -> dict[str, Any]:
     )
     with ExitStack() as stack:
         double = subprocess.Popen(
-            [sys.executable, "-m", "gpu_scheduler.kube_double", "--nodes", "0", "--pods", "0",
+            [sys.executable, "-m", "testing.kube_double", "--nodes", "0", "--pods", "0",
              "--managed", str(n_pods)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip

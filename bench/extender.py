@@ -16,14 +16,15 @@ import numpy as np
 from adapters.runtime import tune_allocator
 from bench.lambda_path import warm_path
 from bench.timing import time_us
-from scheduler_core._reference import reference_reasons, reference_scores
-from scheduler_core.cluster import ClusterState
-from scheduler_core.extender import Extender, ExtenderConfig
-from scheduler_core.gpu_fit import ScoreWeights, filter_nodes, score_nodes
-from scheduler_core.nodes import NodeTable
-from scheduler_core.pods import PodDemand
-from scheduler_core.share_scoring import SHARE_POLICIES
-from scheduler_core.synthetic import CATALOGUE, ZONES, make_node, make_pod, synthetic_table
+from gpu_scheduler.synthetic import CATALOGUE, ZONES, make_node, make_pod
+from scheduler_core.extender.facade import Extender, ExtenderConfig
+from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.k8s.pods import PodDemand
+from scheduler_core.scoring.gpu_fit import ScoreWeights, filter_nodes, score_nodes
+from scheduler_core.scoring.share_fit import SHARE_POLICIES
+from scheduler_core.state.cluster import ClusterState
+from testing.reference import reference_reasons, reference_scores
+from testing.synthetic import synthetic_table
 
 WEIGHTS = ScoreWeights()
 DEMAND = PodDemand(name="bench", gpus=2, models=frozenset({"A100", "H100", "L40S"}), min_memory_mib=40960)

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from bench.timing import time_us
-from scheduler_core.snapshot import write_snapshot
-from scheduler_core.synthetic import make_pod, synthetic_snapshot
+from gpu_scheduler.synthetic import make_pod
+from scheduler_core.state.snapshot import write_snapshot
+from testing.synthetic import synthetic_snapshot
 
 
 class _Discard:

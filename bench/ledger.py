@@ -21,7 +21,7 @@ import numpy as np
 
 from adapters.gpu_ledger import LedgerConflictError, LedgerStore, NoRoomError
 from bench.timing import run_threads
-from scheduler_core.ledger import Demand, NodeLedger
+from scheduler_core.state.ledger import Demand, NodeLedger
 
 TABLE = "gpu-ledger"
 SHARES = (100, 200, 250, 300, 500)
@@ -112,7 +112,7 @@ def run(threads: int, pods: int) -> dict[str, Any]:
     """The contended run, then one binder alone on a fresh server (the same moto, no queueing)."""
     import os
 
-    from gpu_scheduler.local_moto import moto_server
+    from testing.moto import moto_server
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")

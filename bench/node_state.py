@@ -40,7 +40,7 @@ def run(n_nodes: int, n_pods: int, seed: int, concurrency: int) -> dict[str, Any
     logging.getLogger("lambdas.node_state.handler").setLevel(logging.WARNING)
     started = time.perf_counter()
     double = subprocess.Popen(
-        [sys.executable, "-m", "gpu_scheduler.kube_double", "--nodes", str(n_nodes), "--pods", str(n_pods),
+        [sys.executable, "-m", "testing.kube_double", "--nodes", str(n_nodes), "--pods", str(n_pods),
          "--seed", str(seed)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from bench import check_choices
-from scheduler_core.policies import registry
-from scheduler_core.sharing import Cluster, Task, Workload
-from scheduler_core.simulate import simulate
-from scheduler_core.traces import OPENB_DIR, openb_traces, read_nodes, read_tasks, synthetic_trace
+from gpu_scheduler.traces import openb_dir, openb_traces, read_nodes, read_tasks, synthetic_trace
+from scheduler_core.sharing.model import Cluster, Task, Workload
+from scheduler_core.sharing.policies import registry
+from scheduler_core.sharing.simulate import simulate
 
 
 def load(trace: str, openb: Path) -> tuple[str, Cluster, list[Task]]:
@@ -34,7 +34,7 @@ def load(trace: str, openb: Path) -> tuple[str, Cluster, list[Task]]:
 
 def run(policies: list[str], trace: str = "default", seed: int = 42, openb: Path | None = None) -> dict[str, Any]:
     check_choices(policies, registry(), "--policies")
-    name, cluster, tasks = load(trace, openb or OPENB_DIR)
+    name, cluster, tasks = load(trace, openb or openb_dir())
     workload = Workload.typical(tasks, cluster.models)
     results = []
     for policy in policies:

@@ -20,8 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bench import check_choices, tried
-from scheduler_core.traces import OPENB_DIR as OPENB
-from scheduler_core.traces import openb_traces
+from gpu_scheduler.traces import openb_dir, openb_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = {
@@ -33,12 +32,12 @@ the rules in :data:`bench.tried.RULES`, tried and not adopted."""
 
 
 def _run(trace: str, policy: str, seed: int) -> tuple[str, str, int, float, float]:
-    from scheduler_core.sharing import Workload
-    from scheduler_core.simulate import simulate
-    from scheduler_core.traces import read_nodes, read_tasks
+    from gpu_scheduler.traces import read_nodes, read_tasks
+    from scheduler_core.sharing.model import Workload
+    from scheduler_core.sharing.simulate import simulate
 
-    cluster = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
-    tasks = read_tasks(OPENB / f"openb_pod_list_{trace}.csv")
+    cluster = read_nodes(openb_dir() / "openb_node_list_gpu_node.csv")
+    tasks = read_tasks(openb_dir() / f"openb_pod_list_{trace}.csv")
     scorer = tried.RULES.get(policy, policy)
     result = simulate(cluster, tasks, scorer, seed, workload=Workload.typical(tasks, cluster.models))
     return trace, policy, seed, result.at("unallocated_pct", 100), result.seconds
@@ -74,7 +73,7 @@ def share_packing_bounds(shares: Sequence[int], capacity: int = 1000) -> tuple[i
 
 
 def released() -> dict[tuple[str, str], float]:
-    path = OPENB / "published_results" / "fgd_unalloc_gpu_summary_derived.csv"
+    path = openb_dir() / "published_results" / "fgd_unalloc_gpu_summary_derived.csv"
     with path.open() as handle:
         return {
             (row["workload"].removeprefix("openb_pod_list_"), row["sc_policy"]): float(row["unalloc_gpu_pct_mean"])
@@ -99,11 +98,11 @@ def main() -> int:
         "--floor", action="store_true", help="only the GPU waste that packing each trace's shares must leave"
     )
     args = parser.parse_args()
-    if not OPENB.is_dir():
-        raise SystemExit(f"{OPENB} is absent: the trace is research-use only and is not shipped here")
+    if not openb_dir().is_dir():
+        raise SystemExit(f"{openb_dir()} is absent: the trace is research-use only and is not shipped here")
     published = released()
     try:
-        traces = pick_traces(args.traces, openb_traces(OPENB), {trace for trace, _ in published})
+        traces = pick_traces(args.traces, openb_traces(openb_dir()), {trace for trace, _ in published})
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
     if args.floor:
@@ -225,14 +224,14 @@ def floor(traces: list[str]) -> int:
     cluster's GPUs: at least the L2 bound's, and no more than first-fit decreasing's (offline, every
     share known in advance, CPU and GPU models ignored). Where the trace's GPU demand is under 100 % of
     the GPUs, every share has arrived by 100 % arrived, so the L2 figure bounds unallocated GPU % there."""
-    from scheduler_core.traces import read_nodes, read_tasks
+    from gpu_scheduler.traces import read_nodes, read_tasks
 
-    total = read_nodes(OPENB / "openb_node_list_gpu_node.csv").total_gpus * 1000
+    total = read_nodes(openb_dir() / "openb_node_list_gpu_node.csv").total_gpus * 1000
     print("| trace | GPU demand, % of the GPUs | shares | GPUs they need: L2 bound / first-fit decreasing "
           "| unused in them, % of all GPUs |")  # fmt: skip
     print("|---|---:|---:|---:|---:|")
     for trace in traces:
-        tasks = read_tasks(OPENB / f"openb_pod_list_{trace}.csv")
+        tasks = read_tasks(openb_dir() / f"openb_pod_list_{trace}.csv")
         shares = [t.gpu_milli for t in tasks if t.sharing]
         lower, ffd = share_packing_bounds(shares)
         waste = [100 * (bins * 1000 - sum(shares)) / total for bins in (lower, ffd)]

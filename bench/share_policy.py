@@ -32,10 +32,10 @@ import numpy.typing as npt
 
 from bench import check_choices
 from bench.policies import load
-from scheduler_core.policies import Context, Scores, fgd_cpu, registry, tightest
-from scheduler_core.sharing import MAX_SHAPES, Task, Workload, keep_typical, shape_of
-from scheduler_core.simulate import simulate
-from scheduler_core.traces import OPENB_DIR
+from gpu_scheduler.traces import openb_dir
+from scheduler_core.sharing.model import MAX_SHAPES, Task, Workload, keep_typical, shape_of, tightest
+from scheduler_core.sharing.policies import Context, Scores, fgd_cpu, registry
+from scheduler_core.sharing.simulate import simulate
 
 CANDIDATES = ("fgd", "extender", "fgd_cpu_blind", "gpu_packing", "bestfit", "dotprod")
 
@@ -93,7 +93,7 @@ def run(
     if seeds < 1:
         raise ValueError(f"--seeds: expected at least 1, got {seeds}")
     check_choices(candidates, CANDIDATES, "--candidates")
-    openb = openb or OPENB_DIR
+    openb = openb or openb_dir()
     name = load(trace, openb)[0]
     jobs_list = [(trace, share, 42 + s, openb) for share in candidates for s in range(seeds)]
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:

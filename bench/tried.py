@@ -17,35 +17,36 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.policies import Context, Scores, fgd, fgd_cpu
-from scheduler_core.sharing import MILLI, Task, Workload
+from scheduler_core.k8s.names import MILLI_PER_GPU
+from scheduler_core.sharing.model import Task, Workload
+from scheduler_core.sharing.policies import Context, Scores, fgd, fgd_cpu
 
 
 @cache
 def _expected_waste(sizes: tuple[int, ...], weights: tuple[float, ...]) -> npt.NDArray[np.float64]:
     size = np.asarray(sizes, dtype=np.int64)
     weight = np.asarray(weights, dtype=np.float64)
-    waste = np.zeros(MILLI + 1)
-    for free in range(1, MILLI + 1):
+    waste = np.zeros(MILLI_PER_GPU + 1)
+    for free in range(1, MILLI_PER_GPU + 1):
         fits = size <= free
         if not fits.any():
             waste[free] = free
             continue
         filled = float(weight[fits] @ waste[free - size[fits]]) / float(weight[fits].sum())
         waste[free] = free / 2 + filled / 2
-    waste[MILLI] = 0.0
+    waste[MILLI_PER_GPU] = 0.0
     return waste
 
 
 def expected_waste(workload: Workload) -> npt.NDArray[np.float64]:
     """``W(h)`` for ``h`` = 0..1000 milli free, from the workload's shares (one GPU, under 1000 milli).
 
-    >>> from scheduler_core.sharing import Workload
+    >>> from scheduler_core.sharing.model import Workload
     >>> w = Workload.from_shapes([((4000, 500, 1, ""), 1), ((8000, 1000, 1, ""), 3)], ["T4"])
     >>> expected_waste(w)[[100, 499, 500, 999, 1000]].tolist()
     [100.0, 499.0, 250.0, 749.0, 0.0]
     """
-    share = (workload.num_gpu == 1) & (workload.gpu_milli > 0) & (workload.gpu_milli < MILLI)
+    share = (workload.num_gpu == 1) & (workload.gpu_milli > 0) & (workload.gpu_milli < MILLI_PER_GPU)
     sizes, where = np.unique(workload.gpu_milli[share], return_inverse=True)
     weights = np.bincount(where.reshape(-1), weights=workload.popularity[share], minlength=sizes.shape[0])
     return _expected_waste(tuple(sizes.tolist()), tuple(weights.tolist()))

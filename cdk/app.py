@@ -28,7 +28,7 @@ from cdk.grafana import DASHBOARDS, render  # noqa: E402
 from cdk.lambda_code import LambdaPackage  # noqa: E402
 from cdk.prometheus import rule_groups, scrape_configuration  # noqa: E402
 from cdk.stack import GpuSchedulerStack  # noqa: E402
-from gpu_scheduler.scheduler_manifests import dump_yaml, render_yaml  # noqa: E402
+from manifests.scheduler import dump_yaml, render_yaml  # noqa: E402
 from scheduler_core.errors import ConfigError  # noqa: E402
 
 STACK_NAME = "GpuScheduler"

@@ -12,7 +12,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk.lambda_layer_kubectl_v33 import KubectlV33Layer
 from constructs import Construct
 
-from gpu_scheduler.scheduler_manifests import LAMBDA_GROUP
+from manifests.scheduler import LAMBDA_GROUP
 
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 
@@ -22,7 +22,7 @@ class ClusterAccess(Construct):
     manifests are applied.
 
     - Each role in ``roles`` gets a STANDARD access entry in group ``group`` and no access policy: what the
-      group may do is exactly the RBAC in ``gpu_scheduler.scheduler_manifests.extender_rbac``.
+      group may do is exactly the RBAC in ``manifests.scheduler.extender_rbac``.
     - With ``manifests``, the cluster is imported and the documents applied by the ``aws_eks_v2`` kubectl
       provider. Creating ClusterRoles needs cluster-admin, so the provider's role gets its own access entry
       with ``AmazonEKSClusterAdminPolicy``. The cluster needs access entries enabled (authentication mode

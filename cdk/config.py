@@ -38,10 +38,10 @@ from typing import Any
 
 from adapters.settings import parse_bool
 from cdk.functions import RETENTION_NAMES
-from gpu_scheduler.scheduler_manifests import DEFAULT_IMAGE, SchedulerOptions
-from scheduler_core.deletion_cost import CostConfig
+from manifests.scheduler import DEFAULT_IMAGE, SchedulerOptions
+from scheduler_core.deletion_cost.policy import CostConfig
 from scheduler_core.errors import ConfigError
-from scheduler_core.share_scoring import DEFAULT_SHARE_POLICY, SHARE_POLICIES
+from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 
 DEFAULT_DELETION_COST_CONFIG = {"hysteresis": 10, "workloads": [{"policy": "metrics"}]}
 # CloudWatch Logs accepts only these retention periods (days).

@@ -22,7 +22,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from scheduler_core.extender import VERBS
+from scheduler_core.extender.facade import VERBS
 
 STAGE = "v1"
 # One JSON line per request: who (the VPC endpoint), what, how long (API Gateway's and the Lambda's own

@@ -25,8 +25,8 @@ from constructs import Construct
 
 from adapters.metric_catalogue import DELETION_COST, EXTENDER, NAMESPACE, NODE_STATE, spec
 from cdk.prometheus import rule_groups, scrape_configuration
-from gpu_scheduler.scheduler_manifests import SCRAPER_USER, dump_yaml
-from scheduler_core.deletion_cost import COST_RANGES
+from manifests.scheduler import SCRAPER_USER, dump_yaml
+from scheduler_core.deletion_cost.policy import COST_RANGES
 
 MINUTE = Duration.minutes(1)
 FIVE_MINUTES = Duration.minutes(5)
@@ -111,7 +111,7 @@ class Monitoring(Construct):
         """The AMP managed scraper for the cluster and the rule groups AMP evaluates.
 
         The scraper's role gets an access entry as ``aps-collector-user``, the user the RBAC in
-        ``gpu_scheduler.scheduler_manifests.scraper_rbac`` binds. Attributes set: ``scraper``, ``rules``,
+        ``manifests.scheduler.scraper_rbac`` binds. Attributes set: ``scraper``, ``rules``,
         ``scraper_access_entry``.
         """
         self.scraper = aps.CfnScraper(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from scheduler_core.deletion_cost import COST_RANGES as DELETION_COST_RANGES
+from scheduler_core.deletion_cost.policy import COST_RANGES as DELETION_COST_RANGES
 
 SCHEDULER_PROFILE = "gpu-scheduler"
 GPU = 'resource="nvidia_com_gpu"'

@@ -21,8 +21,8 @@ from cdk.lambda_code import LambdaPackage
 from cdk.monitoring import Monitoring, Watched
 from cdk.refreshers import DeadLetterQueue, ScheduledRefresher
 from cdk.state import SchedulerState
-from gpu_scheduler.scheduler_manifests import all_manifests
-from scheduler_core.extender import SHARING_VERBS, VERBS
+from manifests.scheduler import all_manifests
+from scheduler_core.extender.facade import SHARING_VERBS, VERBS
 
 
 class GpuSchedulerStack(Stack):

@@ -36,13 +36,13 @@ import numpy as np
 from tqdm import tqdm
 
 from adapters.snapshot_store import FileSnapshotStore
-from gpu_scheduler.simulate_cmd import run_many
-from scheduler_core.cluster import ClusterState
-from scheduler_core.gpu_fit import filter_nodes
-from scheduler_core.pods import effective_gpu_request, pod_demand
-from scheduler_core.snapshot import build_snapshot, write_snapshot
-from scheduler_core.synthetic import demo_pod_stream, synthetic_cluster
-from scheduler_core.traces import OPENB_DIR, synthetic_trace, write_trace
+from gpu_scheduler.simulation import run_many
+from gpu_scheduler.synthetic import demo_pod_stream, synthetic_cluster
+from gpu_scheduler.traces import openb_dir, synthetic_trace, write_trace
+from scheduler_core.k8s.pods import effective_gpu_request, pod_demand
+from scheduler_core.scoring.gpu_fit import filter_nodes
+from scheduler_core.state.cluster import ClusterState
+from scheduler_core.state.snapshot import build_snapshot, write_snapshot
 
 PLACEMENT_POLICIES = ("fgd", "fgd_cpu")
 FGD_RELEASED_DEFAULT = 4.77
@@ -203,9 +203,9 @@ def run_demo(
 def placement_comparison(seeds: tuple[int, ...], *, openb: Path | None = None, jobs: int = 2) -> dict[str, Any]:
     """FGD and ours on the same trace and seeds, by the FGD protocol (inflated to 1.3x, no departures):
     unallocated GPU % at 100 % and 130 % arrived, failed tasks, and seconds per run. The openb
-    ``default`` trace when ``openb`` (default :data:`OPENB_DIR`) holds it, else a synthetic look-alike
-    (150 nodes, 1,200 tasks)."""
-    openb = openb or OPENB_DIR
+    ``default`` trace when ``openb`` (default :func:`~gpu_scheduler.traces.openb_dir`) holds it, else a
+    synthetic look-alike (150 nodes, 1,200 tasks)."""
+    openb = openb or openb_dir()
     with tempfile.TemporaryDirectory(prefix="gpu-scheduler-placement-") as tmp:
         if (openb / "openb_pod_list_default.csv").is_file():
             nodes, pods = openb / "openb_node_list_gpu_node.csv", openb / "openb_pod_list_default.csv"

@@ -24,9 +24,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.extender import Extender, decode_json, encode_json
+from scheduler_core.extender.facade import Extender
+from scheduler_core.extender.wire import decode_json, encode_json
+from scheduler_core.state.cluster import ClusterState
 
 log = logging.getLogger("gpu_scheduler.server")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_core.synthetic import CATALOGUE, ZONES, make_node, make_pod
+from gpu_scheduler.synthetic import CATALOGUE, ZONES, make_node, make_pod
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

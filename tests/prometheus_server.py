@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_scheduler.local_prometheus import MISSING, PROMETHEUS, PROMTOOL, prometheus_with
+from testing.prometheus import MISSING, PROMETHEUS, PROMTOOL, prometheus_with
 
 requires_prometheus = pytest.mark.skipif(not (PROMETHEUS and PROMTOOL), reason=MISSING)
 

@@ -6,7 +6,7 @@ EventBridge invokes it every minute; each invocation makes ``PASSES`` passes ``I
 1. lists the pods labelled ``gpu-scheduler.io/deletion-cost=managed`` (paginated; no other pod is
    ever read or written), skipping finished pods and pods being deleted;
 2. runs each distinct metric query once (AMP, SigV4), with results keyed by ``namespace`` and ``pod``;
-3. computes every pod's cost at once (:mod:`scheduler_core.deletion_cost`);
+3. computes every pod's cost at once (:mod:`scheduler_core.deletion_cost.policy`);
 4. writes the annotation, one merge patch per pod, only where it is missing or invalid or moved by at
    least the hysteresis; most needed first, within ``MAX_PATCHES_PER_RUN`` and ``PATCH_QPS``.
 
@@ -37,8 +37,7 @@ from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import CostPod
 from adapters.metric_catalogue import DELETION_COST, NAMESPACE, emit_count
 from lambdas.deletion_cost.config import MANAGED_SELECTOR, DeletionCostSettings
-from scheduler_core.deletion_cost import ANNOTATION, COST_RANGES, CostConfig, format_cost
-from scheduler_core.deletion_plan import (
+from scheduler_core.deletion_cost.plan import (
     CostChange,
     costs_for,
     current_cost,
@@ -47,7 +46,9 @@ from scheduler_core.deletion_plan import (
     pod_key,
     render_queries,
 )
+from scheduler_core.deletion_cost.policy import COST_RANGES, CostConfig, format_cost
 from scheduler_core.errors import ConfigError
+from scheduler_core.k8s.names import DELETION_COST_ANNOTATION
 
 log = logging.getLogger(__name__)
 TERMINAL = ("Succeeded", "Failed")
@@ -239,7 +240,10 @@ def _write(kube: KubeClient, change: CostChange, hysteresis: int, logger: Any) -
     for attempt in (1, 2):
         try:
             kube.patch_pod_annotations(
-                change.namespace, change.name, {ANNOTATION: format_cost(change.new)}, retry_conflicts=False
+                change.namespace,
+                change.name,
+                {DELETION_COST_ANNOTATION: format_cost(change.new)},
+                retry_conflicts=False,
             )
             logger.info("deletion cost set", extra=_change_log(change))
             return "patched"

@@ -30,10 +30,10 @@ from typing import Any
 
 from adapters.metric_catalogue import EXTENDER, NAMESPACE
 from adapters.settings import CLUSTER_ACCESS_ENV, ClusterAccess, load_settings
-from scheduler_core.extender import ExtenderConfig
-from scheduler_core.gpu_fit import ScoreWeights
-from scheduler_core.locality import DEFAULT_LABEL_KEYS, LocalitySettings
-from scheduler_core.share_scoring import DEFAULT_SHARE_POLICY, SHARE_POLICIES
+from scheduler_core.extender.facade import ExtenderConfig
+from scheduler_core.scoring.gpu_fit import ScoreWeights
+from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, LocalitySettings
+from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 
 LAMBDA_MAX_BODY_BYTES = 6 * 2**20
 

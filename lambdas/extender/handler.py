@@ -22,22 +22,16 @@ from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from adapters.ledger_readings import LedgerReadings
 from adapters.metric_catalogue import emit_count
 from adapters.runtime import tune_allocator
 from adapters.snapshot_store import RefreshEvent, SnapshotSource, open_store
 from adapters.tracing import make_tracer
 from lambdas.extender.config import ExtenderSettings
-from scheduler_core.extender import (
-    Accounting,
-    BindOutcome,
-    Extender,
-    FilterOutcome,
-    PrioritizeOutcome,
-    Reply,
-    encode_json,
-)
-from scheduler_core.ledger_readings import LedgerReadings
-from scheduler_core.preemption import PreemptOutcome
+from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome
+from scheduler_core.extender.facade import Accounting, BindOutcome, Extender, Reply
+from scheduler_core.extender.preemption import PreemptOutcome
+from scheduler_core.extender.wire import encode_json
 
 SETTINGS = ExtenderSettings.from_env()
 logger = Logger(service=SETTINGS.service)

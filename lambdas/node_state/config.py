@@ -28,7 +28,7 @@ from typing import Any
 
 from adapters.amp import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, DEFAULT_UTILIZATION_QUERY, DEFAULT_WINDOW
 from adapters.settings import CLUSTER_ACCESS_ENV, ClusterAccess, load_settings
-from scheduler_core.node_labels import LABEL_POLICIES
+from scheduler_core.k8s.node_labels import LABEL_POLICIES
 
 _ENV = CLUSTER_ACCESS_ENV | {
     "snapshot_uri": "SNAPSHOT_URI",

@@ -13,7 +13,7 @@ EventBridge invokes it every minute. One run:
 6. patches ``gpu.nvidia.com/model|memory|count`` where they should change: one merge patch per node,
    concurrently, until the deadline margin; what it skips is reported;
 7. with ``LEDGER_TABLE`` (GPU sharing), reconciles the GPU ledger with the pods
-   (:func:`scheduler_core.ledger.reconcile`): it frees what pods that are gone, finished or bound
+   (:func:`scheduler_core.state.ledger.reconcile`): it frees what pods that are gone, finished or bound
    elsewhere still hold, records bound pods' annotations an item lacks, and rebuilds missing items.
    The ledger is read before the pods are listed, and unbound pods before bound ones, so that a
    bind in flight is never mistaken for a leftover; each write is conditional on the version read.
@@ -50,12 +50,12 @@ from adapters.kube_types import SchedulingPod
 from adapters.metric_catalogue import NAMESPACE, NODE_STATE, emit_count
 from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
 from lambdas.node_state.config import NodeStateSettings
-from scheduler_core.allocation import ASSIGNED_GPUS_ANNOTATION, parse_assigned_gpus
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.ledger import NodeLedger, Pairs, reconcile
-from scheduler_core.node_labels import LabelPolicy, desired_info, label_changes
-from scheduler_core.nodes import GFD_PRODUCT, LABEL_INSTANCE_TYPE
-from scheduler_core.snapshot import SnapshotFormatError, build_snapshot, read_snapshot, write_snapshot
+from scheduler_core.k8s.annotations import parse_assigned_gpus
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, GFD_PRODUCT, LABEL_INSTANCE_TYPE
+from scheduler_core.k8s.node_labels import LabelPolicy, desired_info, label_changes
+from scheduler_core.state.ledger import NodeLedger, Pairs, reconcile
+from scheduler_core.state.snapshot import SnapshotFormatError, build_snapshot, read_snapshot, write_snapshot
 
 ASSIGNED_NON_TERMINAL = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 UNASSIGNED_NON_TERMINAL = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"

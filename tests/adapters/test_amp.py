@@ -15,13 +15,7 @@ from typing import Any, ClassVar
 import pytest
 from botocore.credentials import Credentials
 
-from adapters.amp import (
-    PrometheusClient,
-    PrometheusQueryError,
-    Sample,
-    utilization_by_node,
-    utilization_query,
-)
+from adapters.amp import PrometheusClient, PrometheusQueryError, Sample, utilization_by_node, utilization_query
 from tests.prometheus_server import prometheus_with, requires_prometheus
 
 SERIES = {

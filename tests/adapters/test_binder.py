@@ -12,13 +12,13 @@ from botocore.exceptions import ClientError
 from adapters.binder import LedgerBinder
 from adapters.gpu_ledger import LedgerStore
 from adapters.kube import RetryPolicy, connect_url
+from adapters.ledger_readings import LedgerReadings
 from bench.ledger import TABLE, create_table
-from gpu_scheduler.kube_double import KubeApiDouble
-from scheduler_core.allocation import ASSIGNED_GPUS_ANNOTATION
-from scheduler_core.cluster import ClusterState
-from scheduler_core.ledger import Demand
-from scheduler_core.ledger_readings import LedgerReadings
-from scheduler_core.wire import ExtenderBindingArgs
+from scheduler_core.extender.wire import ExtenderBindingArgs
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
+from scheduler_core.state.cluster import ClusterState
+from scheduler_core.state.ledger import Demand
+from testing.kube_double import KubeApiDouble
 from tests.conftest import make_nodes, make_pod
 
 TOKEN = "bind-token"
@@ -180,8 +180,8 @@ def test_eight_threads_binding_2000_shares_never_overallocate(monkeypatch: pytes
     from collections import Counter
 
     from bench.bind import bind_all
-    from gpu_scheduler.local_moto import moto_server
-    from scheduler_core.allocation import parse_assigned_gpus
+    from scheduler_core.k8s.annotations import parse_assigned_gpus
+    from testing.moto import moto_server
 
     for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
         monkeypatch.setenv(name, value)

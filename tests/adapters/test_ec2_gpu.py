@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from adapters.ec2_gpu import GpuInfoCatalog
-from scheduler_core.node_labels import GpuInfo
+from scheduler_core.k8s.node_labels import GpuInfo
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from botocore.stub import Stubber
 
 from adapters.gpu_ledger import LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
 from bench.ledger import TABLE, create_table
-from scheduler_core.ledger import Demand
+from scheduler_core.state.ledger import Demand
 
 
 @pytest.fixture

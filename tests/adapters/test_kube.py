@@ -19,8 +19,8 @@ from adapters.kube import (
     connect_url,
     describe_cluster,
 )
-from gpu_scheduler.kube_double import KubeApiDouble
-from scheduler_core.synthetic import CATALOGUE, make_node, make_pod
+from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from testing.kube_double import KubeApiDouble
 
 TOKEN = "test-token"
 
@@ -200,9 +200,14 @@ def test_retries_stop_at_the_deadline(api: KubeApiDouble) -> None:
 
 def test_scheduling_projection_keys_are_the_cores_names() -> None:
     from adapters.kube_types import GpuQuantities, SchedulingAnnotations
-    from scheduler_core.allocation import ASSIGNED_GPUS_ANNOTATION, MILLI_RESOURCE
-    from scheduler_core.locality import PEERS_ANNOTATION
-    from scheduler_core.nodes import GPU_RESOURCE, LABEL_MEMORY, LABEL_MODEL
+    from scheduler_core.k8s.names import (
+        ASSIGNED_GPUS_ANNOTATION,
+        GPU_RESOURCE,
+        LABEL_MEMORY,
+        LABEL_MODEL,
+        MILLI_RESOURCE,
+        PEERS_ANNOTATION,
+    )
 
     assert set(GpuQuantities.__annotations__) == {GPU_RESOURCE, MILLI_RESOURCE, "cpu"}
     assert set(SchedulingAnnotations.__annotations__) == {
@@ -213,8 +218,8 @@ def test_projected_pods_account_exactly_like_full_pods(api: KubeApiDouble) -> No
     import numpy as np
 
     from adapters.kube_types import SchedulingPod
-    from scheduler_core.snapshot import build_snapshot
-    from scheduler_core.synthetic import eks_cluster
+    from scheduler_core.state.snapshot import build_snapshot
+    from testing.synthetic import eks_cluster
 
     nodes, pods = eks_cluster(60, 1500, np.random.default_rng(3))
     with KubeApiDouble(tokens=[TOKEN]) as double:
@@ -227,8 +232,8 @@ def test_projected_pods_account_exactly_like_full_pods(api: KubeApiDouble) -> No
     a = build_snapshot(nodes, projected, cluster="c", generated_at=0.0)
     b = build_snapshot(nodes, full, cluster="c", generated_at=0.0)
     assert a.free_milli.tolist() == b.free_milli.tolist()
-    assert a.state.free_cpu.tolist() == b.state.free_cpu.tolist() and a.state.shapes == b.state.shapes
-    assert a.state.shapes, "the synthetic cluster runs GPU pods"
+    assert a.free_cpu.tolist() == b.free_cpu.tolist() and a.shapes == b.shapes
+    assert a.shapes, "the synthetic cluster runs GPU pods"
     assert a.apps.apps == b.apps.apps and a.apps.node_entries.tolist() == b.apps.node_entries.tolist()
     assert a.problems == b.problems
 

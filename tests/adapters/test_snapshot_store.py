@@ -13,7 +13,7 @@ from adapters.snapshot_store import (
     open_store,
 )
 from scheduler_core.errors import ClusterStateUnavailableError
-from scheduler_core.snapshot import build_snapshot, write_snapshot
+from scheduler_core.state.snapshot import build_snapshot, write_snapshot
 from tests.conftest import make_nodes, make_pod
 
 NOW = 1_800_000_000.0

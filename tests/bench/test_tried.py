@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.tried import RULES, expected_waste
-from scheduler_core.policies import registry
-from scheduler_core.sharing import Task, Workload
+from scheduler_core.sharing.model import Task, Workload
+from scheduler_core.sharing.policies import registry
 from tests.scheduler_core.test_sharing import context, two_nodes, workload
 
 

@@ -9,7 +9,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Template
 
 from cdk.cluster_access import CLUSTER_ADMIN_POLICY, ClusterAccess
-from gpu_scheduler.scheduler_manifests import LAMBDA_GROUP
+from manifests.scheduler import LAMBDA_GROUP
 
 from .conftest import bare_stack
 

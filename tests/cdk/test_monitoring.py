@@ -15,7 +15,7 @@ from aws_cdk.assertions import Template
 from adapters.metric_catalogue import CATALOGUE, NAMESPACE, NODE_STATE, spec
 from cdk.monitoring import Monitoring
 from cdk.prometheus import rule_groups, scrape_configuration
-from gpu_scheduler.scheduler_manifests import SCRAPER_USER
+from manifests.scheduler import SCRAPER_USER
 
 from .conftest import IMPORTED_NETWORK, Synth, bare_stack
 

@@ -29,8 +29,8 @@ from cdk.prometheus import (
     rule_groups,
     scrape_configuration,
 )
-from gpu_scheduler.local_prometheus import PROMTOOL
-from gpu_scheduler.scheduler_manifests import dump_yaml
+from manifests.scheduler import dump_yaml
+from testing.prometheus import PROMTOOL
 from tests.prometheus_server import prometheus_with, requires_prometheus
 
 NOW = time.time()

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_scheduler.scheduler_manifests import LAMBDA_GROUP
+from manifests.scheduler import LAMBDA_GROUP
 
 from .conftest import IMPORTED_NETWORK, Synth
 

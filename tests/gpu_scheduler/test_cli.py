@@ -1,5 +1,4 @@
 import json
-from pathlib import Path
 from unittest.mock import patch
 
 import pytest
@@ -89,7 +88,7 @@ def test_demo_places_pods_and_accounts_for_every_pod_and_gpu(capsys, mode):
 
 def test_demo_compares_fgd_and_ours_on_a_synthetic_trace_without_openb(tmp_path, capsys):
     argv = ["demo", "--nodes", "24", "--pods", "20", "--json", "--placement-seeds", "2"]
-    with patch("gpu_scheduler.demo.OPENB_DIR", tmp_path / "absent"):
+    with patch.dict("os.environ", {"OPENB_DIR": str(tmp_path / "absent")}):
         assert main(argv) == 0
     placement = json.loads(capsys.readouterr().out)["placement"]
     assert placement["trace"].startswith("synthetic") and placement["seeds"] == [2]
@@ -101,8 +100,8 @@ def test_demo_compares_fgd_and_ours_on_a_synthetic_trace_without_openb(tmp_path,
     # the demo runs the simulator's own protocol, tie rule included (on seed 2 the rules differ)
     import numpy as np
 
-    from scheduler_core.simulate import simulate
-    from scheduler_core.traces import synthetic_trace
+    from gpu_scheduler.traces import synthetic_trace
+    from scheduler_core.sharing.simulate import simulate
 
     cluster, tasks = synthetic_trace(150, 1200, np.random.default_rng(0))
     for policy, figures in placement["policies"].items():
@@ -116,7 +115,7 @@ def test_demo_placement_reads_the_openb_default_trace_when_present(tmp_path):
     import numpy as np
 
     from gpu_scheduler.demo import _format_placement, placement_comparison
-    from scheduler_core.traces import synthetic_trace, write_trace
+    from gpu_scheduler.traces import synthetic_trace, write_trace
 
     cluster, tasks = synthetic_trace(30, 200, np.random.default_rng(5))
     write_trace(cluster, tasks, tmp_path / "openb_node_list_gpu_node.csv", tmp_path / "openb_pod_list_default.csv")
@@ -135,7 +134,7 @@ def test_both_node_forms_make_the_same_decisions(capsys):
 
 
 def test_bench_extender_reports_each_size_and_agreeing_results(capsys):
-    argv = ["bench", "extender", "--nodes", "300", "--payload-nodes", "20", "--repeat", "5", "--json"]
+    argv = ["bench", "extender", "--nodes", "300", "--payload-nodes", "20", "--repeat", "5"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert [c["nodes"] for c in report["core"]] == [300]
@@ -213,7 +212,7 @@ def test_bench_deletion_cost_reports_each_size(capsys):
 def _write_trace(tmp_path):
     import numpy as np
 
-    from scheduler_core.traces import synthetic_trace, write_trace
+    from gpu_scheduler.traces import synthetic_trace, write_trace
 
     cluster, tasks = synthetic_trace(30, 200, np.random.default_rng(3))
     write_trace(cluster, tasks, tmp_path / "nodes.csv", tmp_path / "pods.csv")
@@ -245,7 +244,7 @@ def test_simulate_refuses_bad_arguments(tmp_path, capsys, extra, message):
 
 
 def test_simulate_offers_every_tie_rule_of_the_simulator_and_defaults_to_the_authors():
-    from scheduler_core.simulate import TIES
+    from scheduler_core.sharing.simulate import TIES
 
     base = ["simulate", "--nodes", "nodes.csv", "--pods", "pods.csv"]
     assert build_parser().parse_args(base).tie == "shuffled"
@@ -269,7 +268,7 @@ def test_simulate_names_the_bad_line_of_a_trace(tmp_path, capsys):
 
 
 def test_bench_policies_reports_cost_per_decision_on_a_synthetic_trace_without_openb(capsys):
-    with patch("bench.policies.OPENB_DIR", Path("/nonexistent")):
+    with patch.dict("os.environ", {"OPENB_DIR": "/nonexistent"}):
         assert main(["bench", "policies", "--policies", "bestfit,fgd_cpu", "--seed", "3"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["trace"].startswith("synthetic") and report["seed"] == 3
@@ -287,7 +286,7 @@ def test_bench_policies_refuses_an_unknown_policy(capsys):
 
 def test_bench_share_policy_compares_share_placements_on_a_synthetic_trace(capsys):
     argv = ["bench", "share-policy", "--candidates", "fgd,fgd_cpu_blind,gpu_packing", "--seeds", "1", "--jobs", "1"]
-    with patch("bench.share_policy.OPENB_DIR", Path("/nonexistent")):
+    with patch.dict("os.environ", {"OPENB_DIR": "/nonexistent"}):
         assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["trace"].startswith("synthetic") and report["seeds"] == [42] and report["others_by"] == "fgd_cpu"
@@ -310,7 +309,7 @@ def test_bench_and_demo_refuse_bad_arguments_naming_them(tmp_path, capsys, argv,
     """A trace name the openb directory lacks is refused with the names it has, not replaced by the
     synthetic trace (that stands in only when the directory is absent)."""
     (tmp_path / "openb_pod_list_default.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
-    with patch("bench.policies.OPENB_DIR", tmp_path), patch("bench.share_policy.OPENB_DIR", tmp_path):
+    with patch.dict("os.environ", {"OPENB_DIR": str(tmp_path)}):
         assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err

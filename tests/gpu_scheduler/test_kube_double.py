@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduler.kube_double import KubeApiDouble, merge_patch, parse_label_selector
+from testing.kube_double import KubeApiDouble, merge_patch, parse_label_selector
 from tests.conftest import APISERVER_FIXTURES, NODE_PAGES, load_fixture
 
 pytestmark = pytest.mark.skipif(not APISERVER_FIXTURES.is_dir(), reason=f"{APISERVER_FIXTURES} is absent")

@@ -8,8 +8,8 @@ import pytest
 
 from adapters.gpu_ledger import LedgerStore
 from bench.ledger import TABLE, create_table
-from gpu_scheduler.local_moto import moto_server
-from scheduler_core.ledger import NodeLedger
+from scheduler_core.state.ledger import NodeLedger
+from testing.moto import moto_server
 
 
 def _race(stores: list[LedgerStore], version: int) -> list[int]:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gpu_scheduler.cli import main
-from gpu_scheduler.scheduler_manifests import (
+from manifests.scheduler import (
     CONFIG_HASH_ANNOTATION,
     LAMBDA_GROUP,
     SchedulerOptions,
@@ -21,8 +21,8 @@ from gpu_scheduler.scheduler_manifests import (
     scheduler_configuration,
     scheduler_manifests,
 )
-from scheduler_core.allocation import MILLI_RESOURCE
 from scheduler_core.errors import ConfigError
+from scheduler_core.k8s.names import MILLI_RESOURCE
 from tests.conftest import SCHEDULER_FIXTURES
 
 URL = "https://a1b2c3d4e5.execute-api.us-east-1.amazonaws.com/v1"

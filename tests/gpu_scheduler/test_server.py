@@ -12,7 +12,7 @@ import pytest
 
 from gpu_scheduler.server import ClusterFile, ExtenderHTTPServer
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.extender import Extender, ExtenderConfig
+from scheduler_core.extender.facade import Extender, ExtenderConfig
 from tests.conftest import (
     fixture_id,
     load_fixture,
@@ -202,7 +202,7 @@ def test_serve_shuts_down_cleanly_on_signal(sig):
 
 
 def test_serve_with_a_snapshot_answers_names_only_requests(tmp_path):
-    from scheduler_core.snapshot import build_snapshot, write_snapshot
+    from scheduler_core.state.snapshot import build_snapshot, write_snapshot
 
     path = tmp_path / "snapshot.npz"
     pods = [make_pod("r", 6, node_name="a100-0", phase="Running")]
@@ -243,7 +243,7 @@ def test_serve_rejects_a_bad_snapshot_uri():
 
 def test_peers_annotation_pulls_a_pod_next_to_its_peers_through_serve(tmp_path):
     """End to end: a snapshot with a feature store on one node, a GPU pod that names it as a peer."""
-    from scheduler_core.snapshot import build_snapshot, write_snapshot
+    from scheduler_core.state.snapshot import build_snapshot, write_snapshot
 
     store = make_pod("fs", 0, node_name="a100-2", phase="Running")
     store["metadata"]["labels"] = {"app": "feature-store"}
@@ -285,9 +285,9 @@ def test_serve_with_a_ledger_binds_shares_and_preempts_end_to_end(tmp_path, monk
     import boto3
 
     from bench.ledger import TABLE, create_table
-    from gpu_scheduler.kube_double import KubeApiDouble
-    from gpu_scheduler.local_moto import moto_server
-    from scheduler_core.snapshot import build_snapshot, write_snapshot
+    from scheduler_core.state.snapshot import build_snapshot, write_snapshot
+    from testing.kube_double import KubeApiDouble
+    from testing.moto import moto_server
 
     credentials = {
         "AWS_ACCESS_KEY_ID": "testing",

@@ -14,13 +14,14 @@ import pytest
 from adapters.amp import PrometheusClient
 from adapters.kube import connect_url
 from adapters.metric_catalogue import CATALOGUE, DELETION_COST
-from gpu_scheduler.kube_double import KubeApiDouble
+from gpu_scheduler.synthetic import make_pod
 from lambdas.deletion_cost import handler
 from lambdas.deletion_cost.config import DeletionCostSettings
-from scheduler_core.deletion_cost import ANNOTATION, CostConfig
+from scheduler_core.deletion_cost.policy import CostConfig
+from scheduler_core.deletion_cost.replicaset import scale_down_order
 from scheduler_core.errors import ConfigError
-from scheduler_core.replicaset import scale_down_order
-from scheduler_core.synthetic import make_pod
+from scheduler_core.k8s.names import DELETION_COST_ANNOTATION
+from testing.kube_double import KubeApiDouble
 from tests.conftest import FakeLambdaContext, assert_catalogued
 from tests.prometheus_server import prometheus_with, requires_prometheus
 
@@ -154,7 +155,7 @@ def run(api: KubeApiDouble, amp_url: str | None, *, config: Any = CONFIG, time_l
 def annotations(api: KubeApiDouble) -> dict[str, str | None]:
     return {
         f"{p['metadata']['namespace']}/{p['metadata']['name']}": (p["metadata"].get("annotations") or {}).get(
-            ANNOTATION
+            DELETION_COST_ANNOTATION
         )
         for p in api.objects("pods")
     }
@@ -176,7 +177,8 @@ def test_costs_are_written_once_and_only_on_managed_pods(api: KubeApiDouble, pro
     assert not [r for r in api.writes() if int(r.path[-3:]) >= 90]
     assert only.cost_patches == 264 and len(api.writes()) == 264
     patch = json.loads(api.writes()[0].body)
-    assert patch == {"metadata": {"annotations": {ANNOTATION: patch["metadata"]["annotations"][ANNOTATION]}}}
+    cost = patch["metadata"]["annotations"][DELETION_COST_ANNOTATION]
+    assert patch == {"metadata": {"annotations": {DELETION_COST_ANNOTATION: cost}}}
     assert {r.content_type for r in api.writes()} == {"application/merge-patch+json"}
     assert sum(only.cost_ranges.values()) == 270 and only.cost_ranges["warming"] == 2
 
@@ -192,7 +194,7 @@ def test_hysteresis_holds_and_invalid_values_are_replaced(api: KubeApiDouble, pr
     near, far, bad = "frontend-010", "frontend-011", "frontend-012"
     for name, value in ((near, str(target[f"web/{near}"] + 9)), (far, str(target[f"web/{far}"] + 10)), (bad, "007")):
         pod = api.get("pods", name, "web")
-        pod["metadata"]["annotations"][ANNOTATION] = value
+        pod["metadata"]["annotations"][DELETION_COST_ANNOTATION] = value
         api.load("pods", [pod])
     api.requests.clear()
     report = run(api, prometheus)

@@ -12,8 +12,8 @@ import pytest
 from moto import mock_aws
 
 from adapters.metric_catalogue import CATALOGUE, EXTENDER
-from gpu_scheduler.kube_double import KubeApiDouble
-from scheduler_core.snapshot import build_snapshot, write_snapshot
+from scheduler_core.state.snapshot import build_snapshot, write_snapshot
+from testing.kube_double import KubeApiDouble
 from tests.conftest import (
     SCHEDULER_FIXTURES,
     FakeLambdaContext,

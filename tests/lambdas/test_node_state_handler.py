@@ -18,16 +18,16 @@ from adapters.kube import connect_url
 from adapters.metric_catalogue import CATALOGUE, NODE_STATE
 from adapters.snapshot_store import open_store
 from bench.ledger import TABLE, create_table
-from gpu_scheduler.kube_double import KubeApiDouble
 from lambdas.node_state import handler
 from lambdas.node_state.config import NodeStateSettings
-from scheduler_core.allocation import MILLI_RESOURCE
 from scheduler_core.errors import ConfigError
-from scheduler_core.ledger import Demand
-from scheduler_core.node_labels import OWNED_LABELS
-from scheduler_core.quantity import parse_quantity
-from scheduler_core.snapshot import read_snapshot
-from scheduler_core.synthetic import eks_cluster
+from scheduler_core.k8s.names import MILLI_RESOURCE
+from scheduler_core.k8s.node_labels import OWNED_LABELS
+from scheduler_core.k8s.quantity import parse_quantity
+from scheduler_core.state.ledger import Demand
+from scheduler_core.state.snapshot import read_snapshot
+from testing.kube_double import KubeApiDouble
+from testing.synthetic import eks_cluster
 from tests.conftest import FakeLambdaContext, assert_catalogued, make_nodes, make_pod
 from tests.prometheus_server import prometheus_with, requires_prometheus
 
@@ -160,10 +160,10 @@ def test_one_run_labels_nodes_writes_the_snapshot_and_a_second_run_patches_nothi
             cpu_used[node] += int(parse_quantity(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"]) * 1000)
             on_gpu_nodes += not node.startswith("cpu-")
     allocatable = {n["metadata"]["name"]: int(parse_quantity(n["status"]["allocatable"]["cpu"]) * 1000) for n in nodes}
-    assert dict(zip(table.names, snapshot.state.free_cpu.tolist(), strict=True)) == {
+    assert dict(zip(table.names, snapshot.free_cpu.tolist(), strict=True)) == {
         name: allocatable[name] - cpu_used[name] for name in table.names
     }
-    shapes = dict(snapshot.state.shapes)
+    shapes = dict(snapshot.shapes)
     assert max(shapes, key=shapes.__getitem__) == (1000, 1000, 1, "")  # one whole GPU is the most common
     assert any(0 < milli < 1000 for _, milli, _, _ in shapes), "a share shape is common enough to keep"
     assert sum(shapes.values()) >= 0.95 * on_gpu_nodes

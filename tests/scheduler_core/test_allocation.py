@@ -10,17 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler_core.allocation import (
-    ASSIGNED_GPUS_ANNOTATION,
-    MILLI_RESOURCE,
-    format_assigned_gpus,
-    gpu_usage,
-    parse_assigned_gpus,
-)
+from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.nodes import NodeTable
-from scheduler_core.snapshot import build_snapshot
-from scheduler_core.synthetic import CATALOGUE, make_node, make_pod
+from scheduler_core.k8s.annotations import format_assigned_gpus, parse_assigned_gpus
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, MILLI_RESOURCE
+from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.state.allocation import gpu_usage
+from scheduler_core.state.snapshot import build_snapshot
 from tests.conftest import make_nodes
 
 T4 = CATALOGUE[3]  # 4 GPUs
@@ -80,13 +76,13 @@ def test_format_and_parse_round_trip(pairs: dict[int, int]) -> None:
 def test_snapshot_free_milli_and_busy_gpus_follow_the_shares() -> None:
     snap = build_snapshot([make_node("n", T4, "z")], [share("a", 500, "2:500")], cluster="c", generated_at=0.0)
     assert snap.free_milli.tolist() == [[1000, 1000, 500, 1000]]
-    assert snap.state.free_gpus.tolist() == [3]  # a shared GPU is not free for a whole-GPU pod
+    assert snap.free_gpus.tolist() == [3]  # a shared GPU is not free for a whole-GPU pod
 
 
 def test_cpu_in_use_and_the_gpu_pod_shapes_come_from_the_bound_pods():
     """CPU counts every bound, non-terminal pod; shapes the pods on GPU nodes, but not DaemonSets'."""
-    from scheduler_core.allocation import cpu_and_shapes
-    from scheduler_core.synthetic import make_node
+    from gpu_scheduler.synthetic import make_node
+    from scheduler_core.state.allocation import cpu_and_shapes
     from tests.conftest import SHAPES
 
     cpu_node = make_node("cpu-0", replace(SHAPES["T4"], gpus=0), "z")
@@ -115,7 +111,7 @@ def test_cpu_in_use_and_the_gpu_pod_shapes_come_from_the_bound_pods():
 
 
 def test_a_bad_cpu_quantity_still_counts_the_pods_gpus_and_a_node_without_cpu_is_unlimited():
-    from scheduler_core.allocation import UNKNOWN_CPU, cpu_and_shapes
+    from scheduler_core.state.allocation import UNKNOWN_CPU, cpu_and_shapes
 
     nodes = make_nodes("A100", "T4")
     del nodes[1]["status"]["allocatable"]["cpu"]

@@ -5,8 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_core._reference import reference_cost
-from scheduler_core.deletion_cost import (
+from scheduler_core.deletion_cost.policy import (
     INT32_MAX,
     INT32_MIN,
     CostConfig,
@@ -17,6 +16,7 @@ from scheduler_core.deletion_cost import (
     parse_cost,
 )
 from scheduler_core.errors import ConfigError
+from testing.reference import reference_cost
 
 OLD = 3600.0  # seconds: past warm-up
 

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import ConfigError
-from scheduler_core.extender import Extender, ExtenderConfig
-from scheduler_core.gpu_fit import ScoreWeights
-from scheduler_core.wire import ExtenderArgs, HostPriority
+from scheduler_core.extender.facade import Extender, ExtenderConfig
+from scheduler_core.extender.wire import ExtenderArgs, HostPriority
+from scheduler_core.scoring.gpu_fit import ScoreWeights
+from scheduler_core.state.cluster import ClusterState
 from tests.conftest import (
     SCHEDULER_FIXTURES,
     SHARED,
@@ -355,8 +355,8 @@ def test_fgd_cpu_without_cpu_in_the_state_places_shares_as_gpu_packing_does():
 
 def test_fgd_cpu_share_scores_equal_a_loop_over_each_gpu():
     """The extender's FGD score per node, against FGD_NOTES' definition computed GPU by GPU."""
-    from scheduler_core.share_scoring import Fragmentation, share_fit
-    from scheduler_core.sharing import Workload
+    from scheduler_core.scoring.share_fit import Fragmentation, share_fit
+    from scheduler_core.sharing.model import Workload
 
     rng = np.random.default_rng(7)
     workload = Workload.from_shapes(
@@ -412,7 +412,7 @@ def test_whole_gpus_asked_as_milli_are_whole_gpus_and_a_mixed_request_is_refused
 
 
 def test_what_the_ledger_showed_counts_until_a_newer_snapshot_shows_it():
-    from scheduler_core.ledger_readings import LedgerReadings
+    from adapters.ledger_readings import LedgerReadings
 
     now = [1000.0]
     readings = LedgerReadings(margin_s=30.0, clock=lambda: now[0])

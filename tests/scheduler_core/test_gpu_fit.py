@@ -3,25 +3,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_core._reference import reference_reasons, reference_scores
 from scheduler_core.errors import ConfigError
-from scheduler_core.gpu_fit import (
-    Reason,
-    ScoreWeights,
-    filter_nodes,
-    free_gpus,
-    normalize_scores,
-    score_nodes,
-)
-from scheduler_core.pods import PodDemand
-from scheduler_core.synthetic import table_from_columns
+from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.k8s.pods import PodDemand
+from scheduler_core.scoring.gpu_fit import Reason, ScoreWeights, filter_nodes, free_gpus, normalize_scores, score_nodes
+from testing.reference import reference_reasons, reference_scores
 
 A100 = frozenset({"A100"})
 
 
 def cluster():
     """a100 (8 GPU, 40 GiB), h100 (8, 80 GiB), t4 (4, 15 GiB), bare (8 GPUs, no labels)."""
-    return table_from_columns(
+    return NodeTable.from_columns(
         names=["a100", "h100", "t4", "bare"],
         models=["A100", "H100", "T4", None],
         memory_mib=[40960, 81559, 15360, 0],
@@ -85,7 +78,7 @@ def test_reasons_are_short_and_readable():
 
 
 def test_node_with_label_error_reports_that_error():
-    table = table_from_columns(alloc_gpus=[8, 8])
+    table = NodeTable.from_columns(alloc_gpus=[8, 8])
     table = type(table)(**{**table.__dict__, "gpu_info_errors": {1: "label gpu.nvidia.com/memory='x' is not ..."}})
     result = filter_nodes(table, [8, 8], PodDemand(gpus=1, models=A100))
     assert result.failed_unresolvable["node-1"] == "no usable GPU labels: label gpu.nvidia.com/memory='x' is not ..."
@@ -93,12 +86,12 @@ def test_node_with_label_error_reports_that_error():
 
 
 def test_free_gpus_never_go_negative():
-    table = table_from_columns(alloc_gpus=[8, 4])
+    table = NodeTable.from_columns(alloc_gpus=[8, 4])
     assert free_gpus(table, [10, 1]).tolist() == [0, 3]
 
 
 def test_best_fit_uses_free_not_total_gpus():
-    table = table_from_columns(alloc_gpus=[8, 8, 4])
+    table = NodeTable.from_columns(alloc_gpus=[8, 8, 4])
     scores = score_nodes(table, [2, 8, 4], [0.0, 0.0, 0.0], PodDemand(gpus=2))
     # The node with exactly 2 free is best although it has 8 in total; the 4-GPU node is next.
     assert scores.score.tolist() == [10, 5, 8]
@@ -106,13 +99,13 @@ def test_best_fit_uses_free_not_total_gpus():
 
 
 def test_lower_utilisation_scores_higher_when_fit_is_equal():
-    table = table_from_columns(alloc_gpus=[8, 8])
+    table = NodeTable.from_columns(alloc_gpus=[8, 8])
     scores = score_nodes(table, [4, 4], [0.9, 0.1], PodDemand(gpus=4))
     assert scores.score[1] > scores.score[0]
 
 
 def test_weights_blend_fit_and_utilisation():
-    table = table_from_columns(alloc_gpus=[8, 8])
+    table = NodeTable.from_columns(alloc_gpus=[8, 8])
     only_util = score_nodes(table, [2, 8], [0.5, 0.0], PodDemand(gpus=2), ScoreWeights(fit=0.0, utilization=1.0))
     assert only_util.score.tolist() == [5, 10]
     only_fit = score_nodes(table, [2, 8], [0.5, 0.0], PodDemand(gpus=2), ScoreWeights(fit=1.0, utilization=0.0))
@@ -120,13 +113,13 @@ def test_weights_blend_fit_and_utilisation():
 
 
 def test_nodes_that_do_not_fit_and_pods_without_gpus_score_zero():
-    table = table_from_columns(alloc_gpus=[8, 8])
+    table = NodeTable.from_columns(alloc_gpus=[8, 8])
     assert score_nodes(table, [1, 8], [0, 0], PodDemand(gpus=2)).score.tolist() == [0, 10]
     assert score_nodes(table, [1, 8], [0, 0], PodDemand(gpus=0)).score.tolist() == [0, 0]
 
 
 def test_nan_utilisation_counts_as_idle():
-    table = table_from_columns(alloc_gpus=[8, 8])
+    table = NodeTable.from_columns(alloc_gpus=[8, 8])
     scores = score_nodes(table, [8, 8], [np.nan, 0.0], PodDemand(gpus=8))
     assert scores.score.tolist() == [10, 10]
 
@@ -179,7 +172,7 @@ def random_cluster(draw):
     memory = draw(st.lists(st.sampled_from([0, 15360, 24576, 40960, 81559]), min_size=n, max_size=n))
     free = [draw(st.integers(0, a)) for a in alloc]
     util = draw(st.lists(st.floats(0.0, 1.0) | st.just(float("nan")), min_size=n, max_size=n))
-    table = table_from_columns(models=models, alloc_gpus=alloc, memory_mib=memory)
+    table = NodeTable.from_columns(models=models, alloc_gpus=alloc, memory_mib=memory)
     return table, free, util
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from scheduler_core.gpu_models import normalize_model
+from scheduler_core.k8s.gpu_models import normalize_model
 
 
 @pytest.mark.parametrize(

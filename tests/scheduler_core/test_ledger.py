@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_core.ledger import Demand, LedgerError, NodeLedger, choose_gpus, rebuild
+from scheduler_core.state.ledger import Demand, LedgerError, NodeLedger, choose_gpus, rebuild
 
 
 def _reference_choice(free: list[int], demand: Demand) -> tuple[tuple[int, int], ...] | None:

@@ -5,24 +5,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_core._reference import reference_locality
-from scheduler_core.cluster import ClusterState
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.explain import explain
-from scheduler_core.extender import Extender, ExtenderConfig
-from scheduler_core.locality import (
+from scheduler_core.extender.explain import explain
+from scheduler_core.extender.facade import Extender, ExtenderConfig
+from scheduler_core.extender.wire import ExtenderArgs
+from scheduler_core.k8s.annotations import Peer, parse_peers
+from scheduler_core.k8s.pods import pod_demand
+from scheduler_core.scoring.locality import (
     AppIndex,
     LocalitySettings,
-    Peer,
     PeerPlacement,
     index_apps,
     locality_scores,
-    parse_peers,
     peer_placement,
 )
-from scheduler_core.pods import pod_demand
-from scheduler_core.snapshot import build_snapshot, read_snapshot, write_snapshot
-from scheduler_core.wire import ExtenderArgs
+from scheduler_core.state.cluster import ClusterState
+from scheduler_core.state.snapshot import build_snapshot, read_snapshot, write_snapshot
+from testing.reference import reference_locality
 from tests.conftest import make_nodes, make_pod
 
 
@@ -169,7 +168,7 @@ def test_locality_moves_the_gpu_score_and_explain_shows_it():
     pod = peer_pod("p", "app=feature-store", gpus=8)
     scored = Extender(cluster=lambda: state).prioritize(ExtenderArgs(pod=pod, node_names=["a100-0", "a100-2"]))
     assert dict(zip(scored.hosts, scored.values, strict=True)) == {"a100-0": 6, "a100-2": 10}
-    rows = {r.node: r for r in explain(state, pod_demand(pod))}
+    rows = {r.node: r for r in explain(Extender(cluster=lambda: state), pod).nodes}
     assert rows["a100-2"].locality == 1.0 and rows["a100-0"].locality == 0.0
 
 

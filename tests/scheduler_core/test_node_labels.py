@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler_core.node_labels import GpuInfo, desired_info, gpu_info_from_ec2, label_changes
+from scheduler_core.k8s.node_labels import GpuInfo, desired_info, gpu_info_from_ec2, label_changes
 
 EC2 = {"p4d.24xlarge": (GpuInfo("A100", 40960, 8), ""), "m5.large": (None, "instance type m5.large has no GPUs")}
 

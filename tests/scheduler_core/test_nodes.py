@@ -4,8 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.nodes import NodeTable, gpu_facts
-from scheduler_core.synthetic import table_from_columns
+from scheduler_core.k8s.nodes import NodeTable, gpu_facts
 from tests.conftest import SCHEDULER_FIXTURES, load_fixture, make_nodes, requires_fixtures
 
 
@@ -122,6 +121,6 @@ def test_real_captured_nodes_read_as_the_fixture_readme_describes():
     st.lists(st.text(min_size=1, max_size=12), max_size=30),
 )
 def test_rows_of_agrees_with_the_name_index(names, extra):
-    table = table_from_columns(alloc_gpus=[1] * len(names), names=names)
+    table = NodeTable.from_columns(alloc_gpus=[1] * len(names), names=names)
     queries = names[::2] + extra
     assert table.rows_of(queries).tolist() == [table.index.get(q, -1) for q in queries]

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from scheduler_core.allocation import gpu_usage
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.nodes import NodeTable
-from scheduler_core.pods import effective_cpu_milli, effective_gpu_request, pod_demand
+from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.k8s.pods import effective_cpu_milli, effective_gpu_request, pod_demand
+from scheduler_core.state.allocation import gpu_usage
 from tests.conftest import make_nodes, make_pod
 
 

@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from scheduler_core.cluster import ClusterState
-from scheduler_core.extender import BindOutcome, Extender
-from scheduler_core.ledger import Demand, NodeLedger, choose_gpus
-from scheduler_core.pods import PodDemand, pod_demand
-from scheduler_core.preemption import Candidate, Frees, Holdings, PreemptOutcome, decide, victim_frees
-from scheduler_core.wire import ExtenderBindingArgs
+from scheduler_core.extender.facade import BindOutcome, Extender
+from scheduler_core.extender.preemption import Candidate, Frees, Holdings, PreemptOutcome, decide, victim_frees
+from scheduler_core.extender.wire import ExtenderBindingArgs
+from scheduler_core.k8s.pods import PodDemand, pod_demand
+from scheduler_core.state.cluster import ClusterState
+from scheduler_core.state.ledger import Demand, NodeLedger, choose_gpus
 from tests.conftest import SCHEDULER_FIXTURES, SHARED, captured_nodes, load_fixture, make_pod, requires_fixtures
 
 PODS_AFTER = SHARED / "fixtures" / "kube-apiserver" / "a5-preempt-nodecache-{}-pods-after-preemption.json"

@@ -2,7 +2,7 @@ from decimal import Decimal
 
 import pytest
 
-from scheduler_core.quantity import parse_quantity, parse_whole_count
+from scheduler_core.k8s.quantity import parse_quantity, parse_whole_count
 
 
 @pytest.mark.parametrize(

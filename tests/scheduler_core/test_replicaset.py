@@ -1,5 +1,5 @@
-from scheduler_core.deletion_cost import ANNOTATION
-from scheduler_core.replicaset import scale_down_order
+from scheduler_core.deletion_cost.replicaset import scale_down_order
+from scheduler_core.k8s.names import DELETION_COST_ANNOTATION
 
 NOW = 1_800_000_000.0
 
@@ -20,7 +20,7 @@ def pod(
             "name": name,
             "namespace": "ns",
             "creationTimestamp": created,
-            "annotations": {ANNOTATION: cost} if cost is not None else {},
+            "annotations": {DELETION_COST_ANNOTATION: cost} if cost is not None else {},
         },
         "spec": {"nodeName": node},
         "status": {"phase": phase, "conditions": conditions, "containerStatuses": [{"restartCount": restarts}]},

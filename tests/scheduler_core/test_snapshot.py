@@ -5,7 +5,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from scheduler_core.snapshot import (
+from scheduler_core.state.snapshot import (
     SCHEMA_VERSION,
     SnapshotFormatError,
     build_snapshot,
@@ -39,10 +39,10 @@ def test_snapshot_round_trips_every_column():
         assert np.array_equal(getattr(back.table, column), getattr(snap.table, column)), column
     assert back.table.names == snap.table.names
     assert (back.table.models, back.table.zones) == (snap.table.models, snap.table.zones)
-    assert back.state.used_gpus.tolist() == [5, 1, 0]
+    assert back.used_gpus.tolist() == [5, 1, 0]
     assert np.array_equal(back.free_milli, snap.free_milli)
     assert np.array_equal(back.gpu_utilization, snap.gpu_utilization, equal_nan=True)
-    assert back.state.utilization.tolist() == pytest.approx([0.75, 0.2, 0.0])
+    assert back.utilization.tolist() == pytest.approx([0.75, 0.2, 0.0])
     assert back.apps.apps == ("app=feature-store", "app=redis")
     assert back.apps.node_counts("app=redis", 3).tolist() == [1, 1, 0]
     assert back.apps.zone_counts.tolist() == [[1, 0, 0], [1, 1, 0]]
@@ -73,24 +73,24 @@ def test_free_cpu_and_the_gpu_pod_shapes_round_trip():
     snap = small_snapshot()
     back = read_snapshot(write_snapshot(snap))
     # a100-0 runs a (3 GPUs) and d (2 GPUs), t4-1 runs b; c has finished. make_pod asks for 1 CPU.
-    assert back.state.free_cpu.tolist() == [95690 - 2000, 47810 - 1000, 191450]
+    assert back.free_cpu.tolist() == [95690 - 2000, 47810 - 1000, 191450]
     assert (
-        back.state.shapes
-        == snap.state.shapes
+        back.shapes
+        == snap.shapes
         == (
             ((1000, 1000, 3, ""), 1),
             ((1000, 1000, 2, ""), 1),
             ((1000, 1000, 1, ""), 1),
         )
     )
-    assert back.state.workload.allowed.shape == (len(back.table.models) + 1, 3)
+    assert back.workload.allowed.shape == (len(back.table.models) + 1, 3)
 
 
 def test_a_snapshot_without_cpu_reads_as_unknown_cpu():
     """Snapshots written before free_cpu existed still read; FGD share placement then falls back."""
     data = _rewrite(write_snapshot(small_snapshot()), free_cpu=None)
     back = read_snapshot(data)
-    assert back.state.free_cpu is None and back.state.shapes == ()
+    assert back.free_cpu is None and back.shapes == ()
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 import pytest
 
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.wire import (
+from scheduler_core.extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cdk.lambda_code import RUNTIME_PYTHON, LambdaPackage, PackageMissingError
-from scheduler_core.snapshot import build_snapshot, write_snapshot
+from scheduler_core.state.snapshot import build_snapshot, write_snapshot
 from tests.conftest import REPO, make_nodes, make_pod
 
 sys.path.insert(0, str(REPO / "tools"))
@@ -37,7 +37,7 @@ def test_bundle_is_under_the_lambda_limit_and_has_no_kubernetes(local_bundle):
         assert not [n for n in names if "kubernetes" in n.split("/")], name
     with zipfile.ZipFile(out / "extender.zip") as archive:
         code = set(archive.namelist())
-    assert {"lambdas/extender/handler.py", "scheduler_core/extender.py", "adapters/snapshot_store.py"} <= code
+    assert {"lambdas/extender/handler.py", "scheduler_core/extender/facade.py", "adapters/snapshot_store.py"} <= code
     assert not [n for n in code if n.startswith(("gpu_scheduler/", "bench/", "tests/"))]
     with zipfile.ZipFile(out / "layer-x86_64.zip") as archive:
         layer = archive.namelist()
@@ -104,8 +104,8 @@ def test_the_node_state_refresher_runs_from_its_bundle_and_layers(local_bundle, 
     """Code + both layers + what the Lambda runtime provides (boto3), against the API double and moto's server."""
     from moto.server import ThreadedMotoServer
 
-    from gpu_scheduler.kube_double import KubeApiDouble
-    from scheduler_core.synthetic import eks_cluster
+    from testing.kube_double import KubeApiDouble
+    from testing.synthetic import eks_cluster
 
     out, _ = local_bundle
     root = tmp_path / "task"

@@ -1,0 +1,49 @@
+"""This extender instance's ledger readings: the clock-reading, thread-safe keeper of what its binds saw.
+
+What the readings mean, and how they cap the state, is :mod:`scheduler_core.state.readings`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from scheduler_core.state.readings import DEFAULT_KEEP_S, DEFAULT_MARGIN_S, Observed, still_pending
+
+
+class LedgerReadings:
+    """This instance's ledger readings, oldest first; thread-safe (the local server is threaded).
+
+    >>> readings = LedgerReadings(clock=lambda: 100.0)
+    >>> readings.observe("n1", (300, 1000))
+    >>> [r.free for r in readings.pending(generated_at=50.0)]
+    [(300, 1000)]
+    >>> readings.pending(generated_at=200.0)
+    []
+    """
+
+    def __init__(
+        self,
+        margin_s: float = DEFAULT_MARGIN_S,
+        keep_s: float = DEFAULT_KEEP_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.margin_s, self.keep_s = margin_s, keep_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen: list[Observed] = []
+
+    def observe(self, node: str, free: Sequence[int]) -> None:
+        """The ledger shows ``free`` milli per GPU on ``node`` now."""
+        with self._lock:
+            self._seen.append(Observed(node, self._clock(), tuple(int(v) for v in free)))
+
+    def pending(self, generated_at: float | None) -> list[Observed]:
+        """Readings the state stamped ``generated_at`` may not reflect, oldest first; older ones are
+        forgotten (:func:`scheduler_core.state.readings.still_pending`)."""
+        with self._lock:
+            if not self._seen:
+                return []
+            self._seen = still_pending(self._seen, generated_at, self._clock(), self.margin_s, self.keep_s)
+            return list(self._seen)

@@ -1,0 +1,155 @@
+"""``gpu-scheduler bench SUITE ...``: every benchmark suite, one dispatch table; each prints JSON on stdout.
+
+Speed and memory are measured here, never in timed tests. Ratios are measured side by side in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpu_scheduler.commands.common import int_list
+
+
+def _extender(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.extender import run
+
+    return run(args)
+
+
+def _deletion_cost(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.deletion_cost import run
+
+    return run(args.pods, args.repeat, args.seed)
+
+
+def _deletion_cost_run(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.deletion_cost_run import run
+
+    return run(args.pods, args.seed)
+
+
+def _node_state(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.node_state import run
+
+    return run(args.nodes, args.pods, args.seed, args.concurrency)
+
+
+def _ledger(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.ledger import run
+
+    return run(args.threads, args.pods)
+
+
+def _bind(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.bind import run
+
+    return run(args.threads, args.pods)
+
+
+def _policies(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.policies import run
+
+    return run(_names(args.policies), args.trace, args.seed)
+
+
+def _share_policy(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.share_policy import run
+
+    return run(_names(args.candidates), args.trace, args.seeds, args.jobs)
+
+
+def _synth(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.synth import run
+
+    return run(args.runs, args.package_dir.resolve())
+
+
+def _cold_start(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.lambda_path import cold_start
+
+    return cold_start(args.runs, args.snapshot_nodes, args.seed)
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+Suite = Callable[[argparse.Namespace], dict[str, Any]]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu-scheduler bench", description=__doc__)
+    suites = parser.add_subparsers(dest="suite", required=True)
+
+    def suite(name: str, run: Suite, help_text: str) -> argparse.ArgumentParser:
+        sub = suites.add_parser(name, help=help_text)
+        sub.set_defaults(run=run)
+        return sub
+
+    ext = suite("extender", _extender, "core filter+score and the full handle() path")
+    ext.add_argument("--nodes", type=int_list, default=[1000, 10000, 100000], help="core table sizes")
+    ext.add_argument("--payload-nodes", type=int_list, default=[100, 500, 1000], help="full Node payload sizes")
+    ext.add_argument("--repeat", type=int, default=200, help="timed iterations per size")
+    ext.add_argument("--seed", type=int, default=1)
+    ext.add_argument("--snapshot-nodes", type=int, default=0, help="time the Lambda path over a snapshot this big")
+    ext.add_argument("--names", type=int_list, default=[1000, 10000, 100000], help="NodeNames per request")
+    ext.add_argument(
+        "--share-names", type=int_list, default=[1000, 10000], help="names per share prioritize, by share policy"
+    )
+    dc = suite("deletion-cost", _deletion_cost, "deletion-cost computation for many pods at once")
+    dc.add_argument("--pods", type=int_list, default=[1000, 10000, 100000])
+    dc.add_argument("--repeat", type=int, default=100)
+    dc.add_argument("--seed", type=int, default=1)
+    dcr = suite("deletion-cost-run", _deletion_cost_run, "one deletion-cost refresher run against the API double")
+    dcr.add_argument("--pods", type=int, default=10_000)
+    dcr.add_argument("--seed", type=int, default=0)
+    ns = suite("node-state", _node_state, "one node-state refresher run against a synthetic cluster")
+    ns.add_argument("--nodes", type=int, default=10_000)
+    ns.add_argument("--pods", type=int, default=200_000)
+    ns.add_argument("--seed", type=int, default=0)
+    ns.add_argument("--concurrency", type=int, default=8, help="label patches in flight")
+    led = suite("ledger", _ledger, "GPU-ledger binds under contention against moto's DynamoDB server")
+    led.add_argument("--threads", type=int, default=8)
+    led.add_argument("--pods", type=int, default=2000)
+    bnd = suite("bind", _bind, "the whole bind verb: ledger in moto's server, annotation and Binding")
+    bnd.add_argument("--threads", type=int, default=8)
+    bnd.add_argument("--pods", type=int, default=1000)
+    pol = suite("policies", _policies, "placement policies: seconds per seed and cost per decision")
+    pol.add_argument(
+        "--policies", default="random,dotprod,gpu_clustering,gpu_packing,bestfit,fgd,fgd_cpu", help="comma list"
+    )
+    pol.add_argument("--trace", default="default", help="openb trace name (synthetic when ../shared lacks it)")
+    pol.add_argument("--seed", type=int, default=42)
+    shp = suite("share-policy", _share_policy, "which policy the extender should place GPU shares with")
+    shp.add_argument(
+        "--candidates", default="fgd,extender,fgd_cpu_blind,gpu_packing,bestfit,dotprod", help="comma list of policies"
+    )
+    shp.add_argument("--trace", default="default", help="openb trace name (synthetic when ../shared lacks it)")
+    shp.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")
+    shp.add_argument("--jobs", type=int, default=2)
+    syn = suite("synth", _synth, "make synth: wall time and peak memory of the CDK app")
+    syn.add_argument("--runs", type=int, default=3)
+    syn.add_argument("--package-dir", type=Path, default=Path("build/lambda"), help="where make package wrote")
+    cold = suite("cold-start", _cold_start, "fresh interpreter: import + init + first request (S3 via moto)")
+    cold.add_argument("--runs", type=int, default=5)
+    cold.add_argument("--snapshot-nodes", type=int, default=10000)
+    cold.add_argument("--seed", type=int, default=1)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one suite and print its report; a ValueError from the suite (an unknown policy, a trace the
+    openb directory lacks) is a usage error, exit 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        report = args.run(args)
+    except ValueError as exc:
+        print(f"gpu-scheduler bench {args.suite}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,368 @@
+"""Kubernetes manifests for the second scheduler and for the Lambdas' cluster access.
+
+One source for both ways out: the CDK app writes them to ``cdk.out/manifests/gpu-scheduler.yaml`` (and
+applies them through ``aws_eks_v2`` when asked), and ``gpu-scheduler scheduler-config`` writes the same
+documents for a URL given on the command line.
+
+What is generated:
+
+- ``extender_rbac``: the ClusterRole the Lambdas' Kubernetes group gets (EKS access entries map their IAM
+  roles onto that group): nodes get/list/patch, pods get/list/patch, pods/binding create, events create.
+- ``scheduler_manifests``: the upstream kube-scheduler running as a second scheduler named
+  ``gpu-scheduler``: ServiceAccount, the RBAC it needs, a ConfigMap with its ``KubeSchedulerConfiguration``
+  (``kubescheduler.config.k8s.io/v1``) calling our extender, a Deployment with probes, and a PDB.
+
+Choices that matter (DESIGN sections 4 and 8):
+
+- ``percentageOfNodesToScore: 100`` at the top level (a per-profile value is rejected by the captured
+  v1beta3 scheduler), so the extender sees every feasible node: bin-packing needs the whole picture.
+- ``nodeCacheCapable: true``: names only, about 7 KB per request instead of about 1.2 MB at 500 nodes.
+- ``managedResources``: the extender is called only for pods that request one of them. ``nvidia.com/gpu``
+  stays counted by the scheduler. ``gpu-scheduler.io/gpu-milli`` is listed (``ignoredByScheduler: true``)
+  only when sharing is on, because then the extender's bind verb owns that accounting; without sharing a
+  milli request stays unschedulable instead of landing on a node with no accounting at all (the captured
+  ``03c``/``03d`` runs show kube-scheduler binding such pods anywhere).
+- ``clientConnection`` qps 100 and burst 200: the default 50/100 caps binds at about 50 pods/s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from scheduler_core.errors import ConfigError
+from scheduler_core.k8s.names import MILLI_RESOURCE
+
+GPU_RESOURCE = "nvidia.com/gpu"
+SCHEDULER_NAME = "gpu-scheduler"
+# The Kubernetes group the Lambdas' IAM roles are mapped to by their EKS access entries.
+LAMBDA_GROUP = "gpu-scheduler:lambdas"
+# The Kubernetes user the AMP managed scraper's role is mapped to.
+SCRAPER_USER = "aps-collector-user"
+# kube-scheduler must not be newer than the API server: set the tag to the cluster's minor version.
+DEFAULT_IMAGE = "registry.k8s.io/kube-scheduler:v1.33.5"
+CONFIG_PATH = "/etc/kubernetes/gpu-scheduler"
+SECURE_PORT = 10259
+CONFIG_HASH_ANNOTATION = "gpu-scheduler.io/config-sha256"
+_LABELS = {"app.kubernetes.io/name": SCHEDULER_NAME, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerOptions:
+    """What the second scheduler's manifests depend on.
+
+    ``extender_url`` is the extender's base URL, stage included (kube-scheduler appends ``/filter``...).
+    """
+
+    extender_url: str
+    sharing: bool = False
+    weight: int = 5
+    http_timeout_s: float = 3.0
+    image: str = DEFAULT_IMAGE
+    namespace: str = "kube-system"
+    replicas: int = 2
+    client_qps: int = 100
+    client_burst: int = 200
+
+    def problems(self) -> list[str]:
+        """Every invalid option, by name."""
+        found = []
+        if not isinstance(self.extender_url, str) or not self.extender_url.startswith("https://"):
+            found.append(f"extender_url: expected an https:// URL (enableHTTPS is on), got {self.extender_url!r}")
+        # kube-scheduler validates 0 < weight; the extender's score counts weight × 0..10 per node.
+        if not isinstance(self.weight, int) or isinstance(self.weight, bool) or not 1 <= self.weight <= 100:
+            found.append(f"weight: expected an integer in 1..100, got {self.weight!r}")
+        if not isinstance(self.http_timeout_s, int | float) or not 0 < self.http_timeout_s <= 30:
+            found.append(f"http_timeout_s: expected seconds in (0, 30], got {self.http_timeout_s!r}")
+        if not isinstance(self.image, str) or not self.image or any(c.isspace() for c in self.image):
+            found.append(f"image: expected a container image reference, got {self.image!r}")
+        if not isinstance(self.replicas, int) or isinstance(self.replicas, bool) or self.replicas < 1:
+            found.append(f"replicas: expected an integer >= 1, got {self.replicas!r}")
+        for name in ("client_qps", "client_burst"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                found.append(f"{name}: expected an integer >= 1, got {value!r}")
+        return found
+
+    def validated(self) -> SchedulerOptions:
+        problems = self.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return self
+
+
+def _duration(seconds: float) -> str:
+    """A Go duration string: ``3s``, ``1500ms``."""
+    return f"{int(seconds)}s" if float(seconds).is_integer() else f"{round(seconds * 1000)}ms"
+
+
+def extender_entry(options: SchedulerOptions) -> dict[str, Any]:
+    """The ``extenders[]`` entry of the KubeSchedulerConfiguration (v1 field names)."""
+    managed: list[dict[str, Any]] = [{"name": GPU_RESOURCE, "ignoredByScheduler": False}]
+    entry: dict[str, Any] = {
+        "urlPrefix": options.extender_url.rstrip("/"),
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+    }
+    if options.sharing:
+        entry |= {"bindVerb": "bind", "preemptVerb": "preempt"}
+        managed.append({"name": MILLI_RESOURCE, "ignoredByScheduler": True})
+    return entry | {
+        "weight": options.weight,
+        "enableHTTPS": True,
+        "httpTimeout": _duration(options.http_timeout_s),
+        "nodeCacheCapable": True,
+        "managedResources": managed,
+        # Not ignorable: a GPU pod placed without the extender's view is worse than a retried one.
+        "ignorable": False,
+    }
+
+
+def scheduler_configuration(options: SchedulerOptions) -> dict[str, Any]:
+    """The ``KubeSchedulerConfiguration`` the second scheduler runs with.
+
+    >>> config = scheduler_configuration(SchedulerOptions(extender_url="https://x.example/prod"))
+    >>> config["profiles"], config["percentageOfNodesToScore"], config["extenders"][0]["urlPrefix"]
+    ([{'schedulerName': 'gpu-scheduler'}], 100, 'https://x.example/prod')
+    """
+    options.validated()
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"qps": options.client_qps, "burst": options.client_burst},
+        "leaderElection": {
+            "leaderElect": True,
+            "resourceLock": "leases",
+            "resourceName": SCHEDULER_NAME,
+            "resourceNamespace": options.namespace,
+        },
+        "percentageOfNodesToScore": 100,
+        "profiles": [{"schedulerName": SCHEDULER_NAME}],
+        "extenders": [extender_entry(options)],
+    }
+
+
+def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": dict(_LABELS)}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    return meta
+
+
+def extender_rbac(group: str = LAMBDA_GROUP) -> list[dict[str, Any]]:
+    """ClusterRole and binding for the Lambdas' group: exactly what the extender and refreshers call."""
+    name = "gpu-scheduler-lambdas"
+    rules = [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
+        {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
+    ]
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(name), "rules": rules},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": _meta(name),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}],
+        },
+    ]
+
+
+def _scheduler_rbac(namespace: str) -> list[dict[str, Any]]:
+    """What the upstream kube-scheduler needs as a second scheduler (the Kubernetes multiple-schedulers
+    guide): the built-in ``system:kube-scheduler`` and ``system:volume-scheduler`` roles, reading the
+    authentication config, and its own leader-election lease (the built-in role only names
+    ``kube-scheduler``'s)."""
+    subject = [{"kind": "ServiceAccount", "name": SCHEDULER_NAME, "namespace": namespace}]
+
+    def binding(kind: str, name: str, role_kind: str, role: str, ns: str | None = None) -> dict[str, Any]:
+        return {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": kind,
+            "metadata": _meta(name, ns),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
+            "subjects": subject,
+        }
+
+    lease_role = f"{SCHEDULER_NAME}-leader-election"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(SCHEDULER_NAME, namespace)},
+        binding("ClusterRoleBinding", f"{SCHEDULER_NAME}-as-kube-scheduler", "ClusterRole", "system:kube-scheduler"),
+        binding(
+            "ClusterRoleBinding", f"{SCHEDULER_NAME}-as-volume-scheduler", "ClusterRole", "system:volume-scheduler"
+        ),
+        binding(
+            "RoleBinding",
+            f"{SCHEDULER_NAME}-extension-apiserver-authentication-reader",
+            "Role",
+            "extension-apiserver-authentication-reader",
+            namespace,
+        ),
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(lease_role, namespace),
+            "rules": [
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "resourceNames": [SCHEDULER_NAME],
+                    "verbs": ["get", "update", "patch"],
+                },
+            ],
+        },
+        binding("RoleBinding", lease_role, "Role", lease_role, namespace),
+    ]
+
+
+def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
+    """Every document for the second scheduler, in apply order.
+
+    >>> docs = scheduler_manifests(SchedulerOptions(extender_url="https://x.example/prod"))
+    >>> [d["kind"] for d in docs][-3:]
+    ['ConfigMap', 'Deployment', 'PodDisruptionBudget']
+    """
+    options.validated()
+    ns = options.namespace
+    config_text = dump_yaml(scheduler_configuration(options))
+    selector = {"app.kubernetes.io/name": SCHEDULER_NAME}
+    probe = {"httpGet": {"path": "/healthz", "port": SECURE_PORT, "scheme": "HTTPS"}}
+    container = {
+        "name": "kube-scheduler",
+        "image": options.image,
+        "command": [
+            "kube-scheduler",
+            f"--config={CONFIG_PATH}/config.yaml",
+            # /metrics without a token, for the AMP managed scraper (which cannot present one); the
+            # probe paths are already anonymous by default.
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            "--v=2",
+        ],
+        "ports": [{"name": "https", "containerPort": SECURE_PORT}],
+        "livenessProbe": probe | {"initialDelaySeconds": 15, "periodSeconds": 10, "failureThreshold": 3},
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": SECURE_PORT, "scheme": "HTTPS"}}
+        | {"periodSeconds": 10},
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_PATH, "readOnly": True}],
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(SCHEDULER_NAME, ns),
+        "spec": {
+            "replicas": options.replicas,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {
+                    "labels": dict(_LABELS),
+                    # kube-scheduler reads its configuration once: a new text rolls the pods.
+                    "annotations": {CONFIG_HASH_ANNOTATION: hashlib.sha256(config_text.encode()).hexdigest()[:16]},
+                },
+                "spec": {
+                    "serviceAccountName": SCHEDULER_NAME,
+                    "priorityClassName": "system-cluster-critical",
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": f"{SCHEDULER_NAME}-config"}}],
+                    # Replicas on different nodes, so losing one node keeps a scheduler (leader election
+                    # picks which one is active).
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                            "labelSelector": {"matchLabels": selector},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    return [
+        *_scheduler_rbac(ns),
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _meta(f"{SCHEDULER_NAME}-config", ns),
+            "data": {"config.yaml": config_text},
+        },
+        deployment,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": _meta(SCHEDULER_NAME, ns),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+        },
+    ]
+
+
+def scraper_rbac() -> list[dict[str, Any]]:
+    """What the AMP managed scraper needs to discover and scrape pods, bound to the user its access entry
+    names (``aps-collector-user``, as the AMP documentation sets it up)."""
+    name = "gpu-scheduler-aps-collector"
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": _meta(name),
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["nodes", "nodes/metrics", "services", "endpoints", "pods"],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {"nonResourceURLs": ["/metrics"], "verbs": ["get"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": _meta(name),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SCRAPER_USER}],
+        },
+    ]
+
+
+def all_manifests(options: SchedulerOptions, *, group: str = LAMBDA_GROUP) -> list[dict[str, Any]]:
+    """The Lambdas' and the scraper's RBAC and the second scheduler: everything ``gpu-scheduler.yaml`` holds."""
+    return [*extender_rbac(group), *scraper_rbac(), *scheduler_manifests(options)]
+
+
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]
+    """Plain YAML for people and kubectl: no ``&id001`` aliases, multi-line strings as ``|`` blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump_yaml(document: Any) -> str:
+    """One document, keys in the order built and no line folding (a folded token would break CDK)."""
+    return str(yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=2**31))
+
+
+def render_yaml(documents: Sequence[dict[str, Any]], *, header: str = "") -> str:
+    """Documents as one multi-document YAML stream."""
+    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return comment + "---\n".join(dump_yaml(doc) for doc in documents)

@@ -1,0 +1,192 @@
+"""The extender's verdicts and scores for one pod over one :class:`~scheduler_core.extender.view.NodeView`.
+
+Pure: :func:`filter_verdict` and :func:`prioritize_scores` return frozen outcomes that carry the view
+they were computed on, so that the wire replies, the adapters' logs and ``explain`` all read the same
+decision.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.extender.view import NodeView, fragmentation_inputs, locality_inputs
+from scheduler_core.extender.wire import ExtenderFilterResult, HostPriority, encode_json, json_string
+from scheduler_core.k8s.pods import PodDemand
+from scheduler_core.scoring.gpu_fit import FilterResult, Reason, ScoreResult, ScoreWeights, filter_nodes, score_nodes
+from scheduler_core.scoring.locality import LocalitySettings
+from scheduler_core.scoring.share_fit import share_fit
+
+UNKNOWN_NODE_REASON = "node is not in the cluster state"
+
+
+@dataclass(frozen=True, eq=False)
+class FilterOutcome:
+    """A filter decision: what goes on the wire, plus what an adapter logs about it.
+
+    ``kept`` holds node names (``names_only``) or the Node objects sent; ``unknown`` the names the
+    cluster state lacks. ``error_kind`` says why ``error`` is set: ``invalid_pod`` or a
+    :class:`~scheduler_core.errors.ClusterStateUnavailableError` kind.
+    """
+
+    names_only: bool
+    kept: list[Any]
+    demand: PodDemand | None = None
+    result: FilterResult | None = None
+    unknown: list[str] = field(default_factory=list)
+    error: str = ""
+    error_kind: str = ""
+    view: NodeView | None = None
+
+    @cached_property
+    def reply(self) -> ExtenderFilterResult:
+        failed: dict[str, str] = {} if self.result is None else self.result.failed
+        failed.update(dict.fromkeys(self.unknown, UNKNOWN_NODE_REASON))
+        return ExtenderFilterResult(
+            nodes=None if self.names_only else self.kept,
+            node_names=self.kept if self.names_only else None,
+            failed=failed,
+            failed_unresolvable={} if self.result is None else self.result.failed_unresolvable,
+            error=self.error,
+        )
+
+    def to_json(self) -> bytes:
+        """``reply.to_wire()`` as JSON, written directly: each distinct reason is encoded once, and no
+        dict is built per failed node (tens of thousands per call with ``NodeNames``)."""
+        if self.result is None:
+            return encode_json(self.reply.to_wire())
+        kept = encode_json(self.kept).decode()
+        nodes, names = ("null", kept) if self.names_only else (f'{{"metadata":{{}},"items":{kept}}}', "null")
+        failed = _json_map(*self.result.failed_items(unresolvable=False), extra=self.unknown)
+        unresolvable = _json_map(*self.result.failed_items(unresolvable=True))
+        return (
+            f'{{"Nodes":{nodes},"NodeNames":{names},"FailedNodes":{failed},'
+            f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
+        ).encode()
+
+    @property
+    def nodes_feasible(self) -> int:
+        return len(self.kept)
+
+    @property
+    def nodes_in(self) -> int:
+        failed = 0 if self.result is None else int(np.count_nonzero(self.result.reason))
+        return len(self.kept) + failed + len(self.unknown)
+
+    def reason_counts(self) -> dict[str, int]:
+        """Rejected nodes per reason category (``model``, ``too_few_free``, ``unknown_node``...)."""
+        counts: dict[str, int] = {}
+        if self.result is not None:
+            tally = np.bincount(self.result.reason, minlength=len(Reason))
+            counts = {Reason(code).name.lower(): int(n) for code, n in enumerate(tally.tolist()) if code and n}
+        if self.unknown:
+            counts["unknown_node"] = len(self.unknown)
+        return counts
+
+    def top_messages(self, count: int = 3) -> dict[str, int]:
+        """The most common rejection messages, with how many nodes got each."""
+        tally: Counter[str] = Counter(self.result.message_counts() if self.result is not None else {})
+        if self.unknown:
+            tally[UNKNOWN_NODE_REASON] += len(self.unknown)
+        return {text: n for text, n in tally.most_common(count) if n}
+
+    def summary(self) -> dict[str, Any]:
+        """Nodes in and out and a histogram of reasons, for one structured log line."""
+        return {
+            "nodes_in": self.nodes_in,
+            "nodes_feasible": self.nodes_feasible,
+            "reasons": self.reason_counts(),
+            "top_messages": self.top_messages(),
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class PrioritizeOutcome:
+    """A prioritize decision: one integer score per host, in the request's order (names the state
+    lacks last, scored 0)."""
+
+    hosts: list[str]
+    values: list[int]
+    demand: PodDemand | None = None
+    scores: ScoreResult | None = None
+    view: NodeView | None = None
+    locality: npt.NDArray[np.float64] | None = None
+    """Shape (n_nodes,): the locality component before any filter, for a pod with peers."""
+
+    @property
+    def reply(self) -> list[HostPriority]:
+        return [HostPriority(host, score) for host, score in zip(self.hosts, self.values, strict=True)]
+
+    def to_json(self) -> bytes:
+        """The ``HostPriorityList`` as JSON, written directly: with 10,000s of hosts per call this is
+        about 4x faster than building dicts for ``json.dumps``."""
+        items = map('{{"Host":{},"Score":{:d}}}'.format, map(json_string, self.hosts), self.values)
+        return ("[" + ",".join(items) + "]").encode()
+
+    def summary(self) -> dict[str, Any]:
+        best = self.values.index(max(self.values)) if self.values else None
+        return {
+            "nodes_in": len(self.hosts),
+            "top_node": None if best is None else self.hosts[best],
+            "top_score": None if best is None else self.values[best],
+        }
+
+
+def filter_verdict(view: NodeView, demand: PodDemand, nodes: Sequence[Any] | None) -> FilterOutcome:
+    """The filter over ``view``; ``nodes`` are the full Node objects sent (None in the names form),
+    which the reply returns as they came.
+
+    >>> from scheduler_core.extender.view import node_view
+    >>> from scheduler_core.extender.wire import ExtenderArgs
+    >>> from scheduler_core.state.readings import NoReadings
+    >>> node = {"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "2"}}}
+    >>> args = ExtenderArgs(pod={}, nodes=[node])
+    >>> demand = PodDemand(gpus=4)
+    >>> filter_verdict(node_view(None, args, demand, NoReadings()), demand, args.nodes).reply.failed_unresolvable
+    {'n': '2 GPUs allocatable, pod needs 4'}
+    """
+    result = filter_nodes(view.table, view.free, demand)
+    rows = np.flatnonzero(result.feasible).tolist()
+    source = view.table.names if nodes is None else nodes
+    kept = list(map(source.__getitem__, rows))
+    return FilterOutcome(nodes is None, kept, demand, result, view.unknown, view=view)
+
+
+def prioritize_scores(
+    view: NodeView,
+    demand: PodDemand,
+    pod: Any,
+    weights: ScoreWeights,
+    locality: LocalitySettings,
+    share_policy: str,
+) -> PrioritizeOutcome:
+    """Score every node of ``view``; nodes that would not pass the filter score 0, and so do the names
+    the cluster state lacks (they cannot be ranked, and they must not vanish from the reply)."""
+    feasible = filter_nodes(view.table, view.free, demand).feasible
+    local = locality_inputs(view, demand, locality)
+    fit = None
+    if demand.share and view.free_milli is not None:
+        fragmentation = fragmentation_inputs(view, pod) if share_policy == "fgd_cpu" else None
+        fit = share_fit(view.free_milli, view.table.alloc_gpus, demand.share, feasible, share_policy, fragmentation)
+    scores = score_nodes(
+        view.table, view.free, view.utilization, demand, weights, feasible=feasible, locality=local, fit=fit
+    )
+    hosts = [*view.table.names, *view.unknown]
+    values = [*scores.score.tolist(), *([0] * len(view.unknown))]
+    return PrioritizeOutcome(hosts, values, demand, scores, view, local)
+
+
+def _json_map(names: list[str], text_id: list[int], texts: tuple[str, ...], extra: Sequence[str] = ()) -> str:
+    """``{"name": "reason", ...}`` for failed nodes, plus ``extra`` names with the unknown-node reason."""
+    encoded = [json_string(text) for text in texts]
+    pairs = list(map("{}:{}".format, map(json_string, names), map(encoded.__getitem__, text_id)))
+    unknown = json_string(UNKNOWN_NODE_REASON)
+    pairs.extend(f"{json_string(name)}:{unknown}" for name in extra)
+    return "{" + ",".join(pairs) + "}"

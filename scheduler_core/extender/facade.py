@@ -1,0 +1,276 @@
+"""The extender facade: ``handle(verb, body) -> (status, body)``, shared by every adapter.
+
+The local HTTP server and the Lambda handler only move bytes in and out; parsing, validation and
+the decision live here and in :mod:`scheduler_core.extender.decide`. Status codes follow DESIGN
+section 4:
+
+- 200 with a result, or 200 with ``Error`` for a semantic failure (an invalid pod annotation);
+- 400 with ``{"Error": ...}`` for a body that cannot be parsed, has the wrong shape or is too large;
+- 404 for a verb this extender does not serve;
+- 503 for ``prioritize`` when the cluster state it needs is unavailable (kube-scheduler ignores
+  prioritize errors; ``filter`` reports the same condition as ``Error``).
+
+``bind`` and ``preempt`` (GPU sharing, DESIGN section 5) are served when the extender has an
+:class:`Accounting`: the GPU ledger that records every bind. ``bind`` answers ``{"Error": ""}`` or
+``{"Error": why}`` in a 200; ``preempt`` answers 503 when the cluster state is unavailable.
+
+Anything else is a genuine fault: :meth:`Extender.handle` lets it propagate, and the adapter logs it
+and answers 500.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
+from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome, filter_verdict, prioritize_scores
+from scheduler_core.extender.preemption import Holdings, PreemptOutcome, candidates, decide_on_view, proposed_nodes
+from scheduler_core.extender.view import NodeView, node_view
+from scheduler_core.extender.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderPreemptionArgs,
+    decode_json,
+    encode_json,
+    error_body,
+)
+from scheduler_core.k8s.names import PEERS_ANNOTATION
+from scheduler_core.k8s.pods import PodDemand, pod_demand
+from scheduler_core.scoring.gpu_fit import ScoreWeights
+from scheduler_core.scoring.locality import LocalitySettings
+from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
+from scheduler_core.state.cluster import ClusterState
+from scheduler_core.state.readings import NoReadings, Readings
+
+VERBS = ("filter", "prioritize")
+SHARING_VERBS = ("bind", "preempt")
+DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+
+ClusterSource = Callable[[], ClusterState | None]
+"""Returns the current cluster state, or ``None`` when none is configured. May raise
+:class:`ClusterStateUnavailableError` (for example when a snapshot is too old)."""
+
+
+@dataclass(frozen=True)
+class ExtenderConfig:
+    """Settings of the extender core. ``max_body_bytes`` is the largest request accepted;
+    ``share_policy`` places shares of a GPU (:mod:`scheduler_core.scoring.share_fit`)."""
+
+    weights: ScoreWeights = field(default_factory=ScoreWeights)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    locality: LocalitySettings = field(default_factory=LocalitySettings)
+    share_policy: str = DEFAULT_SHARE_POLICY
+
+    def validated(self) -> ExtenderConfig:
+        """Return ``self``, or raise :class:`ConfigError` listing every problem."""
+        problems = self.weights.problems("weights") + self.locality.problems("locality")
+        if (
+            isinstance(self.max_body_bytes, bool)
+            or not isinstance(self.max_body_bytes, int)
+            or self.max_body_bytes <= 0
+        ):
+            problems.append(f"max_body_bytes: must be a positive integer, got {self.max_body_bytes!r}")
+        if self.share_policy not in SHARE_POLICIES:
+            problems.append(f"share_policy: expected one of {', '.join(SHARE_POLICIES)}, got {self.share_policy!r}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return self
+
+
+@dataclass(frozen=True, eq=False)
+class BindOutcome:
+    """A bind: ``error`` empty when the pod is bound; ``error_kind`` names the failure for metrics
+    (``pod_gone``, ``no_room``, ``conflict``, ``ledger_error``, ``kube_error``...)."""
+
+    pod: str
+    node: str
+    error: str = ""
+    error_kind: str = ""
+    assigned: str = ""  # the gpu-scheduler.io/assigned-gpus value, "" for a pod with no GPU
+    conflicts: int = 0
+    already: bool = False  # a repeat of a bind that had already happened
+    rolled_back: bool = False
+
+    def to_json(self) -> bytes:
+        return encode_json({"Error": self.error})
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "pod": self.pod,
+            "node": self.node,
+            "assigned": self.assigned,
+            "conflicts": self.conflicts,
+            "already": self.already,
+            "rolled_back": self.rolled_back,
+            "error": self.error,
+        }
+
+
+class Accounting(Protocol):
+    """The GPU ledger behind ``bind`` and ``preempt`` (``adapters.binder.LedgerBinder``)."""
+
+    def bind(self, args: ExtenderBindingArgs) -> BindOutcome: ...
+
+    def holdings(self, nodes: Sequence[str]) -> Holdings: ...
+
+
+Outcome = FilterOutcome | PrioritizeOutcome | BindOutcome | PreemptOutcome
+
+
+@dataclass(frozen=True, eq=False)
+class Reply:
+    """An HTTP answer, with the decision behind it when there was one."""
+
+    status: int
+    body: bytes
+    outcome: Outcome | None = None
+    error_kind: str = ""
+
+
+class Extender:
+    """Filter and prioritize for GPU pods (whole GPUs and shares); bind and preempt with a ledger.
+
+    Parameters
+    ----------
+    config : ExtenderConfig
+    cluster : callable returning ClusterState or None
+        Source of per-node usage. Without one, every node counts as empty (kube-scheduler's own
+        accounting of ``nvidia.com/gpu`` still applies), and the ``NodeNames`` form is refused.
+    readings : Readings, optional
+        What this instance's binds read from the ledger, laid over the cluster state; shared with
+        ``accounting``, which records them (``adapters.ledger_readings.LedgerReadings``).
+    accounting : Accounting, optional
+        The GPU ledger; with it ``bind`` and ``preempt`` are served.
+    """
+
+    def __init__(
+        self,
+        config: ExtenderConfig | None = None,
+        cluster: ClusterSource | None = None,
+        readings: Readings | None = None,
+        accounting: Accounting | None = None,
+    ) -> None:
+        self.config = (config or ExtenderConfig()).validated()
+        self._cluster = cluster or (lambda: None)
+        self.readings: Readings = readings or NoReadings()
+        self.accounting = accounting
+
+    @property
+    def verbs(self) -> tuple[str, ...]:
+        return VERBS + (SHARING_VERBS if self.accounting is not None else ())
+
+    # -- wire level ---------------------------------------------------------------------------
+    def handle(self, verb: str, body: bytes) -> tuple[int, bytes]:
+        """Answer one extender call. See the module docstring for the status codes.
+
+        >>> import json
+        >>> status, reply = Extender().handle("filter", b'{"Pod": {}, "Nodes": {"items": []}}')
+        >>> status, json.loads(reply)["Error"]
+        (200, '')
+        """
+        reply = self.respond(verb, body)
+        return reply.status, reply.body
+
+    def respond(self, verb: str, body: bytes) -> Reply:
+        """:meth:`handle`, plus the decision and the error kind for an adapter's logs and metrics."""
+        verb = verb.strip("/")
+        if verb not in self.verbs:
+            message = f"unknown verb {verb[:64]!r}: this extender serves {', '.join(self.verbs)}"
+            return Reply(404, error_body(message), error_kind="unknown_verb")
+        if len(body) > self.config.max_body_bytes:
+            message = f"request body is {len(body)} bytes; the limit is {self.config.max_body_bytes}"
+            return Reply(400, error_body(message), error_kind="too_large")
+        try:
+            if verb == "bind":
+                assert self.accounting is not None  # checked with the verb
+                bound = self.accounting.bind(ExtenderBindingArgs.from_wire(decode_json(body)))
+                return Reply(200, bound.to_json(), bound, bound.error_kind)
+            if verb == "preempt":
+                preempted = self.preempt(ExtenderPreemptionArgs.from_wire(decode_json(body)))
+                return Reply(200, encode_json(preempted.to_wire()), preempted)
+            args = ExtenderArgs.from_wire(decode_json(body))
+            if verb == "filter":
+                outcome = self.filter(args)
+                return Reply(200, outcome.to_json(), outcome, outcome.error_kind)
+            scored = self.prioritize(args)
+            return Reply(200, scored.to_json(), scored)
+        except InvalidArgsError as exc:
+            return Reply(400, error_body(str(exc)), error_kind="bad_request")
+        except InvalidPodError as exc:  # prioritize and preempt: filter reports it as Error in a 200
+            return Reply(400, error_body(str(exc)), error_kind="invalid_pod")
+        except ClusterStateUnavailableError as exc:  # prioritize only, as above
+            return Reply(503, error_body(str(exc)), error_kind=exc.kind)
+
+    # -- decision level -----------------------------------------------------------------------
+    def filter(self, args: ExtenderArgs) -> FilterOutcome:
+        """Filter ``args`` and build the reply in the request's node form."""
+        try:
+            demand = self.demand(args.pod)
+            view = self.view(args, demand)
+        except (InvalidPodError, ClusterStateUnavailableError) as exc:
+            kind = exc.kind if isinstance(exc, ClusterStateUnavailableError) else "invalid_pod"
+            return FilterOutcome(args.names_only, [], error=str(exc), error_kind=kind)
+        return filter_verdict(view, demand, args.nodes)
+
+    def prioritize(self, args: ExtenderArgs) -> PrioritizeOutcome:
+        """Score every node of ``args``; nodes that would not pass the filter score 0.
+
+        Raises
+        ------
+        InvalidPodError, ClusterStateUnavailableError
+            ``prioritize`` has no ``Error`` field; :meth:`handle` maps these to 400 and 503.
+        """
+        demand = self.demand(args.pod)
+        config = self.config
+        return prioritize_scores(
+            self.view(args, demand), demand, args.pod, config.weights, config.locality, config.share_policy
+        )
+
+    def preempt(self, args: ExtenderPreemptionArgs) -> PreemptOutcome:
+        """Keep the proposed nodes where the victims free enough GPU
+        (:mod:`scheduler_core.extender.preemption`).
+
+        Raises
+        ------
+        InvalidPodError, ClusterStateUnavailableError
+            As for :meth:`prioritize`.
+        """
+        demand = self.demand(args.pod)
+        names = proposed_nodes(args)
+        holdings = self.accounting.holdings(names) if self.accounting is not None and names else {}
+        view = self.view(ExtenderArgs(pod={}, node_names=names), demand, per_gpu=True)
+        return decide_on_view(demand, candidates(args, holdings), view)
+
+    def demand(self, pod: Any) -> PodDemand:
+        """The pod's demand, with its peers' label keys checked against the indexed ones.
+
+        Raises
+        ------
+        InvalidPodError
+            An invalid GPU request or annotation, or a peer selector on a key that is not indexed.
+        """
+        demand = pod_demand(pod)
+        keys = self.config.locality.label_keys
+        for peer in demand.peers:
+            if peer.key not in keys:
+                raise InvalidPodError(
+                    f"annotation {PEERS_ANNOTATION}: label key {peer.key!r} (in {peer.selector!r}) is not indexed; "
+                    f"use one of {', '.join(keys)}"
+                )
+        return demand
+
+    def view(self, args: ExtenderArgs, demand: PodDemand, *, per_gpu: bool = False) -> NodeView:
+        """The request's nodes as filter and prioritize see them (:func:`~scheduler_core.extender.view.node_view`).
+
+        Raises
+        ------
+        ClusterStateUnavailableError
+            The cluster source has no usable state, or the request names nodes and there is none.
+        """
+        return node_view(self._cluster(), args, demand, self.readings, per_gpu=per_gpu)
+
+    def state(self) -> ClusterState | None:
+        """The cluster state this extender decides from now (may raise, as the source does)."""
+        return self._cluster()

@@ -1,0 +1,196 @@
+"""The nodes of one request as the extender sees them: facts, free GPUs, utilisation, and per-GPU milli.
+
+kube-scheduler sends either full Node objects (``nodeCacheCapable: false``) or names only
+(``nodeCacheCapable: true``). Either way, :func:`node_view` lines the request's nodes up with the
+cluster state, row for row, and lays this instance's ledger readings over the state's free milli.
+Everything :mod:`scheduler_core.extender.decide` computes reads this view and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.errors import ClusterStateUnavailableError
+from scheduler_core.extender.wire import ExtenderArgs
+from scheduler_core.k8s.names import MILLI_PER_GPU
+from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.k8s.pods import PodDemand, effective_cpu_milli
+from scheduler_core.scoring.gpu_fit import free_gpus
+from scheduler_core.scoring.locality import LocalitySettings, locality_scores, peer_placement
+from scheduler_core.scoring.share_fit import Fragmentation
+from scheduler_core.state.allocation import UNKNOWN_CPU
+from scheduler_core.state.cluster import ClusterState, values_at
+from scheduler_core.state.readings import Observed, Readings, apply_readings
+
+FreeMilli = npt.NDArray[np.int32] | None
+
+
+@dataclass(frozen=True, eq=False)
+class NodeView:
+    """The request's nodes as a table, with free GPUs and utilisation per row.
+
+    In the full-object form, row i is ``Nodes.items[i]``; in the names form the rows follow the
+    request's order, and ``unknown`` lists the names the cluster state does not have.
+    ``state_rows`` maps each row to its row in ``state`` (-1 where the state lacks the node).
+
+    Attributes
+    ----------
+    free : ndarray of shape (n_nodes,), int32
+        Free GPUs per row; with ``free_milli``, the GPUs that can take the pod's share (or that are
+        wholly free, for a whole-GPU pod).
+    utilization : ndarray of shape (n_nodes,), float64
+    free_milli : ndarray of shape (n_nodes, max_gpus), int32, or None
+        Free thousandths of each GPU, where the request needs them.
+    """
+
+    table: NodeTable
+    free: npt.NDArray[np.int32]
+    utilization: npt.NDArray[np.float64]
+    unknown: list[str]
+    state: ClusterState | None = None
+    state_rows: npt.NDArray[np.intp] | None = None
+    names_form: bool = True
+    free_milli: FreeMilli = None
+
+    def per_gpu(self, free_milli: FreeMilli, demand: PodDemand) -> NodeView:
+        """This view with per-GPU free milli; ``free`` then counts the GPUs that can take the pod's
+        share, or that are wholly free (which this instance's ledger readings may have changed)."""
+        if free_milli is None:
+            return self
+        need = demand.share or MILLI_PER_GPU
+        free = np.count_nonzero(free_milli >= need, axis=1).astype(np.int32)
+        return replace(self, free=free, free_milli=free_milli)
+
+    @property
+    def used(self) -> npt.NDArray[np.int32]:
+        """GPUs per row that this view does not count as free for the pod."""
+        used: npt.NDArray[np.int32] = (self.table.alloc_gpus - self.free).astype(np.int32)
+        return used
+
+
+def node_view(
+    state: ClusterState | None, args: ExtenderArgs, demand: PodDemand, readings: Readings, *, per_gpu: bool = False
+) -> NodeView:
+    """The request's nodes with their free GPUs; per GPU (``free_milli``) only where it is needed: a
+    share, ledger readings to apply, or ``per_gpu`` (preempt). A whole-GPU pod otherwise reads the
+    state's cached free-GPU counts.
+
+    Raises
+    ------
+    ClusterStateUnavailableError
+        The request names nodes only and there is no cluster state to look them up in.
+    """
+    if args.nodes is not None:
+        table = NodeTable.from_nodes(args.nodes)
+        if state is None:
+            view = NodeView(table, table.alloc_gpus.copy(), np.zeros(table.n_nodes), [])
+            return view.per_gpu(all_free(table), demand) if per_gpu or demand.share else view
+        rows = state.table.rows_of(table.names)
+        used, utilization = state.usage_at(rows)
+        view = NodeView(table, free_gpus(table, used), utilization, [], state, rows, names_form=False)
+        return _with_milli(view, state, rows, demand, readings, per_gpu)
+    if state is None:
+        raise ClusterStateUnavailableError(
+            "NodeNames (nodeCacheCapable: true) needs cluster state and this extender has none: "
+            "give it a cluster snapshot, or set nodeCacheCapable: false"
+        )
+    names = args.node_names or []
+    found = state.table.rows_of(names)
+    known = found >= 0
+    known_names: list[str] = names
+    unknown: list[str] = []
+    if not known.all():
+        flags = known.tolist()
+        known_names = [name for name, ok in zip(names, flags, strict=True) if ok]
+        unknown = [name for name, ok in zip(names, flags, strict=True) if not ok]
+    rows = found[known]
+    table = state.table.take(rows, names=known_names)
+    view = NodeView(table, state.free_gpus[rows], state.utilization[rows], unknown, state, rows)
+    return _with_milli(view, state, rows, demand, readings, per_gpu)
+
+
+def _with_milli(
+    view: NodeView,
+    state: ClusterState,
+    rows: npt.NDArray[np.intp],
+    demand: PodDemand,
+    readings: Readings,
+    force: bool,
+) -> NodeView:
+    pending = readings.pending(state.generated_at)
+    if not (force or demand.share or pending):
+        return view
+    return view.per_gpu(_free_milli(state, rows, view.table, pending), demand)
+
+
+def _free_milli(
+    state: ClusterState, rows: npt.NDArray[np.intp], table: NodeTable, pending: list[Observed]
+) -> FreeMilli:
+    """Free milli per GPU at ``rows`` of ``state`` (-1: a node the state lacks, taken as empty), capped
+    by the ledger readings ``pending`` over it; None when the state has no per-GPU figures and there
+    are no readings."""
+    if state.free_milli is None or state.table.n_nodes == 0:
+        if state.free_milli is None and not pending:
+            return None
+        free = all_free(table)
+    else:
+        known = rows >= 0
+        free = state.free_milli[np.where(known, rows, 0)]
+        if not known.all():
+            free = np.where(known[:, None], free, all_free(table, width=free.shape[1]))
+    if pending:
+        free = apply_readings(free, table.names, pending)
+    return free
+
+
+def all_free(table: NodeTable, width: int | None = None) -> npt.NDArray[np.int32]:
+    """Every existing GPU wholly free: 1000 per GPU up to each node's allocatable count.
+
+    >>> all_free(NodeTable.from_columns(alloc_gpus=[2, 1])).tolist()
+    [[1000, 1000], [1000, 0]]
+    """
+    width = max(1, int(table.alloc_gpus.max(initial=0))) if width is None else width
+    exists = np.arange(width)[None, :] < table.alloc_gpus[:, None]
+    return np.where(exists, MILLI_PER_GPU, 0).astype(np.int32)
+
+
+def fragmentation_inputs(view: NodeView, pod: Any) -> Fragmentation | None:
+    """Free CPU, GPU model and the typical shapes per row of ``view``, from the cluster state; None
+    when the state carries no CPU or shapes. A node the state lacks counts as of unknown model with
+    no CPU limit."""
+    state = view.state
+    if state is None or state.free_cpu is None or not state.shapes:
+        return None
+    rows = view.state_rows
+    assert rows is not None  # set whenever state is
+    cpu = values_at(state.free_cpu, rows, UNKNOWN_CPU)
+    model_id = values_at(state.table.model_id, rows, -1).astype(np.int64)
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    pod_cpu = effective_cpu_milli(spec) if isinstance(spec, Mapping) else 0
+    return Fragmentation(cpu, model_id, state.workload, pod_cpu)
+
+
+def locality_inputs(view: NodeView, demand: PodDemand, settings: LocalitySettings) -> npt.NDArray[np.float64] | None:
+    """Locality per row of ``view`` for a pod with peers, from the cluster state's app index; None for a
+    pod without peers, or without a state."""
+    state = view.state
+    if not demand.peers or state is None:
+        return None
+    zones = state.table.zones
+    rows = view.state_rows
+    assert rows is not None  # set whenever state is
+    zone_id: npt.NDArray[np.intp]
+    if view.names_form:  # the view's table is the state's: same zone vocabulary
+        zone_id = state.table.zone_id[rows].astype(np.intp)
+    else:  # full objects: map the request's zone names to the state's
+        position = {zone: i for i, zone in enumerate(zones)}
+        lookup = np.array([position.get(zone, -1) for zone in view.table.zones] + [-1], dtype=np.intp)
+        zone_id = lookup[view.table.zone_id]  # -1 indexes the trailing -1
+    peers = settings.with_self(demand.peers, demand.labels)
+    placement = peer_placement(state.apps, zones, peers, rows)
+    return locality_scores(placement, zone_id, settings)

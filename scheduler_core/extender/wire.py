@@ -1,0 +1,321 @@
+"""kube-scheduler extender v1 wire types (``k8s.io/kube-scheduler/extender/v1``).
+
+The Go structs have no json tags, so keys are the Go field names (``Pod``, ``NodeNames``...). Go's
+decoder matches keys case-insensitively, preferring an exact match, and so does :func:`_field`.
+Missing lists and maps arrive as ``null``. The embedded ``Pod`` and ``Node`` objects are ordinary
+Kubernetes objects with camelCase keys; they are kept as parsed JSON and read by
+:mod:`scheduler_core.k8s.pods` and :mod:`scheduler_core.k8s.nodes`. The JSON codecs are here too:
+the extender writes its large replies by hand (:mod:`scheduler_core.extender.decide`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_core.errors import InvalidArgsError
+
+WireObject = dict[str, Any]
+
+
+def decode_json(body: bytes) -> Any:
+    """Parse a request body; any failure is an :class:`InvalidArgsError` naming the problem.
+
+    >>> decode_json(b'{"Pod": ')
+    Traceback (most recent call last):
+    ...
+    scheduler_core.errors.InvalidArgsError: request body is not valid JSON: Expecting value: line 1 column 9 (char 8)
+    """
+    try:
+        return json.loads(body)
+    except RecursionError as exc:
+        raise InvalidArgsError("request body is nested too deeply to be an extender request") from exc
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise InvalidArgsError(f"request body is not valid JSON: {exc}") from exc
+
+
+def encode_json(obj: Any) -> bytes:
+    """Compact JSON, as kube-scheduler's Go client reads it."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def error_body(message: str) -> bytes:
+    """``{"Error": message}``: the body of every refusal."""
+    return encode_json({"Error": message})
+
+
+json_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
+"""The C string encoder behind ``json.dumps``: escapes and quotes one string."""
+
+
+def _field(obj: Mapping[str, Any], key: str) -> Any:
+    """Go ``encoding/json`` field lookup: exact key first, then any case-insensitive match."""
+    if key in obj:
+        return obj[key]
+    folded = key.casefold()
+    for name, value in obj.items():
+        if isinstance(name, str) and name.casefold() == folded:
+            return value
+    return None
+
+
+def _object(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InvalidArgsError(f"{where}: expected a JSON object, got {_kind(value)}")
+    return value
+
+
+def _optional_list(value: Any, where: str) -> list[Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise InvalidArgsError(f"{where}: expected a list or null, got {_kind(value)}")
+    return value
+
+
+def _string(value: Any, where: str, *, required: bool = True) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value):
+        raise InvalidArgsError(f"{where}: expected a non-empty string, got {_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    return f"{type(value).__name__} {value!r}"
+
+
+@dataclass(frozen=True)
+class ExtenderArgs:
+    """Body of ``filter`` and ``prioritize``.
+
+    Exactly one node form is set: ``nodes`` (``nodeCacheCapable: false``, a NodeList's items) or
+    ``node_names`` (``nodeCacheCapable: true``).
+    """
+
+    pod: Mapping[str, Any]
+    nodes: list[Any] | None = None
+    node_names: list[str] | None = None
+
+    @property
+    def names_only(self) -> bool:
+        return self.nodes is None
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> ExtenderArgs:
+        """Validate the decoded JSON body.
+
+        >>> ExtenderArgs.from_wire({"pod": {}, "nodenames": ["a"], "Nodes": None}).node_names
+        ['a']
+        """
+        body = _object(obj, "request body")
+        pod = _field(body, "Pod")
+        if pod is None:
+            raise InvalidArgsError("Pod: required, got null or nothing")
+        pod = _object(pod, "Pod")
+        raw_nodes = _field(body, "Nodes")
+        nodes = None
+        if raw_nodes is not None:
+            items = _object(raw_nodes, "Nodes").get("items")
+            nodes = _optional_list(items, "Nodes.items") or []
+        names = _optional_list(_field(body, "NodeNames"), "NodeNames")
+        if names is not None and not set(map(type, names)) <= {str}:
+            raise InvalidArgsError("NodeNames: expected a list of strings")
+        if nodes is None and names is None:
+            raise InvalidArgsError("Nodes and NodeNames are both null; one of them must carry the candidate nodes")
+        if nodes is not None and names is not None:
+            names = None  # kube-scheduler sends one form; with both, the full objects are authoritative.
+        return cls(pod=pod, nodes=nodes, node_names=names)
+
+
+@dataclass(frozen=True)
+class ExtenderFilterResult:
+    """Reply to ``filter``. ``nodes`` or ``node_names`` mirrors the request's form."""
+
+    nodes: list[Any] | None = None
+    node_names: list[str] | None = None
+    failed: Mapping[str, str] = field(default_factory=dict)
+    failed_unresolvable: Mapping[str, str] = field(default_factory=dict)
+    error: str = ""
+
+    def to_wire(self) -> WireObject:
+        return {
+            "Nodes": None if self.nodes is None else {"metadata": {}, "items": self.nodes},
+            "NodeNames": self.node_names,
+            "FailedNodes": dict(self.failed),
+            "FailedAndUnresolvableNodes": dict(self.failed_unresolvable),
+            "Error": self.error,
+        }
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> ExtenderFilterResult:
+        body = _object(obj, "filter result")
+        raw_nodes = _field(body, "Nodes")
+        return cls(
+            nodes=None
+            if raw_nodes is None
+            else (_optional_list(_object(raw_nodes, "Nodes").get("items"), "Nodes.items") or []),
+            node_names=_optional_list(_field(body, "NodeNames"), "NodeNames"),
+            failed=dict(_field(body, "FailedNodes") or {}),
+            failed_unresolvable=dict(_field(body, "FailedAndUnresolvableNodes") or {}),
+            error=_string(_field(body, "Error"), "Error", required=False),
+        )
+
+
+@dataclass(frozen=True)
+class HostPriority:
+    """One entry of the ``prioritize`` reply (``HostPriorityList``)."""
+
+    host: str
+    score: int
+
+    def to_wire(self) -> WireObject:
+        return {"Host": self.host, "Score": self.score}
+
+    @classmethod
+    def list_to_wire(cls, priorities: list[HostPriority]) -> list[WireObject]:
+        return [priority.to_wire() for priority in priorities]
+
+    @classmethod
+    def list_from_wire(cls, obj: Any) -> list[HostPriority]:
+        items = _optional_list(obj, "HostPriorityList") or []
+        result = []
+        for i, item in enumerate(items):
+            entry = _object(item, f"HostPriorityList[{i}]")
+            score = _field(entry, "Score")
+            if isinstance(score, bool) or not isinstance(score, int):
+                raise InvalidArgsError(f"HostPriorityList[{i}].Score: expected an integer, got {_kind(score)}")
+            result.append(cls(host=_string(_field(entry, "Host"), f"HostPriorityList[{i}].Host"), score=score))
+        return result
+
+
+@dataclass(frozen=True)
+class ExtenderBindingArgs:
+    """Body of ``bind``."""
+
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> ExtenderBindingArgs:
+        body = _object(obj, "request body")
+        return cls(
+            pod_name=_string(_field(body, "PodName"), "PodName"),
+            pod_namespace=_string(_field(body, "PodNamespace"), "PodNamespace"),
+            pod_uid=_string(_field(body, "PodUID"), "PodUID"),
+            node=_string(_field(body, "Node"), "Node"),
+        )
+
+    def to_wire(self) -> WireObject:
+        return {"PodName": self.pod_name, "PodNamespace": self.pod_namespace, "PodUID": self.pod_uid, "Node": self.node}
+
+
+@dataclass(frozen=True)
+class ExtenderBindingResult:
+    """Reply to ``bind``: an empty ``Error`` means bound."""
+
+    error: str = ""
+
+    def to_wire(self) -> WireObject:
+        return {"Error": self.error}
+
+
+@dataclass(frozen=True)
+class MetaVictims:
+    """Victims on one node by UID (``nodeCacheCapable: true``), or the reply's form."""
+
+    uids: tuple[str, ...]
+    num_pdb_violations: int = 0
+
+    def to_wire(self) -> WireObject:
+        return {"Pods": [{"UID": uid} for uid in self.uids], "NumPDBViolations": self.num_pdb_violations}
+
+
+@dataclass(frozen=True)
+class Victims:
+    """Victims on one node as full Pod objects (``nodeCacheCapable: false``)."""
+
+    pods: tuple[Mapping[str, Any], ...]
+    num_pdb_violations: int = 0
+
+    def to_meta(self) -> MetaVictims:
+        uids = []
+        for pod in self.pods:
+            metadata = pod.get("metadata")
+            uids.append(metadata.get("uid", "") if isinstance(metadata, Mapping) else "")
+        return MetaVictims(uids=tuple(uids), num_pdb_violations=self.num_pdb_violations)
+
+
+def _pdb_violations(entry: Mapping[str, Any], where: str) -> int:
+    value = _field(entry, "NumPDBViolations")
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgsError(f"{where}.NumPDBViolations: expected a non-negative integer, got {_kind(value)}")
+    return value
+
+
+@dataclass(frozen=True)
+class ExtenderPreemptionArgs:
+    """Body of ``preempt``: candidate victims per node, in one of the two forms."""
+
+    pod: Mapping[str, Any]
+    node_name_to_victims: Mapping[str, Victims] | None = None
+    node_name_to_meta_victims: Mapping[str, MetaVictims] | None = None
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> ExtenderPreemptionArgs:
+        body = _object(obj, "request body")
+        pod = _field(body, "Pod")
+        if pod is None:
+            raise InvalidArgsError("Pod: required, got null or nothing")
+        victims: dict[str, Victims] | None = None
+        raw = _field(body, "NodeNameToVictims")
+        if raw is not None:
+            victims = {}
+            for node, entry in _object(raw, "NodeNameToVictims").items():
+                where = f"NodeNameToVictims[{node!r}]"
+                entry = _object(entry, where)
+                pods = _optional_list(_field(entry, "Pods"), f"{where}.Pods") or []
+                victims[node] = Victims(
+                    pods=tuple(_object(p, f"{where}.Pods[{i}]") for i, p in enumerate(pods)),
+                    num_pdb_violations=_pdb_violations(entry, where),
+                )
+        meta: dict[str, MetaVictims] | None = None
+        raw = _field(body, "NodeNameToMetaVictims")
+        if raw is not None:
+            meta = {}
+            for node, entry in _object(raw, "NodeNameToMetaVictims").items():
+                where = f"NodeNameToMetaVictims[{node!r}]"
+                entry = _object(entry, where)
+                pods = _optional_list(_field(entry, "Pods"), f"{where}.Pods") or []
+                uids = tuple(
+                    _string(_field(_object(p, f"{where}.Pods[{i}]"), "UID"), f"{where}.Pods[{i}].UID")
+                    for i, p in enumerate(pods)
+                )
+                meta[node] = MetaVictims(uids=uids, num_pdb_violations=_pdb_violations(entry, where))
+        return cls(pod=_object(pod, "Pod"), node_name_to_victims=victims, node_name_to_meta_victims=meta)
+
+
+@dataclass(frozen=True)
+class ExtenderPreemptionResult:
+    """Reply to ``preempt``: the nodes (and victims) the extender accepts."""
+
+    node_name_to_meta_victims: Mapping[str, MetaVictims] = field(default_factory=dict)
+
+    def to_wire(self) -> WireObject:
+        return {"NodeNameToMetaVictims": {node: v.to_wire() for node, v in self.node_name_to_meta_victims.items()}}

@@ -1,0 +1,46 @@
+"""Every Kubernetes name the scheduler reads or writes: resources, labels, annotations, the profile.
+
+One place, so that a label is spelled once and a grep finds every reader.
+"""
+
+from __future__ import annotations
+
+MILLI_PER_GPU = 1000
+"""Thousandths of one GPU: ``gpu-scheduler.io/gpu-milli`` counts in them, and 1000 is a whole GPU."""
+
+SCHEDULER_NAME = "gpu-scheduler"
+"""The second scheduler's profile: pods opt in with ``spec.schedulerName: gpu-scheduler``."""
+
+# Extended resources.
+GPU_RESOURCE = "nvidia.com/gpu"
+MILLI_RESOURCE = "gpu-scheduler.io/gpu-milli"
+"""Fractional GPUs, 1000 per GPU: a managed extender resource with ``ignoredByScheduler: true``."""
+
+# Node labels the node-state refresher writes (from EC2 instance-type data).
+LABEL_MODEL = "gpu.nvidia.com/model"
+LABEL_MEMORY = "gpu.nvidia.com/memory"
+LABEL_COUNT = "gpu.nvidia.com/count"
+# NVIDIA GPU Feature Discovery's labels: they win over the project's, fact by fact.
+GFD_PRODUCT = "nvidia.com/gpu.product"
+GFD_MEMORY = "nvidia.com/gpu.memory"
+GFD_COUNT = "nvidia.com/gpu.count"
+# Well-known labels.
+LABEL_ZONE = "topology.kubernetes.io/zone"
+LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+LABEL_HOSTNAME = "kubernetes.io/hostname"
+DAEMON_LABEL = "pod-template-generation"
+"""The label the DaemonSet controller puts on every pod it creates (``DaemonSetTemplateGenerationKey``)."""
+
+# Pod annotations. The model and memory annotations share the node labels' keys.
+ASSIGNED_GPUS_ANNOTATION = "gpu-scheduler.io/assigned-gpus"
+"""Written by the bind: where a pod's share of a GPU went, as ``index:milli`` pairs."""
+PEERS_ANNOTATION = "gpu-scheduler.io/peers"
+"""Label selectors of the workloads a pod talks to, with traffic weights (network locality)."""
+
+# Pod deletion cost.
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+DELETION_COST_LABEL = "gpu-scheduler.io/deletion-cost"
+MANAGED_SELECTOR = f"{DELETION_COST_LABEL}=managed"
+"""Pods opt in to deletion-cost management with this label; no other pod is read or written."""
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

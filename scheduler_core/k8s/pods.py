@@ -1,0 +1,367 @@
+"""What a pod asks for, and what bound pods already use.
+
+The effective ``nvidia.com/gpu`` request follows kube-scheduler's ``resource.PodRequests``: the larger
+of the sum over app containers (plus restartable "sidecar" init containers, which run alongside
+them) and the largest init container (plus the sidecars started before it). For an extended
+resource the request defaults to the limit, so a limit with no request counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, TypeGuard
+
+import numpy as np
+
+from scheduler_core.errors import InvalidPodError
+from scheduler_core.k8s.annotations import Peer, parse_peers
+from scheduler_core.k8s.gpu_models import normalize_model
+from scheduler_core.k8s.names import (
+    GPU_RESOURCE,
+    LABEL_MEMORY,
+    LABEL_MODEL,
+    MILLI_RESOURCE,
+    PEERS_ANNOTATION,
+    TERMINAL_PHASES,
+)
+from scheduler_core.k8s.quantity import MIB, parse_quantity, parse_whole_count
+
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+@dataclass(frozen=True)
+class PodDemand:
+    """The GPU needs of one pod.
+
+    Attributes
+    ----------
+    gpus : int
+        GPUs the pod takes: its whole-GPU request (``nvidia.com/gpu``, or ``gpu-scheduler.io/gpu-milli``
+        in multiples of 1000), or 1 for a share of one GPU; 0 means the pod needs no GPU.
+    share : int
+        Milli of one GPU (1..999) for a ``gpu-scheduler.io/gpu-milli`` share; 0 otherwise.
+    milli_managed : bool
+        The pod asks through ``gpu-scheduler.io/gpu-milli``, which kube-scheduler does not account:
+        the extender's bind must record it.
+    models : frozenset of str, or None
+        Allowed short model names (``{"A100", "H100"}``); ``None`` allows any model.
+    min_memory_mib : int
+        Minimum memory per GPU in MiB; 0 means no constraint.
+    peers : tuple of Peer
+        Workloads the pod talks to (annotation ``gpu-scheduler.io/peers``), for locality scoring.
+    """
+
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+    gpus: int = 0
+    share: int = 0
+    milli_managed: bool = False
+    models: frozenset[str] | None = None
+    min_memory_mib: int = 0
+    peers: tuple[Peer, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
+    """Read a v1 Pod's GPU demand.
+
+    Raises
+    ------
+    InvalidPodError
+        If a GPU quantity or a GPU annotation is invalid. The message names the field and the
+        value that arrived.
+
+    Examples
+    --------
+    >>> pod = {"metadata": {"name": "p", "annotations": {"gpu.nvidia.com/model": "a100,H100",
+    ...                                                   "gpu.nvidia.com/memory": "40Gi"}},
+    ...        "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}
+    >>> d = pod_demand(pod)
+    >>> d.gpus, sorted(d.models), d.min_memory_mib
+    (2, ['A100', 'H100'], 40960)
+    """
+    metadata = pod.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    annotations = metadata.get("annotations")
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    spec = pod.get("spec")
+    if spec is not None and not isinstance(spec, Mapping):
+        raise InvalidPodError(f"pod spec: expected an object, got {type(spec).__name__}")
+    return PodDemand(
+        namespace=_text(metadata.get("namespace")),
+        name=_text(metadata.get("name")),
+        uid=_text(metadata.get("uid")),
+        **_gpu_request(spec or {}),
+        models=parse_models(annotations.get(LABEL_MODEL)),
+        min_memory_mib=_parse_memory_mib(annotations.get(LABEL_MEMORY)),
+        peers=parse_peers(annotations[PEERS_ANNOTATION]) if PEERS_ANNOTATION in annotations else (),
+        labels=_string_map(metadata.get("labels")),
+    )
+
+
+def _gpu_request(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``gpus``, ``share`` and ``milli_managed`` of a pod spec: whole GPUs or one share, never both.
+
+    >>> _gpu_request({"containers": [{"resources": {"limits": {"gpu-scheduler.io/gpu-milli": "250"}}}]})
+    {'gpus': 1, 'share': 250, 'milli_managed': True}
+    """
+    whole, milli = effective_requests(spec, (GPU_RESOURCE, MILLI_RESOURCE))
+    if not milli:
+        return {"gpus": whole, "share": 0, "milli_managed": False}
+    if whole:
+        raise InvalidPodError(
+            f"requests both {GPU_RESOURCE}={whole} and {MILLI_RESOURCE}={milli}; ask for one or the other"
+        )
+    if milli > 1000 and milli % 1000:
+        raise InvalidPodError(
+            f"{MILLI_RESOURCE}={milli}: a share is of one GPU (1..1000); more than that must be whole GPUs"
+            " (a multiple of 1000)"
+        )
+    if milli % 1000 == 0:
+        return {"gpus": milli // 1000, "share": 0, "milli_managed": True}
+    return {"gpus": 1, "share": milli, "milli_managed": True}
+
+
+def effective_gpu_request(spec: Mapping[str, Any]) -> int:
+    """Effective whole-GPU request of a pod spec (see the module docstring).
+
+    >>> effective_gpu_request({"containers": [{"resources": {"requests": {"nvidia.com/gpu": "1"}}}] * 2,
+    ...                        "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]})
+    4
+    """
+    return effective_request(spec, GPU_RESOURCE)
+
+
+def effective_request(spec: Mapping[str, Any], resource: str) -> int:
+    """Effective request of the whole-number extended ``resource`` (see the module docstring).
+
+    Raises
+    ------
+    InvalidPodError
+        A malformed container list or quantity, or a total past int32; the message names the field.
+    """
+    return effective_requests(spec, (resource,))[0]
+
+
+def effective_requests(spec: Mapping[str, Any], resources: tuple[str, ...]) -> list[int]:
+    """:func:`effective_request` of several resources in one pass over the containers."""
+    totals = _combine(spec, resources, None)
+    _check_range(resources, totals)
+    return totals
+
+
+def effective_cpu_milli(spec: Mapping[str, Any]) -> int:
+    """The pod's CPU request in milli-cores, as kube-scheduler counts it: the containers by the rule in
+    the module docstring, plus ``spec.overhead`` (RuntimeClass). A container's request is its
+    ``requests.cpu``, else its ``limits.cpu`` (what the API server defaults it to); fractions of a
+    milli-core round up.
+
+    Raises
+    ------
+    InvalidPodError
+        A malformed container list or CPU quantity; the message names the field.
+
+    >>> effective_cpu_milli({"containers": [{"resources": {"requests": {"cpu": "1.5"}}},
+    ...                                     {"resources": {"limits": {"cpu": "250m"}}}],
+    ...                      "overhead": {"cpu": "100m"}})
+    1850
+    """
+    _, cpu, problem = requests_with_cpu(spec, ())
+    if problem:
+        raise InvalidPodError(problem)
+    return cpu
+
+
+def requests_with_cpu(spec: Mapping[str, Any], resources: tuple[str, ...]) -> tuple[list[int], int, str]:
+    """:func:`effective_requests` of ``resources`` and :func:`effective_cpu_milli`, in one pass over the
+    containers (the refresher reads every pod). A bad CPU quantity does not void the others: the CPU
+    then counts 0 and the third value says why ('' otherwise).
+
+    Raises
+    ------
+    InvalidPodError
+        As :func:`effective_requests` does.
+    """
+    problems: list[str] = []
+    *totals, cpu = _combine(spec, resources, problems)
+    _check_range(resources, totals)
+    overhead = spec.get("overhead")
+    if _is_mapping(overhead) and "cpu" in overhead:
+        try:
+            cpu += cpu_milli(overhead["cpu"], "spec.overhead.cpu")
+        except InvalidPodError as exc:
+            problems.append(str(exc))
+    return totals, (0 if problems else cpu), "; ".join(problems)
+
+
+def _check_range(resources: tuple[str, ...], totals: list[int]) -> None:
+    for resource, total in zip(resources, totals, strict=True):
+        if total > _INT32_MAX:
+            raise InvalidPodError(f"{resource}: request of {total} is out of range")
+
+
+def _combine(spec: Mapping[str, Any], resources: tuple[str, ...], cpu_problems: list[str] | None) -> list[int]:
+    """kube-scheduler's ``PodRequests`` of ``resources``, and of CPU (last) when ``cpu_problems`` is a
+    list, which collects bad CPU quantities (counted 0) instead of raising."""
+    n = len(resources) + (cpu_problems is not None)
+    app_total = [0] * n
+    for i, container in enumerate(_container_list(spec, "containers")):
+        for k, amount in enumerate(_container_counts(container, ("containers", i), resources, cpu_problems)):
+            app_total[k] += amount
+    sidecars = [0] * n
+    init_peak = [0] * n
+    for i, container in enumerate(_container_list(spec, "initContainers")):
+        restartable = container.get("restartPolicy") == "Always"
+        for k, amount in enumerate(_container_counts(container, ("initContainers", i), resources, cpu_problems)):
+            if restartable:
+                sidecars[k] += amount
+                init_peak[k] = max(init_peak[k], sidecars[k])
+            else:
+                init_peak[k] = max(init_peak[k], sidecars[k] + amount)
+    return [max(app + side, peak) for app, side, peak in zip(app_total, sidecars, init_peak, strict=True)]
+
+
+def cpu_milli(value: object, what: str) -> int:
+    """A non-negative CPU quantity in milli-cores, rounded up (``resource.Quantity.MilliValue``);
+    :class:`InvalidPodError` naming ``what`` otherwise.
+
+    >>> cpu_milli("250m", "cpu"), cpu_milli("2", "cpu"), cpu_milli("0.0005", "cpu")
+    (250, 2000, 1)
+    """
+    fast = _plain_cpu_milli(value)
+    if fast is not None:
+        return fast
+    try:
+        quantity = parse_quantity(value)
+    except ValueError as exc:
+        raise InvalidPodError(f"{what}: {exc}") from exc
+    if quantity < 0:
+        raise InvalidPodError(f"{what}: must not be negative, got {value!r}")
+    milli = int((quantity * 1000).to_integral_value(rounding="ROUND_CEILING"))
+    if milli > _INT32_MAX:
+        raise InvalidPodError(f"{what}: {value!r} is out of range")
+    return milli
+
+
+def _plain_cpu_milli(value: object) -> int | None:
+    """The common forms, "2" and "250m", without building a Decimal; None for anything else."""
+    if type(value) is not str or not value.isascii():
+        return None
+    if value.isdigit() and len(value) < 7:
+        return int(value) * 1000
+    if value[-1:] == "m" and value[:-1].isdigit() and len(value) < 11:
+        return int(value[:-1])
+    return None
+
+
+def _string_map(value: object) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def bound_row(pod: Mapping[str, Any], index: Mapping[str, int]) -> int | None:
+    """Row of the node a non-terminal pod is bound to, or None (unbound, finished, or unknown node)."""
+    spec, status = pod.get("spec"), pod.get("status")
+    node = spec.get("nodeName") if _is_mapping(spec) else None
+    phase = status.get("phase") if _is_mapping(status) else None
+    if not isinstance(node, str) or phase in TERMINAL_PHASES:
+        return None
+    return index.get(node)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    # JSON gives plain dicts: check that first, before the (much slower) ABC check.
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+def _container_list(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    items = spec.get(key)
+    if items is None:
+        return []
+    if not isinstance(items, list) or not all(_is_mapping(item) for item in items):
+        raise InvalidPodError(f"pod spec.{key}: expected a list of containers")
+    return items
+
+
+def _container_counts(
+    container: Mapping[str, Any], at: tuple[str, int], resources: tuple[str, ...], cpu_problems: list[str] | None
+) -> list[int]:
+    section = container.get("resources")
+    if not _is_mapping(section):
+        return [0] * (len(resources) + (cpu_problems is not None))
+    limits = section.get("limits")
+    requests = section.get("requests")
+    limits = limits if _is_mapping(limits) else {}
+    requests = requests if _is_mapping(requests) else {}
+    counts = []
+    for resource in resources:
+        # Extended resources cannot be overcommitted: the request defaults to the limit.
+        source, value = ("limits", limits[resource]) if resource in limits else ("requests", requests.get(resource))
+        if value is None:
+            counts.append(0)
+        elif type(value) is str and value.isascii() and value.isdigit():
+            counts.append(int(value))  # the common case, without building the field name
+        else:
+            try:
+                counts.append(parse_whole_count(value, what=f"{at[0]}[{at[1]}].resources.{source}.{resource}"))
+            except ValueError as exc:
+                raise InvalidPodError(str(exc)) from exc
+    if cpu_problems is not None:
+        # CPU can be overcommitted: the request, else the limit (the API server's default).
+        source, value = ("requests", requests["cpu"]) if "cpu" in requests else ("limits", limits.get("cpu"))
+        cpu = 0 if value is None else _plain_cpu_milli(value)
+        if cpu is None:
+            try:
+                cpu = cpu_milli(value, f"{at[0]}[{at[1]}].resources.{source}.cpu")
+            except InvalidPodError as exc:
+                cpu_problems.append(str(exc))
+                cpu = 0
+        counts.append(cpu)
+    return counts
+
+
+def parse_models(value: object) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidPodError(f"annotation {LABEL_MODEL}: expected a comma list of GPU models, got {value!r}")
+    models = set()
+    for item in value.split(","):
+        model = normalize_model(item)
+        if model is None:
+            raise InvalidPodError(f"annotation {LABEL_MODEL}: {item.strip()!r} is not a GPU model name (in {value!r})")
+        models.add(model)
+    return frozenset(models)
+
+
+def _parse_memory_mib(value: object) -> int:
+    """MiB per GPU: a plain integer is MiB; a quantity with a unit is bytes (``40Gi``, ``48G``)."""
+    if value is None:
+        return 0
+    expected = "expected MiB per GPU as an integer or a quantity such as 40Gi"
+    if not isinstance(value, str):
+        raise InvalidPodError(f"annotation {LABEL_MEMORY}: {expected}, got {value!r}")
+    text = value.strip()
+    try:
+        quantity = Decimal(int(text)) * MIB if text.isascii() and text.isdigit() else parse_quantity(text)
+    except ValueError as exc:
+        raise InvalidPodError(f"annotation {LABEL_MEMORY}: {expected}, got {value!r}") from exc
+    if quantity < 0:
+        raise InvalidPodError(f"annotation {LABEL_MEMORY}: must not be negative, got {value!r}")
+    # A minimum: round up, so "40G" (38146.97 MiB) never admits a GPU with 38146 MiB.
+    mib = int((quantity / MIB).to_integral_value(rounding="ROUND_CEILING"))
+    if mib > _INT32_MAX:
+        raise InvalidPodError(f"annotation {LABEL_MEMORY}: {value!r} is out of range")
+    return mib

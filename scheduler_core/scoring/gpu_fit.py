@@ -1,0 +1,445 @@
+"""Whole-GPU filter and score, vectorised over nodes.
+
+``filter_nodes`` decides, per node, whether a pod fits and why not; ``score_nodes`` ranks the nodes
+that fit. Both take a :class:`~scheduler_core.k8s.nodes.NodeTable` and per-node arrays aligned with it,
+and never loop over nodes in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import cached_property
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.errors import ConfigError
+from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.k8s.pods import PodDemand
+
+_S = TypeVar("_S", bound=np.generic)
+
+MAX_EXTENDER_PRIORITY = 10
+"""``MaxExtenderPriority`` in kube-scheduler: extender scores are integers in 0..10."""
+
+FIT_STEP_GPUS = 10
+"""Best fit loses 1/10 of its score per GPU left over, as in the source's sample (on free GPUs)."""
+
+
+class Reason(IntEnum):
+    """Why a node failed the filter. Order is the order of the checks."""
+
+    FITS = 0
+    NO_GPU_INFO = 1
+    MODEL = 2
+    MEMORY = 3
+    TOO_FEW_GPUS = 4
+    TOO_FEW_FREE = 5
+
+    @property
+    def unresolvable(self) -> bool:
+        """Preemption cannot help: the node can never host the pod."""
+        return self in (Reason.NO_GPU_INFO, Reason.MODEL, Reason.MEMORY, Reason.TOO_FEW_GPUS)
+
+
+_UNRESOLVABLE_CODES = np.array([Reason(code).unresolvable for code in range(len(Reason))])
+
+
+@dataclass(frozen=True)
+class ScoreWeights:
+    """Weights of the score components; they are normalised by their sum.
+
+    The default 0.7/0.3 split between best fit and low utilisation is the source's. ``locality``
+    weighs network locality against those two, for pods that name peers; a pod without peers is
+    scored on fit and utilisation alone.
+    """
+
+    fit: float = 0.7
+    utilization: float = 0.3
+    locality: float = 0.5
+
+    def problems(self, path: str = "weights") -> list[str]:
+        found = [
+            f"{path}.{name}: must be in [0, 1], got {value!r}"
+            for name, value in (("fit", self.fit), ("utilization", self.utilization), ("locality", self.locality))
+            if not (isinstance(value, int | float) and 0.0 <= value <= 1.0)
+        ]
+        if not found and self.fit + self.utilization <= 0:
+            found.append(f"{path}: fit + utilization must be > 0, got {self.fit} + {self.utilization}")
+        return found
+
+    def validated(self) -> ScoreWeights:
+        problems = self.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return self
+
+
+@dataclass(frozen=True, eq=False)
+class FilterResult:
+    """Per-node filter outcome.
+
+    Attributes
+    ----------
+    reason : ndarray of shape (n_nodes,), int8
+        A :class:`Reason` per node; ``Reason.FITS`` (0) where the pod fits.
+    free_gpus : ndarray of shape (n_nodes,), int32
+        Free GPUs per node, as used by the checks.
+    """
+
+    table: NodeTable
+    demand: PodDemand
+    reason: npt.NDArray[np.int8]
+    free_gpus: npt.NDArray[np.int32]
+
+    @cached_property
+    def feasible(self) -> npt.NDArray[np.bool_]:
+        return np.equal(self.reason, Reason.FITS)
+
+    @cached_property
+    def unresolvable(self) -> npt.NDArray[np.bool_]:
+        mask: npt.NDArray[np.bool_] = _UNRESOLVABLE_CODES[self.reason]
+        return mask
+
+    @cached_property
+    def _texts(self) -> _FailureTexts:
+        return _failure_texts(self)
+
+    @property
+    def messages(self) -> dict[int, str]:
+        """A short reason for every node that failed, keyed by row."""
+        texts = self._texts
+        return dict(zip(texts.rows.tolist(), map(texts.texts.__getitem__, texts.text_id.tolist()), strict=True))
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Nodes that would fit once GPUs are freed (``FailedNodes``)."""
+        return self._named(unresolvable=False)
+
+    @property
+    def failed_unresolvable(self) -> dict[str, str]:
+        """Nodes that can never host the pod (``FailedAndUnresolvableNodes``)."""
+        return self._named(unresolvable=True)
+
+    def failed_items(self, *, unresolvable: bool) -> tuple[list[str], list[int], tuple[str, ...]]:
+        """Failed node names, the index of each one's reason, and the distinct reasons.
+
+        The compact form of :attr:`failed` / :attr:`failed_unresolvable`, for writers that encode
+        each distinct reason once.
+        """
+        texts = self._texts
+        picked = self.unresolvable[texts.rows] == unresolvable
+        rows = texts.rows[picked].tolist()
+        # map() keeps the per-row work in C: tens of thousands of failed nodes per call are common.
+        return list(map(self.table.names.__getitem__, rows)), texts.text_id[picked].tolist(), texts.texts
+
+    def message_counts(self) -> dict[str, int]:
+        """How many nodes got each distinct failure message."""
+        texts = self._texts
+        counts = np.bincount(texts.text_id, minlength=len(texts.texts)).tolist()
+        return dict(zip(texts.texts, counts, strict=True))
+
+    def _named(self, *, unresolvable: bool) -> dict[str, str]:
+        names, text_id, texts = self.failed_items(unresolvable=unresolvable)
+        return dict(zip(names, map(texts.__getitem__, text_id), strict=True))
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreResult:
+    """Scores per node.
+
+    ``score`` (shape (n_nodes,), int64) is the 0..10 integer that goes on the wire; nodes that do not
+    fit score 0. The components are kept for the scored ``rows`` only (shape (k,)) and expanded to
+    (n_nodes,) on first use: ``fit`` and ``utilization`` are in [0, 1], higher is better, and
+    ``raw`` is their weighted mean.
+    """
+
+    score: npt.NDArray[np.int64]
+    rows: npt.NDArray[np.intp]
+    fit_rows: npt.NDArray[np.float64]
+    utilization_rows: npt.NDArray[np.float64]
+    raw_rows: npt.NDArray[np.float64]
+    locality_rows: npt.NDArray[np.float64] | None = None
+
+    def _expand(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        full = np.zeros(self.score.shape[0])
+        full[self.rows] = values
+        return full
+
+    @cached_property
+    def fit(self) -> npt.NDArray[np.float64]:
+        return self._expand(self.fit_rows)
+
+    @cached_property
+    def utilization(self) -> npt.NDArray[np.float64]:
+        return self._expand(self.utilization_rows)
+
+    @cached_property
+    def raw(self) -> npt.NDArray[np.float64]:
+        return self._expand(self.raw_rows)
+
+    @cached_property
+    def locality(self) -> npt.NDArray[np.float64]:
+        """Locality component, shape (n_nodes,); zeros when the pod names no peers."""
+        return self._expand(self.locality_rows if self.locality_rows is not None else np.zeros(self.rows.size))
+
+
+def free_gpus(table: NodeTable, used_gpus: npt.ArrayLike) -> npt.NDArray[np.int32]:
+    """Free GPUs per node: allocatable minus used, never below zero.
+
+    >>> import numpy as np
+    >>> t = NodeTable.from_columns(alloc_gpus=[8, 4])
+    >>> free_gpus(t, [3, 6]).tolist()
+    [5, 0]
+    """
+    used = _node_column(table, used_gpus, "used_gpus", np.int32)
+    # Clamp at 0: a node can be over-committed when its allocatable shrank under running pods.
+    free: npt.NDArray[np.int32] = np.maximum(table.alloc_gpus - used, 0).astype(np.int32)
+    return free
+
+
+def filter_nodes(table: NodeTable, free: npt.ArrayLike, demand: PodDemand) -> FilterResult:
+    """Decide for each node whether ``demand`` fits, and why not.
+
+    Checks, in order: GPU information present (when the pod constrains model or memory), model
+    allowed, memory per GPU, allocatable GPUs, free GPUs. The first four are unresolvable.
+    A pod that requests no GPU fits every node.
+
+    Parameters
+    ----------
+    table : NodeTable
+    free : array-like of shape (n_nodes,), int
+        Free GPUs per node (see :func:`free_gpus`).
+    demand : PodDemand
+
+    Examples
+    --------
+    >>> t = NodeTable.from_columns(models=["A100", "T4"], alloc_gpus=[8, 4], memory_mib=[40960, 15360])
+    >>> r = filter_nodes(t, [1, 4], PodDemand(gpus=2))
+    >>> r.feasible.tolist(), r.failed
+    ([False, True], {'node-0': '1 of 8 GPUs free, pod needs 2'})
+    """
+    free_arr = _node_column(table, free, "free", np.int32)
+    if demand.gpus < 0 or demand.min_memory_mib < 0:
+        raise ValueError(f"demand must not be negative, got gpus={demand.gpus} memory={demand.min_memory_mib}")
+    reason = _compute_reasons(table, free_arr, demand)
+    return FilterResult(table=table, demand=demand, reason=reason, free_gpus=free_arr)
+
+
+def score_nodes(
+    table: NodeTable,
+    free: npt.ArrayLike,
+    utilization: npt.ArrayLike,
+    demand: PodDemand,
+    weights: ScoreWeights | None = None,
+    feasible: npt.ArrayLike | None = None,
+    locality: npt.ArrayLike | None = None,
+    fit: npt.ArrayLike | None = None,
+) -> ScoreResult:
+    """Score nodes for ``demand``: best fit on free GPUs, blended with low GPU utilisation.
+
+    ``fit = clip(1 - (free - gpus) / 10, 0, 1)``: the fewer GPUs a placement leaves free, the better
+    (the source's sample, corrected to use free rather than total GPUs).
+    ``utilization score = 1 - clip(utilization, 0, 1)``.
+    ``raw = (w_fit * fit + w_util * utilization score) / (w_fit + w_util)``, then
+    :func:`normalize_scores`. Nodes outside ``feasible`` (default: those with enough free GPUs)
+    score 0, and a pod that requests no GPU scores 0 everywhere: the extender has no opinion.
+
+    With ``locality`` (shape (n_nodes,), in [0, 1]; see :mod:`scheduler_core.scoring.locality`) it joins the
+    weighted mean with weight ``w_locality``; for a pod that requests no GPU it is the whole score.
+
+    Parameters
+    ----------
+    free : array-like of shape (n_nodes,), int
+    utilization : array-like of shape (n_nodes,), float
+        Mean GPU utilisation per node in [0, 1]; NaN means unknown and counts as 0.
+    feasible : array-like of shape (n_nodes,), bool, optional
+    fit : array-like of shape (n_nodes,), float in [0, 1], optional
+        Replaces the best-fit term: a share of a GPU is placed by a sharing policy instead
+        (:mod:`scheduler_core.scoring.share_fit`).
+
+    Examples
+    --------
+    >>> t = NodeTable.from_columns(alloc_gpus=[8, 8, 8])
+    >>> score_nodes(t, [2, 8, 3], [0.0, 0.0, 0.0], PodDemand(gpus=2)).score.tolist()
+    [10, 5, 9]
+    """
+    free_arr = _node_column(table, free, "free", np.int32)
+    util = _node_column(table, utilization, "utilization", np.float64)
+    mask = free_arr >= demand.gpus if feasible is None else _node_column(table, feasible, "feasible", np.bool_)
+    local = None if locality is None else _node_column(table, locality, "locality", np.float64)
+    fit_arr = None if fit is None else _node_column(table, fit, "fit", np.float64)
+    return _compute_scores(free_arr, util, mask, demand.gpus, (weights or ScoreWeights()).validated(), local, fit_arr)
+
+
+def normalize_scores(raw: npt.ArrayLike, max_score: int = MAX_EXTENDER_PRIORITY) -> npt.NDArray[np.int64]:
+    """Map non-negative raw scores to integers 0..``max_score``, proportionally to the best.
+
+    This is kube-scheduler's ``DefaultNormalizeScore``: ``floor(max_score * raw / max(raw))``.
+    When all raw scores are equal and positive, every node gets ``max_score``; when all are 0,
+    every node gets 0.
+
+    >>> normalize_scores([0.5, 1.0, 0.25]).tolist()
+    [5, 10, 2]
+    >>> normalize_scores([0.3, 0.3]).tolist()
+    [10, 10]
+    """
+    values = np.asarray(raw, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"raw: expected shape (n_nodes,), got {values.shape}")
+    # NaN or negative raw scores carry no preference: count them as 0.
+    return _compute_normalized(np.where(np.isfinite(values) & (values > 0), values, 0.0), max_score)
+
+
+def _compute_normalized(values: npt.NDArray[np.float64], max_score: int) -> npt.NDArray[np.int64]:
+    """``normalize_scores`` for finite, non-negative ``values``."""
+    best = float(values.max()) if values.size else 0.0
+    if best <= 0.0:
+        return np.zeros(values.shape, dtype=np.int64)
+    scaled = values * (max_score / best)
+    # +1e-9 undoes float error, so that a ratio that is exactly 7/10 on paper is not floored to 6.
+    scaled += 1e-9
+    return np.floor(scaled, out=scaled).astype(np.int64)
+
+
+def _node_column(table: NodeTable, values: npt.ArrayLike, name: str, dtype: type[_S]) -> npt.NDArray[_S]:
+    array = np.asarray(values)
+    if array.shape != (table.n_nodes,):
+        raise ValueError(f"{name}: expected shape ({table.n_nodes},) to match the node table, got {array.shape}")
+    return array.astype(dtype, copy=False)
+
+
+def _compute_reasons(table: NodeTable, free: npt.NDArray[np.int32], demand: PodDemand) -> npt.NDArray[np.int8]:
+    if demand.gpus == 0:
+        return np.zeros(table.n_nodes, dtype=np.int8)
+    shapes = table.gpu_shapes
+    constrained = demand.models is not None or demand.min_memory_mib > 0
+    # Indexed by model_id + 1, so that "no model" (-1) is entry 0: allowed only without a model list.
+    allowed = np.array([demand.models is None] + [demand.models is None or m in demand.models for m in table.models])
+    # The four unresolvable checks depend only on the node's shape: evaluate them per shape.
+    conditions = [
+        (shapes.model_id < 0) & constrained,
+        ~allowed[shapes.model_id + 1],
+        shapes.memory_mib < demand.min_memory_mib,
+        shapes.alloc_gpus < demand.gpus,
+    ]
+    codes = [np.int8(c) for c in (Reason.NO_GPU_INFO, Reason.MODEL, Reason.MEMORY, Reason.TOO_FEW_GPUS)]
+    # np.select takes the first matching condition, which is the order of the checks.
+    per_shape = np.select(conditions, codes, default=np.int8(Reason.FITS)).astype(np.int8)
+    reason = per_shape[shapes.shape_id]
+    # Free GPUs are checked last, and only where nothing else failed.
+    np.putmask(reason, (free < demand.gpus) & (reason == Reason.FITS), np.int8(Reason.TOO_FEW_FREE))
+    return reason
+
+
+def _compute_scores(
+    free: npt.NDArray[np.int32],
+    utilization: npt.NDArray[np.float64],
+    feasible: npt.NDArray[np.bool_],
+    gpus: int,
+    weights: ScoreWeights,
+    locality: npt.NDArray[np.float64] | None = None,
+    fit: npt.NDArray[np.float64] | None = None,
+) -> ScoreResult:
+    score = np.zeros(free.shape[0], dtype=np.int64)
+    rows = np.flatnonzero(feasible) if gpus > 0 or locality is not None else np.zeros(0, dtype=np.intp)
+    if rows.size == 0:
+        empty = np.zeros(0)
+        return ScoreResult(score, rows, empty, empty, empty)
+    if gpus == 0:
+        # No GPU to fit: locality is the only opinion (NaN and out-of-range values clamped into [0, 1]).
+        assert locality is not None
+        only_local = np.fmin(np.fmax(locality[rows], 0.0), 1.0)
+        score[rows] = _compute_normalized(only_local, MAX_EXTENDER_PRIORITY)
+        zeros = np.zeros(rows.size)
+        return ScoreResult(score, rows, zeros, zeros, only_local, only_local)
+    # Work on the feasible rows only (the others score 0), in place to spare allocations.
+    if fit is not None:
+        fit_rows = fit[rows]
+    else:
+        fit_rows = (gpus - free[rows]).astype(np.float64)  # minus the GPUs left, <= 0
+        fit_rows *= 1.0 / FIT_STEP_GPUS
+        fit_rows += 1.0
+    # Clamp to [0, 1]: 10 or more GPUs left earn no fit credit, and a caller's ``feasible`` mask
+    # may include nodes with fewer free GPUs than requested, which earn no more than a perfect fit.
+    np.clip(fit_rows, 0.0, 1.0, out=fit_rows)
+    util_rows = utilization[rows]
+    # fmax/fmin ignore NaN, so unknown utilisation (NaN) counts as idle; the pair clamps to [0, 1].
+    np.fmax(util_rows, 0.0, out=util_rows)
+    np.fmin(util_rows, 1.0, out=util_rows)
+    np.subtract(1.0, util_rows, out=util_rows)
+    local_weight = weights.locality if locality is not None else 0.0
+    total = weights.fit + weights.utilization + local_weight
+    raw_rows = fit_rows * (weights.fit / total)
+    raw_rows += util_rows * (weights.utilization / total)
+    local_rows: npt.NDArray[np.float64] | None = None
+    if locality is not None:
+        local_rows = np.fmin(np.fmax(locality[rows], 0.0), 1.0)
+        raw_rows += local_rows * (local_weight / total)
+    score[rows] = _compute_normalized(raw_rows, MAX_EXTENDER_PRIORITY)
+    return ScoreResult(score, rows, fit_rows, util_rows, raw_rows, local_rows)
+
+
+@dataclass(frozen=True)
+class _FailureTexts:
+    """Failed rows (shape (k,)) and, for each, an index into the distinct ``texts``."""
+
+    rows: npt.NDArray[np.intp]
+    text_id: npt.NDArray[np.intp]
+    texts: tuple[str, ...]
+
+
+def _failure_texts(result: FilterResult) -> _FailureTexts:
+    """Format one message per failed node, formatting each distinct message only once.
+
+    Nodes that fail for the same reason with the same numbers share a message, so the work is
+    proportional to the number of distinct messages, not of failed nodes.
+    """
+    table, demand = result.table, result.demand
+    rows = np.flatnonzero(result.reason != Reason.FITS)
+    if rows.size == 0:
+        return _FailureTexts(rows, np.zeros(0, dtype=np.intp), ())
+    code = result.reason[rows].astype(np.int64)
+    # Two numbers per message, packed with the reason into one int64 key. Each is clamped to
+    # 24 bits (16.7 M), far above any GPU count, MiB per GPU or model id.
+    first = np.select(
+        [code == Reason.MODEL, code == Reason.MEMORY, code == Reason.TOO_FEW_GPUS, code == Reason.TOO_FEW_FREE],
+        [table.model_id[rows], table.memory_mib[rows], table.alloc_gpus[rows], result.free_gpus[rows]],
+        default=0,
+    ).astype(np.int64)
+    second = np.where(code == Reason.TOO_FEW_FREE, table.alloc_gpus[rows], 0).astype(np.int64)
+    # Nodes with their own label error get their own message: key those by row instead.
+    own_error = (code == Reason.NO_GPU_INFO) & table.gpu_info_error_mask[rows]
+    first = np.where(own_error, rows, first)
+    second = np.where(own_error, 1, second)
+    limit = (1 << 24) - 1
+    keys = (code << 48) | ((np.clip(first, -1, limit) + 1) << 24) | np.clip(second, 0, limit)
+    _, first_index, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    texts = tuple(
+        _message(table, demand, Reason(int(code[i])), int(first[i]), int(second[i])) for i in first_index.tolist()
+    )
+    return _FailureTexts(rows, inverse.reshape(-1).astype(np.intp), texts)
+
+
+def _wanted_models(demand: PodDemand) -> str:
+    return ",".join(sorted(demand.models)) if demand.models else "any"
+
+
+def _message(table: NodeTable, demand: PodDemand, code: Reason, first: int, second: int) -> str:
+    if code == Reason.NO_GPU_INFO:
+        if second == 1:
+            return f"no usable GPU labels: {table.gpu_info_errors[first]}"
+        return f"no GPU model/memory labels (pod wants {_wanted_models(demand)})"
+    if code == Reason.MODEL:
+        model = table.models[first] if first >= 0 else "unknown"
+        return f"GPU model {model} not in {_wanted_models(demand)}"
+    if code == Reason.MEMORY:
+        have = f"{first} MiB" if first > 0 else "unknown memory"
+        return f"GPU memory {have} < {demand.min_memory_mib} MiB per GPU requested"
+    if code == Reason.TOO_FEW_GPUS:
+        return f"{first} GPUs allocatable, pod needs {demand.gpus}"
+    if demand.share:
+        return f"none of {second} GPUs has {demand.share} milli free (the pod's share)"
+    return f"{first} of {second} GPUs free, pod needs {demand.gpus}"

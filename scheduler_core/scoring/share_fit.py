@@ -1,0 +1,122 @@
+"""Where a share of a GPU goes: the simulator's sharing policies, applied to the extender's nodes.
+
+A pod asking for ``gpu-scheduler.io/gpu-milli`` below 1000 takes part of one GPU. Which node it
+should land on is the question the simulator studies (``gpu-scheduler simulate``); the extender asks
+the same policy module, on the per-GPU free milli of the snapshot (with what the instance read from
+the ledger applied), and the bind takes the tightest GPU that fits.
+
+- ``fgd_cpu`` (the default, ours): for a share it is FGD, the fragmentation gradient of Weng et al.
+  (ATC '23), scored against the typical shapes of the pods the snapshot saw on GPU nodes and each
+  node's free CPU. A snapshot without those (written before they existed), or whose shapes ask for no
+  GPU (no GPU pod has run yet), leaves the share to ``gpu_packing``.
+- ``gpu_packing``, ``bestfit``, ``dotprod``: they need only the nodes' free GPU milli.
+
+``gpu-scheduler bench share-policy`` measures them on the openb trace, the extender's limits
+included (shapes as a snapshot sees them, the tightest GPU at bind). CPU and memory feasibility stay
+kube-scheduler's; FGD reads the CPU only to judge which GPUs the typical pods could still use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.errors import ConfigError
+from scheduler_core.sharing.model import Cluster, Task, Workload
+from scheduler_core.sharing.policies import Context, Scorer, registry
+
+SHARE_POLICIES = ("fgd_cpu", "gpu_packing", "bestfit", "dotprod")
+DEFAULT_SHARE_POLICY = "fgd_cpu"
+FALLBACK_SHARE_POLICY = "gpu_packing"
+"""What ``fgd_cpu`` falls back to without node CPU and pod shapes."""
+_NO_WORKLOAD = Workload(
+    cpu=np.zeros(0, dtype=np.int64),
+    gpu_milli=np.zeros(0, dtype=np.int64),
+    num_gpu=np.zeros(0, dtype=np.int64),
+    popularity=np.zeros(0, dtype=np.float64),
+    allowed=np.zeros((0, 0), dtype=bool),
+)
+
+
+@dataclass(frozen=True)
+class Fragmentation:
+    """What FGD reads besides the GPUs, per candidate row.
+
+    Attributes
+    ----------
+    cpu_left : ndarray of shape (n_rows,), int64
+        Free milli-cores per node.
+    model_id : ndarray of shape (n_rows,), int64
+        Row of ``workload.allowed`` per node; -1 (the last row) for a node of unknown model.
+    workload : Workload
+        The typical pod shapes.
+    pod_cpu : int
+        The pod's own CPU request, milli-cores.
+    """
+
+    cpu_left: npt.NDArray[np.int64]
+    model_id: npt.NDArray[np.int64]
+    workload: Workload
+    pod_cpu: int
+
+
+def share_policy(name: str) -> Scorer:
+    """The scorer called ``name``; :class:`ConfigError` naming the choices for any other name."""
+    if name not in SHARE_POLICIES:
+        raise ConfigError(f"share policy {name!r}: expected one of {', '.join(SHARE_POLICIES)}")
+    return registry()[name]
+
+
+def effective_policy(policy: str, fragmentation: Fragmentation | None) -> str:
+    """``policy``, or the fallback when it is ``fgd_cpu`` and there is nothing to score against: no
+    fragmentation inputs, or no shape that asks for a GPU (every node would score the same)."""
+    if policy == "fgd_cpu" and (fragmentation is None or not fragmentation.workload.num_gpu.any()):
+        return FALLBACK_SHARE_POLICY
+    return policy
+
+
+def share_fit(
+    free_milli: npt.NDArray[np.int32],
+    gpu_count: npt.NDArray[np.int32],
+    share: int,
+    feasible: npt.NDArray[np.bool_],
+    policy: str = DEFAULT_SHARE_POLICY,
+    fragmentation: Fragmentation | None = None,
+) -> npt.NDArray[np.float64]:
+    """The policy's preference per node, scaled to [0, 1] over the ``feasible`` nodes (0 elsewhere).
+
+    Parameters
+    ----------
+    free_milli : ndarray of shape (n_nodes, max_gpus)
+        Free thousandths of each GPU; 0 past a node's GPUs.
+    share : int
+        The pod's milli of one GPU, 1..999.
+    fragmentation : Fragmentation, optional
+        For ``fgd_cpu``; without it (or with no GPU shape) ``gpu_packing`` places the share.
+
+    With ``gpu_packing``: the shared GPU first, then the smaller idle node (1 GPU) just above the 2-GPU one.
+
+    >>> free = np.array([[1000, 1000], [400, 1000], [1000, 0]], dtype=np.int32)
+    >>> share_fit(free, np.array([2, 2, 1]), 300, np.array([True, True, True]), "gpu_packing").round(3).tolist()
+    [0.0, 1.0, 0.015]
+    """
+    fit = np.zeros(free_milli.shape[0], dtype=np.float64)
+    rows = np.flatnonzero(feasible)
+    if rows.size == 0:
+        return fit
+    left = free_milli[rows].astype(np.int64)
+    zeros = np.zeros(rows.size, dtype=np.int64)
+    policy = effective_policy(policy, fragmentation)
+    cpu, model_id, workload, frag, pod_cpu = zeros, zeros, _NO_WORKLOAD, np.zeros(rows.size), 0
+    if policy == "fgd_cpu":
+        assert fragmentation is not None  # effective_policy falls back without it
+        cpu, model_id, workload = fragmentation.cpu_left[rows], fragmentation.model_id[rows], fragmentation.workload
+        frag, pod_cpu = workload.fragmentation(left, cpu, model_id), fragmentation.pod_cpu
+    cluster = Cluster(cpu, zeros, left, gpu_count[rows].astype(np.int64), model_id, ())
+    context = Context(cluster, workload, frag, np.random.default_rng(0))
+    scores, _gpus = share_policy(policy)(context, Task(pod_cpu, 0, 1, share), np.arange(rows.size))
+    low, high = int(scores.min()), int(scores.max())
+    fit[rows] = (scores - low) / (high - low) if high > low else 1.0
+    return fit

@@ -1,0 +1,259 @@
+"""GPU use per node and per GPU, from the pods bound to each node.
+
+Two kinds of request share a node's GPUs:
+
+- whole GPUs, ``nvidia.com/gpu``, handed out by the NVIDIA device plugin. Which devices it chose is
+  not visible in the API, so the count is what matters; they are placed on the lowest-index GPUs
+  that carry no fractional share.
+- fractions, ``gpu-scheduler.io/gpu-milli`` (1000 is one GPU). The extender's bind records where a
+  pod's share went in the annotation ``gpu-scheduler.io/assigned-gpus``, a comma list of
+  ``index:milli`` pairs such as ``0:500`` or ``2:250,3:250``. That annotation is authoritative. A
+  bound pod that requests milli but carries no valid annotation is still counted, on the GPU with
+  the most room, and reported in ``problems`` so that nothing is lost silently.
+
+Everything here is pure: the node-state refresher and the local tools feed it v1 Pod objects.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.errors import InvalidPodError
+from scheduler_core.k8s.annotations import parse_assigned_gpus
+from scheduler_core.k8s.names import (
+    ASSIGNED_GPUS_ANNOTATION,
+    DAEMON_LABEL,
+    GPU_RESOURCE,
+    LABEL_MODEL,
+    MILLI_PER_GPU,
+    MILLI_RESOURCE,
+)
+from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.k8s.pods import bound_row, cpu_milli, parse_models, requests_with_cpu
+from scheduler_core.sharing.model import MAX_SHAPES, Shape, Task, keep_typical, shape_of
+
+UNKNOWN_CPU = 2**31 - 1
+"""Free CPU (milli) of a node whose allocatable CPU is unknown: more than any pod asks (int32, as stored)."""
+_RESOURCES = (GPU_RESOURCE, MILLI_RESOURCE)
+
+
+@dataclass(frozen=True, eq=False)
+class GpuUsage:
+    """Per-GPU use on every node of a table.
+
+    Attributes
+    ----------
+    used_milli : ndarray of shape (n_nodes, max_gpus), int32
+        Thousandths of each GPU in use, in 0..1000; 0 past a node's allocatable GPUs.
+    whole_gpus : ndarray of shape (n_nodes,), int32
+        GPUs requested as ``nvidia.com/gpu`` by bound, non-terminal pods.
+    problems : tuple of str
+        Pods counted by a best guess or not at all, one line each.
+    used_cpu : ndarray of shape (n_nodes,), int64
+        Milli-cores requested by bound, non-terminal pods (:func:`scheduler_core.k8s.pods.effective_cpu_milli`).
+    shapes : Counter of Shape
+        The pods bound to GPU nodes, DaemonSets' aside, by shape (CPU, GPU milli, GPUs, allowed
+        models): the workload FGD scores against (:func:`scheduler_core.sharing.keep_typical` keeps
+        the common ones). CPU-only pods count, as FGD counts its CPU-only tasks.
+    """
+
+    used_milli: npt.NDArray[np.int32]
+    whole_gpus: npt.NDArray[np.int32]
+    problems: tuple[str, ...]
+    used_cpu: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    shapes: Counter[Shape] = field(default_factory=Counter)
+
+    def free_milli(self, alloc_gpus: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+        exists = np.arange(self.used_milli.shape[1])[None, :] < alloc_gpus[:, None]
+        return np.where(exists, MILLI_PER_GPU - self.used_milli, 0).astype(np.int32)
+
+    def busy_gpus(self, alloc_gpus: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+        """GPUs per node that are not entirely free: what a whole-GPU pod cannot have."""
+        idle = (self.free_milli(alloc_gpus) == MILLI_PER_GPU).sum(axis=1)
+        busy: npt.NDArray[np.int32] = (alloc_gpus - idle).astype(np.int32)
+        return busy
+
+
+def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
+    """Whole and fractional GPU use per GPU (see the module docstring for the placement rules).
+
+    >>> table = NodeTable.from_columns(alloc_gpus=[4], names=["n"])
+    >>> def pod(resource, amount, **annotations):
+    ...     limits = {resource: amount}
+    ...     return {"metadata": {"annotations": annotations}, "spec": {"nodeName": "n", "containers": [
+    ...         {"resources": {"limits": limits}}]}}
+    >>> shared = pod("gpu-scheduler.io/gpu-milli", "250", **{ASSIGNED_GPUS_ANNOTATION: "0:250"})
+    >>> gpu_usage(table, [pod("nvidia.com/gpu", "1"), shared], 4).used_milli.tolist()
+    [[250, 1000, 0, 0]]
+    """
+    n_nodes = table.n_nodes
+    whole_list = [0] * n_nodes  # Python ints in the loop: numpy scalar updates cost more than the parse
+    cpu_list = [0] * n_nodes
+    alloc_list = table.alloc_gpus.tolist()
+    kinds: dict[tuple[int, int, int, object], int] = {}  # (cpu, gpus, milli, model annotation): pods
+    shares: list[tuple[int, int, int]] = []  # (row, gpu, milli) from annotations
+    unplaced: list[tuple[int, int, str]] = []  # (row, milli, pod) without a usable annotation
+    problems: list[str] = []
+    index = table.index
+    for position, pod in enumerate(pods):
+        if not isinstance(pod, Mapping):
+            problems.append(f"pods[{position}]: expected a v1 Pod object, got {type(pod).__name__}")
+            continue
+        row = bound_row(pod, index)
+        if row is None:
+            continue
+        metadata = pod.get("metadata")
+        metadata = metadata if isinstance(metadata, Mapping) else {}
+        try:
+            (gpus, milli), cpu, cpu_problem = requests_with_cpu(pod["spec"], _RESOURCES)
+        except InvalidPodError as exc:
+            problems.append(f"pod {_pod_name(metadata, position)} on {table.names[row]}: {exc}")
+            continue
+        if cpu_problem:  # its GPUs still count; its CPU cannot
+            problems.append(
+                f"pod {_pod_name(metadata, position)} on {table.names[row]}: {cpu_problem}; its CPU is not counted"
+            )
+        whole_list[row] += gpus
+        cpu_list[row] += cpu
+        annotations = metadata.get("annotations")
+        if alloc_list[row] and not _daemon(metadata):
+            key = (cpu, gpus, milli, annotations.get(LABEL_MODEL) if type(annotations) is dict else None)
+            kinds[key] = kinds.get(key, 0) + 1
+        assigned = annotations.get(ASSIGNED_GPUS_ANNOTATION) if isinstance(annotations, Mapping) else None
+        if assigned is None:
+            if milli:
+                unplaced.append((row, milli, _pod_name(metadata, position)))
+            continue
+        try:
+            pairs = parse_assigned_gpus(assigned)
+        except InvalidPodError as exc:
+            problems.append(f"pod {_pod_name(metadata, position)} on {table.names[row]}: {exc}")
+            if milli:
+                unplaced.append((row, milli, _pod_name(metadata, position)))
+            continue
+        alloc = int(table.alloc_gpus[row])
+        for gpu, amount in pairs:
+            if gpu >= alloc:
+                problems.append(
+                    f"pod {_pod_name(metadata, position)} on {table.names[row]}: assigned GPU {gpu},"
+                    f" but the node has {alloc}"
+                )
+                continue
+            shares.append((row, gpu, amount))
+    used = np.zeros((n_nodes, max_gpus), dtype=np.int64)
+    if shares:
+        rows, gpus_at, amounts = np.array(shares, dtype=np.int64).T
+        np.add.at(used, (rows, gpus_at), amounts)
+    whole = np.asarray(whole_list, dtype=np.int64)
+    _place_whole(used, whole, table.alloc_gpus)
+    for row, milli, name in unplaced:
+        problems.append(_place_unannotated(used[row], milli, int(table.alloc_gpus[row]), name, table.names[row]))
+    int32_max = int(np.iinfo(np.int32).max)
+    return GpuUsage(
+        used_milli=np.minimum(used, MILLI_PER_GPU).astype(np.int32),
+        whole_gpus=np.minimum(whole, int32_max).astype(np.int32),
+        problems=tuple(problems),
+        used_cpu=np.asarray(cpu_list, dtype=np.int64),
+        shapes=_shapes(kinds),
+    )
+
+
+def _shapes(kinds: Mapping[tuple[int, int, int, object], int]) -> Counter[Shape]:
+    shapes: Counter[Shape] = Counter()
+    for key, count in kinds.items():
+        shapes[_shape(*key)] += count
+    return shapes
+
+
+def _shape(cpu: int, gpus: int, milli: int, models: object) -> Shape:
+    """A bound pod's shape; a model annotation the pod's own parse would refuse counts as any model."""
+    if not (gpus or milli):
+        return shape_of(Task(cpu, 0, 0, 0))
+    try:
+        allowed = parse_models(models)
+    except InvalidPodError:
+        allowed = None
+    if 0 < milli < MILLI_PER_GPU:
+        return shape_of(Task(cpu, 0, 1, milli, allowed))
+    return shape_of(Task(cpu, 0, gpus + milli // MILLI_PER_GPU, MILLI_PER_GPU, allowed))
+
+
+def _daemon(metadata: Mapping[str, Any]) -> bool:
+    """A DaemonSet's pod: it runs on every node it may, so where it lands is no scheduling choice.
+
+    Known by :data:`~scheduler_core.k8s.names.DAEMON_LABEL`: the refresher decodes labels anyway, and
+    decoding ``ownerReferences`` as well raised its peak RSS by 75 MB over 200,000 pods
+    (``gpu-scheduler bench node-state``)."""
+    labels = metadata.get("labels")
+    return type(labels) is dict and DAEMON_LABEL in labels
+
+
+def cpu_and_shapes(
+    nodes: Sequence[Any], usage: GpuUsage
+) -> tuple[npt.NDArray[np.int64], tuple[tuple[Shape, int], ...], list[str]]:
+    """Free CPU per node (allocatable less ``usage.used_cpu``), the typical shapes of the pods on GPU
+    nodes (at most :data:`~scheduler_core.sharing.MAX_SHAPES`), and the problems found reading the
+    nodes' CPU."""
+    allocatable, problems = node_cpu_milli(nodes)
+    return allocatable - usage.used_cpu, tuple(keep_typical(usage.shapes, limit=MAX_SHAPES)), problems
+
+
+def node_cpu_milli(nodes: Sequence[Any]) -> tuple[npt.NDArray[np.int64], list[str]]:
+    """Each node's allocatable CPU in milli-cores (``status.allocatable.cpu``), in row order, and the
+    problems found. A node without one, or with a value that is not a quantity, counts as
+    :data:`UNKNOWN_CPU`: no CPU limit, rather than none free."""
+    values, problems = [], []
+    for row, node in enumerate(nodes):
+        status = node.get("status") if isinstance(node, Mapping) else None
+        allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
+        value = allocatable.get("cpu") if isinstance(allocatable, Mapping) else None
+        if value is None:
+            values.append(UNKNOWN_CPU)
+            continue
+        try:
+            values.append(cpu_milli(value, f"Nodes.items[{row}].status.allocatable.cpu"))
+        except InvalidPodError as exc:
+            problems.append(str(exc))
+            values.append(UNKNOWN_CPU)
+    return np.asarray(values, dtype=np.int64), problems
+
+
+def _pod_name(metadata: Mapping[str, Any], position: int) -> str:
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', f'pods[{position}]')}"
+
+
+def _place_whole(used: npt.NDArray[np.int64], whole: npt.NDArray[np.int64], alloc: npt.NDArray[np.int32]) -> None:
+    """Mark ``whole[row]`` GPUs per row as fully used: untouched GPUs first, lowest index first."""
+    max_gpus = used.shape[1]
+    exists = np.arange(max_gpus)[None, :] < alloc[:, None]
+    # Rank each GPU: untouched existing ones first (by index), then shared ones, then missing ones.
+    rank = np.where(exists & (used == 0), 0, np.where(exists, 1, 2)) * max_gpus + np.arange(max_gpus)[None, :]
+    order = np.argsort(rank, axis=1, kind="stable")
+    take = np.arange(max_gpus)[None, :] < np.minimum(whole, alloc)[:, None]
+    rows = np.nonzero(take)[0]
+    used[rows, order[take]] = MILLI_PER_GPU
+
+
+def _place_unannotated(used_row: npt.NDArray[np.int64], milli: int, alloc: int, pod: str, node: str) -> str:
+    """Count a share with no annotation on the GPU with the most room; whole GPUs for >= 1000."""
+    if alloc == 0:
+        return f"pod {pod} on {node}: requests {milli} {MILLI_RESOURCE}, but the node has no GPUs"
+    remaining, touched = milli, []
+    while remaining > 0:
+        gpu = int(np.argmin(used_row[:alloc]))
+        amount = min(remaining, MILLI_PER_GPU)
+        used_row[gpu] += amount
+        touched.append(gpu)
+        remaining -= amount
+        if used_row[:alloc].min() >= MILLI_PER_GPU:
+            break
+    return (
+        f"pod {pod} on {node}: requests {milli} {MILLI_RESOURCE} with no valid {ASSIGNED_GPUS_ANNOTATION};"
+        f" counted on GPU {','.join(map(str, touched))}"
+    )

@@ -1,0 +1,177 @@
+"""Cluster state: the nodes, what bound pods use on them, and GPU utilisation.
+
+It answers the one question the extender cannot answer from a kube-scheduler request: how many GPUs
+are free on each node, and how busy they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.errors import InvalidArgsError
+from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.scoring.gpu_fit import free_gpus
+from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex, index_apps
+from scheduler_core.sharing.model import Shape, Workload
+from scheduler_core.state.allocation import cpu_and_shapes, gpu_usage
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterState:
+    """Nodes plus per-node usage, all aligned with ``table``.
+
+    Attributes
+    ----------
+    used_gpus : ndarray of shape (n_nodes,), int32
+        GPUs requested by non-terminal pods bound to the node.
+    utilization : ndarray of shape (n_nodes,), float64
+        Mean GPU utilisation in [0, 1]; 0 where unknown.
+    problems : tuple of str
+        Input that was skipped while building the state (for example a pod with an invalid GPU
+        quantity), so that callers can report it.
+    """
+
+    table: NodeTable
+    used_gpus: npt.NDArray[np.int32]
+    utilization: npt.NDArray[np.float64]
+    problems: tuple[str, ...] = ()
+    apps: AppIndex = field(default_factory=AppIndex.empty)
+    """Pods per label selector, per node and per zone, for locality scoring."""
+    free_milli: npt.NDArray[np.int32] | None = None
+    """Shape (n_nodes, max_gpus): free thousandths of each GPU, 0 past a node's GPUs; None if unknown."""
+    generated_at: float | None = None
+    """When the pods behind it were listed (Unix seconds), for a snapshot; None otherwise."""
+    free_cpu: npt.NDArray[np.int64] | None = None
+    """Shape (n_nodes,): allocatable milli-cores less the requests of the pods bound there; None if
+    unknown (a snapshot from before this field)."""
+    shapes: tuple[tuple[Shape, int], ...] = ()
+    """The typical shapes of the pods on GPU nodes, with their counts: what FGD scores against."""
+    cluster: str = ""
+    """The cluster's name, for a snapshot."""
+    gpu_utilization: npt.NDArray[np.float32] | None = None
+    """Shape (n_nodes, max_gpus): per-GPU utilisation in [0, 1], NaN unknown; None if never measured."""
+    utilization_at: float | None = None
+    """When the utilisation was measured (Unix seconds); older than ``generated_at`` when the
+    refresher kept the last known values because the metrics query failed, None if never."""
+
+    @cached_property
+    def workload(self) -> Workload:
+        """:attr:`shapes` over the table's models, plus a last row for a node of unknown model (-1),
+        which only the shapes that allow any model may use."""
+        return Workload.from_shapes(self.shapes, (*self.table.models, ""))
+
+    @cached_property
+    def free_gpus(self) -> npt.NDArray[np.int32]:
+        """Shape (n_nodes,): computed once, since the state never changes."""
+        return free_gpus(self.table, self.used_gpus)
+
+    @classmethod
+    def from_objects(
+        cls,
+        nodes: Sequence[Any],
+        pods: Sequence[Any] = (),
+        utilization: Mapping[str, Any] | None = None,
+        label_keys: Sequence[str] = DEFAULT_LABEL_KEYS,
+    ) -> ClusterState:
+        """Build from v1 Node and Pod objects and an optional ``{node name: utilisation}`` map.
+
+        >>> node = {"metadata": {"name": "n1"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+        >>> pod = {"spec": {"nodeName": "n1", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "3"}}}]}}
+        >>> ClusterState.from_objects([node], [pod]).free_gpus.tolist()
+        [5]
+        """
+        table = NodeTable.from_nodes(nodes)
+        max_gpus = max(1, int(table.alloc_gpus.max())) if table.n_nodes else 1
+        usage = gpu_usage(table, pods, max_gpus)
+        used, problems = usage.busy_gpus(table.alloc_gpus), list(usage.problems)
+        free_cpu, shapes, cpu_problems = cpu_and_shapes(nodes, usage)
+        problems += cpu_problems
+        apps = index_apps(table, pods, label_keys)
+        util = np.zeros(table.n_nodes, dtype=np.float64)
+        for name, value in (utilization or {}).items():
+            row = table.index.get(name)
+            if row is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+                problems.append(f"utilization[{name!r}]: expected a number in [0, 1], got {value!r}")
+                continue
+            util[row] = value
+        return cls(
+            table=table,
+            used_gpus=used,
+            utilization=util,
+            problems=tuple(problems),
+            apps=apps,
+            free_milli=usage.free_milli(table.alloc_gpus),
+            free_cpu=free_cpu,
+            shapes=shapes,
+        )
+
+    @classmethod
+    def from_document(cls, document: Any) -> ClusterState:
+        """Build from ``{"nodes": [v1 Node...], "pods": [v1 Pod...], "utilization": {name: 0.3}}``.
+
+        Raises
+        ------
+        InvalidArgsError
+            If the document does not have that shape; the message names the field.
+        """
+        if not isinstance(document, Mapping):
+            raise InvalidArgsError(f"cluster document: expected an object with 'nodes', got {type(document).__name__}")
+        nodes = document.get("nodes")
+        pods = document.get("pods", [])
+        utilization = document.get("utilization", {})
+        if not isinstance(nodes, list):
+            raise InvalidArgsError("cluster document: 'nodes' must be a list of v1 Node objects")
+        if not isinstance(pods, list):
+            raise InvalidArgsError("cluster document: 'pods' must be a list of v1 Pod objects")
+        if not isinstance(utilization, Mapping):
+            raise InvalidArgsError("cluster document: 'utilization' must map node names to numbers in [0, 1]")
+        return cls.from_objects(nodes, pods, utilization)
+
+    @property
+    def max_gpus(self) -> int:
+        """Columns of the per-GPU arrays: the most GPUs any node has (at least 1)."""
+        if self.free_milli is not None:
+            return int(self.free_milli.shape[1])
+        return max(1, int(self.table.alloc_gpus.max(initial=0)))
+
+    def utilization_by_node(self) -> dict[str, list[float]]:
+        """Per-GPU utilisation by node name for nodes with any known value (NaN: unknown GPU)."""
+        if self.gpu_utilization is None:
+            return {}
+        known = ~np.isnan(self.gpu_utilization).all(axis=1)
+        names = self.table.names
+        return {names[row]: self.gpu_utilization[row].tolist() for row in np.nonzero(known)[0]}
+
+    def age_s(self, now: float) -> float:
+        """Seconds since the state was generated (``now`` is Unix seconds); 0 for a state without a stamp."""
+        return 0.0 if self.generated_at is None else now - self.generated_at
+
+    def usage_at(self, rows: npt.NDArray[np.intp]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float64]]:
+        """Used GPUs and utilisation at ``rows`` (from ``table.rows_of``); 0 where a row is -1.
+
+        Returns
+        -------
+        used_gpus : ndarray of shape (len(rows),), int32
+        utilization : ndarray of shape (len(rows),), float64
+        """
+        return values_at(self.used_gpus, rows, 0).astype(np.int32), values_at(self.utilization, rows, 0.0)
+
+
+def values_at(values: npt.NDArray[Any], rows: npt.NDArray[np.intp], fill: float) -> npt.NDArray[Any]:
+    """``values`` at ``rows`` (state rows, from ``table.rows_of``), ``fill`` where a row is -1.
+
+    >>> values_at(np.array([5, 7]), np.array([1, -1, 0]), 0).tolist()
+    [7, 0, 5]
+    """
+    known = rows >= 0
+    if values.shape[0] == 0:
+        return np.full(rows.shape, fill, dtype=np.result_type(values, type(fill)))
+    return np.where(known, values[np.where(known, rows, 0)], fill)

@@ -1,0 +1,96 @@
+"""What one extender instance learned from the GPU ledger since its snapshot, laid over the state.
+
+The readings themselves are kept by the adapter that makes them (``adapters.ledger_readings``, which
+reads the clock and takes a lock); here is the pure part: which readings a state may not reflect yet,
+and how they cap the free milli the filter and prioritize see.
+
+The snapshot is rebuilt periodically, so a pod this instance bound ten seconds ago is not in it, nor
+are the binds other instances made. Every bind reads the node's ledger item, and says what the ledger
+has free there afterwards (this bind and everyone else's included); a bind refused for want of room
+says what is really free. Each such reading caps that node's GPUs in the view filter and prioritize
+use, in the order they happened, until a state generated after them (less ``margin_s``, which
+covers the time the refresher spends listing pods before it stamps ``generated_at``) replaces it.
+
+The cap is a minimum with the state, which also sees GPU pods the ledger does not (bound by
+another scheduler). Counting something twice only makes the view briefly stricter than the ledger;
+the ledger, not this view, decides every bind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+DEFAULT_MARGIN_S = 30.0
+DEFAULT_KEEP_S = 600.0
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The ledger showed ``free`` milli per GPU on ``node`` at ``at`` (Unix seconds)."""
+
+    node: str
+    at: float
+    free: tuple[int, ...]
+
+
+class Readings(Protocol):
+    """Ledger readings a state stamped ``generated_at`` may not reflect, oldest first."""
+
+    def pending(self, generated_at: float | None) -> list[Observed]: ...
+
+
+class NoReadings:
+    """An instance that binds nothing (no ledger): nothing to lay over the state."""
+
+    def pending(self, generated_at: float | None) -> list[Observed]:
+        return []
+
+
+def still_pending(
+    seen: Sequence[Observed],
+    generated_at: float | None,
+    now: float,
+    margin_s: float = DEFAULT_MARGIN_S,
+    keep_s: float = DEFAULT_KEEP_S,
+) -> list[Observed]:
+    """The readings of ``seen`` that a state stamped ``generated_at`` may not reflect: those after
+    ``generated_at - margin_s``, and never older than ``keep_s`` (all of the last ``keep_s`` when the
+    state has no stamp).
+
+    >>> seen = [Observed("a", 10.0, (0,)), Observed("b", 90.0, (0,))]
+    >>> [r.node for r in still_pending(seen, generated_at=100.0, now=100.0, margin_s=30.0)]
+    ['b']
+    """
+    cutoff = now - keep_s
+    if generated_at is not None:
+        cutoff = max(cutoff, generated_at - margin_s)
+    return [reading for reading in seen if reading.at >= cutoff]
+
+
+def apply_readings(
+    free: npt.NDArray[np.int32], names: Sequence[str], seen: Sequence[Observed]
+) -> npt.NDArray[np.int32]:
+    """``free`` (shape (n_nodes, max_gpus), one row per name), each observed node's GPUs capped at what
+    the ledger had free; a copy.
+
+    >>> free = np.array([[1000, 1000], [0, 1000]], dtype=np.int32)
+    >>> apply_readings(free, ("n1", "n2"), [Observed("n1", 0.0, (300, 1000))]).tolist()
+    [[300, 1000], [0, 1000]]
+    """
+    index = {name: row for row, name in enumerate(names)}
+    out = free.copy()
+    width = out.shape[1]
+    for reading in seen:
+        row = index.get(reading.node)
+        if row is None:
+            continue
+        cap = np.zeros(width, dtype=np.int32)
+        count = min(width, len(reading.free))
+        cap[:count] = reading.free[:count]
+        np.minimum(out[row], cap, out=out[row])
+    return out

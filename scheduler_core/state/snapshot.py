@@ -1,0 +1,325 @@
+"""The cluster snapshot: a versioned, columnar picture of the cluster that the extender reads.
+
+kube-scheduler's ``nodeCacheCapable: true`` requests carry node names only, so the extender needs
+its own copy of node facts and GPU usage. The node-state refresher writes it; the extender reads it.
+
+Format (schema version 1): an uncompressed ``.npz`` archive (numpy only, no pickle) whose members
+are the arrays below plus ``header``, a UTF-8 JSON document stored as a uint8 array::
+
+    header            {"schema_version", "generated_at" (Unix seconds), "cluster", "n_nodes",
+                       "max_gpus", "zones", "instance_types", "models", "apps",
+                       "gpu_info_errors" {row: reason}, "problems" [..],
+                       "utilization_at" (Unix seconds or null; optional),
+                       "shapes" [[cpu milli, GPU milli, GPUs, models "A|B" or "", pods], ..]
+                       (optional: the typical GPU pod shapes, for FGD)}
+    names_utf8        uint8 (bytes,)         node names joined by "\\n"
+    zone_id, instance_type_id, model_id, gpu_count, memory_mib, alloc_gpus, used_gpus
+                      int32 (n_nodes,)
+    free_milli        int32 (n_nodes, max_gpus)   free thousandths of each GPU; 0 past alloc_gpus
+    gpu_utilization   float32 (n_nodes, max_gpus) per-GPU utilisation in [0, 1]; NaN unknown
+    app_node          int32 (3, n_entries)   rows (app_id, node row, pod count): pods per app per node
+    app_zone_counts   int32 (n_apps, n_zones) pods per app per zone
+    free_cpu          int32 (n_nodes,)       allocatable milli-cores less bound pods' requests
+                                             (optional, with "shapes": a snapshot without them
+                                             leaves FGD share placement to its fallback)
+
+Readers refuse a newer schema version, and report a truncated or corrupt file as
+:class:`SnapshotFormatError` naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import zipfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.errors import SchedulerCoreError
+from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex, index_apps
+from scheduler_core.sharing.model import Shape
+from scheduler_core.state.allocation import cpu_and_shapes, gpu_usage
+from scheduler_core.state.cluster import ClusterState
+
+SCHEMA_VERSION = 1
+
+_NODE_COLUMNS = ("zone_id", "instance_type_id", "model_id", "gpu_count", "memory_mib", "alloc_gpus", "used_gpus")
+_HEADER_KEYS = (
+    "schema_version",
+    "generated_at",
+    "cluster",
+    "n_nodes",
+    "max_gpus",
+    "zones",
+    "instance_types",
+    "models",
+    "apps",
+)
+
+
+class SnapshotFormatError(SchedulerCoreError, ValueError):
+    """The bytes are not a snapshot this reader can use (truncated, corrupt or too new)."""
+
+
+def build_snapshot(
+    nodes: Sequence[Any],
+    pods: Sequence[Any],
+    *,
+    cluster: str,
+    generated_at: float,
+    gpu_utilization: Mapping[str, Sequence[float]] | None = None,
+    utilization_at: float | None = None,
+    app_label_keys: Sequence[str] = DEFAULT_LABEL_KEYS,
+) -> ClusterState:
+    """Build a snapshot (a :class:`ClusterState` with its name, stamp and per-GPU utilisation) from v1
+    Node and Pod objects.
+
+    Parameters
+    ----------
+    gpu_utilization : mapping of node name to per-GPU utilisation in [0, 1], optional
+        For example from DCGM ``DCGM_FI_DEV_GPU_UTIL / 100``. Missing GPUs, and NaN values, are unknown.
+    utilization_at : when ``gpu_utilization`` was measured (Unix seconds), recorded in the header.
+    app_label_keys : label keys indexed for locality, first present key wins per pod.
+
+    GPU use per GPU follows :func:`scheduler_core.state.allocation.gpu_usage`: fractional shares where
+    ``gpu-scheduler.io/assigned-gpus`` puts them, whole GPUs on the lowest-index untouched GPUs.
+    ``used_gpus`` counts the GPUs that are not entirely free.
+
+    >>> node = {"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "4"}}}
+    >>> pod = {"spec": {"nodeName": "n", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    >>> snap = build_snapshot([node], [pod], cluster="demo", generated_at=0.0)
+    >>> snap.free_milli.tolist()
+    [[0, 1000, 1000, 1000]]
+    """
+    table = NodeTable.from_nodes(nodes)
+    n_nodes = table.n_nodes
+    max_gpus = max(1, int(table.alloc_gpus.max())) if n_nodes else 1
+    usage = gpu_usage(table, pods, max_gpus)
+    free_cpu, shapes, cpu_problems = cpu_and_shapes(nodes, usage)
+    problems = list(usage.problems) + cpu_problems
+    free_milli = usage.free_milli(table.alloc_gpus)
+    used = usage.busy_gpus(table.alloc_gpus)
+
+    util = np.full((n_nodes, max_gpus), np.nan, dtype=np.float32)
+    for name, values in (gpu_utilization or {}).items():
+        row = table.index.get(name)
+        if row is None:
+            continue
+        clean = [float(v) for v in values[:max_gpus] if isinstance(v, int | float) and not isinstance(v, bool)]
+        if len(clean) != len(values[:max_gpus]) or any(not 0.0 <= v <= 1.0 for v in clean if not math.isnan(v)):
+            problems.append(f"gpu_utilization[{name!r}]: expected numbers in [0, 1], got {list(values)[:8]!r}")
+            continue
+        util[row, : len(clean)] = clean
+    apps = index_apps(table, pods, app_label_keys)
+    return ClusterState(
+        table=table,
+        used_gpus=used,
+        utilization=node_utilization(util, table.alloc_gpus),
+        problems=tuple(problems),
+        apps=apps,
+        free_milli=free_milli,
+        generated_at=float(generated_at),
+        free_cpu=free_cpu,
+        shapes=shapes,
+        cluster=cluster,
+        gpu_utilization=util,
+        utilization_at=utilization_at,
+    )
+
+
+def node_utilization(util: npt.NDArray[np.float32], alloc: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:
+    """Mean utilisation over each node's existing GPUs with a known value; 0 where none is known."""
+    exists = np.arange(util.shape[1])[None, :] < alloc[:, None]
+    known = exists & ~np.isnan(util)
+    total = np.where(known, util, 0.0).sum(axis=1, dtype=np.float64)
+    count = known.sum(axis=1)
+    mean: npt.NDArray[np.float64] = np.divide(total, count, out=np.zeros(util.shape[0]), where=count > 0)
+    return mean
+
+
+def write_snapshot(snapshot: ClusterState) -> bytes:
+    """Serialise ``snapshot`` (see the module docstring for the format).
+
+    Raises
+    ------
+    ValueError
+        The state has no ``generated_at`` stamp or no per-GPU free milli: it is not a snapshot.
+    """
+    if snapshot.generated_at is None or snapshot.free_milli is None:
+        raise ValueError("write_snapshot: the state needs generated_at and free_milli (build it with build_snapshot)")
+    table = snapshot.table
+    util = snapshot.gpu_utilization
+    if util is None:
+        util = np.full(snapshot.free_milli.shape, np.nan, dtype=np.float32)
+    header = {
+        "schema_version": SCHEMA_VERSION,
+        "generated_at": snapshot.generated_at,
+        "cluster": snapshot.cluster,
+        "n_nodes": table.n_nodes,
+        "max_gpus": snapshot.max_gpus,
+        "zones": list(table.zones),
+        "instance_types": list(table.instance_types),
+        "models": list(table.models),
+        "apps": list(snapshot.apps.apps),
+        "gpu_info_errors": {str(row): reason for row, reason in table.gpu_info_errors.items()},
+        "problems": list(snapshot.problems),
+        "utilization_at": snapshot.utilization_at,
+    }
+    if snapshot.free_cpu is not None:
+        header["shapes"] = [[*shape, count] for shape, count in snapshot.shapes]
+    arrays: dict[str, npt.NDArray[Any]] = {
+        "header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+        "names_utf8": np.frombuffer("\n".join(table.names).encode(), dtype=np.uint8),
+        "free_milli": snapshot.free_milli,
+        "gpu_utilization": util,
+        "app_node": snapshot.apps.node_entries,
+        "app_zone_counts": snapshot.apps.zone_counts,
+        "used_gpus": snapshot.used_gpus,
+    }
+    if snapshot.free_cpu is not None:
+        limits = np.iinfo(np.int32)
+        arrays["free_cpu"] = np.clip(snapshot.free_cpu, limits.min, limits.max).astype(np.int32)
+    for column in _NODE_COLUMNS[:-1]:
+        arrays[column] = getattr(table, column)
+    buffer = io.BytesIO()
+    np.savez(buffer, allow_pickle=False, **arrays)
+    return buffer.getvalue()
+
+
+def read_snapshot(data: bytes) -> ClusterState:
+    """Parse and validate a snapshot written by :func:`write_snapshot`.
+
+    Raises
+    ------
+    SnapshotFormatError
+        Truncated or corrupt bytes, a missing member, inconsistent shapes, or a schema version
+        newer than :data:`SCHEMA_VERSION`.
+    """
+    if not data.startswith(b"PK\x03\x04"):
+        raise SnapshotFormatError(f"not a snapshot: {len(data)} bytes without the .npz (zip) signature")
+    try:
+        archive = np.load(io.BytesIO(data), allow_pickle=False)
+        members = {name: archive[name] for name in archive.files}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as exc:
+        raise SnapshotFormatError(f"snapshot is truncated or corrupt ({len(data)} bytes): {exc}") from exc
+    header = _header(members)
+    try:
+        return _snapshot_from(members, header)
+    except (TypeError, ValueError, KeyError, UnicodeDecodeError) as exc:
+        if isinstance(exc, SnapshotFormatError):
+            raise
+        raise SnapshotFormatError(f"snapshot is inconsistent: {type(exc).__name__}: {exc}") from exc
+
+
+def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, Any]) -> ClusterState:
+    n_nodes, max_gpus = header["n_nodes"], header["max_gpus"]
+    expected: dict[str, tuple[int, ...]] = {name: (n_nodes,) for name in _NODE_COLUMNS}
+    expected |= {"free_milli": (n_nodes, max_gpus), "gpu_utilization": (n_nodes, max_gpus)}
+    for name, shape in expected.items():
+        array = members.get(name)
+        if array is None:
+            raise SnapshotFormatError(f"snapshot member {name!r} is missing")
+        if array.shape != shape:
+            raise SnapshotFormatError(f"snapshot member {name!r}: expected shape {shape}, got {array.shape}")
+    names = members["names_utf8"].tobytes().decode("utf-8", errors="strict").split("\n") if n_nodes else []
+    if len(names) != n_nodes:
+        raise SnapshotFormatError(f"snapshot has {len(names)} node names for n_nodes={n_nodes}")
+    errors = {int(row): str(reason) for row, reason in header.get("gpu_info_errors", {}).items()}
+    column = {name: np.ascontiguousarray(members[name], dtype=np.int32) for name in _NODE_COLUMNS}
+    table = NodeTable(
+        names=tuple(names),
+        zone_id=column["zone_id"],
+        zones=tuple(header["zones"]),
+        instance_type_id=column["instance_type_id"],
+        instance_types=tuple(header["instance_types"]),
+        model_id=column["model_id"],
+        models=tuple(header["models"]),
+        gpu_count=column["gpu_count"],
+        memory_mib=column["memory_mib"],
+        alloc_gpus=column["alloc_gpus"],
+        gpu_info_errors=errors,
+    )
+    _check_ids(table)
+    util = np.ascontiguousarray(members["gpu_utilization"], dtype=np.float32)
+    problems = tuple(str(p) for p in header.get("problems", []))
+    apps = AppIndex(
+        apps=tuple(header["apps"]),
+        node_entries=np.ascontiguousarray(members.get("app_node", np.zeros((3, 0))), dtype=np.int32),
+        zone_counts=np.ascontiguousarray(members.get("app_zone_counts", np.zeros((0, 0))), dtype=np.int32),
+    )
+    free_milli = np.ascontiguousarray(members["free_milli"], dtype=np.int32)
+    generated_at = float(header["generated_at"])
+    free_cpu, shapes = _cpu_and_shapes(members, header, n_nodes)
+    measured = header.get("utilization_at")
+    return ClusterState(
+        table, column["used_gpus"], node_utilization(util, table.alloc_gpus), problems, apps, free_milli, generated_at,
+        free_cpu, shapes, str(header["cluster"]), util, float(measured) if isinstance(measured, int | float) else None,
+    )  # fmt: skip
+
+
+def _cpu_and_shapes(
+    members: Mapping[str, npt.NDArray[Any]], header: Mapping[str, Any], n_nodes: int
+) -> tuple[npt.NDArray[np.int64] | None, tuple[tuple[Shape, int], ...]]:
+    """The optional ``free_cpu`` member and ``shapes`` header key: both or neither."""
+    free_cpu = members.get("free_cpu")
+    if free_cpu is None:
+        return None, ()
+    if free_cpu.shape != (n_nodes,) or free_cpu.dtype.kind != "i":
+        raise SnapshotFormatError(f"snapshot member 'free_cpu': expected ({n_nodes},) integers, got {free_cpu.shape}")
+    raw = header.get("shapes")
+    if not isinstance(raw, list):
+        raise SnapshotFormatError("snapshot has free_cpu but its header has no 'shapes' list")
+    shapes = []
+    for i, item in enumerate(raw):
+        valid = isinstance(item, list) and len(item) == 5 and isinstance(item[3], str)
+        numbers = item[:3] + item[4:] if valid else []
+        if not valid or not all(type(v) is int and v >= 0 for v in numbers):
+            raise SnapshotFormatError(
+                f"snapshot header shapes[{i}]: expected [cpu, gpu_milli, num_gpu, models, pods], got {item!r}"[:300]
+            )
+        shapes.append(((item[0], item[1], item[2], item[3]), item[4]))
+    return np.ascontiguousarray(free_cpu, dtype=np.int64), tuple(shapes)
+
+
+def _header(members: Mapping[str, npt.NDArray[Any]]) -> dict[str, Any]:
+    raw = members.get("header")
+    if raw is None:
+        raise SnapshotFormatError("snapshot has no header member")
+    try:
+        header = json.loads(raw.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SnapshotFormatError(f"snapshot header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise SnapshotFormatError("snapshot header is not a JSON object")
+    missing = [key for key in _HEADER_KEYS if key not in header]
+    if missing:
+        raise SnapshotFormatError(f"snapshot header lacks {', '.join(missing)}")
+    version = header["schema_version"]
+    if not isinstance(version, int) or version < 1:
+        raise SnapshotFormatError(f"snapshot schema_version must be a positive integer, got {version!r}")
+    if version > SCHEMA_VERSION:
+        raise SnapshotFormatError(
+            f"snapshot schema version {version} is newer than this reader's ({SCHEMA_VERSION}); upgrade the extender"
+        )
+    for key in ("n_nodes", "max_gpus"):
+        if not isinstance(header[key], int) or header[key] < 0:
+            raise SnapshotFormatError(f"snapshot header {key} must be a non-negative integer, got {header[key]!r}")
+    if not isinstance(header["generated_at"], int | float):
+        raise SnapshotFormatError(f"snapshot header generated_at must be Unix seconds, got {header['generated_at']!r}")
+    return header
+
+
+def _check_ids(table: NodeTable) -> None:
+    for column, vocabulary in (
+        ("zone_id", table.zones),
+        ("instance_type_id", table.instance_types),
+        ("model_id", table.models),
+    ):
+        ids = getattr(table, column)
+        if ids.size and (ids.min() < -1 or ids.max() >= len(vocabulary)):
+            raise SnapshotFormatError(f"snapshot member {column!r} refers past its vocabulary of {len(vocabulary)}")
