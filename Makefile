@@ -16,8 +16,11 @@ $(RUNTIME): pyproject.toml requirements.lock
 	$(PIP) -e '.[cdk]'
 	@touch $(RUNTIME)
 
+# bench/ and testing/ are not installed (they need the dev extras): a .pth puts the checkout on the
+# venv's path, so that `gpu-scheduler bench` and the tests import them from the source tree.
 $(STAMP): $(RUNTIME)
 	$(PIP) -e '.[dev]'
+	@echo "$(CURDIR)" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/eks-gpu-scheduler-checkout.pth"
 	@touch $(STAMP)
 
 # The scheduling demo, then a synth of the CDK app (its stack, resource count and manifests).

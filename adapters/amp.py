@@ -17,13 +17,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from adapters.errors import AdapterError
+
 DEFAULT_UTILIZATION_QUERY = "avg by ({node_label}, {gpu_label}) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[{window}]))"
 DEFAULT_NODE_LABEL = "Hostname"  # dcgm-exporter's label for the node it runs on
 DEFAULT_GPU_LABEL = "gpu"  # dcgm-exporter's GPU index label
 DEFAULT_WINDOW = "5m"
 
 
-class PrometheusQueryError(Exception):
+class PrometheusQueryError(AdapterError):
     """The query failed: transport, HTTP status, or a Prometheus ``error`` response."""
 
 

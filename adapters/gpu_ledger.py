@@ -18,12 +18,13 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from adapters.errors import AdapterError
 from scheduler_core.errors import SchedulerCoreError
 from scheduler_core.k8s.annotations import format_assigned_gpus, parse_assigned_gpus
 from scheduler_core.state.ledger import Demand, NodeLedger, Pairs, choose_gpus
 
 
-class LedgerStoreError(Exception):
+class LedgerStoreError(AdapterError):
     """The ledger could not be read or written (throttled past the retries, unreachable, malformed)."""
 
 

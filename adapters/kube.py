@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from adapters.errors import AdapterError
 from adapters.kube_types import list_type
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 MERGE_PATCH = "application/merge-patch+json"
 
 
-class KubeApiError(Exception):
+class KubeApiError(AdapterError):
     """The API answered with an error, or could not be reached, after any retries."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
@@ -56,7 +57,7 @@ class ListExpiredError(KubeApiError):
     """410: the continue token outlived the server's snapshot; the list must start again."""
 
 
-class DeadlineReachedError(Exception):
+class DeadlineReachedError(AdapterError):
     """Not enough time is left to make (or retry) the call."""
 
 

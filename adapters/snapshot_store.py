@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
+from adapters.errors import AdapterError
 from scheduler_core.errors import ClusterStateUnavailableError
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.snapshot import SnapshotFormatError, read_snapshot
@@ -27,7 +28,7 @@ DEFAULT_REFRESH_S = 10.0
 DEFAULT_MAX_AGE_S = 180.0
 
 
-class SnapshotStoreError(Exception):
+class SnapshotStoreError(AdapterError):
     """The store could not be read (permissions, network, throttling...)."""
 
 

@@ -34,10 +34,10 @@ def run(n_nodes: int, n_pods: int, seed: int, concurrency: int) -> dict[str, Any
     from adapters.kube import connect_url
     from adapters.snapshot_store import open_store
     from lambdas.node_state.config import NodeStateSettings
-    from lambdas.node_state.handler import Services, refresh
+    from lambdas.node_state.service import Services, refresh
 
     # One log line per labelled node is right for a Lambda, not for a benchmark's terminal.
-    logging.getLogger("lambdas.node_state.handler").setLevel(logging.WARNING)
+    logging.getLogger("lambdas.node_state.service").setLevel(logging.WARNING)
     started = time.perf_counter()
     double = subprocess.Popen(
         [sys.executable, "-m", "testing.kube_double", "--nodes", str(n_nodes), "--pods", str(n_pods),

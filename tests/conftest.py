@@ -6,9 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from adapters.gpu_ledger import LedgerStore
 from gpu_scheduler.synthetic import CATALOGUE, ZONES, make_node, make_pod
+from scheduler_core.sharing.model import Cluster, Workload
+from scheduler_core.sharing.policies.base import Context
+from scheduler_core.state.ledger import Demand
+from testing.prometheus import MISSING, PROMETHEUS, PROMTOOL, prometheus_with
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -48,7 +54,7 @@ def make_nodes(*models: str, zones: tuple[str, ...] = ZONES, gfd: bool = True) -
     ]
 
 
-__all__ = ["make_nodes", "make_pod"]
+__all__ = ["make_nodes", "make_pod", "prometheus_with"]
 
 
 APISERVER_FIXTURES = SHARED / "fixtures" / "kube-apiserver"
@@ -141,3 +147,72 @@ def assert_catalogued(emf_documents: list[dict[str, Any]], service: str) -> set[
         assert (unit, dimensions) == (expected.unit, tuple(sorted(expected.all_dimensions))), name
         names.add(name)
     return names
+
+
+# ---- extender replies -------------------------------------------------------------------------
+def assert_protocol_correct_filter(request, reply):
+    """kube-scheduler's rules: a subset of what was sent, in the same form, every rejection with a reason."""
+    if request["Nodes"] is not None:
+        sent = [n["metadata"]["name"] for n in request["Nodes"]["items"]]
+        assert reply["NodeNames"] is None
+        kept_objects = reply["Nodes"]["items"]
+        assert all(obj in request["Nodes"]["items"] for obj in kept_objects), "kept nodes are the objects sent"
+        kept = [n["metadata"]["name"] for n in kept_objects]
+    else:
+        sent = request["NodeNames"]
+        assert reply["Nodes"] is None
+        kept = reply["NodeNames"]
+    failed, unresolvable = reply["FailedNodes"], reply["FailedAndUnresolvableNodes"]
+    assert isinstance(reply["Error"], str)
+    assert set(kept) <= set(sent)
+    assert set(failed) <= set(sent) and set(unresolvable) <= set(sent)
+    assert not set(failed) & set(unresolvable)
+    if not reply["Error"]:
+        assert set(kept) | set(failed) | set(unresolvable) == set(sent)
+    assert all(isinstance(r, str) and r for r in [*failed.values(), *unresolvable.values()])
+
+
+# ---- the GPU ledger ---------------------------------------------------------------------------
+class RacingClient:
+    """A client whose first ``races`` puts lose to another writer that takes 300 milli on ``node`` in between."""
+
+    def __init__(self, client: Any, other: LedgerStore, races: int, node: str = "gpu-a", gpu_count: int = 2) -> None:
+        self.client, self.other, self.races = client, other, races
+        self.node, self.gpu_count = node, gpu_count
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def put_item(self, **kwargs: Any) -> Any:
+        if self.races:
+            self.races -= 1
+            self.other.assign(self.node, self.gpu_count, f"rival-{self.races}", Demand(1, 300))
+        return self.client.put_item(**kwargs)
+
+
+# ---- sharing: hand-built clusters and workloads -----------------------------------------------
+def two_nodes() -> Cluster:
+    """Node 0: 8 free GPUs. Node 1: 8 GPUs, GPU 0 has 500 left, GPU 1 has 200 left."""
+    cluster = Cluster.build([96_000, 96_000], [786_432, 786_432], [8, 8], ["G2", "G2"])
+    cluster.gpu_left[1, :2] = [500, 200]
+    return cluster
+
+
+def workload(*shapes: tuple[int, int, int, float]) -> Workload:
+    """Shapes (cpu, gpu_milli, num_gpu, popularity), any model."""
+    return Workload(
+        cpu=np.array([s[0] for s in shapes]),
+        gpu_milli=np.array([s[1] for s in shapes]),
+        num_gpu=np.array([s[2] for s in shapes]),
+        popularity=np.array([s[3] for s in shapes]),
+        allowed=np.ones((1, len(shapes)), dtype=bool),
+    )
+
+
+def context(cluster: Cluster, work: Workload, seed: int = 0) -> Context:
+    frag = work.fragmentation(cluster.gpu_left, cluster.cpu_left, cluster.model_id)
+    return Context(cluster, work, frag, np.random.default_rng(seed), [set() for _ in range(cluster.n_nodes)])
+
+
+# ---- the real Prometheus: skip (with the reason) where the binaries are absent -----------------
+requires_prometheus = pytest.mark.skipif(not (PROMETHEUS and PROMTOOL), reason=MISSING)

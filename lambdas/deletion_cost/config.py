@@ -1,17 +1,5 @@
-"""Deletion-cost refresher settings, read once from the environment.
-
-| variable | default | meaning |
-|---|---|---|
-| ``CLUSTER_NAME`` / ``KUBE_API_URL`` + ``KUBE_TOKEN`` / ``KUBECONFIG`` | (one required) | where the API is |
-| ``DELETION_COST_CONFIG`` | (none) | the workload config as JSON (see ``CostConfig.from_json``) |
-| ``DELETION_COST_CONFIG_PARAMETER`` | (none) | or an SSM parameter holding it (re-read every 5 minutes) |
-| ``AMP_QUERY_URL`` | (none) | AMP workspace URL; without it only warm-up and readiness costs apply |
-| ``DRY_RUN`` | false | compute and log the changes, write nothing |
-| ``MAX_PATCHES_PER_RUN`` | 200 | annotation writes per invocation, all passes together |
-| ``PATCH_QPS`` | 10 | annotation writes per second at most |
-| ``PASSES`` | 2 | refresh passes per invocation (EventBridge fires every minute: 2 passes is every 30 s) |
-| ``INTERVAL_S`` | 30 | seconds from the start of one pass to the start of the next |
-| ``DEADLINE_MARGIN_S`` | 5 | no pass or write starts this close to the Lambda deadline |
+"""Deletion-cost refresher settings, read once from the environment (the table in ``docs/configuration.md``
+is generated from the declarations below).
 
 Without either config variable, the ``metrics`` policy with the source's defaults applies to every
 managed pod, with no queries (so only the warm-up and not-ready costs change anything).
@@ -23,34 +11,35 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.settings import CLUSTER_ACCESS_ENV, ClusterAccess, load_settings
-
-MANAGED_SELECTOR = "gpu-scheduler.io/deletion-cost=managed"
-
-_ENV = CLUSTER_ACCESS_ENV | {
-    "config_json": "DELETION_COST_CONFIG",
-    "config_parameter": "DELETION_COST_CONFIG_PARAMETER",
-    "amp_query_url": "AMP_QUERY_URL",
-    "dry_run": "DRY_RUN",
-    "max_patches_per_run": "MAX_PATCHES_PER_RUN",
-    "patch_qps": "PATCH_QPS",
-    "passes": "PASSES",
-    "interval_s": "INTERVAL_S",
-    "deadline_margin_s": "DEADLINE_MARGIN_S",
-}
+from adapters.metric_catalogue import DELETION_COST, NAMESPACE
+from adapters.settings import ClusterAccess, load_settings, setting
 
 
 @dataclass(frozen=True)
 class DeletionCostSettings(ClusterAccess):
-    config_json: str = ""
-    config_parameter: str = ""
-    amp_query_url: str = ""
-    dry_run: bool = False
-    max_patches_per_run: int = 200
-    patch_qps: float = 10.0
-    passes: int = 2
-    interval_s: float = 30.0
-    deadline_margin_s: float = 5.0
+    config_json: str = setting("DELETION_COST_CONFIG", "", "the workload config as JSON (see `CostConfig.from_json`)")
+    config_parameter: str = setting(
+        "DELETION_COST_CONFIG_PARAMETER", "", "or an SSM parameter holding it (re-read every 5 minutes)"
+    )
+    amp_query_url: str = setting(
+        "AMP_QUERY_URL", "", "AMP workspace URL; without it only warm-up and readiness costs apply"
+    )
+    dry_run: bool = setting("DRY_RUN", False, "compute and log the changes, write nothing")
+    max_patches_per_run: int = setting(
+        "MAX_PATCHES_PER_RUN", 200, "annotation writes per invocation, all passes together"
+    )
+    patch_qps: float = setting("PATCH_QPS", 10.0, "annotation writes per second at most")
+    passes: int = setting(
+        "PASSES", 2, "refresh passes per invocation (EventBridge fires every minute: 2 passes is every 30 s)"
+    )
+    interval_s: float = setting("INTERVAL_S", 30.0, "seconds from the start of one pass to the start of the next")
+    deadline_margin_s: float = setting(
+        "DEADLINE_MARGIN_S", 5.0, "no pass or write starts this close to the Lambda deadline"
+    )
+    metrics_namespace: str = setting(
+        "POWERTOOLS_METRICS_NAMESPACE", NAMESPACE, "CloudWatch namespace of the EMF metrics"
+    )
+    service: str = setting("POWERTOOLS_SERVICE_NAME", DELETION_COST, "service name in logs and metrics")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> DeletionCostSettings:
@@ -59,7 +48,7 @@ class DeletionCostSettings(ClusterAccess):
         >>> DeletionCostSettings.from_env({"CLUSTER_NAME": "prod", "PASSES": "1"}).passes
         1
         """
-        return load_settings(cls, _ENV, environ, overrides)
+        return load_settings(cls, environ, overrides)
 
     def problems(self) -> list[str]:
         found = self.access_problems()

@@ -1,355 +1,34 @@
-"""Deletion-cost refresher: ``controller.kubernetes.io/pod-deletion-cost`` from live metrics.
+"""Deletion-cost refresher on Lambda: EventBridge invokes it every minute;
+:func:`~lambdas.deletion_cost.service.refresh` does the passes, this module only emits their metrics
+and its log line.
 
-EventBridge invokes it every minute; each invocation makes ``PASSES`` passes ``INTERVAL_S`` apart
-(2 and 30 s: a refresh every 30 s, as the source asks), never past the deadline margin. One pass:
-
-1. lists the pods labelled ``gpu-scheduler.io/deletion-cost=managed`` (paginated; no other pod is
-   ever read or written), skipping finished pods and pods being deleted;
-2. runs each distinct metric query once (AMP, SigV4), with results keyed by ``namespace`` and ``pod``;
-3. computes every pod's cost at once (:mod:`scheduler_core.deletion_cost.policy`);
-4. writes the annotation, one merge patch per pod, only where it is missing or invalid or moved by at
-   least the hysteresis; most needed first, within ``MAX_PATCHES_PER_RUN`` and ``PATCH_QPS``.
-
-Pods that change mid-run: a 404 is skipped and counted, a 409 is retried once after a fresh read,
-a 422 is logged with its value and skipped.
+Settings, Powertools and the clients are built once, at import: a bad deployment fails at start-up
+with every problem named (``lambdas/deletion_cost/config.py``).
 
 Metrics (EMF): ``PodsSeen``, ``CostPatches``, ``CostUnchanged``, ``MetricsMissing``, ``PatchFailures``,
 ``PodsGone``, ``MetricQueryFailures``, ``RunMs``, and ``PodsByCostRange`` with a ``range`` dimension
-(``warming`` -100..-1, ``default`` 0, ``medium`` 1..99, ``high`` 100..1000, as the README's convention).
+(``warming`` -100..-1, ``default`` 0, ``medium`` 1..99, ``high`` 100..1000).
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
+import boto3
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from adapters.amp import PrometheusClient, PrometheusQueryError
-from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
-from adapters.kube_types import CostPod
-from adapters.metric_catalogue import DELETION_COST, NAMESPACE, emit_count
-from lambdas.deletion_cost.config import MANAGED_SELECTOR, DeletionCostSettings
-from scheduler_core.deletion_cost.plan import (
-    CostChange,
-    costs_for,
-    current_cost,
-    metrics_by_pod,
-    plan_changes,
-    pod_key,
-    render_queries,
-)
-from scheduler_core.deletion_cost.policy import COST_RANGES, CostConfig, format_cost
-from scheduler_core.errors import ConfigError
-from scheduler_core.k8s.names import DELETION_COST_ANNOTATION
+from adapters.metric_catalogue import emit_count
+from lambdas.deletion_cost.config import DeletionCostSettings
+from lambdas.deletion_cost.service import RunReport, build_services, refresh
 
-log = logging.getLogger(__name__)
-TERMINAL = ("Succeeded", "Failed")
-
-
-@dataclass
-class PassReport:
-    pods_seen: int = 0
-    cost_patches: int = 0
-    cost_unchanged: int = 0
-    metrics_missing: int = 0
-    patch_failures: int = 0
-    pods_gone: int = 0
-    planned: int = 0
-    deferred: int = 0  # planned, but over the write budget or out of time: next pass or run
-    query_failures: int = 0
-    cost_ranges: dict[str, int] = field(default_factory=dict)
-    phases_ms: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class RunReport:
-    status: str = "ok"
-    error: str = ""
-    dry_run: bool = False
-    passes: list[PassReport] = field(default_factory=list)
-    passes_skipped: int = 0
-    run_ms: float = 0.0
-
-    def total(self, name: str) -> int:
-        return sum(int(getattr(p, name)) for p in self.passes)
-
-
-@dataclass
-class CostServices:
-    kube: KubeClient
-    prometheus: PrometheusClient | None
-    config: Callable[[], CostConfig]
-
-
-class _Budget:
-    """At most ``remaining`` writes, no faster than ``qps``."""
-
-    def __init__(self, remaining: int, qps: float, clock: Callable[[], float], sleep: Callable[[float], None]):
-        self.remaining, self.gap_s = remaining, 1.0 / qps
-        self._clock, self._sleep = clock, sleep
-        self._last = float("-inf")
-
-    def take(self) -> bool:
-        if self.remaining <= 0:
-            return False
-        wait = self._last + self.gap_s - self._clock()
-        if wait > 0:
-            self._sleep(wait)
-        self._last = self._clock()
-        self.remaining -= 1
-        return True
-
-
-def refresh(
-    settings: DeletionCostSettings,
-    services: CostServices,
-    *,
-    time_left: Callable[[], float],
-    now: Callable[[], float] = time.time,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-    logger: Any = log,
-) -> RunReport:
-    """One invocation: ``settings.passes`` passes ``interval_s`` apart, inside the deadline margin."""
-    started = clock()
-    report = RunReport(dry_run=settings.dry_run)
-    try:
-        config = services.config()
-    except ConfigError as exc:
-        report.status, report.error = "failed", f"deletion-cost config: {exc}"
-        logger.error("no usable deletion-cost config", extra={"error": str(exc)})
-        return report
-    services.kube.deadline = lambda: time_left() - settings.deadline_margin_s
-    budget = _Budget(settings.max_patches_per_run, settings.patch_qps, clock, sleep)
-    previous_start = previous_duration = 0.0
-    for number in range(settings.passes):
-        if number:
-            wait = max(0.0, previous_start + settings.interval_s - clock())
-            if time_left() - settings.deadline_margin_s < wait + previous_duration:
-                report.passes_skipped = settings.passes - number
-                logger.info("not enough time for another pass", extra={"skipped": report.passes_skipped})
-                break
-            sleep(wait)
-        previous_start = clock()
-        try:
-            report.passes.append(_one_pass(settings, services, config, budget, now(), logger))
-        except (KubeApiError, DeadlineReachedError) as exc:
-            report.status, report.error = "failed", f"pass {number + 1}: {exc}"
-            logger.error("pass failed", extra={"pass": number + 1, "error": str(exc)})
-            break
-        previous_duration = clock() - previous_start
-    report.run_ms = 1000 * (clock() - started)
-    return report
-
-
-def _one_pass(
-    settings: DeletionCostSettings,
-    services: CostServices,
-    config: CostConfig,
-    budget: _Budget,
-    now: float,
-    logger: Any,
-) -> PassReport:
-    report = PassReport()
-    mark = time.perf_counter()
-
-    def phase(name: str) -> None:
-        nonlocal mark
-        report.phases_ms[name] = round(1000 * (time.perf_counter() - mark), 1)
-        mark = time.perf_counter()
-
-    listed = services.kube.list_all("pods", label_selector=MANAGED_SELECTOR, item_type=CostPod)
-    pods = [p for p in listed if _live(p)]
-    report.pods_seen = len(pods)
-    phase("list_pods")
-    queries = render_queries(config, pods)
-    results = _query_metrics(services.prometheus, queries, report, logger)
-    phase("query_metrics")
-    costs = costs_for(pods, metrics_by_pod(config, pods, results, queries), config, now)
-    report.metrics_missing = sum(cost is None for cost in costs.values())
-    changes, report.cost_unchanged = plan_changes(pods, costs, config.hysteresis)
-    report.planned = len(changes)
-    report.cost_ranges = _ranges(pods, costs)
-    phase("compute_costs")
-    _apply(changes, settings, services.kube, config, budget, report, logger)
-    phase("write")
-    return report
-
-
-def _apply(
-    changes: list[CostChange],
-    settings: DeletionCostSettings,
-    kube: KubeClient,
-    config: CostConfig,
-    budget: _Budget,
-    report: PassReport,
-    logger: Any,
-) -> None:
-    for index, change in enumerate(changes):
-        if settings.dry_run:
-            logger.info("dry run: would set the deletion cost", extra=_change_log(change))
-            continue
-        if not budget.take():
-            report.deferred = len(changes) - index
-            logger.warning("write budget reached", extra={"deferred": report.deferred})
-            break
-        try:
-            outcome = _write(kube, change, config.hysteresis, logger)
-        except DeadlineReachedError:
-            report.deferred = len(changes) - index
-            logger.warning("deadline reached: writes deferred", extra={"deferred": report.deferred})
-            break
-        if outcome == "patched":
-            report.cost_patches += 1
-        elif outcome == "gone":
-            report.pods_gone += 1
-        elif outcome == "failed":
-            report.patch_failures += 1
-
-
-def _live(pod: Mapping[str, Any]) -> bool:
-    metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
-    return not metadata.get("deletionTimestamp") and status.get("phase") not in TERMINAL
-
-
-def _query_metrics(
-    prometheus: PrometheusClient | None, queries: Mapping[str, Any], report: PassReport, logger: Any
-) -> dict[str, list[tuple[Mapping[str, str], float]]]:
-    results: dict[str, list[tuple[Mapping[str, str], float]]] = {}
-    if prometheus is None:
-        return results
-    for query in queries:
-        try:
-            results[query] = [(s.labels, s.value) for s in prometheus.query(query)]
-        except PrometheusQueryError as exc:
-            report.query_failures += 1
-            logger.warning("metric query failed; those costs are kept", extra={"query": query, "error": str(exc)})
-    return results
-
-
-def _write(kube: KubeClient, change: CostChange, hysteresis: int, logger: Any) -> str:
-    """Patch one pod: "patched", "gone", "skipped" (someone else already set it) or "failed"."""
-    for attempt in (1, 2):
-        try:
-            kube.patch_pod_annotations(
-                change.namespace,
-                change.name,
-                {DELETION_COST_ANNOTATION: format_cost(change.new)},
-                retry_conflicts=False,
-            )
-            logger.info("deletion cost set", extra=_change_log(change))
-            return "patched"
-        except KubeApiError as exc:
-            if exc.status == 404:
-                logger.info("pod is gone", extra={"pod": change.key})
-                return "gone"
-            if exc.status == 422:
-                logger.error("the API refused the cost", extra={**_change_log(change), "error": exc.message})
-                return "failed"
-            if exc.status != 409 or attempt == 2:
-                logger.warning("deletion cost write failed", extra={**_change_log(change), "error": str(exc)})
-                return "failed"
-        # 409: read the pod again; write once more unless it already carries a close enough cost.
-        try:
-            fresh = kube.get_pod(change.namespace, change.name)
-        except KubeApiError as exc:
-            if exc.status == 404:
-                return "gone"
-            return "failed"
-        current = current_cost(fresh)
-        if current is not None and abs(current - change.new) < max(hysteresis, 1):
-            return "skipped"
-    return "failed"
-
-
-def _change_log(change: CostChange) -> dict[str, Any]:
-    return {"pod": change.key, "old_cost": change.old, "new_cost": change.new}
-
-
-def _ranges(pods: Sequence[Mapping[str, Any]], costs: Mapping[str, int | None]) -> dict[str, int]:
-    """Pods per cost range, counting the cost each pod will carry (the new one, else its current one)."""
-    counts = {name: 0 for name, _, _ in COST_RANGES}
-    for pod in pods:
-        cost = costs.get(pod_key(pod))
-        if cost is None:
-            cost = current_cost(pod) or 0
-        for name, low, high in COST_RANGES:
-            if low <= cost <= high:
-                counts[name] += 1
-                break
-    return counts
-
-
-# ---- Lambda entry point --------------------------------------------------------------------------
-logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", DELETION_COST))
+SETTINGS = DeletionCostSettings.from_env()
+logger = Logger(service=SETTINGS.service)
 # Every metric carries the service dimension (adapters/metric_catalogue.py), set or not in the environment.
-metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", NAMESPACE), service=logger.service)
-_SETTINGS: DeletionCostSettings | None = None
-_SERVICES: CostServices | None = None
-_LAST_GOOD: CostConfig | None = None
-
-
-def config_loader(settings: DeletionCostSettings) -> Callable[[], CostConfig]:
-    """Reads the config each run (SSM through Powertools' 5-minute cache); a bad new version keeps
-    the last good one in service, and is logged, so that a typo never stops the refresher."""
-
-    def load() -> CostConfig:
-        global _LAST_GOOD
-        if not (settings.config_parameter or settings.config_json):
-            return CostConfig()
-        try:
-            _LAST_GOOD = CostConfig.from_json(_config_document(settings))
-        except ConfigError as exc:
-            if _LAST_GOOD is None:
-                raise
-            logger.error("deletion-cost config is unusable; keeping the last good one", extra={"error": str(exc)})
-        return _LAST_GOOD
-
-    return load
-
-
-def _config_document(settings: DeletionCostSettings) -> Any:
-    where = "DELETION_COST_CONFIG"
-    text = settings.config_json
-    if settings.config_parameter:
-        from aws_lambda_powertools.utilities import parameters
-        from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
-
-        where = f"SSM parameter {settings.config_parameter}"
-        try:
-            text = str(parameters.get_parameter(settings.config_parameter, max_age=300))
-        except GetParameterError as exc:
-            raise ConfigError(f"{where}: {exc}") from exc
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{where} is not JSON: {exc}") from exc
-
-
-def _services(settings: DeletionCostSettings) -> CostServices:
-    global _SERVICES
-    if _SERVICES is None:
-        import boto3
-
-        session = boto3.session.Session(region_name=settings.region or None)
-        prometheus = (
-            PrometheusClient(
-                settings.amp_query_url, region=session.region_name or "", credentials=session.get_credentials()
-            )
-            if settings.amp_query_url
-            else None
-        )
-        _SERVICES = CostServices(settings.connect(session), prometheus, config_loader(settings))
-    return _SERVICES
-
+metrics = Metrics(namespace=SETTINGS.metrics_namespace, service=SETTINGS.service)
+SERVICES = build_services(SETTINGS, boto3.session.Session(region_name=SETTINGS.region or None), logger)
 
 _METRICS = (
     ("PodsSeen", "pods_seen"),
@@ -362,18 +41,8 @@ _METRICS = (
 )
 
 
-@logger.inject_lambda_context(clear_state=True)
-@metrics.log_metrics
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    global _SETTINGS
-    if _SETTINGS is None:
-        _SETTINGS = DeletionCostSettings.from_env()
-    report = refresh(
-        _SETTINGS,
-        _services(_SETTINGS),
-        time_left=lambda: context.get_remaining_time_in_millis() / 1000,
-        logger=logger,
-    )
+def emit(report: RunReport) -> None:
+    """The invocation's metrics and its one log line."""
     for name, attribute in _METRICS:
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=report.total(attribute))
     metrics.add_metric(name="RunMs", unit=MetricUnit.Milliseconds, value=round(report.run_ms, 1))
@@ -381,6 +50,12 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     if report.passes:
         for name, count in report.passes[-1].cost_ranges.items():
             emit_count("PodsByCostRange", count, namespace=metrics.namespace, service=logger.service, range=name)
-    summary = asdict(report)
-    (logger.info if report.status == "ok" else logger.error)("deletion-cost run", extra={"report": summary})
-    return summary
+    (logger.info if report.status == "ok" else logger.error)("deletion-cost run", extra={"report": asdict(report)})
+
+
+@logger.inject_lambda_context(clear_state=True)
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    report = refresh(SETTINGS, SERVICES, time_left=lambda: context.get_remaining_time_in_millis() / 1000, logger=logger)
+    emit(report)
+    return asdict(report)

@@ -1,24 +1,7 @@
 """Extender Lambda settings: read once from the environment into a frozen dataclass.
 
-| variable | default | meaning |
-|---|---|---|
-| ``SNAPSHOT_URI`` | (none) | ``s3://bucket/key``, ``file:///path`` or a path; without it ``NodeNames`` is refused |
-| ``SNAPSHOT_REFRESH_S`` | 10 | re-check the snapshot's ETag at most this often |
-| ``MAX_SNAPSHOT_AGE_S`` | 180 | refuse (filter ``Error``) a snapshot older than this |
-| ``MAX_BODY_BYTES`` | 6291456 | largest request body (Lambda's own limit is 6 MB) |
-| ``SCORE_WEIGHT_FIT`` | 0.7 | best-fit weight |
-| ``SCORE_WEIGHT_UTILIZATION`` | 0.3 | low-utilisation weight |
-| ``SCORE_WEIGHT_LOCALITY`` | 0.5 | network-locality weight (pods with ``gpu-scheduler.io/peers``) |
-| ``LOCALITY_LABEL_KEYS`` | app,app.kubernetes.io/name | label keys peers may select on |
-| ``LOCALITY_ZONE_ALPHA`` | 0.5 | value of a peer pod in the same zone, on another node |
-| ``LOCALITY_ZONE_VALUES`` | (none) | JSON ``{zone: {zone: value}}`` replacing the same-zone/other-zone steps |
-| ``LOCALITY_SELF_WEIGHT`` | 1.0 | weight of a pod's own workload among its peers (0: off) |
-| ``SHARE_POLICY`` | fgd_cpu | places shares: ``fgd_cpu`` (FGD), ``gpu_packing``, ``bestfit`` or ``dotprod`` |
-| ``LEDGER_TABLE`` | (none) | the GPU ledger's DynamoDB table; with it, ``/bind`` and ``/preempt`` are served |
-| ``CLUSTER_NAME`` | (none) | with ``LEDGER_TABLE``: the EKS cluster bind writes to |
-| ``KUBE_API_URL`` / ``KUBE_TOKEN``, ``KUBECONFIG`` | (none) | instead of ``CLUSTER_NAME`` (local runs) |
-| ``POWERTOOLS_METRICS_NAMESPACE`` | GpuScheduler | CloudWatch namespace of the EMF metrics |
-| ``POWERTOOLS_SERVICE_NAME`` | gpu-scheduler-extender | service name in logs, metrics, traces |
+Each field declares its variable and its doc (``adapters.settings.setting``); the reference table in
+``docs/configuration.md`` is generated from them.
 """
 
 from __future__ import annotations
@@ -29,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.metric_catalogue import EXTENDER, NAMESPACE
-from adapters.settings import CLUSTER_ACCESS_ENV, ClusterAccess, load_settings
+from adapters.settings import ClusterAccess, env_name, load_settings, setting
 from scheduler_core.extender.facade import ExtenderConfig
 from scheduler_core.scoring.gpu_fit import ScoreWeights
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, LocalitySettings
@@ -38,42 +21,45 @@ from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIE
 LAMBDA_MAX_BODY_BYTES = 6 * 2**20
 
 
-_ENV = CLUSTER_ACCESS_ENV | {
-    "snapshot_uri": "SNAPSHOT_URI",
-    "snapshot_refresh_s": "SNAPSHOT_REFRESH_S",
-    "max_snapshot_age_s": "MAX_SNAPSHOT_AGE_S",
-    "max_body_bytes": "MAX_BODY_BYTES",
-    "weight_fit": "SCORE_WEIGHT_FIT",
-    "weight_utilization": "SCORE_WEIGHT_UTILIZATION",
-    "weight_locality": "SCORE_WEIGHT_LOCALITY",
-    "locality_label_keys": "LOCALITY_LABEL_KEYS",
-    "locality_zone_alpha": "LOCALITY_ZONE_ALPHA",
-    "locality_zone_values": "LOCALITY_ZONE_VALUES",
-    "locality_self_weight": "LOCALITY_SELF_WEIGHT",
-    "share_policy": "SHARE_POLICY",
-    "ledger_table": "LEDGER_TABLE",
-    "metrics_namespace": "POWERTOOLS_METRICS_NAMESPACE",
-    "service": "POWERTOOLS_SERVICE_NAME",
-}
-
-
 @dataclass(frozen=True)
 class ExtenderSettings(ClusterAccess):
-    snapshot_uri: str = ""
-    snapshot_refresh_s: float = 10.0
-    max_snapshot_age_s: float = 180.0
-    max_body_bytes: int = LAMBDA_MAX_BODY_BYTES
-    weight_fit: float = 0.7
-    weight_utilization: float = 0.3
-    weight_locality: float = 0.5
-    locality_label_keys: str = ",".join(DEFAULT_LABEL_KEYS)
-    locality_zone_alpha: float = 0.5
-    locality_zone_values: str = ""
-    locality_self_weight: float = 1.0
-    share_policy: str = DEFAULT_SHARE_POLICY
-    ledger_table: str = ""
-    metrics_namespace: str = NAMESPACE
-    service: str = EXTENDER
+    snapshot_uri: str = setting(
+        "SNAPSHOT_URI", "", "`s3://bucket/key`, `file:///path` or a path; without it `NodeNames` is refused"
+    )
+    snapshot_refresh_s: float = setting("SNAPSHOT_REFRESH_S", 10.0, "re-check the snapshot's ETag at most this often")
+    max_snapshot_age_s: float = setting(
+        "MAX_SNAPSHOT_AGE_S", 180.0, "refuse (filter `Error`) a snapshot older than this"
+    )
+    max_body_bytes: int = setting(
+        "MAX_BODY_BYTES", LAMBDA_MAX_BODY_BYTES, "largest request body (Lambda's own limit is 6 MB)"
+    )
+    weight_fit: float = setting("SCORE_WEIGHT_FIT", 0.7, "best-fit weight")
+    weight_utilization: float = setting("SCORE_WEIGHT_UTILIZATION", 0.3, "low-utilisation weight")
+    weight_locality: float = setting(
+        "SCORE_WEIGHT_LOCALITY", 0.5, "network-locality weight (pods with `gpu-scheduler.io/peers`)"
+    )
+    locality_label_keys: str = setting(
+        "LOCALITY_LABEL_KEYS", ",".join(DEFAULT_LABEL_KEYS), "label keys peers may select on"
+    )
+    locality_zone_alpha: float = setting(
+        "LOCALITY_ZONE_ALPHA", 0.5, "value of a peer pod in the same zone, on another node"
+    )
+    locality_zone_values: str = setting(
+        "LOCALITY_ZONE_VALUES", "", "JSON `{zone: {zone: value}}` replacing the same-zone/other-zone steps"
+    )
+    locality_self_weight: float = setting(
+        "LOCALITY_SELF_WEIGHT", 1.0, "weight of a pod's own workload among its peers (0: off)"
+    )
+    share_policy: str = setting(
+        "SHARE_POLICY", DEFAULT_SHARE_POLICY, f"places shares: one of {', '.join(f'`{p}`' for p in SHARE_POLICIES)}"
+    )
+    ledger_table: str = setting(
+        "LEDGER_TABLE", "", "the GPU ledger's DynamoDB table; with it, `/bind` and `/preempt` are served"
+    )
+    metrics_namespace: str = setting(
+        "POWERTOOLS_METRICS_NAMESPACE", NAMESPACE, "CloudWatch namespace of the EMF metrics"
+    )
+    service: str = setting("POWERTOOLS_SERVICE_NAME", EXTENDER, "service name in logs, metrics and traces")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ExtenderSettings:
@@ -87,21 +73,24 @@ class ExtenderSettings(ClusterAccess):
         >>> ExtenderSettings.from_env({"SNAPSHOT_URI": "s3://b/k"}, max_snapshot_age_s=60).max_snapshot_age_s
         60
         """
-        return load_settings(cls, _ENV, environ, overrides)
+        return load_settings(cls, environ, overrides)
 
     def problems(self) -> list[str]:
         """Every invalid setting, named by its environment variable."""
+        cls = type(self)
         found = []
         for name in ("snapshot_refresh_s", "max_snapshot_age_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value < 0:
-                found.append(f"{_ENV[name]}: must be a non-negative number of seconds, got {value!r}")
+                found.append(f"{env_name(cls, name)}: must be a non-negative number of seconds, got {value!r}")
         if "://" in self.snapshot_uri and not self.snapshot_uri.startswith(("s3://", "file://")):
             found.append(f"SNAPSHOT_URI: expected s3://bucket/key, file:///path or a path, got {self.snapshot_uri!r}")
         # The core names fields by path (weights.fit, locality.zone_alpha...): name the variables instead.
-        renames = {f"weights.{name}": _ENV[f"weight_{name}"] for name in ("fit", "utilization", "locality")}
+        renames = {
+            f"weights.{name}": env_name(type(self), f"weight_{name}") for name in ("fit", "utilization", "locality")
+        }
         renames |= {
-            f"locality.{name}": _ENV[f"locality_{name}"]
+            f"locality.{name}": env_name(cls, f"locality_{name}")
             for name in ("label_keys", "zone_alpha", "zone_values", "self_weight")
         }
         try:

@@ -2,9 +2,8 @@
 
 Routes: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``, and with ``LEDGER_TABLE`` set
 ``POST /bind`` and ``POST /preempt`` (GPU sharing). The decision is the shared
-:meth:`scheduler_core.extender.Extender.respond`; this module only adapts the event, logs the decision
-and emits metrics. It imports nothing the filter and prioritize path does not need: the ``kubernetes``
-client is loaded on the first bind.
+:meth:`scheduler_core.extender.Extender.respond`, wired by ``lambdas/extender/service.py``; this
+module only adapts the event, logs the decision and emits metrics.
 
 Metrics: ``adapters.metric_catalogue`` lists them (EMF, namespace ``POWERTOOLS_METRICS_NAMESPACE``,
 dimension ``service``).
@@ -22,14 +21,14 @@ from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from adapters.ledger_readings import LedgerReadings
 from adapters.metric_catalogue import emit_count
 from adapters.runtime import tune_allocator
-from adapters.snapshot_store import RefreshEvent, SnapshotSource, open_store
+from adapters.snapshot_store import RefreshEvent
 from adapters.tracing import make_tracer
 from lambdas.extender.config import ExtenderSettings
+from lambdas.extender.service import build
 from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome
-from scheduler_core.extender.facade import Accounting, BindOutcome, Extender, Reply
+from scheduler_core.extender.facade import BindOutcome, Reply
 from scheduler_core.extender.preemption import PreemptOutcome
 from scheduler_core.extender.wire import encode_json
 
@@ -53,33 +52,8 @@ def _on_refresh(event: RefreshEvent) -> None:
     _count("SnapshotRefreshFailures", event.result)
 
 
-SOURCE = (
-    SnapshotSource(
-        open_store(SETTINGS.snapshot_uri),
-        refresh_s=SETTINGS.snapshot_refresh_s,
-        max_age_s=SETTINGS.max_snapshot_age_s,
-        trace=lambda name: tracer.provider.in_subsegment(name=name),
-        on_refresh=_on_refresh,
-    )
-    if SETTINGS.snapshot_uri
-    else None
-)
-
-
-def _binder(settings: ExtenderSettings, readings: LedgerReadings) -> Accounting | None:
-    """The GPU ledger behind bind and preempt; imported only when configured (boto3 and botocore are
-    not needed otherwise, and ``kubernetes`` is loaded by the first bind)."""
-    if not settings.ledger_table:
-        return None
-    from adapters.binder import ledger_binder
-
-    return ledger_binder(settings.ledger_table, settings, cluster=SOURCE, readings=readings)
-
-
-READINGS = LedgerReadings()
-EXTENDER = Extender(
-    SETTINGS.extender_config(), cluster=SOURCE, readings=READINGS, accounting=_binder(SETTINGS, READINGS)
-)
+SERVICE = build(SETTINGS, trace=lambda name: tracer.provider.in_subsegment(name=name), on_refresh=_on_refresh)
+SOURCE, EXTENDER = SERVICE.source, SERVICE.extender
 app = APIGatewayRestResolver()
 
 

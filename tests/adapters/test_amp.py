@@ -16,7 +16,7 @@ import pytest
 from botocore.credentials import Credentials
 
 from adapters.amp import PrometheusClient, PrometheusQueryError, Sample, utilization_by_node, utilization_query
-from tests.prometheus_server import prometheus_with, requires_prometheus
+from tests.conftest import prometheus_with, requires_prometheus
 
 SERIES = {
     (("Hostname", "gpu-a"), ("gpu", "0"), ("modelName", "NVIDIA H100 80GB HBM3")): 40.0,

@@ -12,6 +12,7 @@ from botocore.stub import Stubber
 from adapters.gpu_ledger import LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
 from bench.ledger import TABLE, create_table
 from scheduler_core.state.ledger import Demand
+from tests.conftest import RacingClient
 
 
 @pytest.fixture
@@ -47,23 +48,6 @@ def test_release_frees_the_gpus_and_is_false_for_a_pod_that_held_none(store: Led
     assert store.release("gpu-a", 2, "uid-1") is True
     assert store.release("gpu-a", 2, "uid-1") is False
     assert store.read("gpu-a", 2).used == (0, 0)
-
-
-class RacingClient:
-    """A client whose first ``races`` puts lose to another writer that takes 300 milli on ``node`` in between."""
-
-    def __init__(self, client: Any, other: LedgerStore, races: int, node: str = "gpu-a", gpu_count: int = 2) -> None:
-        self.client, self.other, self.races = client, other, races
-        self.node, self.gpu_count = node, gpu_count
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.client, name)
-
-    def put_item(self, **kwargs: Any) -> Any:
-        if self.races:
-            self.races -= 1
-            self.other.assign(self.node, self.gpu_count, f"rival-{self.races}", Demand(1, 300))
-        return self.client.put_item(**kwargs)
 
 
 def test_a_version_conflict_rereads_and_chooses_again(store: LedgerStore) -> None:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from bench.tried import RULES, expected_waste
 from scheduler_core.sharing.model import Task, Workload
 from scheduler_core.sharing.policies import registry
-from tests.scheduler_core.test_sharing import context, two_nodes, workload
+from tests.conftest import context, two_nodes, workload
 
 
 @settings(max_examples=60, deadline=None)

@@ -31,7 +31,7 @@ from cdk.prometheus import (
 )
 from manifests.scheduler import dump_yaml
 from testing.prometheus import PROMTOOL
-from tests.prometheus_server import prometheus_with, requires_prometheus
+from tests.conftest import prometheus_with, requires_prometheus
 
 NOW = time.time()
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")

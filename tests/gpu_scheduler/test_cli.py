@@ -74,6 +74,7 @@ def run_demo(capsys, mode):
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["names", "nodes"])
 def test_demo_places_pods_and_accounts_for_every_pod_and_gpu(capsys, mode):
     summary = run_demo(capsys, mode)
@@ -86,6 +87,7 @@ def test_demo_places_pods_and_accounts_for_every_pod_and_gpu(capsys, mode):
     assert summary["server_exit_code"] == 0
 
 
+@pytest.mark.slow
 def test_demo_compares_fgd_and_ours_on_a_synthetic_trace_without_openb(tmp_path, capsys):
     argv = ["demo", "--nodes", "24", "--pods", "20", "--json", "--placement-seeds", "2"]
     with patch.dict("os.environ", {"OPENB_DIR": str(tmp_path / "absent")}):
@@ -110,6 +112,7 @@ def test_demo_compares_fgd_and_ours_on_a_synthetic_trace_without_openb(tmp_path,
         assert figures["unallocated_gpu_pct_100"] == pytest.approx(expected, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_demo_placement_reads_the_openb_default_trace_when_present(tmp_path):
     """A stand-in openb directory (the synthetic trace under openb's file names) is read, and labelled so."""
     import numpy as np
@@ -126,6 +129,7 @@ def test_demo_placement_reads_the_openb_default_trace_when_present(tmp_path):
     assert "fgd_cpu (ours)" in text and "released FGD figure at 100 %: 4.77" in text
 
 
+@pytest.mark.slow
 def test_both_node_forms_make_the_same_decisions(capsys):
     """NodeNames against a snapshot and full Node objects against a cluster file are one decision."""
     names, nodes = run_demo(capsys, "names"), run_demo(capsys, "nodes")
@@ -133,6 +137,7 @@ def test_both_node_forms_make_the_same_decisions(capsys):
         assert names[key] == nodes[key], key
 
 
+@pytest.mark.slow
 def test_bench_extender_reports_each_size_and_agreeing_results(capsys):
     argv = ["bench", "extender", "--nodes", "300", "--payload-nodes", "20", "--repeat", "5"]
     assert main(argv) == 0
@@ -202,6 +207,7 @@ def test_deletion_costs_table_and_bad_config(tmp_path, capsys):
     assert "workloads[0].policy: expected one of metrics" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_deletion_cost_reports_each_size(capsys):
     assert main(["bench", "deletion-cost", "--pods", "50,200", "--repeat", "3"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -267,6 +273,7 @@ def test_simulate_names_the_bad_line_of_a_trace(tmp_path, capsys):
     assert "pods.csv:202: num_gpu=1, gpu_milli=2000" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_policies_reports_cost_per_decision_on_a_synthetic_trace_without_openb(capsys):
     with patch.dict("os.environ", {"OPENB_DIR": "/nonexistent"}):
         assert main(["bench", "policies", "--policies", "bestfit,fgd_cpu", "--seed", "3"]) == 0
@@ -284,6 +291,7 @@ def test_bench_policies_refuses_an_unknown_policy(capsys):
     assert "--policies: unknown first_fit" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_share_policy_compares_share_placements_on_a_synthetic_trace(capsys):
     argv = ["bench", "share-policy", "--candidates", "fgd,fgd_cpu_blind,gpu_packing", "--seeds", "1", "--jobs", "1"]
     with patch.dict("os.environ", {"OPENB_DIR": "/nonexistent"}):

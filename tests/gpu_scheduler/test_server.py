@@ -14,6 +14,7 @@ from gpu_scheduler.server import ClusterFile, ExtenderHTTPServer
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.extender.facade import Extender, ExtenderConfig
 from tests.conftest import (
+    assert_protocol_correct_filter,
     fixture_id,
     load_fixture,
     make_nodes,
@@ -22,7 +23,6 @@ from tests.conftest import (
     requires_fixtures,
     scheduler_requests,
 )
-from tests.scheduler_core.test_extender import assert_protocol_correct_filter
 
 GO_HEADERS = {"User-Agent": "Go-http-client/1.1", "Content-Type": "application/json", "Accept-Encoding": "gzip"}
 

@@ -19,12 +19,12 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.sharing.model import Task
-from scheduler_core.sharing.policies import fgd
 from scheduler_core.sharing.policies.base import Context, Scores
+from scheduler_core.sharing.policies.fgd import score as fgd_score
 
 
 def score(ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
-    scores, gpus = fgd.score(ctx, task, nodes)
+    scores, gpus = fgd_score(ctx, task, nodes)
     if task.num_gpu:
         return scores, gpus
     no_free_gpu = ctx.cluster.gpu_left[nodes].sum(axis=1) == 0

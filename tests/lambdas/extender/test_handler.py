@@ -2,7 +2,6 @@
 with the snapshot in moto S3."""
 
 import base64
-import importlib
 import json
 import sys
 import time
@@ -19,6 +18,7 @@ from tests.conftest import (
     FakeLambdaContext,
     api_gateway_event,
     assert_catalogued,
+    assert_protocol_correct_filter,
     captured_nodes,
     fixture_id,
     load_fixture,
@@ -28,7 +28,6 @@ from tests.conftest import (
     requires_fixtures,
     scheduler_requests,
 )
-from tests.scheduler_core.test_extender import assert_protocol_correct_filter
 
 BUCKET, KEY = "gpu-scheduler-state", "prod/snapshot.npz"
 
@@ -56,17 +55,9 @@ def put_snapshot(s3, nodes, pods=(), generated_at=None, key=KEY):
 
 
 @pytest.fixture
-def load_handler(aws, monkeypatch):
+def load_handler(aws, fresh_handler):
     def load(**env):
-        monkeypatch.setenv("SNAPSHOT_URI", f"s3://{BUCKET}/{KEY}")
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        import lambdas.extender.handler as handler
-
-        handler = importlib.reload(handler)  # a fresh module, as in a new Lambda sandbox
-        # Powertools keeps the first load's log handler; point it at this test's captured stdout.
-        handler.logger.logger_handler.stream = sys.stdout
-        return handler
+        return fresh_handler("lambdas.extender.handler", **{"SNAPSHOT_URI": f"s3://{BUCKET}/{KEY}", **env})
 
     return load
 
@@ -385,7 +376,7 @@ def test_locality_settings_come_from_the_environment_and_are_validated():
 def test_every_metric_emitted_is_catalogued_and_every_catalogued_one_is_emitted(aws, sharing, invoke, monkeypatch):
     """The CDK dashboards and alarms name metrics through the catalogue: drift would leave them empty."""
     from adapters.gpu_ledger import LedgerStore
-    from tests.adapters.test_gpu_ledger import RacingClient
+    from tests.conftest import RacingClient
 
     _, api = sharing
     call = invoke(MAX_BODY_BYTES="1000")  # with the ledger and the API of ``sharing``

@@ -18,7 +18,7 @@ from adapters.kube import connect_url
 from adapters.metric_catalogue import CATALOGUE, NODE_STATE
 from adapters.snapshot_store import open_store
 from bench.ledger import TABLE, create_table
-from lambdas.node_state import handler
+from lambdas.node_state import service
 from lambdas.node_state.config import NodeStateSettings
 from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.names import MILLI_RESOURCE
@@ -28,8 +28,14 @@ from scheduler_core.state.ledger import Demand
 from scheduler_core.state.snapshot import read_snapshot
 from testing.kube_double import KubeApiDouble
 from testing.synthetic import eks_cluster
-from tests.conftest import FakeLambdaContext, assert_catalogued, make_nodes, make_pod
-from tests.prometheus_server import prometheus_with, requires_prometheus
+from tests.conftest import (
+    FakeLambdaContext,
+    assert_catalogued,
+    make_nodes,
+    make_pod,
+    prometheus_with,
+    requires_prometheus,
+)
 
 TOKEN = "refresher-token"
 BUCKET, KEY = "gpu-scheduler-state", "clusters/prod/snapshot.npz"
@@ -68,8 +74,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def services(
     session: Any, api: KubeApiDouble, amp_url: str | None, ledger: LedgerStore | None = None
-) -> handler.Services:
-    return handler.Services(
+) -> service.Services:
+    return service.Services(
         kube=connect_url(api.url, TOKEN, sleep=lambda _s: None),
         store=open_store(URI, s3_client=session.client("s3")),
         catalog=GpuInfoCatalog(session.client("ec2")),
@@ -80,9 +86,9 @@ def services(
 
 def run(
     session: Any, api: KubeApiDouble, amp_url: str | None = None, ledger: LedgerStore | None = None, **settings: Any
-) -> handler.RunReport:
+) -> service.RunReport:
     config = NodeStateSettings(cluster_name="prod", snapshot_uri=URI, **settings)
-    return handler.refresh(config, services(session, api, amp_url, ledger), time_left=lambda: 900.0)
+    return service.refresh(config, services(session, api, amp_url, ledger), time_left=lambda: 900.0)
 
 
 def ledger_table(session: Any) -> LedgerStore:
@@ -244,7 +250,7 @@ def test_the_deadline_skips_label_patches_but_not_the_snapshot(aws: Any, api: Ku
 
     svc.store.put = put_then_run_out  # type: ignore[method-assign]
     config = NodeStateSettings(cluster_name="prod", snapshot_uri=URI)
-    report = handler.refresh(config, svc, time_left=lambda: left[0])
+    report = service.refresh(config, svc, time_left=lambda: left[0])
     assert report.label_patches_skipped == 425 and report.nodes_labeled == 0
     assert api.writes() == []
     assert stored_snapshot(aws).table.n_nodes == 500
@@ -267,16 +273,13 @@ def test_a_snapshot_write_failure_is_reported(aws: Any, api: KubeApiDouble) -> N
 
 
 def test_lambda_handler_emits_the_metrics(
-    aws: Any, api: KubeApiDouble, cluster: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    aws: Any, api: KubeApiDouble, cluster: Any, fresh_handler: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ledger = ledger_table(aws)
     ledger.assign("gpu-00001", 8, "long-gone", Demand(1, 500))
-    monkeypatch.setenv("LEDGER_TABLE", TABLE)
-    monkeypatch.setenv("KUBE_API_URL", api.url)
-    monkeypatch.setenv("KUBE_TOKEN", TOKEN)
-    monkeypatch.setenv("SNAPSHOT_URI", URI)
-    monkeypatch.setattr(handler, "_SETTINGS", None)
-    monkeypatch.setattr(handler, "_SERVICES", None)
+    handler = fresh_handler(
+        "lambdas.node_state.handler", LEDGER_TABLE=TABLE, KUBE_API_URL=api.url, KUBE_TOKEN=TOKEN, SNAPSHOT_URI=URI
+    )
 
     class Context(FakeLambdaContext):
         def get_remaining_time_in_millis(self) -> int:
@@ -362,7 +365,7 @@ def test_the_reconcile_frees_leftovers_records_and_rebuilds_and_keeps_binds_in_f
 
 
 def test_a_bind_between_read_and_write_wins_and_the_reconcile_waits(aws: Any, small_api: KubeApiDouble) -> None:
-    from tests.adapters.test_gpu_ledger import RacingClient
+    from tests.conftest import RacingClient
 
     ledger = ledger_table(aws)
     ledger.assign("t4-0", 4, "uid-default-gone", Demand(1, 300))

@@ -14,6 +14,7 @@ from scheduler_core.state.cluster import ClusterState
 from tests.conftest import (
     SCHEDULER_FIXTURES,
     SHARED,
+    assert_protocol_correct_filter,
     fixture_id,
     load_fixture,
     make_nodes,
@@ -33,28 +34,6 @@ def body(pod, nodes=None, names=None):
 def call(extender, verb, payload):
     status, raw = extender.handle(verb, payload)
     return status, json.loads(raw)
-
-
-def assert_protocol_correct_filter(request, reply):
-    """kube-scheduler's rules: a subset of what was sent, in the same form, every rejection with a reason."""
-    if request["Nodes"] is not None:
-        sent = [n["metadata"]["name"] for n in request["Nodes"]["items"]]
-        assert reply["NodeNames"] is None
-        kept_objects = reply["Nodes"]["items"]
-        assert all(obj in request["Nodes"]["items"] for obj in kept_objects), "kept nodes are the objects sent"
-        kept = [n["metadata"]["name"] for n in kept_objects]
-    else:
-        sent = request["NodeNames"]
-        assert reply["Nodes"] is None
-        kept = reply["NodeNames"]
-    failed, unresolvable = reply["FailedNodes"], reply["FailedAndUnresolvableNodes"]
-    assert isinstance(reply["Error"], str)
-    assert set(kept) <= set(sent)
-    assert set(failed) <= set(sent) and set(unresolvable) <= set(sent)
-    assert not set(failed) & set(unresolvable)
-    if not reply["Error"]:
-        assert set(kept) | set(failed) | set(unresolvable) == set(sent)
-    assert all(isinstance(r, str) and r for r in [*failed.values(), *unresolvable.values()])
 
 
 @requires_fixtures()

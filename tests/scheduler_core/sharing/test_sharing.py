@@ -15,32 +15,9 @@ from scheduler_core.sharing.policies import Context, registry
 from scheduler_core.sharing.policies.base import no_gpu
 from scheduler_core.sharing.policies.fgd import deltas
 from scheduler_core.sharing.simulate import TIES, simulate, tune_order
-from tests.conftest import SHARED
+from tests.conftest import SHARED, context, two_nodes, workload
 
 OPENB = SHARED / "data" / "openb"
-
-
-def two_nodes() -> Cluster:
-    """Node 0: 8 free GPUs. Node 1: 8 GPUs, GPU 0 has 500 left, GPU 1 has 200 left."""
-    cluster = Cluster.build([96_000, 96_000], [786_432, 786_432], [8, 8], ["G2", "G2"])
-    cluster.gpu_left[1, :2] = [500, 200]
-    return cluster
-
-
-def workload(*shapes: tuple[int, int, int, float]) -> Workload:
-    """Shapes (cpu, gpu_milli, num_gpu, popularity), any model."""
-    return Workload(
-        cpu=np.array([s[0] for s in shapes]),
-        gpu_milli=np.array([s[1] for s in shapes]),
-        num_gpu=np.array([s[2] for s in shapes]),
-        popularity=np.array([s[3] for s in shapes]),
-        allowed=np.ones((1, len(shapes)), dtype=bool),
-    )
-
-
-def context(cluster: Cluster, work: Workload, seed: int = 0) -> Context:
-    frag = work.fragmentation(cluster.gpu_left, cluster.cpu_left, cluster.model_id)
-    return Context(cluster, work, frag, np.random.default_rng(seed), [set() for _ in range(cluster.n_nodes)])
 
 
 def test_fragmentation_follows_the_four_rules() -> None:

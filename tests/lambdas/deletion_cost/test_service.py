@@ -15,15 +15,14 @@ from adapters.amp import PrometheusClient
 from adapters.kube import connect_url
 from adapters.metric_catalogue import CATALOGUE, DELETION_COST
 from gpu_scheduler.synthetic import make_pod
-from lambdas.deletion_cost import handler
+from lambdas.deletion_cost import service
 from lambdas.deletion_cost.config import DeletionCostSettings
 from scheduler_core.deletion_cost.policy import CostConfig
 from scheduler_core.deletion_cost.replicaset import scale_down_order
 from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.names import DELETION_COST_ANNOTATION
 from testing.kube_double import KubeApiDouble
-from tests.conftest import FakeLambdaContext, assert_catalogued
-from tests.prometheus_server import prometheus_with, requires_prometheus
+from tests.conftest import FakeLambdaContext, assert_catalogued, prometheus_with, requires_prometheus
 
 TOKEN = "cost-token"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC).timestamp()
@@ -137,16 +136,16 @@ class FakeTime:
 
 
 def run(api: KubeApiDouble, amp_url: str | None, *, config: Any = CONFIG, time_left: float = 900.0,
-        fake: FakeTime | None = None, **settings: Any) -> handler.RunReport:  # fmt: skip
+        fake: FakeTime | None = None, **settings: Any) -> service.RunReport:  # fmt: skip
     settings.setdefault("passes", 1)
     settings.setdefault("max_patches_per_run", 1000)
     fake = fake or FakeTime()
-    services = handler.CostServices(
+    services = service.CostServices(
         kube=connect_url(api.url, TOKEN, sleep=lambda _s: None),
         prometheus=PrometheusClient(amp_url, timeout_s=5) if amp_url else None,
         config=lambda: CostConfig.from_json(config),
     )
-    return handler.refresh(
+    return service.refresh(
         DeletionCostSettings(kube_api_url=api.url, **settings), services,
         time_left=lambda: time_left - fake.t, now=lambda: NOW, clock=fake.clock, sleep=fake.sleep,
     )  # fmt: skip
@@ -283,34 +282,32 @@ def test_a_bad_config_fails_the_run_naming_the_field(api: KubeApiDouble) -> None
 
 
 def test_config_from_ssm_keeps_the_last_good_version(monkeypatch: pytest.MonkeyPatch, aws_session: Any) -> None:
-    monkeypatch.setattr(handler, "_LAST_GOOD", None)
     ssm = aws_session.client("ssm")
     ssm.put_parameter(Name="/gpu-scheduler/deletion-cost", Value=json.dumps(CONFIG), Type="String")
     settings = DeletionCostSettings(kube_api_url="http://x", config_parameter="/gpu-scheduler/deletion-cost")
-    load = handler.config_loader(settings)
+    load = service.config_loader(settings)
     assert [w.namespace for w in load().workloads] == ["web", "cache", "batch"]
     ssm.put_parameter(Name="/gpu-scheduler/deletion-cost", Value="{not json", Type="String", Overwrite=True)
     from aws_lambda_powertools.utilities import parameters
 
     parameters.clear_caches()
     assert [w.namespace for w in load().workloads] == ["web", "cache", "batch"]  # the last good one
-    monkeypatch.setattr(handler, "_LAST_GOOD", None)
     parameters.clear_caches()
     with pytest.raises(ConfigError, match="is not JSON"):
-        load()
+        service.config_loader(settings)()  # a fresh loader has no last good version to keep
 
 
 def test_lambda_handler_emits_counts_and_the_cost_histogram(
-    api: KubeApiDouble, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    api: KubeApiDouble, fresh_handler: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     api.load("pods", build_pods(time.time()))  # the handler runs on the real clock
-    monkeypatch.setenv("KUBE_API_URL", api.url)
-    monkeypatch.setenv("KUBE_TOKEN", TOKEN)
-    monkeypatch.setenv("PASSES", "1")
-    monkeypatch.setenv("DELETION_COST_CONFIG", json.dumps(CONFIG))
-    monkeypatch.setattr(handler, "_SETTINGS", None)
-    monkeypatch.setattr(handler, "_SERVICES", None)
-    monkeypatch.setattr(handler, "_LAST_GOOD", None)
+    handler = fresh_handler(
+        "lambdas.deletion_cost.handler",
+        KUBE_API_URL=api.url,
+        KUBE_TOKEN=TOKEN,
+        PASSES="1",
+        DELETION_COST_CONFIG=json.dumps(CONFIG),
+    )
 
     class Context(FakeLambdaContext):
         def get_remaining_time_in_millis(self) -> int:

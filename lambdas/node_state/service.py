@@ -1,0 +1,386 @@
+"""Node-state refresher: GPU labels on nodes, and the cluster snapshot the extender serves from.
+
+The orchestration of one run, returning a frozen :class:`RunReport`; the Lambda handler
+(``lambdas/node_state/handler.py``) and ``gpu-scheduler refresh node-state`` both call :func:`refresh`.
+One run:
+
+1. lists every node (``limit=500`` pages with ``continue``);
+2. looks up EC2 ``GpuInfo`` for the instance types of nodes without complete GFD labels (cached
+   across invocations);
+3. lists the non-terminal pods bound to nodes (field selector, paginated), keeping only what
+   scheduling reads (decoded straight into :class:`adapters.kube_types.SchedulingPod`);
+4. runs one PromQL query for DCGM utilisation; if it fails, the last known values are carried over
+   from the previous snapshot, with their age;
+5. builds the snapshot (whole-GPU and milli use per GPU) and writes it atomically to ``SNAPSHOT_URI``;
+6. patches ``gpu.nvidia.com/model|memory|count`` where they should change: one merge patch per node,
+   concurrently, until the deadline margin; what it skips is reported;
+7. with ``LEDGER_TABLE`` (GPU sharing), reconciles the GPU ledger with the pods
+   (:func:`scheduler_core.state.ledger.reconcile`): it frees what pods that are gone, finished or
+   bound elsewhere still hold, records bound pods' annotations an item lacks, and rebuilds missing
+   items. The ledger is read before the pods are listed, and unbound pods before bound ones, so that
+   a bind in flight is never mistaken for a leftover; each write is conditional on the version read.
+
+The snapshot is written before the labels, so that a slow API cannot leave the extender stale;
+it already reflects the labels being written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
+
+from adapters.amp import PrometheusClient, PrometheusQueryError, utilization_by_node, utilization_query
+from adapters.ec2_gpu import GpuInfoCatalog
+from adapters.gpu_ledger import LedgerStore, LedgerStoreError
+from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
+from adapters.kube_types import SchedulingPod
+from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
+from lambdas.node_state.config import NodeStateSettings
+from scheduler_core.errors import InvalidPodError
+from scheduler_core.k8s.annotations import Pairs, parse_assigned_gpus
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, GFD_PRODUCT, LABEL_INSTANCE_TYPE
+from scheduler_core.k8s.node_labels import LabelPolicy, desired_info, label_changes
+from scheduler_core.state.ledger import NodeLedger, reconcile
+from scheduler_core.state.snapshot import SnapshotFormatError, build_snapshot, read_snapshot, write_snapshot
+
+ASSIGNED_NON_TERMINAL = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+UNASSIGNED_NON_TERMINAL = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
+
+log = logging.getLogger(__name__)
+
+Plan = list[tuple[str, dict[str, str]]]
+"""Label changes per node name."""
+
+
+@dataclass(frozen=True)
+class RunReport:
+    status: str = "ok"  # "ok", or "failed" when no snapshot could be written
+    error: str = ""
+    nodes_seen: int = 0
+    pods_seen: int = 0
+    nodes_labeled: int = 0
+    label_patch_failures: int = 0
+    label_patches_skipped: int = 0
+    label_patches_planned: int = 0
+    dry_run: bool = False
+    unlabelled: dict[str, int] = field(default_factory=dict)
+    utilization_source: str = "none"  # "amp", "previous" or "none"
+    amp_query_failed: bool = False
+    utilization_age_s: float | None = None
+    snapshot_bytes: int = 0
+    snapshot_write_ms: float = 0.0
+    amp_query_ms: float = 0.0
+    run_ms: float = 0.0
+    problems: int = 0
+    api_retries: int = 0
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    ledger_drift: dict[str, int] = field(default_factory=dict)
+    ledger_writes: int = 0
+    ledger_write_conflicts: int = 0  # items a bind changed meanwhile: left for the next run
+    ledger_error: str = ""
+
+
+@dataclass
+class Services:
+    kube: KubeClient
+    store: SnapshotStore
+    catalog: GpuInfoCatalog
+    prometheus: PrometheusClient | None
+    ledger: LedgerStore | None = None
+
+
+def build_services(settings: NodeStateSettings, session: Any) -> Services:
+    """The clients one run needs, from ``settings`` and a boto3 session (kept while a Lambda stays warm,
+    and the EC2 cache with them)."""
+    prometheus = (
+        PrometheusClient(
+            settings.amp_query_url, region=session.region_name or "", credentials=session.get_credentials()
+        )
+        if settings.amp_query_url
+        else None
+    )
+    return Services(
+        kube=settings.connect(session),
+        store=open_store(settings.snapshot_uri, s3_client=session.client("s3")),
+        catalog=GpuInfoCatalog(session.client("ec2")),
+        prometheus=prometheus,
+        ledger=LedgerStore(settings.ledger_table, session.client("dynamodb")) if settings.ledger_table else None,
+    )
+
+
+@dataclass
+class _LedgerView:
+    """What the reconcile needs, gathered in the order that makes it safe (see the module docstring)."""
+
+    items: dict[str, NodeLedger] | None
+    live: set[str] = field(default_factory=set)
+    bound_to: dict[str, str] = field(default_factory=dict)
+    annotated: dict[str, dict[str, Pairs]] = field(default_factory=dict)
+    error: str = ""
+    invalid_annotations: int = 0
+
+
+def refresh(
+    settings: NodeStateSettings,
+    services: Services,
+    *,
+    time_left: Callable[[], float],
+    now: Callable[[], float] = time.time,
+    logger: Any = log,
+) -> RunReport:
+    """One refresher run (see the module docstring); ``time_left`` gives seconds to the deadline."""
+    started = time.perf_counter()
+    phases: dict[str, float] = {}
+    report = RunReport(dry_run=settings.label_dry_run, phases_ms=phases)
+    kube = services.kube
+    kube.deadline = lambda: time_left() - settings.deadline_margin_s
+    retries_before = kube.retries
+    try:
+        with _phase(phases, "list_nodes"):
+            nodes = [node for node in kube.list_all("nodes") if _node_name(node)]
+        policy = cast(LabelPolicy, settings.label_policy)  # validated by NodeStateSettings
+        with _phase(phases, "plan_labels"):
+            plan, unlabelled = _plan_labels(nodes, services.catalog, policy, logger)
+        report = replace(report, nodes_seen=len(nodes), unlabelled=unlabelled, label_patches_planned=len(plan))
+        ledger_view = _read_ledger(services, phases, logger) if services.ledger is not None else None
+        with _phase(phases, "list_pods"):
+            pods = kube.list_all("pods", field_selector=ASSIGNED_NON_TERMINAL, item_type=SchedulingPod)
+        report = replace(report, pods_seen=len(pods))
+        if ledger_view is not None:
+            _note_bound(ledger_view, pods)
+    except (KubeApiError, DeadlineReachedError) as exc:
+        logger.error("run failed before a snapshot could be built", extra={"error": str(exc)})
+        return replace(
+            report,
+            status="failed",
+            error=f"listing the cluster failed: {exc}",
+            run_ms=1000 * (time.perf_counter() - started),
+        )
+
+    utilization = _utilization(settings, services, now(), logger)
+    report = replace(report, **utilization.report)
+    with _phase(phases, "build_snapshot"):
+        snapshot = build_snapshot(
+            nodes, pods, cluster=settings.cluster_name or "local", generated_at=now(),
+            gpu_utilization=utilization.by_node, utilization_at=utilization.measured_at,
+        )  # fmt: skip
+        data = write_snapshot(snapshot)
+    del pods
+    for problem in snapshot.problems[:20]:
+        logger.warning("snapshot input problem", extra={"problem": problem})
+    report = replace(report, problems=len(snapshot.problems), snapshot_bytes=len(data))
+    write_started = time.perf_counter()
+    try:
+        services.store.put(data)
+    except SnapshotStoreError as exc:
+        report = replace(report, status="failed", error=f"writing the snapshot to {services.store.uri} failed: {exc}")
+        logger.error("snapshot write failed", extra={"error": str(exc), "uri": services.store.uri})
+    report = replace(report, snapshot_write_ms=1000 * (time.perf_counter() - write_started))
+
+    with _phase(phases, "patch_labels"):
+        report = replace(report, **_apply_labels(plan, settings, kube, logger))
+    if ledger_view is not None:
+        drift = {"invalid_annotation": ledger_view.invalid_annotations} if ledger_view.invalid_annotations else {}
+        report = replace(report, ledger_drift=drift, ledger_error=ledger_view.error)
+        if ledger_view.items is not None and services.ledger is not None:
+            with _phase(phases, "reconcile_ledger"):
+                gpu_counts = dict(zip(snapshot.table.names, snapshot.table.alloc_gpus.tolist(), strict=True))
+                report = replace(report, **_reconcile(services.ledger, ledger_view, gpu_counts, drift, logger))
+    return replace(report, api_retries=kube.retries - retries_before, run_ms=1000 * (time.perf_counter() - started))
+
+
+def _read_ledger(services: Services, phases: dict[str, float], logger: Any) -> _LedgerView:
+    """The ledger items, then the UIDs of unbound non-terminal pods (a failed read skips the reconcile)."""
+    assert services.ledger is not None
+    with _phase(phases, "read_ledger"):
+        try:
+            items = {item.node: item for item in services.ledger.scan()}
+        except LedgerStoreError as exc:
+            logger.error("ledger read failed; no reconcile this run", extra={"error": str(exc)})
+            return _LedgerView(None, error=f"reading the GPU ledger failed: {exc}")
+    with _phase(phases, "list_unbound_pods"):
+        unbound = services.kube.list_all("pods", field_selector=UNASSIGNED_NON_TERMINAL, item_type=SchedulingPod)
+    view = _LedgerView(items)
+    view.live.update(uid for pod in unbound if (uid := (pod.get("metadata") or {}).get("uid")))
+    return view
+
+
+def _note_bound(view: _LedgerView, pods: list[dict[str, Any]]) -> None:
+    """Record the bound pods' UIDs, nodes and ``assigned-gpus`` annotations (an invalid one is left
+    to the snapshot's problems, which already name it)."""
+    for pod in pods:
+        metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        uid, node = metadata.get("uid"), spec.get("nodeName")
+        if not uid or not node:
+            continue
+        view.live.add(uid)
+        view.bound_to[uid] = node
+        text = (metadata.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
+        if text is None:
+            continue
+        try:
+            view.annotated.setdefault(node, {})[uid] = parse_assigned_gpus(text)
+        except InvalidPodError:
+            view.invalid_annotations += 1
+
+
+def _reconcile(
+    ledger: LedgerStore, view: _LedgerView, gpu_counts: dict[str, int], drift: dict[str, int], logger: Any
+) -> dict[str, Any]:
+    """Write what the reconcile found; the report's ledger fields."""
+    assert view.items is not None
+    outcome = reconcile(view.items, view.live, view.bound_to, view.annotated, gpu_counts)
+    counts = dict(drift)
+    for kind, count in outcome.counts().items():
+        counts[kind] = counts.get(kind, 0) + count
+    for found in outcome.drift[:20]:
+        logger.warning("ledger drift", extra={"kind": found.kind, "node": found.node, "pod_uid": found.uid,
+                                              "detail": found.detail})  # fmt: skip
+    writes = conflicts = 0
+    error = ""
+    for item, read_version in outcome.writes:
+        try:
+            written = ledger.write(item, read_version)
+        except LedgerStoreError as exc:
+            error = f"writing the GPU ledger failed: {exc}"
+            logger.error("ledger write failed; the rest waits for the next run", extra={"error": str(exc)})
+            break
+        if written:
+            writes += 1
+        else:
+            conflicts += 1
+    return {"ledger_drift": counts, "ledger_writes": writes, "ledger_write_conflicts": conflicts, "ledger_error": error}
+
+
+@contextmanager
+def _phase(phases: dict[str, float], name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = round(1000 * (time.perf_counter() - started), 1)
+
+
+def _node_name(node: Any) -> str:
+    metadata = node.get("metadata") if isinstance(node, dict) else None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def _plan_labels(
+    nodes: list[dict[str, Any]], catalog: GpuInfoCatalog, policy: LabelPolicy, logger: Any
+) -> tuple[Plan, dict[str, int]]:
+    """Label changes per node, and the nodes left unlabelled by reason; applies the changes to the
+    listed objects so the snapshot matches."""
+    needs_ec2 = {
+        labels.get(LABEL_INSTANCE_TYPE)
+        for node in nodes
+        if GFD_PRODUCT not in (labels := node["metadata"].get("labels") or {})
+    }
+    ec2 = catalog.lookup(t for t in needs_ec2 if isinstance(t, str))
+    plan: Plan = []
+    unlabelled: dict[str, list[str]] = defaultdict(list)
+    for node in nodes:
+        metadata = node["metadata"]
+        labels = metadata.get("labels")
+        if not isinstance(labels, dict):
+            labels = metadata["labels"] = {}
+        desired = desired_info(labels, ec2)
+        if desired.info is None:
+            unlabelled[desired.reason].append(metadata["name"])
+            continue
+        changes = label_changes(labels, desired.info, policy)
+        if changes:
+            plan.append((metadata["name"], changes))
+            labels.update(changes)
+    for reason, names in unlabelled.items():
+        logger.info("nodes left unlabelled", extra={"reason": reason, "nodes": len(names), "sample": names[:5]})
+    return plan, {reason: len(names) for reason, names in unlabelled.items()}
+
+
+@dataclass(frozen=True)
+class _Utilization:
+    by_node: dict[str, list[float]] | None
+    measured_at: float | None
+    report: dict[str, Any]
+
+
+def _utilization(settings: NodeStateSettings, services: Services, now: float, logger: Any) -> _Utilization:
+    report: dict[str, Any] = {}
+    if services.prometheus is not None:
+        started = time.perf_counter()
+        promql = utilization_query(
+            settings.utilization_query,
+            node_label=settings.utilization_node_label,
+            gpu_label=settings.utilization_gpu_label,
+            window=settings.utilization_window,
+        )
+        try:
+            samples = services.prometheus.query(promql)
+            by_node, problems = utilization_by_node(
+                samples, node_label=settings.utilization_node_label, gpu_label=settings.utilization_gpu_label
+            )
+            for problem in problems[:5]:
+                logger.warning("utilisation sample skipped", extra={"problem": problem})
+            elapsed = 1000 * (time.perf_counter() - started)
+            return _Utilization(by_node, now, {"utilization_source": "amp", "utilization_age_s": 0.0,
+                                               "amp_query_ms": elapsed})  # fmt: skip
+        except PrometheusQueryError as exc:
+            logger.warning("utilisation query failed; keeping the last known values", extra={"error": str(exc)})
+            report = {"amp_query_failed": True, "amp_query_ms": 1000 * (time.perf_counter() - started)}
+    previous = _previous_utilization(services.store, now, logger)
+    return replace(previous, report={**report, **previous.report})
+
+
+def _previous_utilization(store: SnapshotStore, now: float, logger: Any) -> _Utilization:
+    try:
+        fetched = store.fetch(None)
+        previous = read_snapshot(fetched.data) if fetched is not None else None
+    except (SnapshotStoreError, SnapshotFormatError) as exc:
+        logger.warning("no previous snapshot to keep utilisation from", extra={"error": str(exc)})
+        return _Utilization(None, None, {})
+    if previous is None or previous.utilization_at is None:
+        return _Utilization(None, None, {})
+    age = round(now - previous.utilization_at, 1)
+    return _Utilization(
+        previous.utilization_by_node(),
+        previous.utilization_at,
+        {"utilization_source": "previous", "utilization_age_s": age},
+    )
+
+
+def _apply_labels(plan: Plan, settings: NodeStateSettings, kube: KubeClient, logger: Any) -> dict[str, Any]:
+    """Send the label patches, concurrently, until the deadline; the report's label counts."""
+    if settings.label_dry_run:
+        for name, changes in plan:
+            logger.info("dry run: would label node", extra={"node": name, "labels": changes})
+        return {}
+
+    def patch(item: tuple[str, dict[str, str]]) -> str:
+        name, changes = item
+        try:
+            kube.patch_node_labels(name, changes)
+        except DeadlineReachedError:
+            return "skipped"
+        except KubeApiError as exc:
+            logger.warning("label patch failed", extra={"node": name, "labels": changes, "error": str(exc)})
+            return "failed"
+        logger.info("labelled node", extra={"node": name, "labels": changes})
+        return "labeled"
+
+    with ThreadPoolExecutor(max_workers=settings.patch_concurrency, thread_name_prefix="label") as pool:
+        outcomes = list(pool.map(patch, plan))
+    skipped = outcomes.count("skipped")
+    if skipped:
+        logger.warning("deadline reached: label patches skipped until the next run", extra={"skipped": skipped})
+    return {
+        "nodes_labeled": outcomes.count("labeled"),
+        "label_patch_failures": outcomes.count("failed"),
+        "label_patches_skipped": skipped,
+    }

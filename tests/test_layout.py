@@ -1,0 +1,140 @@
+"""The layout's rules, checked by walking every product module's imports (no import is executed).
+
+- no import cycle among the product's modules, counting the imports inside functions;
+- ``scheduler_core`` imports only numpy, the standard library and itself;
+- the scheduling path (``extender``, ``state``, ``scoring``, ``k8s``) never reaches the simulators;
+- nothing installed imports ``testing`` or ``bench`` at module level, and ``cdk`` never imports the CLI.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+PRODUCT = ("scheduler_core", "adapters", "gpu_scheduler", "lambdas", "manifests")
+SIMULATORS = ("scheduler_core.sharing.simulate", "scheduler_core.sharing.locality_sim")
+SCHEDULING_PATH = ("scheduler_core.extender", "scheduler_core.state", "scheduler_core.scoring", "scheduler_core.k8s")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules(*packages: str) -> dict[str, Path]:
+    return {_module_name(p): p for pkg in packages for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def _imports(path: Path, *, top_level_only: bool) -> set[str]:
+    """Every module ``path`` imports (``from a import b`` counts ``a.b`` too, in case ``b`` is a module);
+    with ``top_level_only``, only what runs at import time, ``if TYPE_CHECKING:`` blocks aside."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            elif not top_level_only or isinstance(node, ast.If | ast.Try | ast.With):
+                for child in ast.iter_child_nodes(node):
+                    if isinstance(child, ast.stmt):
+                        visit([child])
+                if isinstance(node, ast.If | ast.Try):
+                    for block in (getattr(node, "orelse", []), getattr(node, "finalbody", [])):
+                        visit(block)
+                    for handler in getattr(node, "handlers", []):
+                        visit(handler.body)
+
+    visit(tree.body)
+    return found
+
+
+def graph(*, top_level_only: bool = True) -> dict[str, set[str]]:
+    """Product module -> the product modules it imports (a package's ``__init__`` importing its own
+    submodules, ``from pkg import sub``, is not an edge to itself)."""
+    known = modules(*PRODUCT)
+    return {
+        name: (_imports(path, top_level_only=top_level_only) & known.keys()) - {name} for name, path in known.items()
+    }
+
+
+def reachable(start: str, edges: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in edges.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_the_product_has_no_import_cycle_not_even_through_a_lazy_import() -> None:
+    edges = graph(top_level_only=False)
+    cycles = sorted(name for name in edges if name in reachable(name, edges))
+    assert cycles == [], f"modules on an import cycle: {cycles}"
+
+
+def test_the_core_imports_only_numpy_the_standard_library_and_itself() -> None:
+    allowed_roots = set(sys.stdlib_module_names) | {"numpy", "scheduler_core", "__future__"}
+    found = {
+        (name, imported)
+        for name, path in modules("scheduler_core").items()
+        for imported in _imports(path, top_level_only=False)
+        if imported.split(".")[0] not in allowed_roots
+    }
+    assert found == set(), found
+
+
+def test_the_scheduling_path_never_reaches_the_simulators() -> None:
+    edges = graph(top_level_only=False)
+    leaks = {
+        (name, target)
+        for name in edges
+        if name.startswith(SCHEDULING_PATH)
+        for target in reachable(name, edges)
+        if target.startswith(SIMULATORS)
+    }
+    assert leaks == set(), leaks
+
+
+@pytest.mark.parametrize("forbidden", ["testing", "bench"])
+def test_nothing_installed_imports_the_doubles_or_the_benchmarks_at_module_level(forbidden: str) -> None:
+    found = {
+        (name, imported)
+        for name, path in modules(*PRODUCT).items()
+        for imported in _imports(path, top_level_only=True)
+        if imported.split(".")[0] == forbidden
+    }
+    assert found == set(), found
+
+
+def test_cdk_takes_the_manifests_from_their_own_package_not_from_the_cli() -> None:
+    found = {
+        (name, imported)
+        for name, path in modules("cdk").items()
+        for imported in _imports(path, top_level_only=False)
+        if imported.split(".")[0] in ("gpu_scheduler", "testing", "bench")
+    }
+    assert found == set(), found
+
+
+def test_the_walker_sees_a_cycle_and_a_forbidden_import(tmp_path: Path) -> None:
+    """The rules above can fail: the walker finds what they look for."""
+    (tmp_path / "a.py").write_text("import b\nfrom testing.moto import moto_server\n")
+    (tmp_path / "b.py").write_text("def f():\n    import boto3\n\nfrom a import x\n")
+    assert _imports(tmp_path / "a.py", top_level_only=True) == {"b", "testing.moto", "testing.moto.moto_server"}
+    assert _imports(tmp_path / "b.py", top_level_only=True) == {"a", "a.x"}
+    assert "boto3" in _imports(tmp_path / "b.py", top_level_only=False)
+    assert "a" in reachable("a", {"a": {"b"}, "b": {"a"}})
