@@ -43,7 +43,7 @@ unit: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/gpu-scheduler bench extender
 
-# Every sharing policy on every public openb trace, 10 seeds (about 25 minutes on 2 cores).
+# Every sharing policy on every public openb trace, 10 seeds (about 30 minutes on 2 cores).
 bench-quality: $(STAMP)
 	$(BIN)/python -m bench.quality --jobs 2
 

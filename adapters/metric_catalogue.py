@@ -107,7 +107,8 @@ def emitted(emf_documents: list[dict[str, object]]) -> set[tuple[str, str, tuple
 
 
 def markdown_table() -> str:
-    """The catalogue as the README's table (a test keeps the README's copy identical)."""
+    """The catalogue as the table in ``docs/metrics.md`` (``python -m tools.docs`` writes it there, and a
+    test keeps it identical)."""
     rows = ["| service | metric | unit | dimensions | meaning |", "|---|---|---|---|---|"]
     for item in CATALOGUE:
         meaning = item.description + (f" (emitted once {item.planned} lands)" if item.planned else "")

@@ -1,9 +1,10 @@
 """``make bench-quality``: every policy on every public openb trace, seeds 42-51, against the released numbers.
 
-Writes ``build/quality.json`` (every run), ``build/quality.md`` (the README's Markdown table: unallocated
-GPU % at 100 % arrived, mean of the seeds, with the authors' released mean beside it; also printed) and
-``build/quality.png`` (the same as grouped bars, released means as black ticks). Needs
-``../shared/data/openb``; takes about 30 minutes on a 2-core machine with ``--jobs 2``.
+Writes ``build/quality.json`` (every run), ``build/quality.md`` (the Markdown table of
+``docs/research/fgd-fidelity.md``: unallocated GPU % at 100 % arrived, mean of the seeds, with the
+authors' released mean beside it; also printed) and ``build/quality.png`` (the same as grouped bars,
+released means as black ticks). Needs ``../shared/data/openb``; takes about 30 minutes on a 2-core
+machine with ``--jobs 2``.
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ def _means(runs: list[dict[str, Any]], policies: list[str], traces: list[str]) -
 def table(
     runs: list[dict[str, Any]], policies: list[str], traces: list[str], published: dict[tuple[str, str], float]
 ) -> str:
-    """The README's Markdown table: per trace, each policy's mean, with the released mean beside it."""
+    """The Markdown table of ``docs/research/fgd-fidelity.md``: per trace, each policy's mean, with the
+    released mean beside it."""
     means = _means(runs, policies, traces)
     lines = ["| trace | " + " | ".join(f"{p} ({_kind(p)})" for p in policies) + " |"]
     lines.append("|---|" + "---:|" * len(policies))

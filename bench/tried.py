@@ -1,6 +1,6 @@
 """Placement rules tried for issue #7's target and not adopted, kept so that their figures can be rerun.
 
-``python -m bench.quality --policies fgd_cpu,expected_waste`` runs one beside our policy; the README
+``python -m bench.quality --policies fgd_cpu,expected_waste`` runs one beside our policy; docs/research/tried.md
 ("Tried ... and not adopted") has the figures and why each was left out.
 
 ``expected_waste``: ``fgd_cpu``, except that a share's FGD drop ``d`` is reduced by the change in the

@@ -108,7 +108,7 @@ class ExtenderApi(Construct):
             ]
         )
         # API Gateway writes access logs with the account's CloudWatch role, which this app never
-        # creates or changes (cloud_watch_role=False; README "Deploy" lists the one-time account setting).
+        # creates or changes (cloud_watch_role=False; docs/deploy.md lists the one-time account setting).
         self.access_logs = logs.LogGroup(self, "AccessLogs", retention=access_log_retention)
         self.api = apigw.RestApi(
             self,

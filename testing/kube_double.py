@@ -3,7 +3,7 @@
 No kube-apiserver can run on these machines (DESIGN section 7), so the refreshers' tests and
 benchmarks talk to this instead, through the real ``kubernetes`` client. It reproduces what the
 captured responses in ``../shared/fixtures/kube-apiserver/`` show, byte for byte where the
-fixtures pin it down (``tests/gpu_scheduler/test_kube_double.py`` checks that):
+fixtures pin it down (``tests/testing/test_kube_double.py`` checks that):
 
 - lists: compact JSON, items without ``kind``/``apiVersion``, sorted by key (name, or
   ``namespace/name`` for pods across namespaces); ``limit`` and ``continue`` with the server's

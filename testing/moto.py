@@ -5,7 +5,7 @@ The server handles one request at a time. moto's DynamoDB checks a write's condi
 item with no lock between, so two concurrent conditional writes on one item can both succeed, the
 second silently overwriting the first. Real DynamoDB makes each item's conditional write atomic; the GPU
 ledger relies on that, and the 8-thread bind test once lost a pod's assignment to this race
-(``tests/gpu_scheduler/test_local_moto.py`` shows it). Serialising the requests restores the contract.
+(``tests/testing/test_moto.py`` shows it). Serialising the requests restores the contract.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ This policy scores every task as FGD does, and breaks FGD's ties for a CPU-only 
 nodes with no free GPU milli: ``2 x FGD's score + 1`` there, ``2 x FGD's score`` elsewhere, so it never
 overrides a better FGD score. (Taking CPU can only raise a node's fragmentation, so FGD's top score for
 a CPU-only task goes to the nodes where it changes nothing; every node without a free GPU is one.) GPU
-tasks are scored exactly as FGD scores them. The README has the figures over the public and
+tasks are scored exactly as FGD scores them. ``docs/research/fgd-fidelity.md`` has the figures over the public and
 unreleased openb traces.
 """
 

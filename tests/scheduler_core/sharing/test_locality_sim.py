@@ -11,7 +11,7 @@ from scheduler_core.sharing.locality_sim import (
     zone_imbalance,
 )
 
-BOUND = 0.35  # the zone-imbalance bound the README states for the default configuration
+BOUND = 0.35  # the zone-imbalance bound docs/scheduling.md states for the default configuration
 
 
 def test_simulation_is_deterministic_per_seed():

@@ -160,7 +160,7 @@ def test_fgd_cpu_scores_as_fgd_and_breaks_fgds_ties_for_cpu_only_tasks_towards_n
 @pytest.mark.skipif(not OPENB.is_dir(), reason=f"{OPENB} is absent")
 def test_fgd_cpu_leaves_fewer_gpus_unallocated_than_fgd_on_the_openb_gpuspec10_trace() -> None:
     """Where sending CPU-only tasks to nodes without free GPUs pays most: `gpuspec10`, better on 10 of 10
-    seeds (-0.28 on the mean; seed 43: -0.34). Elsewhere the two are close (README)."""
+    seeds (-0.28 on the mean; seed 43: -0.34). Elsewhere the two are close (docs/research/fgd-fidelity.md)."""
     from gpu_scheduler.traces import read_nodes, read_tasks
 
     cluster = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
@@ -285,7 +285,7 @@ RELEASED = OPENB / "published_results" / "fgd_unalloc_gpu_summary_derived.csv"
 )  # fmt: skip
 def test_fidelity_to_the_released_numbers_on_one_seed(policy: str, released_name: str) -> None:
     """Seed 42 of `default` against the authors' 10-seed mean of unallocated GPU % at 100 % arrived,
-    within the issue's 0.5 points. (The 10-seed means in the README are within 0.2; one seed of the
+    within the issue's 0.5 points. (The 10-seed means in docs/research/fgd-fidelity.md are within 0.2; one seed of the
     packing policies spreads by up to 0.7 around its mean, and seed 42 is 0.35 off at most.)"""
     import csv
 
