@@ -1,4 +1,4 @@
-"""The ``bind`` verb's I/O: the GPU ledger in DynamoDB, then the pod annotation, then the Binding.
+"""The ``bind`` verb's I/O: the GPU ledger in DynamoDB, then the Binding, which carries the annotation.
 
 One bind (DESIGN section 5):
 
@@ -6,18 +6,21 @@ One bind (DESIGN section 5):
    bind. A pod already bound to this node with its annotation in place is a retried bind: success,
    nothing written (kube-scheduler retries a bind whose answer it did not get in ``httpTimeout``).
 2. Record its GPUs in the node's ledger item: a conditional write on the item's version, idempotent
-   per pod UID, with one re-read and a fresh GPU choice on a conflict (``LedgerStore.assign``).
-   Whole-GPU pods are recorded too, so the ledger holds every GPU on the node. What the ledger showed
-   free there (after this bind, or when it had no room) goes to ``readings``, which filter and prioritize
-   lay over the snapshot.
-3. Merge-patch ``gpu-scheduler.io/assigned-gpus`` onto the pod: the device plugin side and the
-   node-state refresher read it.
-4. POST the Binding. A 409 whose pod turns out bound to this very node is a success.
+   per pod UID; a lost race re-reads and chooses again, with jitter, while the bind's budget lasts
+   (``LedgerStore.assign``). Binds to one node from this instance take turns (a lock per node), so
+   they never race each other. Whole-GPU pods are recorded too, so the ledger holds every GPU on the
+   node. Shares the live state has seen go (``gone``) are dropped from the item by the same write.
+   What the ledger showed free there (after this bind, or when it had no room) goes to ``readings``,
+   which filter and prioritize lay over the state.
+3. POST the Binding with ``gpu-scheduler.io/assigned-gpus`` in its metadata: the API server merges a
+   Binding's annotations onto the pod in the same write, so the pod is never bound without its GPUs
+   written down, nor annotated without being bound. A 409 whose pod turns out bound to this very
+   node is a success.
 
-If step 3 or 4 fails, the ledger entry is released again (and the annotation removed), so that a
-failed bind never holds GPUs; kube-scheduler then retries the pod. Idempotency comes from the ledger
-keyed by pod UID and the pod's own state, not from a separate idempotency table: a repeat finds the
-same assignment and writes nothing new.
+If step 3 fails, the ledger entry is released again, so that a failed bind never holds GPUs;
+kube-scheduler then retries the pod. Idempotency comes from the ledger keyed by pod UID and the pod's
+own state, not from a separate idempotency table: a repeat finds the same assignment and writes
+nothing new.
 
 The Kubernetes client is made on the first bind (``connect`` imports ``kubernetes`` lazily), so
 filter and prioritize never load it.
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from adapters.gpu_ledger import Assigned, LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
@@ -69,6 +72,9 @@ class LedgerBinder:
         kube: KubeFactory,
         cluster: Callable[[], ClusterState | None] | None = None,
         readings: LedgerReadings | None = None,
+        *,
+        ledger_budget_s: float = 2.0,
+        gone: Callable[[str], Collection[str]] | None = None,
     ) -> None:
         self.ledger = ledger
         self._kube_factory = kube
@@ -76,6 +82,10 @@ class LedgerBinder:
         self._kube_lock = threading.Lock()
         self._cluster = cluster or (lambda: None)
         self.readings = readings or LedgerReadings()
+        self.ledger_budget_s = ledger_budget_s
+        self.gone: Callable[[str], Collection[str]] = gone or (lambda _node: ())
+        self._node_locks: dict[str, threading.Lock] = {}
+        self._node_locks_lock = threading.Lock()
 
     @property
     def kube(self) -> KubeClient:
@@ -86,6 +96,13 @@ class LedgerBinder:
 
     # -- bind --------------------------------------------------------------------------------------
     def bind(self, args: ExtenderBindingArgs) -> BindOutcome:
+        outcome = self._bind(args)
+        if outcome.error:
+            # The pod is not where filter or prioritize predicted: drop the prediction at once.
+            self.readings.forget([args.pod_uid])
+        return outcome
+
+    def _bind(self, args: ExtenderBindingArgs) -> BindOutcome:
         pod_key = f"{args.pod_namespace}/{args.pod_name}"
 
         def failed(kind: str, message: str, **extra: Any) -> BindOutcome:
@@ -118,7 +135,12 @@ class LedgerBinder:
             return failed("node_unknown", f"reading the node's GPU count: {exc}")
         ledger_demand = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
         try:
-            held = self.ledger.assign(args.node, gpu_count, args.pod_uid, ledger_demand)
+            # One bind at a time per node in this instance: it never races itself; other instances it may.
+            with self._node_lock(args.node):
+                held = self.ledger.assign(
+                    args.node, gpu_count, args.pod_uid, ledger_demand, budget_s=self.ledger_budget_s,
+                    drop=self.gone(args.node),
+                )  # fmt: skip
         except NoRoomError as exc:
             self.readings.observe(args.node, exc.free)  # the snapshot was stale here: the next filter knows
             return failed("no_room", str(exc))
@@ -126,31 +148,25 @@ class LedgerBinder:
             return failed("conflict", str(exc), conflicts=exc.conflicts)
         except LedgerStoreError as exc:
             return failed("ledger_error", str(exc))
-        if held.annotation != assigned:
-            try:
-                self.kube.patch_pod_annotations(
-                    args.pod_namespace, args.pod_name, {ASSIGNED_GPUS_ANNOTATION: held.annotation}
-                )
-            except (KubeApiError, DeadlineReachedError) as exc:
-                rolled = self._roll_back(args, gpu_count, annotated=False)
-                return failed("kube_error", f"annotating the pod: {exc}", conflicts=held.conflicts, rolled_back=rolled)
         bound = self._post_binding(args, pod_key, held, gpu_count)
         if not bound.error:
-            self.readings.observe(args.node, held.free)  # the other instances' binds there, and this one
+            self.readings.observe(args.node, held.free, args.pod_uid)  # other instances' binds there, and this one
         return bound
 
     def _post_binding(
         self, args: ExtenderBindingArgs, pod_key: str, held: Assigned | None, gpu_count: int = 0
     ) -> BindOutcome:
-        """POST the Binding for a pod whose GPUs the ledger now records as ``held`` (None: no GPU)."""
+        """POST the Binding for a pod whose GPUs the ledger now records as ``held`` (None: no GPU), with
+        their annotation; a failure releases the ledger entry again."""
         annotation = held.annotation if held is not None else ""
         conflicts = held.conflicts if held is not None else 0
         already = held is not None and held.already
+        annotations = {ASSIGNED_GPUS_ANNOTATION: annotation} if annotation else None
         try:
-            self.kube.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
+            self.kube.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node, annotations)
         except (KubeApiError, DeadlineReachedError) as exc:
             if not (isinstance(exc, KubeApiError) and exc.status == 409 and self._bound_here(args)):
-                rolled = held is not None and self._roll_back(args, gpu_count, annotated=True)
+                rolled = held is not None and not held.already and self._roll_back(args, gpu_count)
                 message = f"bind {pod_key} to {args.node}: posting the Binding: {exc}"
                 return BindOutcome(
                     pod_key, args.node, message, "kube_error", annotation, conflicts, already, rolled_back=rolled
@@ -166,23 +182,29 @@ class LedgerBinder:
         uid = (pod.get("metadata") or {}).get("uid")
         return uid == args.pod_uid and (pod.get("spec") or {}).get("nodeName") == args.node
 
-    def _roll_back(self, args: ExtenderBindingArgs, gpu_count: int, *, annotated: bool) -> bool:
-        """Release the pod's ledger entry (and its annotation); False when that failed too, which the
-        node-state refresher's reconcile then repairs."""
-        released = True
+    def _roll_back(self, args: ExtenderBindingArgs, gpu_count: int) -> bool:
+        """Release the pod's ledger entry; False when that failed too, which the node-state refresher's
+        reconcile then repairs. Nothing else to undo: the annotation only ever travels in the Binding."""
         try:
-            self.ledger.release(args.node, gpu_count, args.pod_uid)
+            with self._node_lock(args.node):
+                self.ledger.release(args.node, gpu_count, args.pod_uid)
         except LedgerStoreError:
             log.exception("rolling back the ledger entry of %s on %s failed", args.pod_uid, args.node)
-            released = False
-        if annotated:
-            try:
-                self.kube.patch_pod_annotations(args.pod_namespace, args.pod_name, {ASSIGNED_GPUS_ANNOTATION: None})
-            except (KubeApiError, DeadlineReachedError):
-                log.warning(
-                    "could not remove %s from %s/%s", ASSIGNED_GPUS_ANNOTATION, args.pod_namespace, args.pod_name
-                )
-        return released
+            return False
+        return True
+
+    def _node_lock(self, node: str) -> threading.Lock:
+        with self._node_locks_lock:
+            lock = self._node_locks.get(node)
+            if lock is None:
+                lock = self._node_locks[node] = threading.Lock()
+            return lock
+
+    def release_pod(self, node: str, uid: str) -> bool:
+        """Free what a pod that is gone or finished holds on ``node`` (True if it held something); the
+        live state calls this, so shares come back within seconds, not at the next reconcile."""
+        with self._node_lock(node):
+            return self.ledger.release(node, self._gpu_count(node), uid)
 
     def _gpu_count(self, node: str) -> int:
         state = self._cluster()

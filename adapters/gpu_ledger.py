@@ -12,11 +12,13 @@ Item: ``node`` (S, key), ``version`` (N), ``gpu_count`` (N), ``used`` (L of N, m
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import random
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from adapters.errors import AdapterError
 from scheduler_core.errors import SchedulerCoreError
@@ -56,6 +58,36 @@ class Assigned:
     @property
     def annotation(self) -> str:
         return format_assigned_gpus(self.pairs)
+
+
+KEY = "node"
+"""The table's partition key (a string): the node's name. ``cdk/state.py`` declares the same."""
+
+
+def create_table(client: Any, table_name: str) -> bool:
+    """Create the ledger's table (on-demand billing) and wait until it is active: what the CDK app deploys,
+    for local runs against ``AWS_ENDPOINT_URL_DYNAMODB``. False when the table exists already.
+
+    Raises
+    ------
+    LedgerStoreError
+        DynamoDB refused or could not be reached; the message names the table and the cause.
+    """
+    try:
+        client.create_table(
+            TableName=table_name,
+            KeySchema=[{"AttributeName": KEY, "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": KEY, "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "ResourceInUseException":
+            return False
+        raise LedgerStoreError(f"creating the ledger table {table_name}: {_describe(exc)}") from exc
+    except BotoCoreError as exc:
+        raise LedgerStoreError(f"creating the ledger table {table_name}: {exc}") from exc
+    client.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+    return True
 
 
 class LedgerStore:
@@ -132,17 +164,37 @@ class LedgerStore:
             raise LedgerStoreError(f"writing the ledger of {ledger.node}: {_describe(exc)}") from exc
         return True
 
-    def assign(self, node: str, gpu_count: int, uid: str, demand: Demand, *, attempts: int = 2) -> Assigned:
-        """Record ``uid`` on ``node``: idempotent per UID, at most ``attempts`` conditional writes.
+    def assign(
+        self,
+        node: str,
+        gpu_count: int,
+        uid: str,
+        demand: Demand,
+        *,
+        budget_s: float = 2.0,
+        drop: Collection[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> Assigned:
+        """Record ``uid`` on ``node``: idempotent per UID, one conditional write per attempt. The same
+        write frees what the pods in ``drop`` (known to be gone) still hold there.
+
+        A lost race re-reads the item and chooses the GPUs again from what it now holds, after a short
+        jittered pause, for as long as ``budget_s`` lasts (kube-scheduler's ``httpTimeout`` bounds the
+        whole bind, so the caller passes what is left of it).
 
         Raises :class:`NoRoomError` when the node's own item has no room, :class:`LedgerConflictError`
-        when every attempt lost a race.
+        naming the conflicts when the budget ran out.
         """
         conflicts = 0
-        for _ in range(attempts):
-            ledger = self.read(node, gpu_count)
-            if uid in ledger.assignments:
-                return Assigned(node, ledger.assignments[uid], conflicts, True, tuple(ledger.free().tolist()))
+        deadline = clock() + budget_s
+        while True:
+            read = self.read(node, gpu_count)
+            if uid in read.assignments:
+                return Assigned(node, read.assignments[uid], conflicts, True, tuple(read.free().tolist()))
+            ledger = read
+            for gone in drop:
+                ledger = ledger.without(gone)
             pairs = choose_gpus(ledger.free(), demand)
             if pairs is None:
                 raise NoRoomError(
@@ -150,12 +202,19 @@ class LedgerStore:
                     tuple(ledger.free().tolist()),
                 )
             updated = ledger.with_assignment(uid, pairs)
-            if self.write(updated, ledger.version):
+            updated = NodeLedger(node, updated.gpu_count, read.version + 1, updated.used, updated.assignments)
+            if self.write(updated, read.version):
                 return Assigned(node, pairs, conflicts, False, tuple(updated.free().tolist()))
             conflicts += 1
-        raise LedgerConflictError(
-            f"{node}: {conflicts} version conflicts in a row; kube-scheduler will retry the pod", conflicts
-        )
+            # Full jitter, growing with the conflicts: racing binders spread out instead of colliding again.
+            pause = random.uniform(0, min(0.2, 0.01 * 2**conflicts))
+            if clock() + pause >= deadline:
+                raise LedgerConflictError(
+                    f"{node}: lost {conflicts} conditional writes in a row to other binds of this node within "
+                    f"{budget_s:.1f} s; kube-scheduler will retry the pod",
+                    conflicts,
+                )
+            sleep(pause)
 
     def release(self, node: str, gpu_count: int, uid: str, *, attempts: int = 5) -> bool:
         """Free ``uid``'s assignment on ``node`` (a rollback, or a pod that is gone); True if it held one."""

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from adapters.errors import AdapterError
 from adapters.kube_types import list_type
@@ -217,6 +217,23 @@ class KubeClient:
         Raises :class:`ListExpiredError` when a continue token expires mid-list (the caller starts
         over: items already yielded would otherwise be seen twice).
         """
+        for items, _version in self._pages(kind, label_selector, field_selector, limit, item_type):
+            yield items
+
+    def list_with_version(
+        self, kind: str, *, field_selector: str = "", item_type: Any = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every item of a list and the list's ``resourceVersion``, the point a watch resumes from."""
+        items: list[dict[str, Any]] = []
+        version = ""
+        for page, page_version in self._pages(kind, "", field_selector, LIST_PAGE_SIZE, item_type):
+            items.extend(page)
+            version = version or page_version  # every page of one list is the same snapshot: the first's
+        return items, version
+
+    def _pages(
+        self, kind: str, label_selector: str, field_selector: str, limit: int, item_type: Any
+    ) -> Iterator[tuple[list[dict[str, Any]], str]]:
         methods: dict[str, Callable[..., Any]] = {
             "nodes": self.core.list_node,
             "pods": self.core.list_pod_for_all_namespaces,
@@ -232,10 +249,54 @@ class KubeClient:
                 _continue=token,
                 _item_type=item_type,
             )
-            yield page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue")
+            metadata = page.get("metadata") or {}
+            yield page.get("items") or [], str(metadata.get("resourceVersion") or "")
+            token = metadata.get("continue")
             if not token:
                 return
+
+    def watch(
+        self, kind: str, resource_version: str, *, field_selector: str = "", item_type: Any = None, timeout_s: int = 300
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``(type, object)`` for each change to ``nodes`` or ``pods`` after ``resource_version``, with
+        bookmarks (``BOOKMARK``, whose object carries only a newer ``resourceVersion``), until the server
+        ends the watch (about ``timeout_s``). Objects are decoded into ``item_type`` as lists are.
+
+        Raises :class:`ListExpiredError` when ``resource_version`` is too old (410: list again), and
+        :class:`KubeApiError` for any other refusal or a broken stream.
+        """
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError as TransportError
+
+        methods: dict[str, Callable[..., Any]] = {
+            "nodes": self.core.list_node,
+            "pods": self.core.list_pod_for_all_namespaces,
+        }
+        try:
+            response = methods[kind](
+                watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
+                timeout_seconds=timeout_s, field_selector=field_selector or None,
+                _preload_content=False, _request_timeout=(10, timeout_s + 30),
+            )  # fmt: skip
+        except ApiException as exc:
+            raise _api_error(exc) from exc
+        except TransportError as exc:
+            raise KubeApiError(0, "Unreachable", f"the API server could not be reached: {exc}") from exc
+        try:
+            for line in _lines(response):
+                event = _decode_event(line, item_type)
+                kind_of = str(event.get("type") or "")
+                obj = event.get("object") or {}
+                if kind_of == "ERROR":
+                    code = int(obj.get("code") or 0)
+                    error = ListExpiredError if code == 410 else KubeApiError
+                    raise error(code, str(obj.get("reason") or "Error"), str(obj.get("message") or ""))
+                yield kind_of, obj
+        except TransportError as exc:
+            raise KubeApiError(0, "StreamBroken", f"the watch of {kind} broke off: {exc}") from exc
+        finally:
+            response.close()
+            response.release_conn()
 
     def list_all(
         self,
@@ -279,14 +340,20 @@ class KubeClient:
             self.core.patch_namespaced_pod, name, namespace, body, _content_type=MERGE_PATCH, _retry_409=retry_conflicts
         )
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> dict[str, Any]:
+    def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         """POST the pod's ``binding`` subresource, as kube-scheduler's binder does. A 409 (already
         bound) is not retried. The API server does not check ``metadata.uid`` (captured in
-        ``b7c-binding-wrong-uid-accepted-201``): callers check the UID themselves."""
+        ``b7c-binding-wrong-uid-accepted-201``): callers check the UID themselves. ``annotations`` are
+        merged onto the pod by the same write (the binding registry copies a Binding's annotations)."""
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         return self._json(self.core.create_namespaced_pod_binding, name, namespace, body, _retry_409=False)
@@ -340,6 +407,40 @@ class KubeClient:
 
 
 _DECODERS: dict[Any, Any] = {}
+_EVENT_DECODERS: dict[Any, Any] = {}
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    """The newline-delimited JSON of a watch, line by line, as the chunks arrive."""
+    buffer = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        yield from (line for line in lines if line.strip())
+    if buffer.strip():
+        yield buffer
+
+
+def _decode_event(line: bytes, item_type: Any) -> dict[str, Any]:
+    """One watch event: ``object`` decoded into ``item_type`` when it fits (an ERROR's Status does not)."""
+    import msgspec
+
+    if item_type is not None:
+        decoder = _EVENT_DECODERS.get(item_type)
+        if decoder is None:
+            make: Any = TypedDict  # built at run time: the item type is a parameter
+            event_type = make(f"EventOf{item_type.__name__}", {"type": str, "object": item_type}, total=False)
+            decoder = _EVENT_DECODERS[item_type] = msgspec.json.Decoder(event_type)
+        try:
+            typed: dict[str, Any] = decoder.decode(line)
+            return typed
+        except msgspec.ValidationError:
+            pass
+    try:
+        event: dict[str, Any] = msgspec.json.decode(line)
+    except msgspec.DecodeError as exc:
+        raise KubeApiError(0, "BadResponse", f"a watch event that is not JSON: {exc}") from exc
+    return event
 
 
 def _decode(data: bytes, item_type: Any) -> dict[str, Any]:

@@ -43,12 +43,15 @@ class SchedulingPodMetadata(TypedDict, total=False):
     name: str
     namespace: str
     uid: str
+    resourceVersion: str
+    deletionTimestamp: str
     labels: dict[str, str]
     annotations: SchedulingAnnotations
 
 
 class SchedulingPodSpec(TypedDict, total=False):
     nodeName: str
+    schedulerName: str
     containers: list[GpuContainer]
     initContainers: list[GpuContainer]
     overhead: dict[str, str | int]

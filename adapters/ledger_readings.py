@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from scheduler_core.state.readings import DEFAULT_KEEP_S, DEFAULT_MARGIN_S, Observed, still_pending
 
@@ -34,10 +34,20 @@ class LedgerReadings:
         self._lock = threading.Lock()
         self._seen: list[Observed] = []
 
-    def observe(self, node: str, free: Sequence[int]) -> None:
-        """The ledger shows ``free`` milli per GPU on ``node`` now."""
+    def observe(self, node: str, free: Sequence[int], uid: str = "") -> None:
+        """``node`` has ``free`` milli per GPU now (the ledger says so, or ``uid``'s placement leaves that)."""
         with self._lock:
-            self._seen.append(Observed(node, self._clock(), tuple(int(v) for v in free)))
+            if uid:  # the latest decision about a pod replaces the earlier ones
+                self._seen = [seen for seen in self._seen if seen.uid != uid]
+            self._seen.append(Observed(node, self._clock(), tuple(int(v) for v in free), uid))
+
+    def forget(self, uids: Iterable[str]) -> None:
+        """Drop the readings about these pods: the state shows them now."""
+        gone = set(uids)
+        if not gone:
+            return
+        with self._lock:
+            self._seen = [seen for seen in self._seen if seen.uid not in gone]
 
     def pending(self, generated_at: float | None) -> list[Observed]:
         """Readings the state stamped ``generated_at`` may not reflect, oldest first; older ones are

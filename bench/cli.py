@@ -75,6 +75,15 @@ def _cold_start(args: argparse.Namespace) -> dict[str, Any]:
     return cold_start(args.runs, args.snapshot_nodes, args.seed)
 
 
+def _e2e(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.e2e import run
+
+    return run(
+        nodes=args.nodes, pods=args.pods, runs=args.runs, share_nodes=args.share_nodes, share_pods=args.share_pods,
+        qps=args.qps, refresh=args.refresh, seed=args.seed, state=args.state, weight=args.weight,
+    )  # fmt: skip
+
+
 def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
@@ -139,6 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
     cold.add_argument("--runs", type=int, default=5)
     cold.add_argument("--snapshot-nodes", type=int, default=10000)
     cold.add_argument("--seed", type=int, default=1)
+    e2e = suite("e2e", _e2e, "the product under a real kube-scheduler: throughput and packing (../shared/k8s)")
+    e2e.add_argument("--nodes", type=int, default=500, help="8-GPU nodes for the whole-GPU runs")
+    e2e.add_argument("--pods", type=int, default=1000, help="one-GPU pods per drain")
+    e2e.add_argument("--runs", type=int, default=3, help="drains per mode (none, pass-all, ours), alternated")
+    e2e.add_argument("--share-nodes", type=int, default=200, help="8-GPU nodes for the share runs")
+    e2e.add_argument("--share-pods", type=int, default=400, help="quarter-GPU pods")
+    e2e.add_argument("--qps", type=int, default=1000, help="the scheduler's client qps and burst")
+    e2e.add_argument("--refresh", default="10s", help="the node-state refresher's period")
+    e2e.add_argument("--seed", type=int, default=42, help="which share pods the churn deletes")
+    e2e.add_argument("--state", default="live", help="how serve learns the cluster: live (a watch) or snapshot")
+    e2e.add_argument("--weight", type=int, default=5, help="the extender's weight in the generated configuration")
     return parser
 
 

@@ -37,12 +37,10 @@ class Contention:
 
 
 def create_table(client: Any) -> None:
-    client.create_table(
-        TableName=TABLE,
-        KeySchema=[{"AttributeName": "node", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "node", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    """The bench's ledger table, as the product creates it."""
+    from adapters.gpu_ledger import create_table as create
+
+    create(client, TABLE)
 
 
 def contend(endpoint: str, *, threads: int = 8, pods: int = 2000, nodes: int = 80, hot: int = 10) -> Contention:

@@ -24,6 +24,8 @@ COMMANDS = {
     "simulate-locality": "simulate_locality",
     "deletion-costs": "deletion_costs",
     "scheduler-config": "scheduler_config",
+    "refresh": "refresh",
+    "ledger": "ledger",
     "bench": "bench",
 }
 """Command name to its module under ``gpu_scheduler.commands``; each has ``HELP``, ``add_arguments(parser)``

@@ -28,6 +28,7 @@ Choices that matter (DESIGN sections 4 and 8):
 from __future__ import annotations
 
 import hashlib
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,11 +56,15 @@ _LABELS = {"app.kubernetes.io/name": SCHEDULER_NAME, "app.kubernetes.io/part-of"
 class SchedulerOptions:
     """What the second scheduler's manifests depend on.
 
-    ``extender_url`` is the extender's base URL, stage included (kube-scheduler appends ``/filter``...).
+    ``extender_url`` is the extender's base URL, stage included (kube-scheduler appends ``/filter``...):
+    ``https://`` for the private API, or ``http://`` on loopback for ``gpu-scheduler serve`` as a sidecar
+    in the scheduler's pod (or beside a local scheduler). ``node_cache_capable`` False sends full Node
+    objects instead of names: for small development clusters without a snapshot only.
     """
 
     extender_url: str
     sharing: bool = False
+    node_cache_capable: bool = True
     weight: int = 5
     http_timeout_s: float = 3.0
     image: str = DEFAULT_IMAGE
@@ -67,12 +72,20 @@ class SchedulerOptions:
     replicas: int = 2
     client_qps: int = 100
     client_burst: int = 200
+    bin_pack: bool = True
+    """The profile's NodeResourcesFit scores by MostAllocated, GPUs weighted most: where the extender
+    sees no difference, kube-scheduler packs instead of spreading (see :func:`profile`)."""
 
     def problems(self) -> list[str]:
         """Every invalid option, by name."""
         found = []
-        if not isinstance(self.extender_url, str) or not self.extender_url.startswith("https://"):
-            found.append(f"extender_url: expected an https:// URL (enableHTTPS is on), got {self.extender_url!r}")
+        if not isinstance(self.extender_url, str) or not (
+            self.extender_url.startswith("https://") or _loopback_http(self.extender_url)
+        ):
+            found.append(
+                "extender_url: expected an https:// URL, or http:// on loopback (127.0.0.1, localhost, [::1]) "
+                f"for a sidecar, got {self.extender_url!r}"
+            )
         # kube-scheduler validates 0 < weight; the extender's score counts weight × 0..10 per node.
         if not isinstance(self.weight, int) or isinstance(self.weight, bool) or not 1 <= self.weight <= 100:
             found.append(f"weight: expected an integer in 1..100, got {self.weight!r}")
@@ -95,6 +108,16 @@ class SchedulerOptions:
         return self
 
 
+def _loopback_http(url: str) -> bool:
+    """``http://`` to this host only: a request in the clear never leaves the pod or the machine.
+
+    >>> _loopback_http("http://127.0.0.1:8888"), _loopback_http("http://10.0.0.5:8888")
+    (True, False)
+    """
+    parsed = urllib.parse.urlsplit(url)
+    return parsed.scheme == "http" and parsed.hostname in ("127.0.0.1", "localhost", "::1")
+
+
 def _duration(seconds: float) -> str:
     """A Go duration string: ``3s``, ``1500ms``."""
     return f"{int(seconds)}s" if float(seconds).is_integer() else f"{round(seconds * 1000)}ms"
@@ -113,9 +136,9 @@ def extender_entry(options: SchedulerOptions) -> dict[str, Any]:
         managed.append({"name": MILLI_RESOURCE, "ignoredByScheduler": True})
     return entry | {
         "weight": options.weight,
-        "enableHTTPS": True,
+        "enableHTTPS": options.extender_url.startswith("https://"),
         "httpTimeout": _duration(options.http_timeout_s),
-        "nodeCacheCapable": True,
+        "nodeCacheCapable": options.node_cache_capable,
         "managedResources": managed,
         # Not ignorable: a GPU pod placed without the extender's view is worse than a retried one.
         "ignorable": False,
@@ -126,8 +149,8 @@ def scheduler_configuration(options: SchedulerOptions) -> dict[str, Any]:
     """The ``KubeSchedulerConfiguration`` the second scheduler runs with.
 
     >>> config = scheduler_configuration(SchedulerOptions(extender_url="https://x.example/prod"))
-    >>> config["profiles"], config["percentageOfNodesToScore"], config["extenders"][0]["urlPrefix"]
-    ([{'schedulerName': 'gpu-scheduler'}], 100, 'https://x.example/prod')
+    >>> config["profiles"][0]["schedulerName"], config["percentageOfNodesToScore"], config["extenders"][0]["urlPrefix"]
+    ('gpu-scheduler', 100, 'https://x.example/prod')
     """
     options.validated()
     return {
@@ -141,8 +164,29 @@ def scheduler_configuration(options: SchedulerOptions) -> dict[str, Any]:
             "resourceNamespace": options.namespace,
         },
         "percentageOfNodesToScore": 100,
-        "profiles": [{"schedulerName": SCHEDULER_NAME}],
+        "profiles": [profile(options)],
         "extenders": [extender_entry(options)],
+    }
+
+
+def profile(options: SchedulerOptions) -> dict[str, Any]:
+    """The ``gpu-scheduler`` profile: the default plugins, with NodeResourcesFit's score set to pack.
+
+    kube-scheduler adds the extender's score (weight x 10 x 0..10) to its score plugins' (0..100 each,
+    times their weights). Its default NodeResourcesFit scores ``LeastAllocated`` on CPU and memory: on
+    nodes the extender scores alike (every empty node, or every node for a share when the policy sees
+    no difference) it sends each pod to the emptiest, one per node. ``MostAllocated`` with
+    ``nvidia.com/gpu`` weighted most breaks those ties toward the fullest node instead. The other
+    default score plugins keep acting (docs/scheduling.md says which and why).
+    """
+    if not options.bin_pack:
+        return {"schedulerName": SCHEDULER_NAME}
+    resources = [{"name": "cpu", "weight": 1}, {"name": "memory", "weight": 1}, {"name": GPU_RESOURCE, "weight": 5}]
+    return {
+        "schedulerName": SCHEDULER_NAME,
+        "pluginConfig": [
+            {"name": "NodeResourcesFit", "args": {"scoringStrategy": {"type": "MostAllocated", "resources": resources}}}
+        ],
     }
 
 

@@ -14,7 +14,8 @@ fixtures pin it down (``tests/testing/test_kube_double.py`` checks that):
   the API supports for pods and nodes;
 - GET, PUT (409 ``Conflict`` on a stale ``resourceVersion``), PATCH with
   ``application/merge-patch+json`` or ``application/strategic-merge-patch+json``, DELETE, and POST
-  ``pods/NAME/binding`` (201, 409 when already bound, 404);
+  ``pods/NAME/binding`` (201, 409 when already bound, 404; the Binding's annotations are merged onto
+  the pod, as the real server does);
 - validation: label keys and values on nodes and pods, and the ``pod-deletion-cost`` annotation
   (422 ``Invalid`` with the server's message and causes);
 - authentication: 401 for an unknown bearer token, 403 for ``system:anonymous``;
@@ -447,6 +448,10 @@ class KubeApiDouble:
                     {"name": route.name, "kind": "pods/binding"},
                 )
             pod.setdefault("spec", {})["nodeName"] = node
+            # As the real binding registry does: the Binding's annotations are merged onto the pod.
+            extra = (binding.get("metadata") or {}).get("annotations") or {}
+            if extra:
+                pod.setdefault("metadata", {}).setdefault("annotations", {}).update(extra)
             conditions = pod.setdefault("status", {}).setdefault("conditions", [])
             conditions[:] = [c for c in conditions if c.get("type") != "PodScheduled"]
             conditions.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None})

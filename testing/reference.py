@@ -8,6 +8,8 @@ speed-up over it. Do not use it on a hot path.
 from __future__ import annotations
 
 import math
+import zlib
+from collections.abc import Sequence
 
 from scheduler_core.deletion_cost.policy import CostPolicy
 from scheduler_core.k8s.nodes import NodeTable
@@ -45,7 +47,9 @@ def reference_scores(
     gpus: int,
     weights: ScoreWeights,
     locality: list[float] | None = None,
+    names: Sequence[str] | None = None,
 ) -> list[int]:
+    """With ``names``, a tie at the top goes to the name whose CRC-32 is smallest; the rest drop to 9."""
     if gpus == 0 and locality is None:
         return [0] * len(free)
     raw = []
@@ -63,10 +67,27 @@ def reference_scores(
         local_weight = weights.locality if locality is not None else 0.0
         total = weights.fit + weights.utilization + local_weight
         raw.append((weights.fit * fit + weights.utilization * (1.0 - util) + local_weight * local) / total)
-    best = max(raw, default=0.0)
-    if best <= 0.0:
-        return [0] * len(free)
-    return [math.floor(MAX_EXTENDER_PRIORITY * value / best + 1e-9) for value in raw]
+    scores = reference_normalize(raw)
+    top = [row for row, score in enumerate(scores) if score == MAX_EXTENDER_PRIORITY]
+    if names is not None and len(top) > 1:
+        winner = min(top, key=lambda row: zlib.crc32(names[row].encode()))
+        scores = [score - 1 if row in top and row != winner else score for row, score in enumerate(scores)]
+    return scores
+
+
+def reference_normalize(raw: list[float]) -> list[int]:
+    """``normalize_scores`` by its docstring, one level at a time."""
+    levels = sorted({round(value, 9) for value in raw if round(value, 9) > 0}, reverse=True)
+    if not levels:
+        return [0] * len(raw)
+    proportional = [math.floor(MAX_EXTENDER_PRIORITY * level / levels[0] + 1e-9) for level in levels]
+    score: dict[float, int] = {}
+    for j, level in enumerate(levels):
+        first = proportional.index(proportional[j])  # where this level's run starts
+        lower = [p for p in proportional if p < proportional[j]]
+        floor = max(lower) + 1 if lower else min(proportional[j], 1)
+        score[level] = max(proportional[j] - (j - first), floor)
+    return [score.get(round(value, 9), 0) for value in raw]
 
 
 def reference_locality(

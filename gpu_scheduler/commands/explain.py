@@ -1,32 +1,45 @@
-"""``gpu-scheduler explain``: per node, the verdict and the score the extender gives a pod, and why."""
+"""``gpu-scheduler explain``: per node, the verdict and the score the extender gives a pod, and why.
+
+Two forms: ``explain NAMESPACE/POD --kubeconfig F [--snapshot PATH]`` reads the live pod, and the
+cluster from the snapshot (or, without one, from the API's nodes and pods as they are now);
+``explain --pod FILE --cluster FILE`` reads both from files.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 from gpu_scheduler.commands.common import UsageError, add_scoring, locality, read_json, weights
 from scheduler_core.extender.explain import Explanation, NodeExplanation, explain
 from scheduler_core.extender.facade import Extender, ExtenderConfig
+from scheduler_core.state.cluster import ClusterState
 
 HELP = "show per node why a pod passes or fails, and how it scores"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pod", type=Path, required=True, help="v1 Pod JSON")
-    parser.add_argument("--cluster", type=Path, required=True, help='JSON {"nodes": [...], "pods": [...]}')
+    parser.add_argument("pod_ref", nargs="?", metavar="NAMESPACE/POD", help="a live pod (with --kubeconfig)")
+    parser.add_argument("--kubeconfig", default="", help="the cluster the pod lives in (default: $KUBECONFIG)")
+    parser.add_argument("--snapshot", default="", help="decide from this snapshot (default: the live nodes and pods)")
+    parser.add_argument("--pod", type=Path, help="or: a v1 Pod JSON file")
+    parser.add_argument("--cluster", type=Path, help='and a cluster JSON file {"nodes": [...], "pods": [...]}')
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_scoring(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpu_scheduler.server import load_cluster_file
-
-    pod = read_json(args.pod, "pod file")
-    if not isinstance(pod, dict):
-        raise UsageError(f"pod file {args.pod}: expected a v1 Pod object")
-    state = load_cluster_file(args.cluster)
+    if args.pod_ref:
+        if args.pod or args.cluster:
+            raise UsageError("give NAMESPACE/POD (a live pod) or --pod and --cluster (files), not both")
+        pod, state = _live(args)
+    else:
+        if not (args.pod and args.cluster):
+            raise UsageError("give NAMESPACE/POD with --kubeconfig, or --pod FILE and --cluster FILE")
+        pod, state = _files(args)
     config = ExtenderConfig(weights=weights(args), locality=locality(args)).validated()
     explanation = explain(Extender(config, cluster=lambda: state), pod)
     if args.json:
@@ -34,6 +47,49 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(table(explanation))
     return 0
+
+
+def _files(args: argparse.Namespace) -> tuple[dict[str, Any], ClusterState]:
+    from gpu_scheduler.server import load_cluster_file
+
+    pod = read_json(args.pod, "pod file")
+    if not isinstance(pod, dict):
+        raise UsageError(f"pod file {args.pod}: expected a v1 Pod object")
+    return pod, load_cluster_file(args.cluster)
+
+
+def _live(args: argparse.Namespace) -> tuple[dict[str, Any], ClusterState]:
+    from adapters.errors import AdapterError
+    from adapters.kube import connect_kubeconfig
+
+    namespace, _, name = args.pod_ref.partition("/")
+    if not (namespace and name):
+        raise UsageError(f"expected NAMESPACE/POD, got {args.pod_ref!r}")
+    kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG", "")
+    try:
+        kube = connect_kubeconfig(kubeconfig or None)
+        pod = kube.get_pod(namespace, name)
+        if args.snapshot:
+            return pod, _snapshot(args.snapshot)
+        nodes = kube.list_all("nodes")
+        pods = kube.list_all("pods", field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
+    except AdapterError as exc:
+        raise UsageError(f"reading {args.pod_ref} and the cluster: {exc}") from exc
+    return pod, ClusterState.from_objects(nodes, pods)
+
+
+def _snapshot(uri: str) -> ClusterState:
+    from adapters.errors import AdapterError
+    from adapters.snapshot_store import open_store
+    from scheduler_core.state.snapshot import SnapshotFormatError, read_snapshot
+
+    try:
+        fetched = open_store(uri).fetch(None)
+        if fetched is None:
+            raise UsageError(f"snapshot {uri}: there is none")
+        return read_snapshot(fetched.data)
+    except (AdapterError, SnapshotFormatError, ValueError) as exc:
+        raise UsageError(f"snapshot {uri}: {exc}") from exc
 
 
 def table(explanation: Explanation) -> str:

@@ -10,9 +10,17 @@ HELP = "the second kube-scheduler's manifests (RBAC, configuration, Deployment)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", required=True, help="the extender's base URL, stage included (https://...)")
+    parser.add_argument(
+        "--url", required=True, help="the extender's base URL, stage included (https://..., or http://127.0.0.1:PORT)"
+    )
     parser.add_argument("--sharing", action="store_true", help="fractional GPUs: add the bind and preempt verbs")
     parser.add_argument("--weight", type=int, default=5, help="the extender's weight in kube-scheduler (default 5)")
+    parser.add_argument("--http-timeout-s", type=float, default=3.0, help="kube-scheduler's httpTimeout (default 3)")
+    parser.add_argument(
+        "--full-nodes", action="store_true", help="send full Node objects (nodeCacheCapable: false; small clusters)"
+    )
+    parser.add_argument("--client-qps", type=int, default=100, help="the scheduler's API client qps (default 100)")
+    parser.add_argument("--client-burst", type=int, default=200, help="and its burst (default 200)")
     parser.add_argument("--image", help="kube-scheduler image; match the cluster's minor version")
     parser.add_argument("--namespace", default="kube-system")
     parser.add_argument("--out", type=Path, help="write here (default: stdout)")
@@ -25,6 +33,10 @@ def run(args: argparse.Namespace) -> int:
         extender_url=args.url,
         sharing=args.sharing,
         weight=args.weight,
+        http_timeout_s=args.http_timeout_s,
+        node_cache_capable=not args.full_nodes,
+        client_qps=args.client_qps,
+        client_burst=args.client_burst,
         image=args.image or DEFAULT_IMAGE,
         namespace=args.namespace,
     ).validated()

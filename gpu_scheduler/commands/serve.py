@@ -11,6 +11,9 @@ from scheduler_core.extender.facade import DEFAULT_MAX_BODY_BYTES, ClusterSource
 from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 
 HELP = "run the extender as a local HTTP server"
+LIVE_MARGIN_S = 10.0
+"""How long a reading outlives a live state generated after it, for a pod whose bind the watch never
+shows (the watch forgets the others as soon as it shows them)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--snapshot",
         default=os.environ.get("SNAPSHOT_URI") or None,
         help="cluster snapshot: s3://bucket/key, file:///path or a path (default: $SNAPSHOT_URI)",
+    )
+    state.add_argument(
+        "--watch",
+        action="store_true",
+        help="decide from the cluster as it is now: list and watch its nodes and pods (--kubeconfig or --kube-url)",
     )
     parser.add_argument(
         "--refresh-s", type=float, default=None, help="re-check the state this often (1 s; 10 s for S3)"
@@ -46,7 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from adapters.ledger_readings import LedgerReadings
+    from adapters.live_state import LiveState, prometheus_text
+    from adapters.settings import ClusterAccess
     from gpu_scheduler.server import ClusterFile, print_ready, serve
+    from scheduler_core.state.readings import DEFAULT_MARGIN_S
 
     config = ExtenderConfig(
         weights=weights(args),
@@ -55,7 +66,16 @@ def run(args: argparse.Namespace) -> int:
         share_policy=args.share_policy,
     ).validated()
     cluster: ClusterSource | None = None
-    if args.cluster:
+    live = None
+    # With a live state, readings older than the state are dropped sooner: it catches up in milliseconds.
+    readings = LedgerReadings(margin_s=LIVE_MARGIN_S if args.watch else DEFAULT_MARGIN_S)
+    access = ClusterAccess(args.cluster_name, args.kube_url, args.kube_token, args.kubeconfig)
+    if args.watch:
+        if access.access_problems():
+            raise UsageError("--watch needs --kubeconfig, --kube-url or --cluster-name: the cluster to watch")
+        live = LiveState(lambda: access.connect(None), label_keys=config.locality.label_keys, readings=readings)
+        cluster = live
+    elif args.cluster:
         cluster = ClusterFile(args.cluster, refresh_s=1.0 if args.refresh_s is None else args.refresh_s)
     elif args.snapshot:
         from adapters.snapshot_store import DEFAULT_REFRESH_S, SnapshotSource, open_store
@@ -66,15 +86,22 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from exc
         refresh_s = DEFAULT_REFRESH_S if args.refresh_s is None else args.refresh_s
         cluster = SnapshotSource(store, refresh_s=refresh_s, max_age_s=args.max_snapshot_age_s)
-    readings = LedgerReadings()
     accounting = None
     if args.ledger_table:
         from adapters.binder import ledger_binder
-        from adapters.settings import ClusterAccess
 
-        access = ClusterAccess(args.cluster_name, args.kube_url, args.kube_token, args.kubeconfig)
         if access.access_problems():
             raise UsageError("--ledger-table needs --cluster-name, --kube-url or --kubeconfig: bind writes to the API")
         accounting = ledger_binder(args.ledger_table, access, cluster=cluster, readings=readings)
-    serve(Extender(config, cluster, readings, accounting), args.host, args.port, ready=print_ready)
+        if live is not None:
+            live.on_gone, accounting.gone = accounting.release_pod, live.gone_on
+    metrics = None
+    if live is not None:
+        live.start()
+        metrics = lambda: prometheus_text(live.stats())  # noqa: E731 - a one-line closure over the live state
+    try:
+        serve(Extender(config, cluster, readings, accounting), args.host, args.port, ready=print_ready, metrics=metrics)
+    finally:
+        if live is not None:
+            live.close()
     return 0

@@ -90,14 +90,15 @@ class RunReport:
 class Services:
     kube: KubeClient
     store: SnapshotStore
-    catalog: GpuInfoCatalog
+    catalog: GpuInfoCatalog | None  # None: no EC2 lookups (a cluster outside AWS)
     prometheus: PrometheusClient | None
     ledger: LedgerStore | None = None
 
 
-def build_services(settings: NodeStateSettings, session: Any) -> Services:
+def build_services(settings: NodeStateSettings, session: Any, *, ec2: bool = True) -> Services:
     """The clients one run needs, from ``settings`` and a boto3 session (kept while a Lambda stays warm,
-    and the EC2 cache with them)."""
+    and the EC2 cache with them). ``ec2`` False looks up no instance type: nodes without GPU Feature
+    Discovery labels then keep the GPU labels they have."""
     prometheus = (
         PrometheusClient(
             settings.amp_query_url, region=session.region_name or "", credentials=session.get_credentials()
@@ -108,7 +109,7 @@ def build_services(settings: NodeStateSettings, session: Any) -> Services:
     return Services(
         kube=settings.connect(session),
         store=open_store(settings.snapshot_uri, s3_client=session.client("s3")),
-        catalog=GpuInfoCatalog(session.client("ec2")),
+        catalog=GpuInfoCatalog(session.client("ec2")) if ec2 else None,
         prometheus=prometheus,
         ledger=LedgerStore(settings.ledger_table, session.client("dynamodb")) if settings.ledger_table else None,
     )
@@ -274,7 +275,7 @@ def _node_name(node: Any) -> str:
 
 
 def _plan_labels(
-    nodes: list[dict[str, Any]], catalog: GpuInfoCatalog, policy: LabelPolicy, logger: Any
+    nodes: list[dict[str, Any]], catalog: GpuInfoCatalog | None, policy: LabelPolicy, logger: Any
 ) -> tuple[Plan, dict[str, int]]:
     """Label changes per node, and the nodes left unlabelled by reason; applies the changes to the
     listed objects so the snapshot matches."""
@@ -283,7 +284,7 @@ def _plan_labels(
         for node in nodes
         if GFD_PRODUCT not in (labels := node["metadata"].get("labels") or {})
     }
-    ec2 = catalog.lookup(t for t in needs_ec2 if isinstance(t, str))
+    ec2 = catalog.lookup(t for t in needs_ec2 if isinstance(t, str)) if catalog is not None else {}
     plan: Plan = []
     unlabelled: dict[str, list[str]] = defaultdict(list)
     for node in nodes:

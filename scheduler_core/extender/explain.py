@@ -125,5 +125,5 @@ def explanation_rows(verdict: FilterOutcome, scored: PrioritizeOutcome) -> list[
         )
         for row in np.arange(table.n_nodes).tolist()
     ]
-    rows.sort(key=lambda r: (not r.passed, -r.raw_score, r.node))
+    rows.sort(key=lambda r: (not r.passed, -r.score, -r.raw_score, r.node))
     return rows

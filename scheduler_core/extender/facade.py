@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
 from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome, filter_verdict, prioritize_scores
 from scheduler_core.extender.preemption import Holdings, PreemptOutcome, candidates, decide_on_view, proposed_nodes
@@ -36,12 +38,13 @@ from scheduler_core.extender.wire import (
     encode_json,
     error_body,
 )
-from scheduler_core.k8s.names import PEERS_ANNOTATION
+from scheduler_core.k8s.names import MILLI_PER_GPU, PEERS_ANNOTATION
 from scheduler_core.k8s.pods import PodDemand, pod_demand
-from scheduler_core.scoring.gpu_fit import ScoreWeights
+from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, ScoreWeights
 from scheduler_core.scoring.locality import LocalitySettings
 from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 from scheduler_core.state.cluster import ClusterState
+from scheduler_core.state.ledger import Demand, choose_gpus
 from scheduler_core.state.readings import NoReadings, Readings
 
 VERBS = ("filter", "prioritize")
@@ -56,12 +59,17 @@ ClusterSource = Callable[[], ClusterState | None]
 @dataclass(frozen=True)
 class ExtenderConfig:
     """Settings of the extender core. ``max_body_bytes`` is the largest request accepted;
-    ``share_policy`` places shares of a GPU (:mod:`scheduler_core.scoring.share_fit`)."""
+    ``share_policy`` places shares of a GPU (:mod:`scheduler_core.scoring.share_fit`); ``assume``
+    see below."""
 
     weights: ScoreWeights = field(default_factory=ScoreWeights)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     locality: LocalitySettings = field(default_factory=LocalitySettings)
     share_policy: str = DEFAULT_SHARE_POLICY
+    assume: bool = True
+    """Lay the extender's own predictions over its state at once: the only node a filter keeps, or the
+    one node prioritize alone scores highest, takes the pod's GPUs there (as kube-scheduler assumes a
+    pod on its node before the bind returns), until the state shows where the pod really went."""
 
     def validated(self) -> ExtenderConfig:
         """Return ``self``, or raise :class:`ConfigError` listing every problem."""
@@ -156,6 +164,7 @@ class Extender:
         self._cluster = cluster or (lambda: None)
         self.readings: Readings = readings or NoReadings()
         self.accounting = accounting
+        self._last_args: tuple[bytes, ExtenderArgs] | None = None
 
     @property
     def verbs(self) -> tuple[str, ...]:
@@ -190,7 +199,7 @@ class Extender:
             if verb == "preempt":
                 preempted = self.preempt(ExtenderPreemptionArgs.from_wire(decode_json(body)))
                 return Reply(200, encode_json(preempted.to_wire()), preempted)
-            args = ExtenderArgs.from_wire(decode_json(body))
+            args = self._args(body)
             if verb == "filter":
                 outcome = self.filter(args)
                 return Reply(200, outcome.to_json(), outcome, outcome.error_kind)
@@ -203,16 +212,29 @@ class Extender:
         except ClusterStateUnavailableError as exc:  # prioritize only, as above
             return Reply(503, error_body(str(exc)), error_kind=exc.kind)
 
+    def _args(self, body: bytes) -> ExtenderArgs:
+        """The request, decoded; kube-scheduler sends prioritize the very bytes it sent filter when the
+        filter kept every node, so the last body's decoding is reused then (the args are never mutated)."""
+        last = self._last_args
+        if last is not None and body == last[0]:
+            return last[1]
+        args = ExtenderArgs.from_wire(decode_json(body))
+        self._last_args = (body, args)  # one tuple, swapped whole: safe across request threads
+        return args
+
     # -- decision level -----------------------------------------------------------------------
     def filter(self, args: ExtenderArgs) -> FilterOutcome:
         """Filter ``args`` and build the reply in the request's node form."""
         try:
             demand = self.demand(args.pod)
-            view = self.view(args, demand)
+            view = self.view(args, demand, per_gpu=self._assumes(demand))
         except (InvalidPodError, ClusterStateUnavailableError) as exc:
             kind = exc.kind if isinstance(exc, ClusterStateUnavailableError) else "invalid_pod"
             return FilterOutcome(args.names_only, [], error=str(exc), error_kind=kind)
-        return filter_verdict(view, demand, args.nodes)
+        outcome = filter_verdict(view, demand, args.nodes)
+        if outcome.result is not None and len(kept := np.flatnonzero(outcome.result.feasible)) == 1:
+            self._assume(view, int(kept[0]), demand)  # kube-scheduler skips prioritize: this is its node
+        return outcome
 
     def prioritize(self, args: ExtenderArgs) -> PrioritizeOutcome:
         """Score every node of ``args``; nodes that would not pass the filter score 0.
@@ -224,9 +246,13 @@ class Extender:
         """
         demand = self.demand(args.pod)
         config = self.config
-        return prioritize_scores(
-            self.view(args, demand), demand, args.pod, config.weights, config.locality, config.share_policy
-        )
+        view = self.view(args, demand, per_gpu=self._assumes(demand))
+        outcome = prioritize_scores(view, demand, args.pod, config.weights, config.locality, config.share_policy)
+        if outcome.scores is not None:
+            top = np.flatnonzero(outcome.scores.score == MAX_EXTENDER_PRIORITY)
+            if top.size == 1:
+                self._assume(view, int(top[0]), demand)
+        return outcome
 
     def preempt(self, args: ExtenderPreemptionArgs) -> PreemptOutcome:
         """Keep the proposed nodes where the victims free enough GPU
@@ -270,6 +296,23 @@ class Extender:
             The cluster source has no usable state, or the request names nodes and there is none.
         """
         return node_view(self._cluster(), args, demand, self.readings, per_gpu=per_gpu)
+
+    def _assumes(self, demand: PodDemand) -> bool:
+        return self.config.assume and demand.gpus > 0
+
+    def _assume(self, view: NodeView, row: int, demand: PodDemand) -> None:
+        """Record that ``demand`` takes its GPUs on ``view``'s node ``row``: what the ledger's bind would
+        choose there (the tightest GPU for a share, the lowest-index free ones for whole GPUs)."""
+        if not self._assumes(demand) or view.free_milli is None or not demand.uid:
+            return
+        free = view.free_milli[row].astype(np.int64)
+        need = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
+        pairs = choose_gpus(free, need)
+        if pairs is None:
+            return
+        for gpu, milli in pairs:
+            free[gpu] -= milli
+        self.readings.observe(view.table.names[row], free.tolist(), demand.uid)
 
     def state(self) -> ClusterState | None:
         """The cluster state this extender decides from now (may raise, as the source does)."""

@@ -144,7 +144,10 @@ def _free_milli(
         if not known.all():
             free = np.where(known[:, None], free, all_free(table, width=free.shape[1]))
     if pending:
-        free = apply_readings(free, table.names, pending)
+        # The readings' nodes as rows of the state (its hash index is built once per state), then of the view.
+        view_row = np.full(state.table.n_nodes + 1, -1, dtype=np.intp)  # the extra last entry: unknown (-1)
+        view_row[rows[rows >= 0]] = np.flatnonzero(rows >= 0)
+        free = apply_readings(free, view_row[state.table.rows_of([r.node for r in pending])].tolist(), pending)
     return free
 
 

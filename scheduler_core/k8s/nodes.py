@@ -8,6 +8,8 @@ having no GPU information, and :attr:`NodeTable.gpu_info_errors` says why.
 
 from __future__ import annotations
 
+import json
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -159,6 +161,29 @@ class NodeTable:
             alloc_gpus=np.ascontiguousarray(unique[:, 2]),
         )
 
+    @cached_property
+    def tie_rank(self) -> npt.NDArray[np.int64]:
+        """Shape (n_nodes,): a fixed pseudo-random order of the nodes, the CRC-32 of each name. Every
+        extender instance computes the same one, so all of them break a tie toward the same node, as
+        the FGD authors' simulator breaks ties by a node order drawn once per run. A table from
+        :meth:`take` reads its parent's, computed once per parent."""
+        source = self.__dict__.get("_taken_from")
+        if source is not None:
+            parent, rows = source
+            rank: npt.NDArray[np.int64] = parent.tie_rank[rows]
+            return rank
+        return np.fromiter((zlib.crc32(name.encode()) for name in self.names), dtype=np.int64, count=self.n_nodes)
+
+    @cached_property
+    def json_names(self) -> tuple[str, ...]:
+        """Each name as a JSON string literal, for the replies written by hand; from the parent, as above."""
+        source = self.__dict__.get("_taken_from")
+        if source is not None:
+            parent, rows = source
+            return tuple(map(parent.json_names.__getitem__, rows.tolist()))
+        encode = json.encoder.encode_basestring_ascii
+        return tuple(map(encode, self.names))
+
     def take(self, rows: npt.ArrayLike, names: Sequence[str] | None = None) -> NodeTable:
         """The sub-table of ``rows`` (shape (k,), int), in that order; vocabularies are shared.
 
@@ -192,6 +217,7 @@ class NodeTable:
         table.__dict__["gpu_shapes"] = GpuShapes(
             shapes.shape_id[picked], shapes.model_id, shapes.memory_mib, shapes.alloc_gpus
         )
+        table.__dict__["_taken_from"] = (self, picked)  # for what is derived from names once per parent
         return table
 
     def model_name(self, row: int) -> str | None:

@@ -68,6 +68,12 @@ class PodDemand:
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def counted_by_scheduler(self) -> bool:
+        """The pod asks for whole ``nvidia.com/gpu``, which kube-scheduler counts itself (a managed
+        resource with ``ignoredByScheduler: false``): the extender never refuses a node for its count."""
+        return self.gpus > 0 and not self.milli_managed
+
 
 def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
     """Read a v1 Pod's GPU demand.

@@ -200,7 +200,7 @@ def free_gpus(table: NodeTable, used_gpus: npt.ArrayLike) -> npt.NDArray[np.int3
     return free
 
 
-def filter_nodes(table: NodeTable, free: npt.ArrayLike, demand: PodDemand) -> FilterResult:
+def filter_nodes(table: NodeTable, free: npt.ArrayLike, demand: PodDemand, *, check_free: bool = True) -> FilterResult:
     """Decide for each node whether ``demand`` fits, and why not.
 
     Checks, in order: GPU information present (when the pod constrains model or memory), model
@@ -213,6 +213,11 @@ def filter_nodes(table: NodeTable, free: npt.ArrayLike, demand: PodDemand) -> Fi
     free : array-like of shape (n_nodes,), int
         Free GPUs per node (see :func:`free_gpus`).
     demand : PodDemand
+    check_free : bool
+        False skips the last check: where kube-scheduler counts the GPUs itself (``nvidia.com/gpu``,
+        managed with ``ignoredByScheduler: false``) its count, which includes the pods it has just
+        placed, is fresher than any state the extender has, and it already dropped the nodes without
+        room. Static facts (model, memory, GPU count) still filter.
 
     Examples
     --------
@@ -224,7 +229,7 @@ def filter_nodes(table: NodeTable, free: npt.ArrayLike, demand: PodDemand) -> Fi
     free_arr = _node_column(table, free, "free", np.int32)
     if demand.gpus < 0 or demand.min_memory_mib < 0:
         raise ValueError(f"demand must not be negative, got gpus={demand.gpus} memory={demand.min_memory_mib}")
-    reason = _compute_reasons(table, free_arr, demand)
+    reason = _compute_reasons(table, free_arr, demand, check_free)
     return FilterResult(table=table, demand=demand, reason=reason, free_gpus=free_arr)
 
 
@@ -271,20 +276,47 @@ def score_nodes(
     mask = free_arr >= demand.gpus if feasible is None else _node_column(table, feasible, "feasible", np.bool_)
     local = None if locality is None else _node_column(table, locality, "locality", np.float64)
     fit_arr = None if fit is None else _node_column(table, fit, "fit", np.float64)
-    return _compute_scores(free_arr, util, mask, demand.gpus, (weights or ScoreWeights()).validated(), local, fit_arr)
+    result = _compute_scores(free_arr, util, mask, demand.gpus, (weights or ScoreWeights()).validated(), local, fit_arr)
+    _break_top_tie(result.score, table)
+    return result
+
+
+def _break_top_tie(score: npt.NDArray[np.int64], table: NodeTable) -> None:
+    """Leave one node at the top score: the first of the tied ones in the table's fixed order
+    (:attr:`NodeTable.tie_rank`); the others drop one point, in place.
+
+    kube-scheduler would break such a tie with its own plugins (which, for shares of a GPU, it cannot
+    see, and otherwise spread pods over equal nodes) and then at random; a tie broken here goes to
+    the same node every time, so pods consolidate on it, as in the simulator.
+    """
+    top = np.flatnonzero(score == MAX_EXTENDER_PRIORITY)
+    if top.size > 1:
+        winner = top[int(np.argmin(table.tie_rank[top]))]
+        score[top] = MAX_EXTENDER_PRIORITY - 1
+        score[winner] = MAX_EXTENDER_PRIORITY
 
 
 def normalize_scores(raw: npt.ArrayLike, max_score: int = MAX_EXTENDER_PRIORITY) -> npt.NDArray[np.int64]:
-    """Map non-negative raw scores to integers 0..``max_score``, proportionally to the best.
+    """Map non-negative raw scores to integers 0..``max_score``: proportionally to the best, keeping the
+    policy's order where the integers leave room.
 
-    This is kube-scheduler's ``DefaultNormalizeScore``: ``floor(max_score * raw / max(raw))``.
-    When all raw scores are equal and positive, every node gets ``max_score``; when all are 0,
-    every node gets 0.
+    kube-scheduler multiplies the result by ten times the extender's weight and adds its plugins'
+    scores. Its own ``DefaultNormalizeScore``, ``p = floor(max_score * raw / max(raw))``, folds close raw
+    scores into one integer, and kube-scheduler then breaks that tie with its plugins. Here each
+    proportional value ``p`` is the most a node can score, and distinct raw levels that fold into one
+    ``p`` step down one by one, best first, into the integers between ``p`` and the next lower level's
+    ``p`` (exclusive); those that do not fit there share the lowest. So the best node alone scores
+    ``max_score``, ties stay ties, no node scores above its proportional value, and a node never drops
+    to the score of a lower level. When every node scores the same, every node gets ``max_score``: a
+    tie the profile's plugins break (by packing, in the generated profile), never a spread made up
+    here. Raw scores equal to 9 decimals are one level.
 
     >>> normalize_scores([0.5, 1.0, 0.25]).tolist()
     [5, 10, 2]
-    >>> normalize_scores([0.3, 0.3]).tolist()
-    [10, 10]
+    >>> normalize_scores([1.0, 0.95, 0.93, 0.5]).tolist()
+    [10, 9, 8, 5]
+    >>> normalize_scores([0.3, 0.3, 0.0]).tolist()
+    [10, 10, 0]
     """
     values = np.asarray(raw, dtype=np.float64)
     if values.ndim != 1:
@@ -295,13 +327,25 @@ def normalize_scores(raw: npt.ArrayLike, max_score: int = MAX_EXTENDER_PRIORITY)
 
 def _compute_normalized(values: npt.NDArray[np.float64], max_score: int) -> npt.NDArray[np.int64]:
     """``normalize_scores`` for finite, non-negative ``values``."""
-    best = float(values.max()) if values.size else 0.0
-    if best <= 0.0:
-        return np.zeros(values.shape, dtype=np.int64)
-    scaled = values * (max_score / best)
+    scores = np.zeros(values.shape, dtype=np.int64)
+    # Round away float noise first: two raw scores equal on paper must be one level, not two.
+    rounded = np.round(values, 9)
+    positive = rounded > 0
+    if not positive.any():
+        return scores
+    levels, level_of = np.unique(rounded[positive], return_inverse=True)  # ascending
+    levels, level_of = levels[::-1], levels.size - 1 - level_of.reshape(-1)  # best first
     # +1e-9 undoes float error, so that a ratio that is exactly 7/10 on paper is not floored to 6.
-    scaled += 1e-9
-    return np.floor(scaled, out=scaled).astype(np.int64)
+    proportional = np.floor(levels * (max_score / levels[0]) + 1e-9).astype(np.int64)
+    # Levels that share a proportional value form a run; each steps down one per place in its run,
+    # but not below the next run's value + 1 (the last run: not below 1, or 0 if it is 0 already).
+    starts = np.flatnonzero(np.r_[True, proportional[1:] != proportional[:-1]])
+    run = np.cumsum(np.r_[True, proportional[1:] != proportional[:-1]]) - 1
+    place = np.arange(levels.size) - starts[run]
+    next_value = np.r_[proportional[starts[1:]], -1][run]
+    floor = np.where(next_value >= 0, next_value + 1, np.minimum(proportional, 1))
+    scores[positive] = np.maximum(proportional - place, floor)[level_of]
+    return scores
 
 
 def _node_column(table: NodeTable, values: npt.ArrayLike, name: str, dtype: type[_S]) -> npt.NDArray[_S]:
@@ -311,7 +355,9 @@ def _node_column(table: NodeTable, values: npt.ArrayLike, name: str, dtype: type
     return array.astype(dtype, copy=False)
 
 
-def _compute_reasons(table: NodeTable, free: npt.NDArray[np.int32], demand: PodDemand) -> npt.NDArray[np.int8]:
+def _compute_reasons(
+    table: NodeTable, free: npt.NDArray[np.int32], demand: PodDemand, check_free: bool = True
+) -> npt.NDArray[np.int8]:
     if demand.gpus == 0:
         return np.zeros(table.n_nodes, dtype=np.int8)
     shapes = table.gpu_shapes
@@ -330,7 +376,8 @@ def _compute_reasons(table: NodeTable, free: npt.NDArray[np.int32], demand: PodD
     per_shape = np.select(conditions, codes, default=np.int8(Reason.FITS)).astype(np.int8)
     reason = per_shape[shapes.shape_id]
     # Free GPUs are checked last, and only where nothing else failed.
-    np.putmask(reason, (free < demand.gpus) & (reason == Reason.FITS), np.int8(Reason.TOO_FEW_FREE))
+    if check_free:
+        np.putmask(reason, (free < demand.gpus) & (reason == Reason.FITS), np.int8(Reason.TOO_FEW_FREE))
     return reason
 
 

@@ -16,7 +16,7 @@ no hand-kept cost tables are needed: the annotation is the whole interface.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from scheduler_core.k8s.annotations import LABEL_KEY, Peer
 from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.k8s.pods import bound_row
 
 DEFAULT_LABEL_KEYS = ("app", "app.kubernetes.io/name")
 
@@ -137,9 +138,7 @@ class AppIndex:
 
 def index_apps(table: NodeTable, pods: Sequence[Any], keys: Sequence[str] = DEFAULT_LABEL_KEYS) -> AppIndex:
     """Count non-terminal bound pods per ``key=value`` of each configured label key."""
-    from scheduler_core.k8s.pods import bound_row  # pods imports this module
-
-    counts: dict[tuple[str, int], int] = {}
+    placements = []
     index = table.index
     for pod in pods:
         if not isinstance(pod, Mapping):
@@ -147,7 +146,20 @@ def index_apps(table: NodeTable, pods: Sequence[Any], keys: Sequence[str] = DEFA
         row = bound_row(pod, index)
         metadata = pod.get("metadata")
         labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
-        if row is None or not isinstance(labels, Mapping):
+        if row is not None and isinstance(labels, Mapping):
+            placements.append((table.names[row], labels))
+    return index_placements(table, placements, keys)
+
+
+def index_placements(
+    table: NodeTable, placements: Iterable[tuple[str, Mapping[str, Any]]], keys: Sequence[str] = DEFAULT_LABEL_KEYS
+) -> AppIndex:
+    """:func:`index_apps` from ``(node name, labels)`` of pods already known to be bound and running."""
+    counts: dict[tuple[str, int], int] = {}
+    index = table.index
+    for node, labels in placements:
+        row = index.get(node)
+        if row is None:
             continue
         for key in keys:
             value = labels.get(key)

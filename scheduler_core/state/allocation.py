@@ -33,10 +33,11 @@ from scheduler_core.k8s.names import (
     LABEL_MODEL,
     MILLI_PER_GPU,
     MILLI_RESOURCE,
+    TERMINAL_PHASES,
 )
 from scheduler_core.k8s.nodes import NodeTable
-from scheduler_core.k8s.pods import bound_row, cpu_milli, parse_models, requests_with_cpu
-from scheduler_core.sharing.model import MAX_SHAPES, Shape, Task, keep_typical, shape_of
+from scheduler_core.k8s.pods import cpu_milli, parse_models, requests_with_cpu
+from scheduler_core.sharing.model import Shape, Task, shape_of
 
 UNKNOWN_CPU = 2**31 - 1
 """Free CPU (milli) of a node whose allocatable CPU is unknown: more than any pod asks (int32, as stored)."""
@@ -80,6 +81,61 @@ class GpuUsage:
         return busy
 
 
+@dataclass(frozen=True, eq=False, slots=True)
+class PodUse:
+    """What one pod holds, read once from its object: the part of :func:`gpu_usage` that depends on the
+    pod alone. A live state keeps one per pod and reparses only the pods that change.
+
+    ``node`` is the node a non-terminal pod is bound to ("" otherwise); ``problem`` a request that could
+    not be read (the pod is not counted); ``assigned`` the parsed ``assigned-gpus`` pairs, or None with
+    ``assigned_problem`` saying why (absent: "").
+    """
+
+    node: str
+    name: str
+    gpus: int = 0
+    milli: int = 0
+    cpu: int = 0
+    problem: str = ""
+    cpu_problem: str = ""
+    kind: tuple[int, int, int, object] | None = None  # (cpu, gpus, milli, model annotation); None: a DaemonSet's
+    assigned: tuple[tuple[int, int], ...] | None = None
+    assigned_problem: str = ""
+    labels: Mapping[str, Any] | None = None
+
+
+def pod_use(pod: Any, position: int = 0) -> PodUse:
+    """Read one pod (see :class:`PodUse`); ``position`` names a pod without a name in messages."""
+    if not isinstance(pod, Mapping):
+        return PodUse("", f"pods[{position}]", problem=f"expected a v1 Pod object, got {type(pod).__name__}")
+    spec, status = pod.get("spec"), pod.get("status")
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    metadata = pod.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    name = _pod_name(metadata, position)
+    if not isinstance(node, str) or not node or phase in TERMINAL_PHASES:
+        return PodUse("", name)
+    labels = metadata.get("labels")
+    labels = labels if isinstance(labels, Mapping) else None
+    try:
+        (gpus, milli), cpu, cpu_problem = requests_with_cpu(pod["spec"], _RESOURCES)
+    except InvalidPodError as exc:
+        return PodUse(node, name, problem=str(exc), labels=labels)
+    annotations = metadata.get("annotations")
+    kind = None
+    if not _daemon(metadata):
+        kind = (cpu, gpus, milli, annotations.get(LABEL_MODEL) if type(annotations) is dict else None)
+    text = annotations.get(ASSIGNED_GPUS_ANNOTATION) if isinstance(annotations, Mapping) else None
+    assigned, assigned_problem = None, ""
+    if text is not None:
+        try:
+            assigned = parse_assigned_gpus(text)
+        except InvalidPodError as exc:
+            assigned_problem = str(exc)
+    return PodUse(node, name, gpus, milli, cpu, "", cpu_problem, kind, assigned, assigned_problem, labels)
+
+
 def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
     """Whole and fractional GPU use per GPU (see the module docstring for the placement rules).
 
@@ -92,6 +148,11 @@ def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
     >>> gpu_usage(table, [pod("nvidia.com/gpu", "1"), shared], 4).used_milli.tolist()
     [[250, 1000, 0, 0]]
     """
+    return usage_of(table, (pod_use(pod, position) for position, pod in enumerate(pods)), max_gpus)
+
+
+def usage_of(table: NodeTable, uses: Iterable[PodUse], max_gpus: int) -> GpuUsage:
+    """:func:`gpu_usage` from pods already read (:func:`pod_use`)."""
     n_nodes = table.n_nodes
     whole_list = [0] * n_nodes  # Python ints in the loop: numpy scalar updates cost more than the parse
     cpu_list = [0] * n_nodes
@@ -101,49 +162,33 @@ def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
     unplaced: list[tuple[int, int, str]] = []  # (row, milli, pod) without a usable annotation
     problems: list[str] = []
     index = table.index
-    for position, pod in enumerate(pods):
-        if not isinstance(pod, Mapping):
-            problems.append(f"pods[{position}]: expected a v1 Pod object, got {type(pod).__name__}")
+    for use in uses:
+        if not use.node:
+            if use.problem:
+                problems.append(f"{use.name}: {use.problem}")
             continue
-        row = bound_row(pod, index)
+        row = index.get(use.node)
         if row is None:
             continue
-        metadata = pod.get("metadata")
-        metadata = metadata if isinstance(metadata, Mapping) else {}
-        try:
-            (gpus, milli), cpu, cpu_problem = requests_with_cpu(pod["spec"], _RESOURCES)
-        except InvalidPodError as exc:
-            problems.append(f"pod {_pod_name(metadata, position)} on {table.names[row]}: {exc}")
+        if use.problem:
+            problems.append(f"pod {use.name} on {use.node}: {use.problem}")
             continue
-        if cpu_problem:  # its GPUs still count; its CPU cannot
-            problems.append(
-                f"pod {_pod_name(metadata, position)} on {table.names[row]}: {cpu_problem}; its CPU is not counted"
-            )
-        whole_list[row] += gpus
-        cpu_list[row] += cpu
-        annotations = metadata.get("annotations")
-        if alloc_list[row] and not _daemon(metadata):
-            key = (cpu, gpus, milli, annotations.get(LABEL_MODEL) if type(annotations) is dict else None)
-            kinds[key] = kinds.get(key, 0) + 1
-        assigned = annotations.get(ASSIGNED_GPUS_ANNOTATION) if isinstance(annotations, Mapping) else None
-        if assigned is None:
-            if milli:
-                unplaced.append((row, milli, _pod_name(metadata, position)))
+        if use.cpu_problem:  # its GPUs still count; its CPU cannot
+            problems.append(f"pod {use.name} on {use.node}: {use.cpu_problem}; its CPU is not counted")
+        whole_list[row] += use.gpus
+        cpu_list[row] += use.cpu
+        if alloc_list[row] and use.kind is not None:
+            kinds[use.kind] = kinds.get(use.kind, 0) + 1
+        if use.assigned is None:
+            if use.assigned_problem:
+                problems.append(f"pod {use.name} on {use.node}: {use.assigned_problem}")
+            if use.milli:
+                unplaced.append((row, use.milli, use.name))
             continue
-        try:
-            pairs = parse_assigned_gpus(assigned)
-        except InvalidPodError as exc:
-            problems.append(f"pod {_pod_name(metadata, position)} on {table.names[row]}: {exc}")
-            if milli:
-                unplaced.append((row, milli, _pod_name(metadata, position)))
-            continue
-        alloc = int(table.alloc_gpus[row])
-        for gpu, amount in pairs:
+        alloc = alloc_list[row]
+        for gpu, amount in use.assigned:
             if gpu >= alloc:
-                problems.append(
-                    f"pod {_pod_name(metadata, position)} on {table.names[row]}: assigned GPU {gpu},"
-                    f" but the node has {alloc}"
-                )
+                problems.append(f"pod {use.name} on {use.node}: assigned GPU {gpu}, but the node has {alloc}")
                 continue
             shares.append((row, gpu, amount))
     used = np.zeros((n_nodes, max_gpus), dtype=np.int64)
@@ -192,16 +237,6 @@ def _daemon(metadata: Mapping[str, Any]) -> bool:
     (``gpu-scheduler bench node-state``)."""
     labels = metadata.get("labels")
     return type(labels) is dict and DAEMON_LABEL in labels
-
-
-def cpu_and_shapes(
-    nodes: Sequence[Any], usage: GpuUsage
-) -> tuple[npt.NDArray[np.int64], tuple[tuple[Shape, int], ...], list[str]]:
-    """Free CPU per node (allocatable less ``usage.used_cpu``), the typical shapes of the pods on GPU
-    nodes (at most :data:`~scheduler_core.sharing.MAX_SHAPES`), and the problems found reading the
-    nodes' CPU."""
-    allocatable, problems = node_cpu_milli(nodes)
-    return allocatable - usage.used_cpu, tuple(keep_typical(usage.shapes, limit=MAX_SHAPES)), problems
 
 
 def node_cpu_milli(nodes: Sequence[Any]) -> tuple[npt.NDArray[np.int64], list[str]]:

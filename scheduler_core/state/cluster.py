@@ -17,9 +17,30 @@ import numpy.typing as npt
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.scoring.gpu_fit import free_gpus
-from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex, index_apps
-from scheduler_core.sharing.model import Shape, Workload
-from scheduler_core.state.allocation import cpu_and_shapes, gpu_usage
+from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex, index_placements
+from scheduler_core.sharing.model import MAX_SHAPES, Shape, Workload, keep_typical
+from scheduler_core.state.allocation import PodUse, node_cpu_milli, pod_use, usage_of
+
+
+@dataclass(frozen=True, eq=False)
+class NodeFacts:
+    """The node table, each node's allocatable CPU (milli-cores), and what could not be read: the part of
+    a state that depends on the nodes alone."""
+
+    table: NodeTable
+    cpu_milli: npt.NDArray[np.int64]
+    problems: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, nodes: Sequence[Any]) -> NodeFacts:
+        table = NodeTable.from_nodes(nodes)
+        cpu, problems = node_cpu_milli(nodes)
+        return cls(table, cpu, tuple(problems))
+
+    @property
+    def max_gpus(self) -> int:
+        """Columns of the per-GPU arrays: the most GPUs any node has (at least 1)."""
+        return max(1, int(self.table.alloc_gpus.max(initial=0)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,13 +107,23 @@ class ClusterState:
         >>> ClusterState.from_objects([node], [pod]).free_gpus.tolist()
         [5]
         """
-        table = NodeTable.from_nodes(nodes)
-        max_gpus = max(1, int(table.alloc_gpus.max())) if table.n_nodes else 1
-        usage = gpu_usage(table, pods, max_gpus)
-        used, problems = usage.busy_gpus(table.alloc_gpus), list(usage.problems)
-        free_cpu, shapes, cpu_problems = cpu_and_shapes(nodes, usage)
-        problems += cpu_problems
-        apps = index_apps(table, pods, label_keys)
+        uses = [pod_use(pod, position) for position, pod in enumerate(pods)]
+        return cls.from_uses(NodeFacts.of(nodes), uses, utilization, label_keys)
+
+    @classmethod
+    def from_uses(
+        cls,
+        facts: NodeFacts,
+        uses: Sequence[PodUse],
+        utilization: Mapping[str, Any] | None = None,
+        label_keys: Sequence[str] = DEFAULT_LABEL_KEYS,
+    ) -> ClusterState:
+        """:meth:`from_objects` from nodes and pods already read: a live state keeps both and rereads
+        only what changed (:class:`NodeFacts`, :func:`~scheduler_core.state.allocation.pod_use`)."""
+        table = facts.table
+        usage = usage_of(table, uses, facts.max_gpus)
+        used, problems = usage.busy_gpus(table.alloc_gpus), list(usage.problems) + list(facts.problems)
+        apps = index_placements(table, ((u.node, u.labels) for u in uses if u.node and u.labels), label_keys)
         util = np.zeros(table.n_nodes, dtype=np.float64)
         for name, value in (utilization or {}).items():
             row = table.index.get(name)
@@ -109,8 +140,8 @@ class ClusterState:
             problems=tuple(problems),
             apps=apps,
             free_milli=usage.free_milli(table.alloc_gpus),
-            free_cpu=free_cpu,
-            shapes=shapes,
+            free_cpu=facts.cpu_milli - usage.used_cpu,
+            shapes=tuple(keep_typical(usage.shapes, limit=MAX_SHAPES)),
         )
 
     @classmethod

@@ -14,11 +14,16 @@ covers the time the refresher spends listing pods before it stamps ``generated_a
 The cap is a minimum with the state, which also sees GPU pods the ledger does not (bound by
 another scheduler). Counting something twice only makes the view briefly stricter than the ledger;
 the ledger, not this view, decides every bind.
+
+A reading may name the pod it is about (``uid``): the extender's own decisions (the node it predicts
+for a pod, the GPUs a bind took) are readings too. A live state forgets a pod's readings as soon as
+it shows the pod bound, wherever that is, or gone (:meth:`Readings.forget`): the watch confirms or
+drops each assumption.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,19 +41,31 @@ class Observed:
     node: str
     at: float
     free: tuple[int, ...]
+    uid: str = ""  # the pod this reading is about, when it is one of the extender's own decisions
 
 
 class Readings(Protocol):
-    """Ledger readings a state stamped ``generated_at`` may not reflect, oldest first."""
+    """What the extender laid over its state: readings a state stamped ``generated_at`` may not reflect
+    (oldest first), new ones, and the ones a live state now shows."""
 
     def pending(self, generated_at: float | None) -> list[Observed]: ...
 
+    def observe(self, node: str, free: Sequence[int], uid: str = "") -> None: ...
+
+    def forget(self, uids: Iterable[str]) -> None: ...
+
 
 class NoReadings:
-    """An instance that binds nothing (no ledger): nothing to lay over the state."""
+    """Nothing laid over the state, and nothing kept."""
 
     def pending(self, generated_at: float | None) -> list[Observed]:
         return []
+
+    def observe(self, node: str, free: Sequence[int], uid: str = "") -> None:
+        return None
+
+    def forget(self, uids: Iterable[str]) -> None:
+        return None
 
 
 def still_pending(
@@ -72,22 +89,18 @@ def still_pending(
     return [reading for reading in seen if reading.at >= cutoff]
 
 
-def apply_readings(
-    free: npt.NDArray[np.int32], names: Sequence[str], seen: Sequence[Observed]
-) -> npt.NDArray[np.int32]:
-    """``free`` (shape (n_nodes, max_gpus), one row per name), each observed node's GPUs capped at what
-    the ledger had free; a copy.
+def apply_readings(free: npt.NDArray[np.int32], rows: Sequence[int], seen: Sequence[Observed]) -> npt.NDArray[np.int32]:
+    """``free`` (shape (n_nodes, max_gpus)) with each observed node's GPUs capped at what the reading says
+    is free; ``rows[i]`` is the row of ``seen[i]``'s node (-1: not among the rows). A copy.
 
     >>> free = np.array([[1000, 1000], [0, 1000]], dtype=np.int32)
-    >>> apply_readings(free, ("n1", "n2"), [Observed("n1", 0.0, (300, 1000))]).tolist()
+    >>> apply_readings(free, [0], [Observed("n1", 0.0, (300, 1000))]).tolist()
     [[300, 1000], [0, 1000]]
     """
-    index = {name: row for row, name in enumerate(names)}
     out = free.copy()
     width = out.shape[1]
-    for reading in seen:
-        row = index.get(reading.node)
-        if row is None:
+    for row, reading in zip(rows, seen, strict=True):
+        if row < 0:
             continue
         cap = np.zeros(width, dtype=np.int32)
         count = min(width, len(reading.free))

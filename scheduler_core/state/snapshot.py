@@ -34,6 +34,7 @@ import json
 import math
 import zipfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -41,9 +42,8 @@ import numpy.typing as npt
 
 from scheduler_core.errors import SchedulerCoreError
 from scheduler_core.k8s.nodes import NodeTable
-from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex, index_apps
+from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex
 from scheduler_core.sharing.model import Shape
-from scheduler_core.state.allocation import cpu_and_shapes, gpu_usage
 from scheduler_core.state.cluster import ClusterState
 
 SCHEMA_VERSION = 1
@@ -96,16 +96,10 @@ def build_snapshot(
     >>> snap.free_milli.tolist()
     [[0, 1000, 1000, 1000]]
     """
-    table = NodeTable.from_nodes(nodes)
-    n_nodes = table.n_nodes
-    max_gpus = max(1, int(table.alloc_gpus.max())) if n_nodes else 1
-    usage = gpu_usage(table, pods, max_gpus)
-    free_cpu, shapes, cpu_problems = cpu_and_shapes(nodes, usage)
-    problems = list(usage.problems) + cpu_problems
-    free_milli = usage.free_milli(table.alloc_gpus)
-    used = usage.busy_gpus(table.alloc_gpus)
-
-    util = np.full((n_nodes, max_gpus), np.nan, dtype=np.float32)
+    state = ClusterState.from_objects(nodes, pods, label_keys=app_label_keys)
+    table, max_gpus = state.table, state.max_gpus
+    problems = list(state.problems)
+    util = np.full((table.n_nodes, max_gpus), np.nan, dtype=np.float32)
     for name, values in (gpu_utilization or {}).items():
         row = table.index.get(name)
         if row is None:
@@ -115,17 +109,11 @@ def build_snapshot(
             problems.append(f"gpu_utilization[{name!r}]: expected numbers in [0, 1], got {list(values)[:8]!r}")
             continue
         util[row, : len(clean)] = clean
-    apps = index_apps(table, pods, app_label_keys)
-    return ClusterState(
-        table=table,
-        used_gpus=used,
+    return replace(
+        state,
         utilization=node_utilization(util, table.alloc_gpus),
         problems=tuple(problems),
-        apps=apps,
-        free_milli=free_milli,
         generated_at=float(generated_at),
-        free_cpu=free_cpu,
-        shapes=shapes,
         cluster=cluster,
         gpu_utilization=util,
         utilization_at=utilization_at,

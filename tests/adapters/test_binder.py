@@ -99,17 +99,16 @@ def test_a_failed_binding_rolls_the_ledger_and_the_annotation_back(api: KubeApiD
 def test_a_pod_bound_elsewhere_meanwhile_releases_the_gpus(api: KubeApiDouble, ledger: LedgerStore) -> None:
     args = pending(api, "a", milli=300)
     binder = make_binder(api, ledger)
-    original = binder.kube.patch_pod_annotations
+    original = binder.kube.bind_pod
 
-    def patch_then_race(*a: Any, **k: Any) -> Any:  # another scheduler binds it between our steps
-        result = original(*a, **k)
+    def race_then_bind(*a: Any, **k: Any) -> Any:  # another scheduler binds it between our steps
         pod = api.get("pods", "a", "default")
         if not pod["spec"].get("nodeName"):
             pod["spec"]["nodeName"] = "a100-1"
             api.load("pods", [pod])
-        return result
+        return original(*a, **k)
 
-    binder.kube.patch_pod_annotations = patch_then_race  # type: ignore[method-assign]
+    binder.kube.bind_pod = race_then_bind  # type: ignore[method-assign]
     outcome = binder.bind(args)
     assert "already assigned" in outcome.error and outcome.rolled_back
     assert ledger.read("t4-0", 4).assignments == {}
@@ -189,7 +188,11 @@ def test_eight_threads_binding_2000_shares_never_overallocate(monkeypatch: pytes
         run = bind_all(endpoint, threads=8, pods=2000)
 
     assert run.conflicts > 0, "8 binders on 10 hot nodes must collide"
-    assert run.outcome["bound"] + run.unplaced == 2000 and run.unplaced < 20  # 8 tries each on a crowded few
+    # 8 tries each on a crowded few. The extender breaks a tie the same way in every instance (so that
+    # kube-scheduler consolidates); 8 binders that see each other only through the ledger, over one
+    # unchanging snapshot, then crowd the same nodes: 14-25 of 2,000 find no room in 8 tries (2-5 when
+    # each instance broke ties its own way).
+    assert run.outcome["bound"] + run.unplaced == 2000 and run.unplaced < 40
     for item in run.items:
         assert item.problems() == [], item.node  # used == the sum of the assignments
         assert max(item.used) <= 1000, item.node

@@ -59,10 +59,21 @@ def test_a_version_conflict_rereads_and_chooses_again(store: LedgerStore) -> Non
     assert assigned.pairs == ((1, 800),) and ledger.used == (300, 800) and ledger.problems() == []
 
 
-def test_losing_every_attempt_fails_cleanly_for_kube_scheduler_to_retry(store: LedgerStore) -> None:
-    racing = LedgerStore(TABLE, RacingClient(store.client, store, races=2))
-    with pytest.raises(LedgerConflictError, match="2 version conflicts in a row"):
-        racing.assign("gpu-a", 2, "uid-1", Demand(1, 100))
+def test_conflicts_are_retried_with_a_fresh_choice_while_the_budget_lasts(store: LedgerStore) -> None:
+    racing = LedgerStore(TABLE, RacingClient(store.client, store, races=3))
+    assigned = racing.assign("gpu-a", 2, "uid-1", Demand(1, 600), sleep=lambda _s: None)
+    # Three rivals took 900 of GPU 0 (300 each, as they came), so 600 could only go on GPU 1.
+    assert assigned.conflicts == 3 and assigned.pairs == ((1, 600),)
+    assert store.read("gpu-a", 2).problems() == []
+
+
+def test_losing_every_attempt_within_the_budget_fails_cleanly_naming_the_conflicts(store: LedgerStore) -> None:
+    racing = LedgerStore(TABLE, RacingClient(store.client, store, races=5))
+    ticks = iter(range(100))  # a second passes at each look at the clock
+    with pytest.raises(LedgerConflictError, match="lost 2 conditional writes in a row to other binds of this node"):
+        racing.assign(
+            "gpu-a", 2, "uid-1", Demand(1, 100), budget_s=1.5, clock=lambda: float(next(ticks)), sleep=lambda _s: None
+        )
     assert "uid-1" not in store.read("gpu-a", 2).assignments
 
 

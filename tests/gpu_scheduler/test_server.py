@@ -217,7 +217,8 @@ def test_serve_with_a_snapshot_answers_names_only_requests(tmp_path):
     )
     try:
         port = int(json.loads(proc.stdout.readline())["serving"].rsplit(":", 1)[1])
-        payload = json.dumps({"Pod": make_pod("p", 4), "NodeNames": ["a100-0", "t4-1", "gone"]})
+        # Four whole GPUs through gpu-scheduler.io/gpu-milli: a count the extender keeps, not kube-scheduler.
+        payload = json.dumps({"Pod": make_pod("p", 0, milli=4000), "NodeNames": ["a100-0", "t4-1", "gone"]})
         status, _, reply = post(port, "/filter", payload)
         assert status == 200
         assert reply["NodeNames"] == ["t4-1"]

@@ -43,7 +43,14 @@ def test_configuration_has_the_fields_the_issue_fixes() -> None:
     config = scheduler_configuration(SchedulerOptions(extender_url=URL + "/"))
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert config["kind"] == "KubeSchedulerConfiguration"
-    assert config["profiles"] == [{"schedulerName": "gpu-scheduler"}]
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == "gpu-scheduler"
+    # Ties the extender leaves go to the fullest node, GPUs weighted most: packing, not spreading.
+    (fit,) = profile["pluginConfig"]
+    assert fit["name"] == "NodeResourcesFit"
+    assert fit["args"]["scoringStrategy"]["type"] == "MostAllocated"
+    weights = {r["name"]: r["weight"] for r in fit["args"]["scoringStrategy"]["resources"]}
+    assert weights["nvidia.com/gpu"] > max(weights["cpu"], weights["memory"])
     assert config["percentageOfNodesToScore"] == 100
     assert config["leaderElection"]["leaderElect"] is True
     assert config["leaderElection"]["resourceName"] == "gpu-scheduler"
@@ -61,6 +68,19 @@ def test_configuration_has_the_fields_the_issue_fixes() -> None:
         "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
         "ignorable": False,
     }
+
+
+def test_a_loopback_sidecar_url_turns_https_off_and_any_other_plain_url_is_refused() -> None:
+    (extender,) = scheduler_configuration(SchedulerOptions(extender_url="http://127.0.0.1:8888"))["extenders"]
+    assert extender["enableHTTPS"] is False and extender["urlPrefix"] == "http://127.0.0.1:8888"
+    with pytest.raises(ConfigError, match="http:// on loopback"):
+        SchedulerOptions(extender_url="http://10.0.3.7:8888").validated()
+
+
+def test_full_nodes_and_the_plain_profile_are_options() -> None:
+    config = scheduler_configuration(SchedulerOptions(extender_url=URL, node_cache_capable=False, bin_pack=False))
+    assert config["extenders"][0]["nodeCacheCapable"] is False
+    assert config["profiles"] == [{"schedulerName": "gpu-scheduler"}]
 
 
 def test_sharing_adds_bind_preempt_and_the_milli_resource_ignored_by_the_scheduler() -> None:

@@ -80,19 +80,22 @@ def test_real_pod_list_supplies_the_allocation_view():
         / "03b-two-containers-no-init-nodecache-false"
         / "01-filter-multi-container-no-init.request.json"
     )
+    # kube-scheduler counts nvidia.com/gpu itself, so the filter never refuses a node for its count...
     _, reply = call(Extender(cluster=lambda: state), "filter", request.read_bytes())
-    assert reply["FailedNodes"] == {"gpu-node-0": "0 of 8 GPUs free, pod needs 2"}
-    assert [n["metadata"]["name"] for n in reply["Nodes"]["items"]] == ["gpu-node-1", "gpu-node-2"]
+    assert reply["FailedNodes"] == {}
+    assert [n["metadata"]["name"] for n in reply["Nodes"]["items"]] == ["gpu-node-0", "gpu-node-1", "gpu-node-2"]
+    # ... but the scores read the state: gpu-node-0 has no room in it, gpu-node-2 has exactly 2 free (best
+    # fit), gpu-node-1 would leave 2 GPUs idle.
     status, scores = call(Extender(cluster=lambda: state), "prioritize", request.read_bytes())
     assert status == 200
-    # gpu-node-2 has exactly 2 free: best fit; gpu-node-1 would leave 2 GPUs idle.
     assert {p["Host"]: p["Score"] for p in scores} == {"gpu-node-0": 0, "gpu-node-1": 8, "gpu-node-2": 10}
 
 
 def test_names_are_resolved_against_cluster_state_and_unknown_names_fail():
     state = ClusterState.from_objects(make_nodes("A100", "T4"), [make_pod("r", 8, node_name="a100-0", phase="Running")])
     extender = Extender(cluster=lambda: state)
-    status, reply = call(extender, "filter", body(make_pod("p", 2), names=["t4-1", "ghost", "a100-0"]))
+    # 2000 milli: whole GPUs through gpu-scheduler.io/gpu-milli, which the extender counts itself.
+    status, reply = call(extender, "filter", body(make_pod("p", 0, milli=2000), names=["t4-1", "ghost", "a100-0"]))
     assert status == 200
     assert reply["NodeNames"] == ["t4-1"]
     assert reply["Nodes"] is None
@@ -307,9 +310,10 @@ def test_fgd_cpu_puts_a_share_on_gpus_that_cpu_has_stranded():
     # With t4-0's CPU free as well, the stranding is gone: t4-0 is no longer preferred.
     roomy = share_scores(cpu_starved_state(hungry_cpu="1"))
     assert roomy["t4-0"] <= roomy["t4-1"]
-    # gpu_packing sees two nodes with one busy GPU each, and cannot tell them apart.
+    # gpu_packing sees two nodes with one busy GPU each, and cannot tell them apart: the tie goes to the
+    # node first in the fixed order, the same one every time.
     packing = share_scores(state, policy="gpu_packing")
-    assert packing["t4-0"] == packing["t4-1"]
+    assert sorted(packing.values()) == [9, 10] and packing == share_scores(state, policy="gpu_packing")
 
 
 def test_fgd_cpu_without_cpu_in_the_state_places_shares_as_gpu_packing_does():
@@ -416,3 +420,80 @@ def test_full_node_objects_against_an_empty_state_count_every_gpu_free():
     empty = ClusterState.from_objects([])
     status, reply = call(Extender(cluster=lambda: empty), "filter", body(make_pod("p", 0, milli=500), make_nodes("T4")))
     assert status == 200 and [n["metadata"]["name"] for n in reply["Nodes"]["items"]] == ["t4-0"]
+
+
+def test_kube_scheduler_keeps_the_count_of_whole_gpus_so_the_filter_never_refuses_a_node_for_it():
+    """A state can be staler than kube-scheduler's own count (it includes the pods it has just placed):
+    for nvidia.com/gpu the filter keeps every node with the right model and size, and the scores still
+    read the state. For gpu-scheduler.io/gpu-milli the extender is the only one counting."""
+    state = ClusterState.from_objects(
+        make_nodes("A100", "A100"), [make_pod("r", 8, node_name="a100-0", phase="Running")]
+    )
+    extender = Extender(cluster=lambda: state)
+    _, reply = call(extender, "filter", body(make_pod("whole", 2), names=["a100-0", "a100-1"]))
+    assert reply["NodeNames"] == ["a100-0", "a100-1"] and reply["FailedNodes"] == {}
+    _, scores = call(extender, "prioritize", body(make_pod("whole", 2), names=["a100-0", "a100-1"]))
+    assert {p["Host"]: p["Score"] for p in scores} == {"a100-0": 0, "a100-1": 10}
+    _, reply = call(extender, "filter", body(make_pod("milli", 0, milli=2000), names=["a100-0", "a100-1"]))
+    assert reply["FailedNodes"] == {"a100-0": "0 of 8 GPUs free, pod needs 2"}
+
+
+def _with_uid(pod, uid):
+    pod["metadata"]["uid"] = uid
+    return pod
+
+
+def test_the_only_node_a_filter_keeps_takes_the_pod_at_once_in_the_extenders_view():
+    """kube-scheduler skips prioritize with one node left: that is where the pod goes, so the next pod
+    sees it there before any watch or snapshot does."""
+    from adapters.ledger_readings import LedgerReadings
+
+    state = ClusterState.from_objects(make_nodes("A100", "T4"))
+    readings = LedgerReadings()
+    extender = Extender(cluster=lambda: state, readings=readings)
+    _, reply = call(extender, "filter", body(_with_uid(make_pod("p", 3, models="T4"), "u-1"), names=["a100-0", "t4-1"]))
+    assert reply["NodeNames"] == ["t4-1"]
+    assert [(r.node, r.free[:4], r.uid) for r in readings.pending(None)] == [("t4-1", (0, 0, 0, 1000), "u-1")]
+    _, scores = call(extender, "prioritize", body(make_pod("q", 1), names=["a100-0", "t4-1"]))
+    assert {p["Host"]: p["Score"] for p in scores}["t4-1"] == 10  # one GPU left there: the best fit now
+
+
+def test_prioritizes_one_best_node_is_assumed_and_a_tie_always_goes_to_the_same_node():
+    from adapters.ledger_readings import LedgerReadings
+
+    state = ClusterState.from_objects(make_nodes("A100", "A100", "A100"))
+    readings = LedgerReadings()
+    extender = Extender(cluster=lambda: state, readings=readings)
+    names = ["a100-0", "a100-1", "a100-2"]
+    first = call(extender, "prioritize", body(_with_uid(make_pod("p", 2), "u-1"), names=names))[1]
+    again = call(Extender(cluster=lambda: state), "prioritize", body(make_pod("p", 2), names=names))[1]
+    assert first == again  # every instance breaks the tie the same way
+    winner = next(p["Host"] for p in first if p["Score"] == 10)
+    assert sorted(p["Score"] for p in first) == [9, 9, 10]
+    assert [(r.node, r.free[:3], r.uid) for r in readings.pending(None)] == [(winner, (0, 0, 1000), "u-1")]
+    # The next pod packs onto the assumed node: 6 GPUs left there, a better fit than 8.
+    second = call(extender, "prioritize", body(_with_uid(make_pod("q", 2), "u-2"), names=names))[1]
+    assert next(p["Host"] for p in second if p["Score"] == 10) == winner
+
+
+def test_a_share_is_assumed_on_the_tightest_gpu_as_the_ledger_would_choose():
+    from adapters.ledger_readings import LedgerReadings
+
+    shares = [make_pod("s", 0, milli=600, node_name="t4-0", phase="Running")]
+    shares[0]["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = "0:600"
+    state = ClusterState.from_objects(make_nodes("T4"), shares)
+    readings = LedgerReadings()
+    extender = Extender(ExtenderConfig(share_policy="gpu_packing"), cluster=lambda: state, readings=readings)
+    _, reply = call(extender, "filter", body(_with_uid(make_pod("p", 0, milli=300), "u-3"), names=["t4-0"]))
+    assert reply["NodeNames"] == ["t4-0"]
+    assert [(r.free[:4], r.uid) for r in readings.pending(None)] == [((100, 1000, 1000, 1000), "u-3")]
+
+
+def test_without_assume_nothing_is_laid_over_the_state():
+    from adapters.ledger_readings import LedgerReadings
+
+    state = ClusterState.from_objects(make_nodes("T4"))
+    readings = LedgerReadings()
+    extender = Extender(ExtenderConfig(assume=False), cluster=lambda: state, readings=readings)
+    call(extender, "filter", body(_with_uid(make_pod("p", 1), "u-4"), names=["t4-0"]))
+    assert readings.pending(None) == []

@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -7,7 +9,7 @@ from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
 from scheduler_core.scoring.gpu_fit import Reason, ScoreWeights, filter_nodes, free_gpus, normalize_scores, score_nodes
-from testing.reference import reference_reasons, reference_scores
+from testing.reference import reference_normalize, reference_reasons, reference_scores
 
 A100 = frozenset({"A100"})
 
@@ -121,7 +123,7 @@ def test_nodes_that_do_not_fit_and_pods_without_gpus_score_zero():
 def test_nan_utilisation_counts_as_idle():
     table = NodeTable.from_columns(alloc_gpus=[8, 8])
     scores = score_nodes(table, [8, 8], [np.nan, 0.0], PodDemand(gpus=8))
-    assert scores.score.tolist() == [10, 10]
+    assert scores.raw[0] == scores.raw[1] and sorted(scores.score.tolist()) == [9, 10]
 
 
 @pytest.mark.parametrize(
@@ -130,6 +132,12 @@ def test_nan_utilisation_counts_as_idle():
         pytest.param([0.3, 0.3, 0.3], [10, 10, 10], id="all equal scores give every node the same score"),
         pytest.param([0.0, 0.0], [0, 0], id="all zero stays zero"),
         pytest.param([0.7, 1.0], [7, 10], id="exact ratios are not floored by float error"),
+        pytest.param([1.0, 0.95, 0.93, 0.91, 0.5], [10, 9, 8, 7, 5], id="levels folded into one integer step down"),
+        pytest.param([1.0, 0.6, 0.59, 0.58, 0.5], [10, 6, 5, 4, 3], id="the last run steps down as far as 1"),
+        pytest.param(
+            [1.0, 0.55, 0.54, 0.53, 0.52, 0.3], [10, 5, 4, 4, 4, 3], id="but never down to a lower level's score"
+        ),
+        pytest.param([0.1 + 0.2, 0.3, 0.2], [10, 10, 6], id="scores equal on paper are one level despite float error"),
         pytest.param([np.nan, -1.0, 2.0], [0, 0, 10], id="nan and negative count as zero"),
         pytest.param([], [], id="no nodes"),
     ],
@@ -192,7 +200,8 @@ def test_vectorised_core_equals_reference(data, demand, weights):
     result = filter_nodes(table, free, demand)
     assert result.reason.tolist() == reference_reasons(table, free, demand)
     scores = score_nodes(table, free, util, demand, weights, feasible=result.feasible)
-    assert scores.score.tolist() == reference_scores(free, util, result.feasible.tolist(), demand.gpus, weights)
+    expected = reference_scores(free, util, result.feasible.tolist(), demand.gpus, weights, names=table.names)
+    assert scores.score.tolist() == expected
 
 
 @settings(max_examples=200, deadline=None)
@@ -231,3 +240,20 @@ def test_reordering_nodes_changes_nothing(data, demand, rnd):
     assert dict(zip(table.names, s_before.tolist(), strict=True)) == dict(
         zip(shuffled.names, s_after.tolist(), strict=True)
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.05, 0.3, 0.5, 0.51, 0.52, 0.53, 0.55, 0.9, 0.91, 0.95, 1.0, 1.7]), max_size=40))
+def test_normalized_scores_keep_the_order_within_the_proportional_bound(raw: list[float]) -> None:
+    got = normalize_scores(raw).tolist()
+    assert got == reference_normalize(raw)
+    best = max(raw, default=0.0)
+    for i, a in enumerate(raw):
+        proportional = math.floor(10 * a / best + 1e-9) if best > 0 else 0
+        assert 0 <= got[i] <= proportional  # never above its proportional value
+        assert (got[i] == 10) == (a == best > 0)  # the best alone scores 10
+        for j, b in enumerate(raw):
+            if a == b:
+                assert got[i] == got[j]  # ties stay ties
+            elif a > b:
+                assert got[i] >= got[j]  # order never reversed

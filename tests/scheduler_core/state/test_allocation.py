@@ -82,7 +82,7 @@ def test_snapshot_free_milli_and_busy_gpus_follow_the_shares() -> None:
 def test_cpu_in_use_and_the_gpu_pod_shapes_come_from_the_bound_pods():
     """CPU counts every bound, non-terminal pod; shapes the pods on GPU nodes, but not DaemonSets'."""
     from gpu_scheduler.synthetic import make_node
-    from scheduler_core.state.allocation import cpu_and_shapes
+    from scheduler_core.state.cluster import ClusterState, NodeFacts
     from tests.conftest import SHAPES
 
     cpu_node = make_node("cpu-0", replace(SHAPES["T4"], gpus=0), "z")
@@ -104,14 +104,15 @@ def test_cpu_in_use_and_the_gpu_pod_shapes_come_from_the_bound_pods():
     table = NodeTable.from_nodes(nodes)
     usage = gpu_usage(table, pods, 8)
     assert usage.used_cpu.tolist() == [2000, 4000, 1000]  # make_pod asks for 1 CPU
-    free_cpu, shapes, problems = cpu_and_shapes(nodes, usage)
-    assert free_cpu.tolist() == [95690 - 2000, 47810 - 4000, 47810 - 1000]
-    assert shapes == (((1000, 500, 1, ""), 3), ((1000, 1000, 2, "A100"), 1), ((1000, 0, 0, ""), 1))
-    assert problems == []
+    state = ClusterState.from_objects(nodes, pods)
+    assert state.free_cpu.tolist() == [95690 - 2000, 47810 - 4000, 47810 - 1000]
+    assert state.shapes == (((1000, 500, 1, ""), 3), ((1000, 1000, 2, "A100"), 1), ((1000, 0, 0, ""), 1))
+    assert NodeFacts.of(nodes).problems == ()  # every node's CPU was read
 
 
 def test_a_bad_cpu_quantity_still_counts_the_pods_gpus_and_a_node_without_cpu_is_unlimited():
-    from scheduler_core.state.allocation import UNKNOWN_CPU, cpu_and_shapes
+    from scheduler_core.state.allocation import UNKNOWN_CPU
+    from scheduler_core.state.cluster import NodeFacts
 
     nodes = make_nodes("A100", "T4")
     del nodes[1]["status"]["allocatable"]["cpu"]
@@ -125,8 +126,8 @@ def test_a_bad_cpu_quantity_still_counts_the_pods_gpus_and_a_node_without_cpu_is
         " '2' or '40Gi', got 'lots'; its CPU is not counted",
     )
     nodes[0]["status"]["allocatable"]["cpu"] = "many"
-    free_cpu, _, problems = cpu_and_shapes(nodes, usage)
-    assert free_cpu.tolist() == [UNKNOWN_CPU, UNKNOWN_CPU]
-    assert problems == [
+    facts = NodeFacts.of(nodes)
+    assert facts.cpu_milli.tolist() == [UNKNOWN_CPU, UNKNOWN_CPU]
+    assert list(facts.problems) == [
         "Nodes.items[0].status.allocatable.cpu: expected a Kubernetes quantity such as '2' or '40Gi', got 'many'"
     ]

@@ -1,0 +1,352 @@
+"""The cluster as it is now: a list+watch of nodes and pods, and the state rebuilt from them off the hot path.
+
+``gpu-scheduler serve --watch`` decides from this instead of a snapshot. Two threads list and watch
+(nodes, and the non-terminal pods bound to a node, as the refresher lists them), resume from the last
+``resourceVersion`` when a watch ends, and list again on 410. A third rebuilds the
+:class:`~scheduler_core.state.cluster.ClusterState` when something changed, a few milliseconds after
+the change (``min_interval_s``), and publishes it whole: filter and prioritize read the latest one and
+never wait for a rebuild.
+
+What it also does with each rebuild:
+
+- the extender's own decisions (``readings``, uid-tagged) about every pod the new state shows bound,
+  wherever, or gone, are forgotten: the state now says where the pod went;
+- a share pod that is gone or finished is handed to ``on_gone(node, uid)``, which frees its share in the
+  GPU ledger (``serve`` passes the binder's release) within seconds instead of at the next reconcile.
+
+Lag, the time from an event's arrival to the state that includes it, is kept for :meth:`stats`
+(``/metrics``). It does not include the API server's own delivery time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from adapters.errors import AdapterError
+from adapters.kube import KubeClient, ListExpiredError
+from adapters.kube_types import SchedulingPod
+from scheduler_core.errors import ClusterStateUnavailableError
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
+from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS
+from scheduler_core.state.allocation import PodUse, pod_use
+from scheduler_core.state.cluster import ClusterState, NodeFacts
+from scheduler_core.state.readings import Readings
+
+log = logging.getLogger(__name__)
+
+REBUILD_SPACING = 4.0
+"""A rebuild that took T seconds waits ``REBUILD_SPACING x T`` after it, and at least ``min_interval_s``:
+rebuilding takes at most a fifth of a core however fast events come, and filter and prioritize (which
+see this instance's own decisions at once, through the readings) keep the rest."""
+BOUND_NON_TERMINAL = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+"""The pods that hold resources on a node: what the node-state refresher lists, and what is watched."""
+
+
+class LiveState:
+    """A :data:`~scheduler_core.extender.facade.ClusterSource` fed by a list+watch (see the module docstring).
+
+    Parameters
+    ----------
+    connect : returns a KubeClient; called once per watching thread
+    label_keys : the label keys indexed for locality
+    readings : the extender's readings, whose uid-tagged entries each rebuild confirms or drops
+    on_gone : called with (node, pod UID) for a share pod that is gone or finished, off the watch thread
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], KubeClient],
+        *,
+        label_keys: Sequence[str] = DEFAULT_LABEL_KEYS,
+        readings: Readings | None = None,
+        on_gone: Callable[[str, str], object] | None = None,
+        min_interval_s: float = 0.025,
+        watch_timeout_s: int = 300,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._connect = connect
+        self.label_keys = tuple(label_keys)
+        self.readings = readings
+        self.on_gone = on_gone
+        self.min_interval_s, self.watch_timeout_s = min_interval_s, watch_timeout_s
+        self._wall, self._monotonic = wall, monotonic
+        self._lock = threading.Lock()
+        self._objects: dict[str, dict[str, dict[str, Any]]] = {"nodes": {}, "pods": {}}
+        self._uses: dict[str, PodUse] = {}  # each pod read once, when its event arrives
+        self._facts: NodeFacts | None = None  # the nodes read once, again only when one changes
+        self._synced: set[str] = set()
+        self._changed: dict[str, float] = {}  # pod UID -> when its latest event arrived (monotonic)
+        self._dirty_since: float | None = None
+        self._wake = threading.Condition(self._lock)
+        self._state: ClusterState | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._gone = ThreadPoolExecutor(max_workers=2, thread_name_prefix="share-release")
+        self._gone_by_node: dict[str, set[str]] = {}  # shares seen gone, not yet released
+        self.lag_s: deque[float] = deque(maxlen=20_000)
+        self.counters = {"events": 0, "lists": 0, "relists_410": 0, "watch_errors": 0, "rebuilds": 0, "released": 0}
+        self.versions = {"nodes": "", "pods": ""}
+        self.published_versions = {"nodes": "", "pods": ""}  # what the latest published state includes
+        self.last_rebuild_ms = 0.0
+        self._next_at = 0.0
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def start(self) -> LiveState:
+        for kind in ("nodes", "pods"):
+            thread = threading.Thread(target=self._watch_forever, args=(kind,), name=f"watch-{kind}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        builder = threading.Thread(target=self._build_forever, name="state-builder", daemon=True)
+        builder.start()
+        self._threads.append(builder)
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        self._gone.shutdown(wait=False, cancel_futures=True)
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        """True once both lists are in and a state is built from them."""
+        deadline = self._monotonic() + timeout_s
+        while self._monotonic() < deadline:
+            if self._state is not None:
+                return True
+            time.sleep(0.02)
+        return self._state is not None
+
+    # -- the cluster source -------------------------------------------------------------------
+    def __call__(self) -> ClusterState:
+        state = self._state
+        if state is None:
+            raise ClusterStateUnavailableError(
+                "the live state is still listing the cluster's nodes and pods; kube-scheduler retries the pod",
+                kind="syncing",
+            )
+        return state
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, the watch positions, and the lag over the recent events (seconds)."""
+        lags = sorted(self.lag_s)
+
+        def quantile(q: float) -> float:
+            return lags[min(len(lags) - 1, int(q * len(lags)))] if lags else 0.0
+
+        state = self._state
+        return {
+            **self.counters,
+            "resource_versions": dict(self.versions),
+            "published_resource_versions": dict(self.published_versions),
+            "synced": state is not None,
+            "nodes": state.table.n_nodes if state is not None else 0,
+            "lag_p50_s": round(quantile(0.5), 4),
+            "lag_p99_s": round(quantile(0.99), 4),
+            "lag_max_s": round(lags[-1], 4) if lags else 0.0,
+            "last_rebuild_ms": round(self.last_rebuild_ms, 2),
+        }
+
+    # -- watching -----------------------------------------------------------------------------
+    def _watch_forever(self, kind: str) -> None:
+        kube: KubeClient | None = None
+        version = ""
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                if kube is None:
+                    kube = self._connect()
+                if not version:
+                    version = self._list(kube, kind)
+                for event, obj in kube.watch(
+                    kind, version, field_selector=self._selector(kind), item_type=self._item_type(kind),
+                    timeout_s=self.watch_timeout_s,
+                ):  # fmt: skip
+                    if self._stop.is_set():
+                        return
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    self.versions[kind] = version
+                    if event != "BOOKMARK":
+                        self._apply(kind, event, obj)
+                backoff = 0.2
+            except ListExpiredError:
+                self.counters["relists_410"] += 1
+                version = ""  # too old: list again
+            except AdapterError as exc:
+                self.counters["watch_errors"] += 1
+                log.warning("watching %s failed, again in %.1f s: %s", kind, backoff, exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _list(self, kube: KubeClient, kind: str) -> str:
+        items, version = kube.list_with_version(
+            kind, field_selector=self._selector(kind), item_type=self._item_type(kind)
+        )
+        now = self._monotonic()
+        fresh = {key: obj for obj in items if (key := _key(kind, obj))}
+        with self._wake:
+            if kind == "pods":
+                for uid, old in self._objects["pods"].items():
+                    if uid not in fresh:  # deleted while no watch ran
+                        self._gone_share(old)
+                self._changed.update(dict.fromkeys(fresh, now))
+                self._uses = {uid: pod_use(pod) for uid, pod in fresh.items()}
+            else:
+                self._facts = None
+            self._objects[kind] = fresh
+            self._synced.add(kind)
+            self._mark_dirty(now)
+        self.counters["lists"] += 1
+        self.versions[kind] = version
+        return version
+
+    def _apply(self, kind: str, event: str, obj: dict[str, Any]) -> None:
+        key = _key(kind, obj)
+        if not key:
+            return
+        now = self._monotonic()
+        self.counters["events"] += 1
+        with self._wake:
+            if event == "DELETED":  # deleted, or no longer bound and non-terminal (finished)
+                old = self._objects[kind].pop(key, None)
+                if kind == "pods":
+                    self._uses.pop(key, None)
+                    self._gone_share(old or obj)
+            else:
+                self._objects[kind][key] = obj
+                if kind == "pods":
+                    self._uses[key] = pod_use(obj)
+            if kind == "pods":
+                self._changed[key] = now
+            else:
+                self._facts = None
+            self._mark_dirty(now)
+
+    def _gone_share(self, pod: dict[str, Any] | None) -> None:
+        """Hand a gone or finished pod that held a share to ``on_gone`` (called with the lock held)."""
+        if pod is None or self.on_gone is None:
+            return
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        uid = (pod.get("metadata") or {}).get("uid")
+        if node and uid and ASSIGNED_GPUS_ANNOTATION in annotations:
+            self._gone_by_node.setdefault(node, set()).add(uid)
+            self._gone.submit(self._release, node, uid)
+
+    def gone_on(self, node: str) -> frozenset[str]:
+        """The pods seen gone from ``node`` whose shares the ledger may still hold: a bind there frees them
+        in its own write (the binder's ``gone``), before the background release gets to them."""
+        with self._lock:
+            return frozenset(self._gone_by_node.get(node, ()))
+
+    def _release(self, node: str, uid: str) -> None:
+        assert self.on_gone is not None
+        try:
+            self.on_gone(node, uid)
+            self.counters["released"] += 1
+        except Exception:  # a failed release is the reconcile's to repair; it must not stop the releases
+            log.exception("releasing the share of pod %s on %s failed", uid, node)
+            return
+        with self._lock:
+            held = self._gone_by_node.get(node)
+            if held is not None:
+                held.discard(uid)
+                if not held:
+                    del self._gone_by_node[node]
+
+    def _mark_dirty(self, now: float) -> None:
+        if self._dirty_since is None:
+            self._dirty_since = now
+        self._wake.notify()
+
+    # -- rebuilding ---------------------------------------------------------------------------
+    def _build_forever(self) -> None:
+        while not self._stop.is_set():
+            with self._wake:
+                while (self._dirty_since is None or len(self._synced) < 2) and not self._stop.is_set():
+                    self._wake.wait(timeout=1.0)
+                if self._stop.is_set():
+                    return
+            # Let a burst of events land in one rebuild (see REBUILD_SPACING).
+            time.sleep(max(0.0, self._next_at - self._monotonic()))
+            with self._wake:
+                nodes = list(self._objects["nodes"].values()) if self._facts is None else None
+                uses = list(self._uses.values())
+                changed, self._changed = self._changed, {}
+                self._dirty_since = None
+                versions = dict(self.versions)
+            if nodes is not None:
+                facts = NodeFacts.of(nodes)
+                with self._wake:
+                    # A node event meanwhile has cleared it again: the next rebuild reads the nodes anew.
+                    self._facts = facts if self._facts is None and self.versions["nodes"] == versions["nodes"] else None
+            else:
+                assert self._facts is not None
+                facts = self._facts
+            if self._rebuild(facts, uses, changed):
+                self.published_versions = versions
+
+    def _rebuild(self, facts: NodeFacts, uses: list[PodUse], changed: dict[str, float]) -> bool:
+        started_wall, started = self._wall(), self._monotonic()
+        try:
+            state = ClusterState.from_uses(facts, uses, label_keys=self.label_keys)
+        except Exception:  # one bad object must not freeze the state: keep the last good one
+            log.exception("rebuilding the live state failed; keeping the previous one")
+            return False
+        self._state = replace(state, generated_at=started_wall)
+        done = self._monotonic()
+        self.last_rebuild_ms = 1000 * (done - started)
+        self._next_at = done + max(self.min_interval_s, REBUILD_SPACING * (done - started))
+        self.counters["rebuilds"] += 1
+        self.lag_s.extend(done - at for at in changed.values())
+        if self.readings is not None and changed:
+            self.readings.forget(changed)  # bound somewhere, or gone: the state says which now
+        return True
+
+    @staticmethod
+    def _selector(kind: str) -> str:
+        return BOUND_NON_TERMINAL if kind == "pods" else ""
+
+    @staticmethod
+    def _item_type(kind: str) -> Any:
+        return SchedulingPod if kind == "pods" else None
+
+
+def _key(kind: str, obj: dict[str, Any]) -> str:
+    metadata = obj.get("metadata") or {}
+    value = metadata.get("uid") if kind == "pods" else metadata.get("name")
+    return value if isinstance(value, str) else ""
+
+
+def prometheus_text(stats: dict[str, Any], prefix: str = "gpu_scheduler_live_state") -> str:
+    """``stats`` as Prometheus text exposition (gauges and counters; nested maps become labels).
+
+    >>> print(prometheus_text({"events": 3, "lag_p99_s": 0.01, "resource_versions": {"pods": "17"}}), end="")
+    gpu_scheduler_live_state_events 3
+    gpu_scheduler_live_state_lag_p99_s 0.01
+    gpu_scheduler_live_state_resource_version{kind="pods"} 17
+    """
+    lines = []
+    for name, value in stats.items():
+        if isinstance(value, dict):
+            singular = name.removesuffix("s")  # resource_versions -> resource_version{kind=...}
+            lines += [f'{prefix}_{singular}{{kind="{k}"}} {_number(v)}' for k, v in value.items()]
+        else:
+            lines.append(f"{prefix}_{name} {_number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    try:
+        return repr(float(value)) if isinstance(value, float) else str(int(value))
+    except (TypeError, ValueError):
+        return "0"

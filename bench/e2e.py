@@ -1,0 +1,371 @@
+"""``gpu-scheduler bench e2e``: the product under a real kube-scheduler on loopback, throughput and packing.
+
+Everything runs as a user runs it: the control plane from ``../shared/k8s`` (``testing.control_plane``),
+the scheduler on the configuration ``gpu-scheduler scheduler-config`` generates (only its ``apiVersion``
+rewritten for these binaries), ``gpu-scheduler serve`` as the extender on loopback, and the state it
+decides from fed as the product feeds it (:data:`STATES`).
+
+- **Throughput**, drain mode: the pods are created while the scheduler is stopped; it then starts, and
+  the bind rate runs from the first bind to the last, as the API server reports them (a watch). No
+  extender, a pass-all extender (names only, TCP_NODELAY) and ours, alternated, ``runs`` times each,
+  with the scheduler's client qps and burst at ``qps``. Medians and the ratios ours/pass-all and ours/none.
+- **Packing**, whole GPUs: the nodes ours used for the pods, against ``ceil(demand / GPUs per node)``.
+- **Staleness** (live state): for every bind the benchmark's own watch sees, how long until serve's
+  published state includes it (serve's ``/metrics``, polled every 20 ms).
+- **Packing**, shares: quarter-GPU pods (``gpu-scheduler.io/gpu-milli: 250``) through the bind and
+  preempt verbs on the GPU ledger (moto's server): the GPUs and nodes used against the ideal, pods/s
+  (pass-all alongside, binding through its own verb), GPUs over 1000 milli, the ledger against the
+  annotations; then half the pods deleted, as many new ones submitted, and the GPUs in use after.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from scheduler_core.k8s.annotations import parse_assigned_gpus
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
+from testing.control_plane import BindWatch, ControlPlane, generated_scheduler_config, missing
+from testing.product import Processes
+
+A100 = next(shape for shape in CATALOGUE if shape.model == "A100")
+NAMESPACE = "bench"
+STATES = ("live", "snapshot")
+"""How serve learns the cluster: ``live`` is ``serve --watch`` (a list+watch of nodes and pods);
+``snapshot`` is the node-state refresher (``gpu-scheduler refresh node-state --every REFRESH``)
+writing a snapshot file that ``serve --snapshot`` re-reads every second, as before the live state."""
+MODES = ("none", "pass-all", "ours")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    state: str
+    refresh: str
+    qps: int
+    weight: int
+
+
+def run(
+    *,
+    nodes: int = 500,
+    pods: int = 1000,
+    runs: int = 3,
+    share_nodes: int = 200,
+    share_pods: int = 400,
+    qps: int = 1000,
+    refresh: str = "10s",
+    seed: int = 42,
+    state: str = "live",
+    weight: int = 5,
+) -> dict[str, Any]:
+    reason = missing()
+    if reason:
+        raise ValueError(f"bench e2e needs a control plane: {reason}")
+    if state not in STATES:
+        raise ValueError(f"--state: expected one of {', '.join(STATES)}, got {state!r}")
+    knobs = Knobs(state, refresh, qps, weight)
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
+        work = Path(tmp)
+        whole = _whole_gpus(work / "whole", nodes, pods, runs, knobs)
+        shares = _shares(work / "shares", share_nodes, share_pods, knobs, seed)
+    return {"benchmark": "e2e", "state": state, "refresh": refresh, "qps": qps, "weight": weight, **whole,
+            "packing_shares": shares}  # fmt: skip
+
+
+# -- whole GPUs: throughput, packing, staleness ---------------------------------------------------
+def _whole_gpus(work: Path, n_nodes: int, n_pods: int, runs: int, knobs: Knobs) -> dict[str, Any]:
+    work.mkdir(parents=True)
+    with ControlPlane(work / "cluster") as cluster, Processes(work) as product:
+        cluster.add_nodes([make_node(f"node-{i:04d}", A100, _zone(i)) for i in range(n_nodes)])
+        ours = _start_serve(cluster, product, work, knobs, ledger="")
+        urls = {"none": "", "pass-all": product.pass_all("pass-all", cluster.url, cluster.api.token), "ours": ours}
+        results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+        for _ in range(runs):
+            for mode in MODES:
+                if mode == "ours":
+                    _wait_until_serve_sees_no_pods(product, ours, knobs)
+                metrics = ours if mode == "ours" and knobs.state == "live" else ""
+                results[mode].append(_drain(cluster, urls[mode], n_pods, knobs, sharing=False, metrics=metrics))
+        medians = {mode: statistics.median(r["pods_per_s"] for r in results[mode]) for mode in MODES}
+        return {
+            "throughput": {
+                "nodes": n_nodes,
+                "pods": n_pods,
+                "runs": results,
+                "median_pods_per_s": medians,
+                "ours_over_pass_all": round(medians["ours"] / medians["pass-all"], 3),
+                "ours_over_none": round(medians["ours"] / medians["none"], 3),
+            },
+            "packing_whole_gpus": {
+                "pods": n_pods,
+                "gpus_per_node": A100.gpus,
+                "ideal_nodes": math.ceil(n_pods / A100.gpus),
+                "nodes_used": [r["nodes_used"] for r in results["ours"]],
+            },
+        }
+
+
+def _drain(
+    cluster: ControlPlane,
+    url: str,
+    n_pods: int,
+    knobs: Knobs,
+    *,
+    sharing: bool,
+    milli: int = 0,
+    keep: bool = False,
+    metrics: str = "",
+) -> dict[str, Any]:
+    """Create the pods with the scheduler stopped, start it, and time the binds; the pods are deleted
+    after, unless ``keep``. With ``metrics`` (serve's URL), also how stale serve's state was."""
+    cluster.delete_namespace_pods(NAMESPACE)
+    cluster.create_pods([_pod(f"p-{i:05d}", milli) for i in range(n_pods)], workers=8)
+    watch = BindWatch(cluster.api, NAMESPACE)
+    poller = _VersionPoller(metrics) if metrics else None
+    try:
+        cluster.start_scheduler(_config(url, knobs, sharing=sharing))
+        complete = watch.wait(n_pods, timeout_s=600)
+        cluster.stop_scheduler()
+    finally:
+        watch.close()
+        if poller is not None:
+            poller.close()
+    stamps = sorted(watch.bound_at.values())
+    span = stamps[-1] - stamps[0] if len(stamps) > 1 else float("nan")
+    result: dict[str, Any] = {
+        "bound": len(stamps),
+        "complete": complete,
+        "seconds": round(span, 3),
+        "pods_per_s": round((len(stamps) - 1) / span, 1) if len(stamps) > 1 and span > 0 else 0.0,
+        "nodes_used": len(set(watch.node_of.values())),
+    }
+    if poller is not None:
+        result["staleness"] = poller.lags(watch)
+    if not keep:
+        cluster.delete_namespace_pods(NAMESPACE)
+    return result
+
+
+def _pod(name: str, milli: int) -> dict[str, Any]:
+    """A one-GPU pod, or a share of ``milli``, asking for little CPU and memory (the nodes hold 1,000s)."""
+    pod = make_pod(name, 0 if milli else 1, namespace=NAMESPACE, milli=milli)
+    resources = pod["spec"]["containers"][0]["resources"]
+    resources["requests"] = {"cpu": "10m", "memory": "16Mi", **{k: v for k, v in resources["limits"].items()}}
+    return pod
+
+
+def _config(url: str, knobs: Knobs, *, sharing: bool) -> dict[str, Any]:
+    """What ``gpu-scheduler scheduler-config`` generates for ``url``; without a URL, the same without extenders."""
+    argv = ["--url", url or "http://127.0.0.1:1", "--client-qps", str(knobs.qps), "--client-burst", str(knobs.qps),
+            "--weight", str(knobs.weight), *(["--sharing"] if sharing else [])]  # fmt: skip
+    config = generated_scheduler_config(argv)
+    if not url:
+        config.pop("extenders")
+    return config
+
+
+def _start_serve(cluster: ControlPlane, product: Processes, work: Path, knobs: Knobs, *, ledger: str) -> str:
+    """Serve as ``knobs.state`` says, with the refresher beside it where it is needed: the snapshot's
+    writer, or the ledger's reconcile (the safety net under the live state's releases); serve's URL."""
+    snapshot = work / "snapshot.npz"
+    if knobs.state == "snapshot" or ledger:
+        product.refresher(
+            "refresher",
+            ["node-state", "--kubeconfig", str(cluster.kubeconfig), "--snapshot", str(snapshot), "--every",
+             knobs.refresh, "--no-ec2", *(["--ledger-table", ledger] if ledger else [])],
+        )  # fmt: skip
+        _wait(snapshot.exists, 120, "the first snapshot")
+    args = ["--watch"] if knobs.state == "live" else ["--snapshot", str(snapshot), "--refresh-s", "1"]
+    if knobs.state == "live" or ledger:
+        args += ["--kubeconfig", str(cluster.kubeconfig)]
+    if ledger:
+        args += ["--ledger-table", ledger]
+    return product.serve("serve", args)
+
+
+def _wait_until_serve_sees_no_pods(product: Processes, url: str, knobs: Knobs) -> None:
+    """The next drain starts from a state of an empty cluster: the live state catches up in milliseconds;
+    a snapshot, at the refresher's next run that sees no pod."""
+    if knobs.state == "live":
+        time.sleep(0.5)
+        return
+    seen = len(product.reports("refresher"))
+    _wait(lambda: any(r["pods_seen"] == 0 for r in product.reports("refresher")[seen:]), 120, "an empty snapshot")
+
+
+class _VersionPoller:
+    """Polls serve's ``/metrics`` for the pods' resourceVersion its published state includes."""
+
+    def __init__(self, url: str, every_s: float = 0.02) -> None:
+        self.url, self.every_s = f"{url}/metrics", every_s
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        pattern = re.compile(r'^gpu_scheduler_live_state_published_resource_version\{kind="pods"\} (\d+)$', re.M)
+        while not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as response:
+                    match = pattern.search(response.read().decode())
+                if match:
+                    self.samples.append((time.monotonic(), int(match.group(1))))
+            except OSError:
+                pass
+            self._stop.wait(self.every_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def lags(self, watch: BindWatch) -> dict[str, Any]:
+        """Seconds from each bind the benchmark's watch saw to the first poll whose state includes it."""
+        lags = []
+        for name, at in watch.bound_at.items():
+            version = watch.version_of.get(name, 0)
+            seen = next((t for t, v in self.samples if v >= version and t >= at - 1.0), None)
+            if seen is not None:
+                lags.append(max(0.0, seen - at))
+        lags.sort()
+        if not lags:
+            return {"binds": 0}
+        return {
+            "binds": len(lags),
+            "p50_s": round(lags[len(lags) // 2], 4),
+            "p99_s": round(lags[min(len(lags) - 1, int(0.99 * len(lags)))], 4),
+            "max_s": round(lags[-1], 4),
+            "poll_every_s": self.every_s,
+        }
+
+
+# -- shares --------------------------------------------------------------------------------------
+def _shares(work: Path, n_nodes: int, n_pods: int, knobs: Knobs, seed: int) -> dict[str, Any]:
+    import boto3
+
+    from adapters.gpu_ledger import LedgerStore, create_table
+    from testing.moto import moto_server
+
+    work.mkdir(parents=True)
+    table = "gpu-ledger"
+    # The AWS variables reach serve and the refresher through os.environ.
+    with (
+        moto_server() as endpoint,
+        ControlPlane(work / "cluster") as cluster,
+        _aws_env(endpoint),
+        Processes(work) as product,
+    ):
+        ledger = LedgerStore(table, boto3.client("dynamodb", endpoint_url=endpoint))
+        create_table(ledger.client, table)
+        cluster.add_nodes([make_node(f"share-{i:04d}", A100, _zone(i)) for i in range(n_nodes)])
+        url = _start_serve(cluster, product, work, knobs, ledger=table)
+        pass_all = product.pass_all("pass-all", cluster.url, cluster.api.token)
+        passing = _drain(cluster, pass_all, n_pods, knobs, sharing=True, milli=250)
+        _wait_until_serve_sees_no_pods(product, url, knobs)
+        ours = _drain(cluster, url, n_pods, knobs, sharing=True, milli=250, keep=True)
+        after_burst = _share_usage(cluster, ledger)
+        churn = _churn(cluster, url, knobs, n_pods // 2, seed)
+        after_churn = _share_usage(cluster, ledger)
+    return {
+        "nodes": n_nodes,
+        "pods": n_pods,
+        "milli": 250,
+        "ideal_gpus": math.ceil(n_pods * 250 / 1000),
+        "pass_all": passing,
+        "ours": ours,
+        "ours_over_pass_all": round(ours["pods_per_s"] / passing["pods_per_s"], 3) if passing["pods_per_s"] else None,
+        "after_burst": after_burst,
+        "churn": churn,
+        "after_churn": after_churn,
+    }
+
+
+@contextmanager
+def _aws_env(endpoint: str) -> Iterator[None]:
+    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_DYNAMODB": endpoint}  # fmt: skip
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _churn(cluster: ControlPlane, url: str, knobs: Knobs, count: int, seed: int) -> dict[str, Any]:
+    """Delete ``count`` bound pods (seeded), then submit as many new ones with the scheduler running."""
+    rng = np.random.default_rng(seed)
+    bound = sorted(p["metadata"]["name"] for p in cluster.pods(NAMESPACE) if p["spec"].get("nodeName"))
+    victims = [bound[i] for i in rng.choice(len(bound), size=min(count, len(bound)), replace=False)]
+    for name in victims:
+        cluster.delete_pod(NAMESPACE, name)
+    _wait(lambda: len(cluster.pods(NAMESPACE)) <= len(bound) - len(victims), 120, "the deletions")
+    watch = BindWatch(cluster.api, NAMESPACE)
+    try:
+        cluster.start_scheduler(_config(url, knobs, sharing=True))
+        cluster.create_pods([_pod(f"q-{i:05d}", 250) for i in range(count)], workers=8)
+        complete = watch.wait(count, timeout_s=600)
+        cluster.stop_scheduler()
+    finally:
+        watch.close()
+    return {"deleted": len(victims), "submitted": count, "bound": len(watch.bound_at), "complete": complete}
+
+
+def _share_usage(cluster: ControlPlane, ledger: Any) -> dict[str, Any]:
+    """GPUs and nodes the bound share pods use, GPUs over 1000 milli, and the ledger against the annotations."""
+    per_gpu: Counter[tuple[str, int]] = Counter()
+    annotated: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {}
+    unannotated = 0
+    for pod in cluster.pods(NAMESPACE):
+        node = pod["spec"].get("nodeName")
+        if not node:
+            continue
+        text = (pod["metadata"].get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
+        if text is None:
+            unannotated += 1
+            continue
+        pairs = parse_assigned_gpus(text)
+        annotated.setdefault(node, {})[pod["metadata"]["uid"]] = pairs
+        for gpu, milli in pairs:
+            per_gpu[(node, gpu)] += milli
+    held = {item.node: dict(item.assignments) for item in ledger.scan() if item.assignments}
+    return {
+        "gpus_used": len(per_gpu),
+        "nodes_used": len({node for node, _ in per_gpu}),
+        "gpus_over_1000_milli": sum(1 for milli in per_gpu.values() if milli > 1000),
+        "bound_without_annotation": unannotated,
+        "ledger_equals_annotations": held == annotated,
+        "ledger_extra_pods": sum(len(set(held.get(n, {})) - set(annotated.get(n, {}))) for n in held),
+    }
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _zone(i: int) -> str:
+    return ("us-east-1a", "us-east-1b", "us-east-1c")[i % 3]
+
+
+def _wait(condition: Callable[[], Any], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+        time.sleep(0.2)

@@ -1,0 +1,509 @@
+"""A real Kubernetes control plane on loopback, with no kubelets: etcd, kube-apiserver, kube-scheduler and,
+when asked, kube-controller-manager.
+
+The binaries are the ones in ``../shared/k8s/`` (unpacked once into ``build/k8s/``), or those in
+``$KUBE_BIN_DIR``; etcd is Debian's ``etcd-server``. :func:`missing` says, in one line, what is absent
+and where to get it, for tests to skip with. ``../shared/k8s/README.md`` gives the flags a cluster
+with no kubelets needs; they are the ones used here.
+
+Every process runs in its own session with its log in the work folder, and is stopped by PID (TERM,
+then KILL), on error too. Fake nodes are created Ready, with their not-ready taint removed; nothing
+marks them NotReady later, since no node-lifecycle controller runs.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tarfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_K8S = REPO.parent / "shared" / "k8s"
+CACHE = REPO / "build" / "k8s"
+BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
+TOKEN = "e2e-admin-token"
+SCHEDULER_API = "kubescheduler.config.k8s.io/v1beta3"
+"""The config API these binaries take: ``v1`` is not registered at their commit (``../shared/k8s/README.md``)."""
+
+
+def kube_bin_dir() -> Path | None:
+    """Where kube-apiserver, kube-scheduler and kube-controller-manager are: ``$KUBE_BIN_DIR``, else
+    ``build/k8s/`` (unpacked there from ``../shared/k8s/`` on first use); None when neither has them."""
+    explicit = os.environ.get("KUBE_BIN_DIR")
+    if explicit:
+        folder = Path(explicit)
+        return folder if all((folder / name).is_file() for name in BINARIES) else None
+    if all((CACHE / name).is_file() for name in BINARIES):
+        return CACHE
+    archives = sorted(SHARED_K8S.glob("kubernetes-*-linux-amd64.tar.xz"))
+    if not archives:
+        return None
+    CACHE.mkdir(parents=True, exist_ok=True)
+    partial = CACHE / ".unpacking"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    with tarfile.open(archives[-1]) as archive:
+        archive.extractall(partial, filter="data")
+    for name in BINARIES:
+        found = next(partial.rglob(name), None)
+        if found is None:
+            return None
+        os.replace(found, CACHE / name)  # each binary appears whole or not at all
+    shutil.rmtree(partial, ignore_errors=True)
+    return CACHE
+
+
+def missing() -> str:
+    """Why a control plane cannot start here, in one line; "" when it can."""
+    if kube_bin_dir() is None:
+        return (
+            f"no Kubernetes binaries: ../shared/k8s/ has none and $KUBE_BIN_DIR is unset "
+            f"(see {SHARED_K8S / 'README.md'}: kube-apiserver, kube-scheduler, kube-controller-manager)"
+        )
+    if shutil.which("etcd") is None:
+        return "etcd is not installed: apt-get install -y etcd-server (make test installs it as root)"
+    if shutil.which("openssl") is None:
+        return "openssl is not installed: apt-get install -y openssl"
+    return ""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class KubeError(Exception):
+    """The API server answered with an error status."""
+
+    def __init__(self, status: int, body: Any, what: str) -> None:
+        message = body.get("message") if isinstance(body, dict) else str(body)[:300]
+        super().__init__(f"{what}: HTTP {status}: {message}")
+        self.status, self.body = status, body
+
+
+class KubeRest:
+    """A small JSON client for the harness itself: one keep-alive HTTPS connection per thread."""
+
+    def __init__(self, url: str, token: str) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 443
+        self.token = token
+        self._context = ssl.create_default_context()
+        self._context.check_hostname = False
+        self._context.verify_mode = ssl.CERT_NONE  # a loopback apiserver with a self-signed certificate
+        self._local = threading.local()
+
+    def _connection(self) -> http.client.HTTPSConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = http.client.HTTPSConnection(self.host, self.port, context=self._context, timeout=60)
+            self._local.conn = conn
+        return conn
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        ok: Sequence[int] = (200, 201),
+    ) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        status, raw = self.raw(method, path, data, content_type)
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw.decode(errors="replace")
+        if status not in ok:
+            raise KubeError(status, parsed, f"{method} {path}")
+        return parsed
+
+    def raw(self, method: str, path: str, data: bytes | None = None, content_type: str = "") -> tuple[int, bytes]:
+        """The status and body bytes of one request (retried once on a dropped keep-alive connection)."""
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = content_type
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                response = conn.getresponse()
+                return response.status, response.read()
+            except (http.client.HTTPException, OSError):
+                conn.close()
+                self._local.conn = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def items(self, path: str) -> list[dict[str, Any]]:
+        """Every item of a list, following ``continue``."""
+        found: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            separator = "&" if "?" in path else "?"
+            page = self.get(f"{path}{separator}limit=500" + (f"&continue={urllib.parse.quote(token)}" if token else ""))
+            found.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return found
+
+    def patch(self, path: str, body: Any) -> Any:
+        return self.request("PATCH", path, body, content_type="application/merge-patch+json")
+
+
+@dataclass
+class _Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class ControlPlane:
+    """etcd and kube-apiserver on free loopback ports, started by :meth:`start`; the scheduler and the
+    controller-manager on demand. Use as a context manager: everything it started is stopped on exit."""
+
+    workdir: Path
+    bin_dir: Path | None = None
+    processes: dict[str, _Process] = field(default_factory=dict)
+    url: str = ""
+    kubeconfig: Path = field(default_factory=Path)
+
+    def __enter__(self) -> ControlPlane:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    # -- processes ----------------------------------------------------------------------------
+    def _spawn(self, name: str, argv: Sequence[str]) -> _Process:
+        log = self.workdir / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        process = _Process(name, popen, log)
+        self.processes[name] = process
+        return process
+
+    def _wait(self, name: str, ready: Callable[[], bool], timeout_s: float) -> None:
+        process = self.processes[name]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if process.popen.poll() is not None:
+                raise RuntimeError(f"{name} exited with {process.popen.returncode}: {self.tail(name)}")
+            with suppress(OSError, KubeError, http.client.HTTPException, ValueError):
+                if ready():
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"{name} was not ready after {timeout_s:.0f} s: {self.tail(name)}")
+
+    def tail(self, name: str, lines: int = 15) -> str:
+        """The last lines of a process's log, for error messages."""
+        path = self.workdir / f"{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+    def stop_process(self, name: str) -> None:
+        process = self.processes.pop(name, None)
+        if process is None:
+            return
+        with suppress(ProcessLookupError):
+            os.killpg(process.popen.pid, signal.SIGTERM)
+        try:
+            process.popen.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with suppress(ProcessLookupError):
+                os.killpg(process.popen.pid, signal.SIGKILL)
+            process.popen.wait(timeout=15)
+
+    def stop(self) -> None:
+        """Stop everything, the last started first."""
+        for name in reversed(list(self.processes)):
+            self.stop_process(name)
+
+    # -- etcd and the API server --------------------------------------------------------------
+    def start(self) -> None:
+        reason = missing()
+        if reason:
+            raise RuntimeError(reason)
+        self.bin_dir = self.bin_dir or kube_bin_dir()
+        assert self.bin_dir is not None
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        etcd_port, peer_port, metrics_port, api_port = (free_port() for _ in range(4))
+        etcd = shutil.which("etcd")
+        assert etcd is not None
+        self._spawn(
+            "etcd",
+            [etcd, f"--data-dir={self.workdir / 'etcd'}", f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+             f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+             f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+             f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+             f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+             f"--listen-metrics-urls=http://127.0.0.1:{metrics_port}", "--log-level=warn"],
+        )  # fmt: skip
+        key, pub = self.workdir / "sa.key", self.workdir / "sa.pub"
+        subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
+        subprocess.run(
+            ["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(pub)], check=True, capture_output=True
+        )
+        tokens = self.workdir / "tokens.csv"
+        tokens.write_text(f"{TOKEN},admin,admin-uid,system:masters\n")
+        self._spawn(
+            "kube-apiserver",
+            [str(self.bin_dir / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
+             f"--cert-dir={self.workdir / 'certs'}", f"--service-account-key-file={pub}",
+             f"--service-account-signing-key-file={key}",
+             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+             f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
+             "--service-cluster-ip-range=10.0.0.0/24", "--disable-admission-plugins=ServiceAccount"],
+        )  # fmt: skip
+        self.url = f"https://127.0.0.1:{api_port}"
+        self.api = KubeRest(self.url, TOKEN)
+
+        def ready() -> bool:
+            self.api.request("GET", "/readyz", ok=(200,))
+            self.api.get("/api/v1/namespaces/default")
+            self.api.get("/api/v1/namespaces/kube-system")
+            return True
+
+        self._wait("kube-apiserver", ready, timeout_s=90)
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self.kubeconfig.write_text(yaml.safe_dump(kubeconfig(self.url, TOKEN)))
+
+    # -- the scheduler and the controller-manager ---------------------------------------------
+    def start_scheduler(self, config: Mapping[str, Any], *, name: str = "kube-scheduler") -> None:
+        """Run kube-scheduler with ``config`` (a KubeSchedulerConfiguration as the product generates it):
+        only its ``apiVersion`` is rewritten for these binaries, and its client is pointed at this cluster."""
+        assert self.bin_dir is not None
+        document = dict(config)
+        document["apiVersion"] = SCHEDULER_API
+        document["clientConnection"] = {**document.get("clientConnection", {}), "kubeconfig": str(self.kubeconfig)}
+        path = self.workdir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(document))
+        port = free_port()
+        self._spawn(
+            name,
+            [str(self.bin_dir / "kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
+             f"--secure-port={port}", f"--authentication-kubeconfig={self.kubeconfig}",
+             f"--authorization-kubeconfig={self.kubeconfig}", "-v=2"],
+        )  # fmt: skip
+        health = KubeRest(f"https://127.0.0.1:{port}", TOKEN)
+        self._wait(name, lambda: health.raw("GET", "/healthz")[0] == 200, timeout_s=60)
+
+    def stop_scheduler(self, name: str = "kube-scheduler") -> None:
+        self.stop_process(name)
+
+    def start_controller_manager(self) -> None:
+        """The ReplicaSet and Deployment controllers, for deletion-cost scale-downs."""
+        assert self.bin_dir is not None
+        self._spawn(
+            "kube-controller-manager",
+            [str(self.bin_dir / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
+             "--controllers=replicaset,deployment", "--leader-elect=false", "--bind-address=127.0.0.1",
+             "--secure-port=0", "--use-service-account-credentials=false"],
+        )  # fmt: skip
+        time.sleep(0.5)
+        if self.processes["kube-controller-manager"].popen.poll() is not None:
+            raise RuntimeError(f"kube-controller-manager exited: {self.tail('kube-controller-manager')}")
+
+    # -- objects ------------------------------------------------------------------------------
+    def ensure_namespaces(self, names: Iterable[str]) -> None:
+        for name in sorted(set(names)):
+            self.api.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}}, ok=(200, 201, 409))
+
+    def add_nodes(self, nodes: Sequence[Mapping[str, Any]], *, workers: int = 8) -> None:
+        """Create each v1 Node (metadata and spec), then set its status (capacity, allocatable, Ready)
+        and clear the not-ready taint admission gave it."""
+
+        def add(node: Mapping[str, Any]) -> None:
+            name = node["metadata"]["name"]
+            created = self.api.request(
+                "POST", "/api/v1/nodes", {"metadata": node["metadata"], "spec": node.get("spec", {})}
+            )
+            status = dict(node.get("status") or {})
+            status.setdefault("conditions", [{"type": "Ready", "status": "True", "reason": "KubeletReady"}])
+            status["conditions"] = [
+                {**c, "lastHeartbeatTime": _now(), "lastTransitionTime": _now()} for c in status["conditions"]
+            ]
+            status.setdefault(
+                "addresses", [{"type": "InternalIP", "address": "10.0.0.1"}, {"type": "Hostname", "address": name}]
+            )
+            self.api.request("PUT", f"/api/v1/nodes/{name}/status", {**created, "status": status})
+            self.api.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
+
+        self._each(add, nodes, workers)
+
+    def create_pods(self, pods: Sequence[Mapping[str, Any]], *, workers: int = 8) -> None:
+        self.ensure_namespaces(pod["metadata"].get("namespace", "default") for pod in pods)
+
+        def create(pod: Mapping[str, Any]) -> None:
+            namespace = pod["metadata"].get("namespace", "default")
+            metadata = {k: v for k, v in pod["metadata"].items() if k not in ("uid", "resourceVersion")}
+            body = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod["spec"]}
+            self.api.request("POST", f"/api/v1/namespaces/{namespace}/pods", body)
+
+        self._each(create, pods, workers)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Force-delete: no kubelet confirms termination."""
+        self.api.request(
+            "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}?gracePeriodSeconds=0", ok=(200, 202, 404)
+        )
+
+    def delete_namespace_pods(self, namespace: str, timeout_s: float = 120) -> None:
+        """Force-delete every pod of ``namespace`` (one collection delete) and wait until they are gone."""
+        self.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods?gracePeriodSeconds=0", ok=(200, 202, 404))
+        self.wait_for(lambda: not self.pods(namespace), timeout_s, f"the pods of {namespace} to go")
+
+    def pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        return self.api.items(path)
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        return result
+
+    def failed_scheduling(self, namespace: str, name: str) -> list[str]:
+        """The messages of the pod's ``FailedScheduling`` events, oldest first."""
+        selector = urllib.parse.quote(f"involvedObject.name={name},reason=FailedScheduling")
+        events = self.api.items(f"/api/v1/namespaces/{namespace}/events?fieldSelector={selector}")
+        events.sort(key=lambda e: e.get("eventTime") or e.get("lastTimestamp") or e["metadata"]["creationTimestamp"])
+        return [str(e.get("message") or e.get("note") or "") for e in events]
+
+    def wait_for(self, condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.2) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} after {timeout_s:.0f} s")
+            time.sleep(poll_s)
+
+    @staticmethod
+    def _each(action: Callable[[Any], None], items: Sequence[Any], workers: int) -> None:
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items) or 1))) as pool:
+            list(pool.map(action, items))
+
+
+def kubeconfig(url: str, token: str) -> dict[str, Any]:
+    """A kubeconfig for ``url`` with a bearer token and no TLS verification (a loopback test cluster)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {"server": url, "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "admin", "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin"}}],
+        "current-context": "e2e",
+    }
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def scheduled(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName"))
+
+
+class BindWatch:
+    """Watches pods from a resourceVersion and records, per pod, when it was first seen bound (monotonic
+    seconds): bind rates come from these stamps, taken the moment the API server reports each bind."""
+
+    def __init__(self, api: KubeRest, namespace: str) -> None:
+        self.api, self.namespace = api, namespace
+        self.bound_at: dict[str, float] = {}
+        self.node_of: dict[str, str] = {}
+        self.version_of: dict[str, int] = {}  # the resourceVersion of the event that showed the pod bound
+        self._stop = threading.Event()
+        listing = api.get(f"/api/v1/namespaces/{namespace}/pods?limit=1")
+        self._version = listing["metadata"]["resourceVersion"]
+        self._thread = threading.Thread(target=self._run, name="bind-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        while not self._stop.is_set():
+            conn = http.client.HTTPSConnection(self.api.host, self.api.port, context=context, timeout=5)
+            query = f"watch=1&resourceVersion={self._version}&allowWatchBookmarks=true"
+            path = f"/api/v1/namespaces/{self.namespace}/pods?{query}"
+            try:
+                conn.request("GET", path, headers={"Authorization": f"Bearer {self.api.token}"})
+                response = conn.getresponse()
+                for line in response:
+                    if self._stop.is_set():
+                        break
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    version = (obj.get("metadata") or {}).get("resourceVersion")
+                    if version:
+                        self._version = version
+                    name = (obj.get("metadata") or {}).get("name")
+                    node = (obj.get("spec") or {}).get("nodeName")
+                    if name and node and name not in self.bound_at:
+                        self.bound_at[name] = time.monotonic()
+                        self.node_of[name] = node
+                        self.version_of[name] = int(version) if version and version.isdigit() else 0
+            except (OSError, http.client.HTTPException, ValueError):
+                time.sleep(0.05)
+            finally:
+                conn.close()
+
+    def wait(self, count: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while len(self.bound_at) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(self.bound_at) >= count
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def generated_scheduler_config(argv: Sequence[str]) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration inside what ``gpu-scheduler scheduler-config ARGV`` writes: the
+    ConfigMap the product deploys, exactly."""
+    import contextlib
+    import io
+
+    from gpu_scheduler.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["scheduler-config", *argv])
+    if code != 0:
+        raise RuntimeError(f"gpu-scheduler scheduler-config {' '.join(argv)} exited with {code}")
+    for document in yaml.safe_load_all(out.getvalue()):
+        if document and document.get("kind") == "ConfigMap" and document["metadata"]["name"].endswith("-config"):
+            (text,) = document["data"].values()
+            config: dict[str, Any] = yaml.safe_load(text)
+            return config
+    raise RuntimeError("gpu-scheduler scheduler-config wrote no scheduler ConfigMap")

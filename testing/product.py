@@ -1,0 +1,177 @@
+"""The product's own processes, started as a user starts them: ``gpu-scheduler serve`` and
+``gpu-scheduler refresh``, plus a pass-all extender to compare against.
+
+Each runs in its own session with its log in the work folder, and :class:`Processes` stops them by PID
+(TERM, then KILL), on error too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+CLI = [sys.executable, "-m", "gpu_scheduler"]
+
+
+@dataclass
+class Processes:
+    """Processes started for one test or one benchmark run, stopped together."""
+
+    workdir: Path
+    running: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop_all()
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = (self.workdir / f"{name}.log").open("ab")
+        process = subprocess.Popen(
+            list(argv), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        self.running[name] = process
+        return process
+
+    def serve(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+        """``gpu-scheduler serve --port 0 ARGS``; the URL it announces on stdout."""
+        return self._announced(name, [*CLI, "serve", "--port", "0", *args], env)
+
+    def pass_all(self, name: str, api_url: str, token: str) -> str:
+        """The pass-all extender (:class:`PassAll`) in its own process; its URL."""
+        return self._announced(name, [sys.executable, "-m", "testing.product", api_url, token], None)
+
+    def _announced(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None) -> str:
+        process = self.start(name, argv, env)
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line:
+            process.wait(timeout=10)
+            raise RuntimeError(f"{name} exited with {process.returncode}: {self.tail(name)}")
+        url: str = json.loads(line)["serving"]
+        threading.Thread(target=_drain, args=(process.stdout,), daemon=True).start()
+        return url
+
+    def refresher(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        """``gpu-scheduler refresh ARGS`` on its loop; its reports go to ``<name>.reports``."""
+        process = self.start(name, [*CLI, "refresh", *args], env)
+        assert process.stdout is not None
+        threading.Thread(target=_copy, args=(process.stdout, self.workdir / f"{name}.reports"), daemon=True).start()
+
+    def reports(self, name: str) -> list[dict[str, Any]]:
+        path = self.workdir / f"{name}.reports"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def tail(self, name: str, lines: int = 20) -> str:
+        path = self.workdir / f"{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+    def stop(self, name: str) -> None:
+        process = self.running.pop(name, None)
+        if process is None:
+            return
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=15)
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.running)):
+            self.stop(name)
+
+
+def _drain(stream: Any) -> None:
+    for _ in stream:
+        pass
+
+
+def _copy(stream: Any, path: Path) -> None:
+    with path.open("ab") as out:
+        for line in stream:
+            out.write(line)
+            out.flush()
+
+
+class PassAll(BaseHTTPRequestHandler):
+    """An extender that keeps every node it is sent, names only: the cheapest reply kube-scheduler can get,
+    over keep-alive with TCP_NODELAY, as DESIGN section 8 measured. With ``api`` set it also serves
+    ``bind``, with one Binding POST and nothing else, as the capture's logging extender did."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    api: Any = None  # testing.control_plane.KubeRest, for bind
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        verb = self.path.rstrip("/").rsplit("/", 1)[-1]
+        names = body.get("NodeNames") or [n["metadata"]["name"] for n in (body.get("Nodes") or {}).get("items", [])]
+        if verb == "bind":
+            binding = {"apiVersion": "v1", "kind": "Binding",
+                       "metadata": {"name": body["PodName"], "uid": body["PodUID"]},
+                       "target": {"apiVersion": "v1", "kind": "Node", "name": body["Node"]}}  # fmt: skip
+            path = f"/api/v1/namespaces/{body['PodNamespace']}/pods/{body['PodName']}/binding"
+            status, raw = self.api.raw("POST", path, json.dumps(binding).encode(), "application/json")
+            reply: Any = {"Error": "" if status == 201 else raw.decode(errors="replace")[:300]}
+        elif verb == "prioritize":
+            reply = [{"Host": name, "Score": 0} for name in names]
+        else:
+            reply = {
+                "Nodes": None,
+                "NodeNames": names,
+                "FailedNodes": {},
+                "FailedAndUnresolvableNodes": {},
+                "Error": "",
+            }
+        data = json.dumps(reply).encode()
+        self.wfile.write(
+            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data
+        )
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+        pass
+
+
+class PassAllServer:
+    """:class:`PassAll` on a free loopback port, in a thread of this process (``python -m testing.product
+    API_URL TOKEN`` runs one in its own, as the benchmarks do)."""
+
+    def __init__(self, api: Any = None) -> None:
+        handler = type("BoundPassAll", (PassAll,), {"api": api})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+if __name__ == "__main__":
+    from testing.control_plane import KubeRest
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    server = PassAllServer(KubeRest(sys.argv[1], sys.argv[2]))
+    sys.stdout.write(json.dumps({"serving": server.url, "pid": os.getpid()}) + "\n")
+    sys.stdout.flush()
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    server.close()

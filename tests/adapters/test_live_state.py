@@ -1,0 +1,170 @@
+"""The live state: lists, then watches; rebuilt off the hot path; confirms or drops the extender's readings;
+hands gone shares to the ledger; lists again on 410. The real API server's side is in tests/e2e."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from adapters.kube import KubeApiError, ListExpiredError
+from adapters.ledger_readings import LedgerReadings
+from adapters.live_state import LiveState, prometheus_text
+from scheduler_core.errors import ClusterStateUnavailableError
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
+from tests.conftest import make_nodes, make_pod
+
+
+class ScriptedKube:
+    """A Kubernetes source that lists what it is given and then plays the events pushed to it; a watch
+    ends when the script says so (``None``), and a ``410`` pushed makes it raise ListExpiredError."""
+
+    def __init__(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        self.items = {"nodes": nodes, "pods": pods}
+        self.queues: dict[str, list[Any]] = {"nodes": [], "pods": []}
+        self.cond = threading.Condition()
+        self.lists = {"nodes": 0, "pods": 0}
+        self.watched_from: list[tuple[str, str]] = []
+
+    def list_with_version(self, kind: str, **_: Any) -> tuple[list[dict[str, Any]], str]:
+        self.lists[kind] += 1
+        return list(self.items[kind]), "100"
+
+    def watch(self, kind: str, version: str, **_: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+        self.watched_from.append((kind, version))
+        while True:
+            with self.cond:
+                while not self.queues[kind]:
+                    self.cond.wait(timeout=0.05)
+                item = self.queues[kind].pop(0)
+            if item is None:
+                return
+            if item == 410:
+                raise ListExpiredError(410, "Expired", "too old resource version")
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    def push(self, kind: str, item: Any) -> None:
+        with self.cond:
+            self.queues[kind].append(item)
+            self.cond.notify_all()
+
+
+def _bound(name: str, node: str, *, gpus: int = 1, milli: int = 0, assigned: str = "", rv: int = 101) -> dict[str, Any]:
+    pod = make_pod(name, gpus, node_name=node, phase="Running", milli=milli)
+    pod["metadata"]["resourceVersion"] = str(rv)
+    if assigned:
+        pod["metadata"]["annotations"][ASSIGNED_GPUS_ANNOTATION] = assigned
+    return pod
+
+
+def _until(condition: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def kube() -> ScriptedKube:
+    return ScriptedKube(make_nodes("A100", "T4"), [_bound("w", "a100-0", gpus=3)])
+
+
+def test_filter_waits_for_the_first_list_and_then_sees_it(kube: ScriptedKube) -> None:
+    live = LiveState(lambda: kube, min_interval_s=0.0)
+    with pytest.raises(ClusterStateUnavailableError, match="still listing") as caught:
+        live()
+    assert caught.value.kind == "syncing"
+    live.start()
+    try:
+        assert live.wait_synced(5)
+        state = live()
+        assert dict(zip(state.table.names, state.free_gpus.tolist(), strict=True)) == {"a100-0": 5, "t4-1": 4}
+        assert state.generated_at is not None
+    finally:
+        live.close()
+
+
+def test_events_reach_the_state_and_forget_the_readings_about_their_pods(kube: ScriptedKube) -> None:
+    readings = LedgerReadings(margin_s=60)
+    live = LiveState(lambda: kube, readings=readings, min_interval_s=0.0).start()
+    try:
+        assert live.wait_synced(5)
+        pod = _bound("p", "t4-1", gpus=2, rv=102)
+        readings.observe("t4-1", (0, 0, 1000, 1000), pod["metadata"]["uid"])  # the extender's prediction
+        readings.observe("a100-0", (0, 0, 0), "uid-of-a-pod-never-seen")
+        kube.push("pods", ("ADDED", pod))
+        _until(lambda: live().free_gpus.tolist() == [5, 2])
+        # The state shows p now: its reading is gone; the other pod's stays until the state shows it.
+        assert [r.uid for r in readings.pending(None)] == ["uid-of-a-pod-never-seen"]
+        kube.push("pods", ("DELETED", pod))
+        _until(lambda: live().free_gpus.tolist() == [5, 4])
+        assert live.stats()["events"] == 2 and live.stats()["lag_max_s"] < 5
+    finally:
+        live.close()
+
+
+def test_a_gone_or_finished_share_is_handed_to_the_ledger(kube: ScriptedKube) -> None:
+    released: list[tuple[str, str]] = []
+    live = LiveState(lambda: kube, on_gone=lambda node, uid: released.append((node, uid)), min_interval_s=0.0)
+    live.start()
+    try:
+        assert live.wait_synced(5)
+        share = _bound("s", "t4-1", gpus=0, milli=250, assigned="1:250")
+        whole = _bound("whole", "t4-1", gpus=1)
+        kube.push("pods", ("ADDED", share))
+        kube.push("pods", ("ADDED", whole))
+        _until(lambda: live().free_milli is not None and live().free_milli[1, :4].tolist() == [0, 750, 1000, 1000])
+        kube.push("pods", ("DELETED", whole))  # no share: nothing to release
+        kube.push("pods", ("DELETED", share))  # a pod deleted, or finished (it leaves the watched set)
+        _until(lambda: released == [("t4-1", share["metadata"]["uid"])])
+    finally:
+        live.close()
+
+
+def test_a_410_lists_again_and_shares_gone_meanwhile_are_released(kube: ScriptedKube) -> None:
+    released: list[tuple[str, str]] = []
+    share = _bound("s", "t4-1", gpus=0, milli=500, assigned="0:500")
+    kube.items["pods"].append(share)
+    live = LiveState(lambda: kube, on_gone=lambda node, uid: released.append((node, uid)), min_interval_s=0.0)
+    live.start()
+    try:
+        assert live.wait_synced(5)
+        kube.items["pods"] = [p for p in kube.items["pods"] if p is not share]  # deleted while no watch saw it
+        kube.push("pods", 410)
+        _until(lambda: kube.lists["pods"] == 2)
+        _until(lambda: released == [("t4-1", share["metadata"]["uid"])])
+        assert live.stats()["relists_410"] == 1
+        # A watch that just ends resumes from the last version seen, without a list.
+        kube.push("pods", None)
+        _until(lambda: kube.watched_from.count(("pods", "100")) >= 3)
+        assert kube.lists["pods"] == 2
+    finally:
+        live.close()
+
+
+def test_a_broken_watch_is_retried_and_the_last_good_state_stays_in_service(kube: ScriptedKube) -> None:
+    live = LiveState(lambda: kube, min_interval_s=0.0).start()
+    try:
+        assert live.wait_synced(5)
+        before = live()
+        kube.push("nodes", KubeApiError(0, "StreamBroken", "the watch of nodes broke off"))
+        _until(lambda: live.stats()["watch_errors"] == 1)
+        assert live() is before
+        kube.push("nodes", ("ADDED", make_nodes("H100")[0] | {"metadata": {"name": "h100-9", "labels": {}}}))
+        _until(lambda: "h100-9" in live().table.names)
+    finally:
+        live.close()
+
+
+def test_the_stats_read_as_prometheus_text() -> None:
+    text = prometheus_text({"events": 3, "synced": True, "published_resource_versions": {"pods": "17"}})
+    assert text.splitlines() == [
+        "gpu_scheduler_live_state_events 3",
+        "gpu_scheduler_live_state_synced 1",
+        'gpu_scheduler_live_state_published_resource_version{kind="pods"} 17',
+    ]
