@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 KubeFactory = Callable[[], KubeClient]
 BIND_RETRY = RetryPolicy(attempts=2, base_s=0.05, max_s=0.2, request_timeout_s=1.0)
 """Bind has kube-scheduler's ``httpTimeout`` (3 s) for all of its calls: short ones, one quick retry."""
+BIND_DYNAMODB = {"connect_timeout": 0.5, "read_timeout": 1.0, "retries": {"mode": "standard", "max_attempts": 2}}
+"""The same for the ledger's calls: botocore's defaults (60 s timeouts, several retries) would outlast
+kube-scheduler's wait, and a ledger that does not answer must fail the bind with its name, in time."""
 
 
 class LedgerBinder:
@@ -232,6 +235,7 @@ def ledger_binder(
     """The binder a deployment uses: the ledger ``table`` through ``session`` (boto3's default when None),
     and the API ``access`` names, connected on the first bind with :data:`BIND_RETRY`."""
     import boto3
+    from botocore.config import Config
 
     session = session or boto3.session.Session(region_name=access.region or None)
 
@@ -240,4 +244,5 @@ def ledger_binder(
         client.retry = BIND_RETRY
         return client
 
-    return LedgerBinder(LedgerStore(table, session.client("dynamodb")), kube, cluster, readings)
+    dynamodb = session.client("dynamodb", config=Config(**BIND_DYNAMODB))
+    return LedgerBinder(LedgerStore(table, dynamodb), kube, cluster, readings)

@@ -83,9 +83,9 @@ def create_table(client: Any, table_name: str) -> bool:
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") == "ResourceInUseException":
             return False
-        raise LedgerStoreError(f"creating the ledger table {table_name}: {_describe(exc)}") from exc
+        raise LedgerStoreError(f"creating the GPU ledger table {table_name}: {_describe(exc)}") from exc
     except BotoCoreError as exc:
-        raise LedgerStoreError(f"creating the ledger table {table_name}: {exc}") from exc
+        raise LedgerStoreError(f"creating the GPU ledger table {table_name}: {type(exc).__name__}: {exc}") from exc
     client.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
     return True
 
@@ -100,8 +100,8 @@ class LedgerStore:
         """The node's item, strongly consistent; a node never written reads as empty (version 0)."""
         try:
             response = self.client.get_item(TableName=self.table, Key={"node": {"S": node}}, ConsistentRead=True)
-        except ClientError as exc:
-            raise LedgerStoreError(f"reading the ledger of {node}: {_describe(exc)}") from exc
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(f"reading {node}", exc) from exc
         item = response.get("Item")
         return NodeLedger(node, gpu_count) if item is None else _decode(node, item)
 
@@ -115,8 +115,8 @@ class LedgerStore:
                 request = {self.table: {"Keys": keys, "ConsistentRead": True}}
                 try:
                     response = self.client.batch_get_item(RequestItems=request)
-                except ClientError as exc:
-                    raise LedgerStoreError(f"reading the ledger of {len(keys)} nodes: {_describe(exc)}") from exc
+                except (ClientError, BotoCoreError) as exc:
+                    raise self._error(f"reading {len(keys)} nodes", exc) from exc
                 for item in response.get("Responses", {}).get(self.table, []):
                     node = item.get("node", {}).get("S", "")
                     found[node] = _decode(node, item)
@@ -124,7 +124,7 @@ class LedgerStore:
                 if not keys:
                     break
             else:
-                raise LedgerStoreError(f"reading the ledger: {len(keys)} keys still unprocessed after 5 tries")
+                raise LedgerStoreError(f"the GPU ledger {self.table}: {len(keys)} keys still unprocessed after 5 tries")
         return found
 
     def scan(self) -> list[NodeLedger]:
@@ -134,8 +134,8 @@ class LedgerStore:
         try:
             for page in paginator.paginate(TableName=self.table, ConsistentRead=True):
                 items.extend(_decode(item.get("node", {}).get("S", ""), item) for item in page.get("Items", []))
-        except ClientError as exc:
-            raise LedgerStoreError(f"scanning the ledger: {_describe(exc)}") from exc
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error("scanning", exc) from exc
         return items
 
     def write(self, ledger: NodeLedger, read_version: int) -> bool:
@@ -161,8 +161,16 @@ class LedgerStore:
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
                 return False
-            raise LedgerStoreError(f"writing the ledger of {ledger.node}: {_describe(exc)}") from exc
+            raise self._error(f"writing {ledger.node}", exc) from exc
+        except BotoCoreError as exc:
+            raise self._error(f"writing {ledger.node}", exc) from exc
         return True
+
+    def _error(self, what: str, exc: ClientError | BotoCoreError) -> LedgerStoreError:
+        """A DynamoDB failure, named: the table, what was being done, and the cause (an error code from
+        the service, or botocore's own words when it never answered)."""
+        cause = _describe(exc) if isinstance(exc, ClientError) else f"{type(exc).__name__}: {exc}"
+        return LedgerStoreError(f"the GPU ledger {self.table}: {what}: {cause}")
 
     def assign(
         self,

@@ -83,9 +83,27 @@ def test_throttling_is_a_clear_error_and_writes_nothing(store: LedgerStore) -> N
         stub.add_client_error(
             "get_item", service_error_code="ProvisionedThroughputExceededException", service_message="Rate exceeded"
         )
-        with pytest.raises(LedgerStoreError, match="reading the ledger of gpu-a: ProvisionedThroughputExceeded"):
+        with pytest.raises(LedgerStoreError, match=f"GPU ledger {TABLE}: reading gpu-a: ProvisionedThroughputExceeded"):
             LedgerStore(TABLE, client).assign("gpu-a", 2, "uid-1", Demand(1, 100))
     assert store.read("gpu-a", 2).version == 0
+
+
+def test_an_unreachable_dynamodb_is_a_ledger_error_naming_the_table_not_a_crash() -> None:
+    from botocore.config import Config
+
+    from adapters.gpu_ledger import create_table as create
+    from testing.control_plane import free_port
+
+    client = boto3.client(
+        "dynamodb", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{free_port()}",
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=1),
+    )  # fmt: skip
+    ledger = LedgerStore(TABLE, client)
+    for call in (lambda: ledger.assign("gpu-a", 2, "uid-1", Demand(1, 100)), ledger.scan,
+                 lambda: ledger.read_many(["gpu-a"]), lambda: create(client, TABLE)):  # fmt: skip
+        with pytest.raises(LedgerStoreError, match=f"{TABLE}.*EndpointConnectionError"):
+            call()
 
 
 def test_a_malformed_item_is_named_not_trusted(store: LedgerStore) -> None:
@@ -107,5 +125,5 @@ def test_any_other_client_error_is_wrapped_with_the_node(store: LedgerStore) -> 
     with Stubber(client) as stub:
         stub.add_response("get_item", {})
         stub.add_client_error("put_item", service_error_code="ResourceNotFoundException", service_message="no table")
-        with pytest.raises(LedgerStoreError, match="writing the ledger of gpu-a: ResourceNotFoundException"):
+        with pytest.raises(LedgerStoreError, match=f"the GPU ledger {TABLE}: writing gpu-a: ResourceNotFoundException"):
             LedgerStore(TABLE, client).assign("gpu-a", 2, "uid-1", Demand(1, 100))
