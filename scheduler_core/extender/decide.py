@@ -169,7 +169,13 @@ def filter_verdict(view: NodeView, demand: PodDemand, nodes: Sequence[Any] | Non
     >>> filter_verdict(node_view(None, args, demand, NoReadings()), demand, args.nodes).reply.failed_unresolvable
     {'n': '2 GPUs allocatable, pod needs 4'}
     """
-    result = filter_nodes(view.table, view.free, demand, check_free=not demand.counted_by_scheduler)
+    check_free: bool | npt.NDArray[np.bool_] = True
+    if demand.counted_by_scheduler:
+        # kube-scheduler's own count is fresher than any state here: leave it the count, except on the
+        # nodes where shares hold GPUs, which that count cannot see.
+        held = view.held_by_shares()
+        check_free = False if held is None else held > 0
+    result = filter_nodes(view.table, view.free, demand, check_free=check_free)
     rows = np.flatnonzero(result.feasible).tolist()
     source = view.table.names if nodes is None else nodes
     kept = list(map(source.__getitem__, rows))

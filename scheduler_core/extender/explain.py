@@ -19,7 +19,7 @@ from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome
 from scheduler_core.extender.facade import Extender
 from scheduler_core.extender.wire import ExtenderArgs
 from scheduler_core.k8s.pods import PodDemand
-from scheduler_core.scoring.gpu_fit import Reason
+from scheduler_core.scoring.gpu_fit import Reason, filter_nodes
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,14 @@ def explanation_rows(verdict: FilterOutcome, scored: PrioritizeOutcome) -> list[
     if view is None or result is None or scores is None:  # an outcome with an error: no rows
         return []
     table = view.table
-    messages = result.messages
+    counted_here = result
+    if verdict.demand is not None and verdict.demand.counted_by_scheduler:
+        # The extender leaves this count to kube-scheduler's NodeResourcesFit; explain shows both.
+        result = filter_nodes(table, view.free, verdict.demand)
+    messages = {
+        row: text if counted_here.reason[row] != Reason.FITS else f"{text} (kube-scheduler's count of nvidia.com/gpu)"
+        for row, text in result.messages.items()
+    }
     used = view.used
     local = scored.locality
     rows = [

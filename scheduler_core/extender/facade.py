@@ -227,7 +227,7 @@ class Extender:
         """Filter ``args`` and build the reply in the request's node form."""
         try:
             demand = self.demand(args.pod)
-            view = self.view(args, demand, per_gpu=self._assumes(demand))
+            view = self.view(args, demand)
         except (InvalidPodError, ClusterStateUnavailableError) as exc:
             kind = exc.kind if isinstance(exc, ClusterStateUnavailableError) else "invalid_pod"
             return FilterOutcome(args.names_only, [], error=str(exc), error_kind=kind)
@@ -246,7 +246,7 @@ class Extender:
         """
         demand = self.demand(args.pod)
         config = self.config
-        view = self.view(args, demand, per_gpu=self._assumes(demand))
+        view = self.view(args, demand)
         outcome = prioritize_scores(view, demand, args.pod, config.weights, config.locality, config.share_policy)
         if outcome.scores is not None:
             top = np.flatnonzero(outcome.scores.score == MAX_EXTENDER_PRIORITY)
@@ -303,9 +303,9 @@ class Extender:
     def _assume(self, view: NodeView, row: int, demand: PodDemand) -> None:
         """Record that ``demand`` takes its GPUs on ``view``'s node ``row``: what the ledger's bind would
         choose there (the tightest GPU for a share, the lowest-index free ones for whole GPUs)."""
-        if not self._assumes(demand) or view.free_milli is None or not demand.uid:
+        if not self._assumes(demand) or not demand.uid:
             return
-        free = view.free_milli[row].astype(np.int64)
+        free = view.free_milli_at(row).astype(np.int64)
         need = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
         pairs = choose_gpus(free, need)
         if pairs is None:

@@ -8,7 +8,8 @@ Everything :mod:`scheduler_core.extender.decide` computes reads this view and no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -56,6 +57,8 @@ class NodeView:
     state_rows: npt.NDArray[np.intp] | None = None
     names_form: bool = True
     free_milli: FreeMilli = None
+    pending: tuple[Observed, ...] = ()
+    """The ledger readings laid over the state (see :meth:`free_milli_at`)."""
 
     def per_gpu(self, free_milli: FreeMilli, demand: PodDemand) -> NodeView:
         """This view with per-GPU free milli; ``free`` then counts the GPUs that can take the pod's
@@ -65,6 +68,22 @@ class NodeView:
         need = demand.share or MILLI_PER_GPU
         free = np.count_nonzero(free_milli >= need, axis=1).astype(np.int32)
         return replace(self, free=free, free_milli=free_milli)
+
+    def held_by_shares(self) -> npt.NDArray[np.int32] | None:
+        """GPUs per row that shares hold (by the state), which kube-scheduler's count cannot see; None
+        when the state does not say (:meth:`ClusterState.held_by_shares`)."""
+        if self.state is None or self.state_rows is None:
+            return None
+        return self.state.held_by_shares(self.state_rows)
+
+    def free_milli_at(self, row: int) -> npt.NDArray[np.int32]:
+        """Free milli per GPU of one row, readings included: from :attr:`free_milli` when the view has
+        them, else from the state (a whole-GPU view keeps counts only)."""
+        if self.free_milli is not None:
+            at: npt.NDArray[np.int32] = self.free_milli[row]
+            return at
+        state_row = -1 if self.state_rows is None else int(self.state_rows[row])
+        return _row_free_milli(self.state, state_row, self.table, row, self.pending)
 
     @property
     def used(self) -> npt.NDArray[np.int32]:
@@ -99,7 +118,24 @@ def node_view(
             "NodeNames (nodeCacheCapable: true) needs cluster state and this extender has none: "
             "give it a cluster snapshot, or set nodeCacheCapable: false"
         )
-    names = args.node_names or []
+    table, rows, unknown = _names_rows(state, args.node_names or [])
+    view = NodeView(table, state.free_gpus[rows], state.utilization[rows], unknown, state, rows)
+    return _with_milli(view, state, rows, demand, readings, per_gpu)
+
+
+_LAST_NAMES: weakref.WeakKeyDictionary[ClusterState, tuple[tuple[str, ...], NodeTable, npt.NDArray[np.intp], list[str]]]
+_LAST_NAMES = weakref.WeakKeyDictionary()
+
+
+def _names_rows(state: ClusterState, names: list[str]) -> tuple[NodeTable, npt.NDArray[np.intp], list[str]]:
+    """The state's sub-table for ``names`` (in their order), its rows in the state, and the names the
+    state lacks. kube-scheduler sends the same list for pod after pod while the feasible nodes stay the
+    same, so the last one per state is kept: a hit skips the lookup and the sub-table (and keeps its
+    cached JSON names for the reply)."""
+    key = tuple(names)
+    last = _LAST_NAMES.get(state)
+    if last is not None and last[0] == key:
+        return last[1], last[2], list(last[3])
     found = state.table.rows_of(names)
     known = found >= 0
     known_names: list[str] = names
@@ -110,8 +146,8 @@ def node_view(
         unknown = [name for name, ok in zip(names, flags, strict=True) if not ok]
     rows = found[known]
     table = state.table.take(rows, names=known_names)
-    view = NodeView(table, state.free_gpus[rows], state.utilization[rows], unknown, state, rows)
-    return _with_milli(view, state, rows, demand, readings, per_gpu)
+    _LAST_NAMES[state] = (key, table, rows, unknown)
+    return table, rows, list(unknown)
 
 
 def _with_milli(
@@ -125,7 +161,46 @@ def _with_milli(
     pending = readings.pending(state.generated_at)
     if not (force or demand.share or pending):
         return view
-    return view.per_gpu(_free_milli(state, rows, view.table, pending), demand)
+    if not (force or demand.share):
+        return _with_whole_counts(view, state, rows, pending)
+    return replace(view.per_gpu(_free_milli(state, rows, view.table, pending), demand), pending=tuple(pending))
+
+
+def _with_whole_counts(
+    view: NodeView, state: ClusterState, rows: npt.NDArray[np.intp], pending: list[Observed]
+) -> NodeView:
+    """A whole-GPU pod's view with readings laid over: only the few observed rows' counts of wholly
+    free GPUs change, so only those rows are read per GPU (the same figures :func:`_free_milli` and
+    :meth:`NodeView.per_gpu` give, without a pass over every node's GPUs)."""
+    by_state_row: dict[int, list[Observed]] = {}
+    for state_row, reading in zip(state.table.rows_of([r.node for r in pending]).tolist(), pending, strict=True):
+        if state_row >= 0:
+            by_state_row.setdefault(state_row, []).append(reading)
+    if not by_state_row:
+        return replace(view, pending=tuple(pending))
+    free = view.free.copy()
+    observed = np.isin(rows, np.fromiter(by_state_row, dtype=np.intp, count=len(by_state_row)))
+    for row in np.flatnonzero(observed).tolist():
+        state_row = int(rows[row])
+        capped = _row_free_milli(state, state_row, view.table, row, by_state_row[state_row])
+        free[row] = np.count_nonzero(capped >= MILLI_PER_GPU)
+    return replace(view, free=free, pending=tuple(pending))
+
+
+def _row_free_milli(
+    state: ClusterState | None, state_row: int, table: NodeTable, row: int, pending: Sequence[Observed]
+) -> npt.NDArray[np.int32]:
+    """Free milli per GPU of ``table``'s ``row`` (the state's ``state_row``, -1 if it lacks the node),
+    capped by the readings of that node among ``pending``."""
+    if state is None or state.free_milli is None or state_row < 0:
+        alloc = int(table.alloc_gpus[row])
+        width = max(1, alloc) if state is None or state.free_milli is None else state.free_milli.shape[1]
+        free = np.where(np.arange(width) < alloc, MILLI_PER_GPU, 0).astype(np.int32)
+    else:
+        free = state.free_milli[state_row].copy()
+    node = table.names[row]
+    mine = [reading for reading in pending if reading.node == node]
+    return apply_readings(free[None, :], [0] * len(mine), mine)[0] if mine else free
 
 
 def _free_milli(

@@ -200,7 +200,9 @@ def free_gpus(table: NodeTable, used_gpus: npt.ArrayLike) -> npt.NDArray[np.int3
     return free
 
 
-def filter_nodes(table: NodeTable, free: npt.ArrayLike, demand: PodDemand, *, check_free: bool = True) -> FilterResult:
+def filter_nodes(
+    table: NodeTable, free: npt.ArrayLike, demand: PodDemand, *, check_free: bool | npt.NDArray[np.bool_] = True
+) -> FilterResult:
     """Decide for each node whether ``demand`` fits, and why not.
 
     Checks, in order: GPU information present (when the pod constrains model or memory), model
@@ -213,11 +215,13 @@ def filter_nodes(table: NodeTable, free: npt.ArrayLike, demand: PodDemand, *, ch
     free : array-like of shape (n_nodes,), int
         Free GPUs per node (see :func:`free_gpus`).
     demand : PodDemand
-    check_free : bool
-        False skips the last check: where kube-scheduler counts the GPUs itself (``nvidia.com/gpu``,
-        managed with ``ignoredByScheduler: false``) its count, which includes the pods it has just
-        placed, is fresher than any state the extender has, and it already dropped the nodes without
-        room. Static facts (model, memory, GPU count) still filter.
+    check_free : bool or ndarray of shape (n_nodes,), bool
+        Where to make the last check (everywhere, nowhere, or at the rows marked). Where
+        kube-scheduler counts the GPUs itself (``nvidia.com/gpu``, managed with
+        ``ignoredByScheduler: false``) its count, which includes the pods it has just placed, is
+        fresher than any state the extender has, and it already dropped the nodes without room; it
+        cannot see the GPUs that shares hold, though. Static facts (model, memory, GPU count) always
+        filter.
 
     Examples
     --------
@@ -356,7 +360,7 @@ def _node_column(table: NodeTable, values: npt.ArrayLike, name: str, dtype: type
 
 
 def _compute_reasons(
-    table: NodeTable, free: npt.NDArray[np.int32], demand: PodDemand, check_free: bool = True
+    table: NodeTable, free: npt.NDArray[np.int32], demand: PodDemand, check_free: bool | npt.NDArray[np.bool_] = True
 ) -> npt.NDArray[np.int8]:
     if demand.gpus == 0:
         return np.zeros(table.n_nodes, dtype=np.int8)
@@ -376,8 +380,10 @@ def _compute_reasons(
     per_shape = np.select(conditions, codes, default=np.int8(Reason.FITS)).astype(np.int8)
     reason = per_shape[shapes.shape_id]
     # Free GPUs are checked last, and only where nothing else failed.
-    if check_free:
+    if check_free is True:
         np.putmask(reason, (free < demand.gpus) & (reason == Reason.FITS), np.int8(Reason.TOO_FEW_FREE))
+    elif check_free is not False:
+        np.putmask(reason, (free < demand.gpus) & (reason == Reason.FITS) & check_free, np.int8(Reason.TOO_FEW_FREE))
     return reason
 
 

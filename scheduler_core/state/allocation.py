@@ -4,7 +4,8 @@ Two kinds of request share a node's GPUs:
 
 - whole GPUs, ``nvidia.com/gpu``, handed out by the NVIDIA device plugin. Which devices it chose is
   not visible in the API, so the count is what matters; they are placed on the lowest-index GPUs
-  that carry no fractional share.
+  that carry no fractional share. With sharing on, the bind records whole-GPU pods in the annotation
+  below too (``0:1000,1:1000``): such a pod is counted on the GPUs it names, once.
 - fractions, ``gpu-scheduler.io/gpu-milli`` (1000 is one GPU). The extender's bind records where a
   pod's share went in the annotation ``gpu-scheduler.io/assigned-gpus``, a comma list of
   ``index:milli`` pairs such as ``0:500`` or ``2:250,3:250``. That annotation is authoritative. A
@@ -147,6 +148,10 @@ def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
     >>> shared = pod("gpu-scheduler.io/gpu-milli", "250", **{ASSIGNED_GPUS_ANNOTATION: "0:250"})
     >>> gpu_usage(table, [pod("nvidia.com/gpu", "1"), shared], 4).used_milli.tolist()
     [[250, 1000, 0, 0]]
+    >>> bound_by_bind = pod("nvidia.com/gpu", "2", **{ASSIGNED_GPUS_ANNOTATION: "2:1000,3:1000"})
+    >>> usage = gpu_usage(table, [bound_by_bind, shared], 4)
+    >>> usage.used_milli.tolist(), usage.whole_gpus.tolist()
+    ([[250, 0, 1000, 1000]], [2])
     """
     return usage_of(table, (pod_use(pod, position) for position, pod in enumerate(pods)), max_gpus)
 
@@ -155,6 +160,7 @@ def usage_of(table: NodeTable, uses: Iterable[PodUse], max_gpus: int) -> GpuUsag
     """:func:`gpu_usage` from pods already read (:func:`pod_use`)."""
     n_nodes = table.n_nodes
     whole_list = [0] * n_nodes  # Python ints in the loop: numpy scalar updates cost more than the parse
+    place_list = [0] * n_nodes  # the whole GPUs no annotation places: they take the lowest free ones
     cpu_list = [0] * n_nodes
     alloc_list = table.alloc_gpus.tolist()
     kinds: dict[tuple[int, int, int, object], int] = {}  # (cpu, gpus, milli, model annotation): pods
@@ -184,6 +190,7 @@ def usage_of(table: NodeTable, uses: Iterable[PodUse], max_gpus: int) -> GpuUsag
                 problems.append(f"pod {use.name} on {use.node}: {use.assigned_problem}")
             if use.milli:
                 unplaced.append((row, use.milli, use.name))
+            place_list[row] += use.gpus
             continue
         alloc = alloc_list[row]
         for gpu, amount in use.assigned:
@@ -196,7 +203,7 @@ def usage_of(table: NodeTable, uses: Iterable[PodUse], max_gpus: int) -> GpuUsag
         rows, gpus_at, amounts = np.array(shares, dtype=np.int64).T
         np.add.at(used, (rows, gpus_at), amounts)
     whole = np.asarray(whole_list, dtype=np.int64)
-    _place_whole(used, whole, table.alloc_gpus)
+    _place_whole(used, np.asarray(place_list, dtype=np.int64), table.alloc_gpus)
     for row, milli, name in unplaced:
         problems.append(_place_unannotated(used[row], milli, int(table.alloc_gpus[row]), name, table.names[row]))
     int32_max = int(np.iinfo(np.int32).max)

@@ -80,6 +80,10 @@ class ClusterState:
     utilization_at: float | None = None
     """When the utilisation was measured (Unix seconds); older than ``generated_at`` when the
     refresher kept the last known values because the metrics query failed, None if never."""
+    whole_gpus: npt.NDArray[np.int32] | None = None
+    """Shape (n_nodes,): the part of ``used_gpus`` that pods hold as ``nvidia.com/gpu``, which
+    kube-scheduler counts itself; the rest are GPUs that shares hold, which it cannot see. None if
+    unknown (a snapshot from before this field)."""
 
     @cached_property
     def workload(self) -> Workload:
@@ -142,6 +146,7 @@ class ClusterState:
             free_milli=usage.free_milli(table.alloc_gpus),
             free_cpu=facts.cpu_milli - usage.used_cpu,
             shapes=tuple(keep_typical(usage.shapes, limit=MAX_SHAPES)),
+            whole_gpus=usage.whole_gpus.astype(np.int32),
         )
 
     @classmethod
@@ -194,6 +199,25 @@ class ClusterState:
         utilization : ndarray of shape (len(rows),), float64
         """
         return values_at(self.used_gpus, rows, 0).astype(np.int32), values_at(self.utilization, rows, 0.0)
+
+    def held_by_shares(self, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.int32] | None:
+        """GPUs at ``rows`` that shares hold and kube-scheduler's count of ``nvidia.com/gpu`` cannot
+        see (0 where a row is -1); None when the state does not know (no per-GPU figures).
+
+        >>> node = {"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "4"}}}
+        >>> def pod(resources, annotation):
+        ...     return {"metadata": {"name": annotation, "annotations": {"gpu-scheduler.io/assigned-gpus": annotation}},
+        ...             "spec": {"nodeName": "n", "containers": [{"resources": {"limits": resources}}]}}
+        >>> state = ClusterState.from_objects([node], [pod({"nvidia.com/gpu": "1"}, "0:1000"),
+        ...                                            pod({"gpu-scheduler.io/gpu-milli": "250"}, "1:250")])
+        >>> state.used_gpus.tolist(), state.held_by_shares(np.array([0, -1])).tolist()
+        ([2], [1, 0])
+        """
+        if self.whole_gpus is None or self.free_milli is None:
+            return None
+        shares = values_at(self.used_gpus - self.whole_gpus, rows, 0)
+        held: npt.NDArray[np.int32] = np.maximum(shares, 0).astype(np.int32)
+        return held
 
 
 def values_at(values: npt.NDArray[Any], rows: npt.NDArray[np.intp], fill: float) -> npt.NDArray[Any]:

@@ -22,6 +22,9 @@ are the arrays below plus ``header``, a UTF-8 JSON document stored as a uint8 ar
     free_cpu          int32 (n_nodes,)       allocatable milli-cores less bound pods' requests
                                              (optional, with "shapes": a snapshot without them
                                              leaves FGD share placement to its fallback)
+    whole_gpus        int32 (n_nodes,)       the part of used_gpus held as nvidia.com/gpu (optional:
+                                             without it, the filter leaves whole-GPU counts to
+                                             kube-scheduler on every node)
 
 Readers refuse a newer schema version, and report a truncated or corrupt file as
 :class:`SnapshotFormatError` naming what is wrong.
@@ -172,6 +175,8 @@ def write_snapshot(snapshot: ClusterState) -> bytes:
     if snapshot.free_cpu is not None:
         limits = np.iinfo(np.int32)
         arrays["free_cpu"] = np.clip(snapshot.free_cpu, limits.min, limits.max).astype(np.int32)
+    if snapshot.whole_gpus is not None:
+        arrays["whole_gpus"] = snapshot.whole_gpus
     for column in _NODE_COLUMNS[:-1]:
         arrays[column] = getattr(table, column)
     buffer = io.BytesIO()
@@ -244,9 +249,13 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
     generated_at = float(header["generated_at"])
     free_cpu, shapes = _cpu_and_shapes(members, header, n_nodes)
     measured = header.get("utilization_at")
+    whole = members.get("whole_gpus")
+    if whole is not None and whole.shape != (n_nodes,):
+        raise SnapshotFormatError(f"snapshot member 'whole_gpus': expected shape {(n_nodes,)}, got {whole.shape}")
     return ClusterState(
         table, column["used_gpus"], node_utilization(util, table.alloc_gpus), problems, apps, free_milli, generated_at,
         free_cpu, shapes, str(header["cluster"]), util, float(measured) if isinstance(measured, int | float) else None,
+        None if whole is None else np.ascontiguousarray(whole, dtype=np.int32),
     )  # fmt: skip
 
 

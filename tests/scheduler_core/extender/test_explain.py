@@ -11,6 +11,7 @@ from scheduler_core.extender.explain import explain
 from scheduler_core.extender.facade import Extender, ExtenderConfig
 from scheduler_core.extender.wire import ExtenderArgs
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, PEERS_ANNOTATION
+from scheduler_core.k8s.pods import pod_demand
 from scheduler_core.state.cluster import ClusterState
 from tests.conftest import make_nodes, make_pod
 
@@ -46,6 +47,7 @@ def _peer_pod() -> dict[str, Any]:
     return pod
 
 
+KUBE_SCHEDULERS_COUNT = " (kube-scheduler's count of nvidia.com/gpu)"
 PODS = {
     "whole GPUs with a model list": make_pod("whole", 4, models="A100,T4"),
     "more GPUs than most nodes have": make_pod("big", 8),
@@ -67,8 +69,16 @@ def test_explain_gives_the_filters_reasons_and_the_prioritize_scores(pod: dict[s
     scored = dict(zip(prioritized.hosts, prioritized.values, strict=True))
 
     assert sorted(r.node for r in rows) == sorted(state.table.names)
-    assert {r.node for r in rows if r.passed} == set(reply.node_names or [])
-    assert {r.node: r.reason for r in rows if not r.passed} == {**reply.failed, **reply.failed_unresolvable}
+    # For whole GPUs the extender leaves the count to kube-scheduler; explain adds that count, and says so.
+    demand = pod_demand(pod)
+    theirs = {r.node for r in rows if r.reason.endswith(KUBE_SCHEDULERS_COUNT)}
+    assert theirs == {r.node for r in rows if r.node in (reply.node_names or []) and r.gpus_free < demand.gpus}
+    assert not theirs or demand.counted_by_scheduler
+    assert {r.node for r in rows if r.passed} == set(reply.node_names or []) - theirs
+    assert {r.node: r.reason for r in rows if not r.passed and r.node not in theirs} == {
+        **reply.failed,
+        **reply.failed_unresolvable,
+    }
     assert {r.node for r in rows if r.unresolvable} == set(reply.failed_unresolvable)
     assert {r.node: r.score for r in rows} == scored
     # Best first: every node that passes before every one that does not, in the scores' order.

@@ -91,6 +91,21 @@ def test_real_pod_list_supplies_the_allocation_view():
     assert {p["Host"]: p["Score"] for p in scores} == {"gpu-node-0": 0, "gpu-node-1": 8, "gpu-node-2": 10}
 
 
+def test_whole_gpu_pods_are_refused_where_shares_hold_the_gpus_kube_scheduler_counts_as_free():
+    """kube-scheduler counts nvidia.com/gpu but not shares (gpu-milli is ignoredByScheduler): on a node
+    where shares hold GPUs the filter counts them; elsewhere it still leaves the count to kube-scheduler."""
+    share = make_pod("share", 0, milli=250, node_name="a100-0", phase="Running")
+    share["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = "3:250"
+    whole = make_pod("whole", 4, node_name="a100-1", phase="Running")
+    state = ClusterState.from_objects(make_nodes("A100", "A100"), [share, whole])
+    assert state.held_by_shares(np.array([0, 1])).tolist() == [1, 0]
+    _, reply = call(Extender(cluster=lambda: state), "filter", body(make_pod("p", 8), names=["a100-0", "a100-1"]))
+    assert reply["NodeNames"] == ["a100-1"]  # its 4 busy GPUs are kube-scheduler's to count
+    assert reply["FailedNodes"] == {"a100-0": "7 of 8 GPUs free, pod needs 8"}
+    _, reply = call(Extender(cluster=lambda: state), "filter", body(make_pod("p", 7), names=["a100-0", "a100-1"]))
+    assert reply["NodeNames"] == ["a100-0", "a100-1"]
+
+
 def test_names_are_resolved_against_cluster_state_and_unknown_names_fail():
     state = ClusterState.from_objects(make_nodes("A100", "T4"), [make_pod("r", 8, node_name="a100-0", phase="Running")])
     extender = Extender(cluster=lambda: state)

@@ -86,6 +86,22 @@ def test_free_cpu_and_the_gpu_pod_shapes_round_trip():
     assert back.workload.allowed.shape == (len(back.table.models) + 1, 3)
 
 
+def test_the_gpus_shares_hold_round_trip_and_an_older_snapshot_does_not_know_them():
+    share = make_pod("s", 0, milli=500, node_name="t4-1", phase="Running")
+    share["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = "2:500"
+    nodes = make_nodes("A100", "T4")
+    snap = build_snapshot(
+        nodes, [make_pod("w", 3, node_name="a100-0", phase="Running"), share], cluster="c", generated_at=1.0
+    )
+    back = read_snapshot(write_snapshot(snap))
+    assert back.whole_gpus.tolist() == [3, 0]
+    assert back.held_by_shares(np.array([0, 1])).tolist() == [0, 1]
+    older = read_snapshot(_rewrite(write_snapshot(snap), whole_gpus=None))
+    assert older.whole_gpus is None and older.held_by_shares(np.array([0, 1])) is None
+    with pytest.raises(SnapshotFormatError, match=r"'whole_gpus': expected shape \(2,\)"):
+        read_snapshot(_rewrite(write_snapshot(snap), whole_gpus=np.zeros(3, dtype=np.int32)))
+
+
 def test_a_snapshot_without_cpu_reads_as_unknown_cpu():
     """Snapshots written before free_cpu existed still read; FGD share placement then falls back."""
     data = _rewrite(write_snapshot(small_snapshot()), free_cpu=None)
