@@ -147,10 +147,21 @@ def connect(
     return connect_eks(cluster_name, session=session)
 
 
+_UNVERIFIED: set[str] = set()  # API servers already warned about
+
+
 def connect_kubeconfig(path: str | None = None, context: str | None = None, **options: Any) -> KubeClient:
     from kubernetes import config
 
     api_client = config.new_client_from_config(config_file=path, context=context)  # type: ignore[no-untyped-call]
+    host = api_client.configuration.host
+    if not api_client.configuration.verify_ssl and host not in _UNVERIFIED:
+        # urllib3 warns on every request; once is enough for a choice the kubeconfig made.
+        import urllib3
+
+        _UNVERIFIED.add(host)
+        log.warning("the kubeconfig turns off TLS verification (insecure-skip-tls-verify) for %s", host)
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     return KubeClient(api_client, **options)
 
 

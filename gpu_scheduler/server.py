@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +31,7 @@ from scheduler_core.extender.wire import decode_json, encode_json
 from scheduler_core.state.cluster import ClusterState
 
 log = logging.getLogger("gpu_scheduler.server")
+VERBS = frozenset({"filter", "prioritize", "bind", "preempt"})
 
 
 class ClusterFile:
@@ -102,7 +104,21 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], extender: Extender, metrics: Callable[[], str] | None = None) -> None:
         self.extender = extender
         self.metrics = metrics
+        self.requests: Counter[tuple[str, int]] = Counter()  # (verb, status) -> replies
+        self._requests_lock = threading.Lock()
         super().__init__(address, ExtenderRequestHandler)
+
+    def count(self, verb: str, status: int) -> None:
+        with self._requests_lock:
+            self.requests[(verb if verb in VERBS else "other", status)] += 1
+
+    def metrics_text(self) -> str:
+        """``GET /metrics``: the replies by verb and status, then what ``metrics`` adds (the live state)."""
+        with self._requests_lock:
+            counts = sorted(self.requests.items())
+        lines = [f'gpu_scheduler_extender_requests_total{{verb="{verb}",status="{status}"}} {n}'
+                 for (verb, status), n in counts]  # fmt: skip
+        return "\n".join(lines) + ("\n" if lines else "") + (self.metrics() if self.metrics is not None else "")
 
     @property
     def url(self) -> str:
@@ -191,13 +207,14 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
             status, payload = 500, encode_json({"Error": "internal error in the extender; see its log"})
         log.debug("%s %s -> %d in %.2f ms", self.command, self.path, status, 1000 * (time.perf_counter() - started))
         self._reply(status, payload)
+        self.server.count(verb, status)
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0].rstrip("/")
         if path == "/healthz":
             self._reply(200, encode_json({"status": "ok"}))
-        elif path == "/metrics" and self.server.metrics is not None:
-            self._reply(200, self.server.metrics().encode(), content_type="text/plain; version=0.0.4")
+        elif path == "/metrics":
+            self._reply(200, self.server.metrics_text().encode(), content_type="text/plain; version=0.0.4")
         else:
             self._reply(404, encode_json({"Error": f"no such path {self.path[:64]!r}; GET /healthz or /metrics"}))
 
@@ -222,8 +239,8 @@ def serve(
     ready: Callable[[str], None] | None = None,
     metrics: Callable[[], str] | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then stop accepting, close the socket and return. ``metrics``
-    writes the Prometheus text ``GET /metrics`` answers (404 without it).
+    """Serve until SIGTERM or SIGINT, then stop accepting, close the socket and return. ``GET /metrics``
+    answers the replies by verb and status, and the Prometheus text ``metrics`` writes after them.
 
     Handler threads are daemons: an idle keep-alive connection must not hold up the exit.
     """

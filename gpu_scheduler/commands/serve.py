@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
@@ -11,6 +12,9 @@ from scheduler_core.extender.facade import DEFAULT_MAX_BODY_BYTES, ClusterSource
 from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 
 HELP = "run the extender as a local HTTP server"
+log = logging.getLogger("gpu_scheduler.serve")
+SYNC_TIMEOUT_S = 60.0
+"""How long ``--watch`` waits for its first lists of nodes and pods before it serves."""
 LIVE_MARGIN_S = 10.0
 """How long a reading outlives a live state generated after it, for a pod whose bind the watch never
 shows (the watch forgets the others as soon as it shows them)."""
@@ -97,7 +101,11 @@ def run(args: argparse.Namespace) -> int:
             live.on_gone, accounting.gone = accounting.release_pod, live.gone_on
     metrics = None
     if live is not None:
-        live.start()
+        # Like an informer's cache sync: kube-scheduler parks a pod that got an error until the next cluster
+        # event, so serving before the first lists are in would strand the first pods for minutes.
+        if not live.start().wait_synced(SYNC_TIMEOUT_S):
+            log.warning("the live state is not listed after %.0f s; serving, and answering Error until it is",
+                        SYNC_TIMEOUT_S)  # fmt: skip
         metrics = lambda: prometheus_text(live.stats())  # noqa: E731 - a one-line closure over the live state
     try:
         serve(Extender(config, cluster, readings, accounting), args.host, args.port, ready=print_ready, metrics=metrics)

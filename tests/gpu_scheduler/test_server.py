@@ -96,10 +96,29 @@ def test_healthz_and_unknown_paths(server_for):
     conn.request("GET", "/healthz")
     response = conn.getresponse()
     assert (response.status, json.loads(response.read())) == (200, {"status": "ok"})
-    conn.request("GET", "/metrics")
+    conn.request("GET", "/nope")
     response = conn.getresponse()
     assert response.status == 404
-    assert "GET /healthz" in json.loads(response.read())["Error"]
+    assert "GET /healthz or /metrics" in json.loads(response.read())["Error"]
+
+
+def test_metrics_count_replies_by_verb_and_status(server_for):
+    port = server_for(Extender())
+    payload = json.dumps({"Pod": make_pod("p", 1), "Nodes": {"items": make_nodes("A100")}, "NodeNames": None})
+    for _ in range(2):
+        post(port, "/filter", payload)
+    post(port, "/filter", "{not json")
+    post(port, "/../../etc/passwd", payload)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/metrics")
+    response = conn.getresponse()
+    assert response.status == 200
+    lines = set(response.read().decode().splitlines())
+    assert lines == {
+        'gpu_scheduler_extender_requests_total{verb="filter",status="200"} 2',
+        'gpu_scheduler_extender_requests_total{verb="filter",status="400"} 1',
+        'gpu_scheduler_extender_requests_total{verb="other",status="404"} 1',
+    }
 
 
 def test_keep_alive_serves_several_requests_on_one_connection(server_for):
