@@ -21,16 +21,13 @@ decides from fed as the product feeds it (:data:`STATES`).
 from __future__ import annotations
 
 import math
-import os
 import re
 import statistics
 import tempfile
 import threading
 import time
 import urllib.request
-from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +35,8 @@ from typing import Any
 import numpy as np
 
 from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
-from scheduler_core.k8s.annotations import parse_assigned_gpus
-from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
 from testing.control_plane import BindWatch, ControlPlane, generated_scheduler_config, missing
-from testing.product import Processes
+from testing.product import Processes, share_usage
 
 A100 = next(shape for shape in CATALOGUE if shape.model == "A100")
 NAMESPACE = "bench"
@@ -50,6 +45,9 @@ STATES = ("live", "snapshot")
 ``snapshot`` is the node-state refresher (``gpu-scheduler refresh node-state --every REFRESH``)
 writing a snapshot file that ``serve --snapshot`` re-reads every second, as before the live state."""
 MODES = ("none", "pass-all", "ours")
+
+
+Env = dict[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -92,15 +90,20 @@ def _whole_gpus(work: Path, n_nodes: int, n_pods: int, runs: int, knobs: Knobs) 
     work.mkdir(parents=True)
     with ControlPlane(work / "cluster") as cluster, Processes(work) as product:
         cluster.add_nodes([make_node(f"node-{i:04d}", A100, _zone(i)) for i in range(n_nodes)])
-        ours = _start_serve(cluster, product, work, knobs, ledger="")
-        urls = {"none": "", "pass-all": product.pass_all("pass-all", cluster.url, cluster.api.token), "ours": ours}
+        pass_all = product.pass_all("pass-all", cluster.url, cluster.api.token)
         results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
         for _ in range(runs):
             for mode in MODES:
-                if mode == "ours":
-                    _wait_until_serve_sees_no_pods(product, ours, knobs)
-                metrics = ours if mode == "ours" and knobs.state == "live" else ""
-                results[mode].append(_drain(cluster, urls[mode], n_pods, knobs, sharing=False, metrics=metrics))
+                if mode != "ours":
+                    results[mode].append(_drain(cluster, "" if mode == "none" else pass_all, n_pods, knobs))
+                    continue
+                # Ours starts afresh for each of its runs, so that no other mode pays for its watch.
+                ours = _start_serve(cluster, product, work, knobs, ledger="")
+                try:
+                    metrics = ours if knobs.state == "live" else ""
+                    results[mode].append(_drain(cluster, ours, n_pods, knobs, metrics=metrics))
+                finally:
+                    _stop_serve(product)
         medians = {mode: statistics.median(r["pods_per_s"] for r in results[mode]) for mode in MODES}
         return {
             "throughput": {
@@ -126,7 +129,7 @@ def _drain(
     n_pods: int,
     knobs: Knobs,
     *,
-    sharing: bool,
+    sharing: bool = False,
     milli: int = 0,
     keep: bool = False,
     metrics: str = "",
@@ -179,15 +182,18 @@ def _config(url: str, knobs: Knobs, *, sharing: bool) -> dict[str, Any]:
     return config
 
 
-def _start_serve(cluster: ControlPlane, product: Processes, work: Path, knobs: Knobs, *, ledger: str) -> str:
+def _start_serve(
+    cluster: ControlPlane, product: Processes, work: Path, knobs: Knobs, *, ledger: str, env: Env = None
+) -> str:
     """Serve as ``knobs.state`` says, with the refresher beside it where it is needed: the snapshot's
     writer, or the ledger's reconcile (the safety net under the live state's releases); serve's URL."""
     snapshot = work / "snapshot.npz"
+    snapshot.unlink(missing_ok=True)  # the previous run's, of another cluster
     if knobs.state == "snapshot" or ledger:
         product.refresher(
             "refresher",
             ["node-state", "--kubeconfig", str(cluster.kubeconfig), "--snapshot", str(snapshot), "--every",
-             knobs.refresh, "--no-ec2", *(["--ledger-table", ledger] if ledger else [])],
+             knobs.refresh, "--no-ec2", *(["--ledger-table", ledger] if ledger else [])], env,
         )  # fmt: skip
         _wait(snapshot.exists, 120, "the first snapshot")
     args = ["--watch"] if knobs.state == "live" else ["--snapshot", str(snapshot), "--refresh-s", "1"]
@@ -195,17 +201,12 @@ def _start_serve(cluster: ControlPlane, product: Processes, work: Path, knobs: K
         args += ["--kubeconfig", str(cluster.kubeconfig)]
     if ledger:
         args += ["--ledger-table", ledger]
-    return product.serve("serve", args)
+    return product.serve("serve", args, env)
 
 
-def _wait_until_serve_sees_no_pods(product: Processes, url: str, knobs: Knobs) -> None:
-    """The next drain starts from a state of an empty cluster: the live state catches up in milliseconds;
-    a snapshot, at the refresher's next run that sees no pod."""
-    if knobs.state == "live":
-        time.sleep(0.5)
-        return
-    seen = len(product.reports("refresher"))
-    _wait(lambda: any(r["pods_seen"] == 0 for r in product.reports("refresher")[seen:]), 120, "an empty snapshot")
+def _stop_serve(product: Processes) -> None:
+    product.stop("serve")
+    product.stop("refresher")
 
 
 class _VersionPoller:
@@ -256,31 +257,24 @@ class _VersionPoller:
 
 # -- shares --------------------------------------------------------------------------------------
 def _shares(work: Path, n_nodes: int, n_pods: int, knobs: Knobs, seed: int) -> dict[str, Any]:
-    import boto3
 
     from adapters.gpu_ledger import LedgerStore, create_table
-    from testing.moto import moto_server
+    from testing.moto import aws_env, dynamodb_client, moto_server
 
     work.mkdir(parents=True)
     table = "gpu-ledger"
-    # The AWS variables reach serve and the refresher through os.environ.
-    with (
-        moto_server() as endpoint,
-        ControlPlane(work / "cluster") as cluster,
-        _aws_env(endpoint),
-        Processes(work) as product,
-    ):
-        ledger = LedgerStore(table, boto3.client("dynamodb", endpoint_url=endpoint))
+    with moto_server() as endpoint, ControlPlane(work / "cluster") as cluster, Processes(work) as product:
+        env = aws_env(endpoint)
+        ledger = LedgerStore(table, dynamodb_client(endpoint))
         create_table(ledger.client, table)
         cluster.add_nodes([make_node(f"share-{i:04d}", A100, _zone(i)) for i in range(n_nodes)])
-        url = _start_serve(cluster, product, work, knobs, ledger=table)
         pass_all = product.pass_all("pass-all", cluster.url, cluster.api.token)
         passing = _drain(cluster, pass_all, n_pods, knobs, sharing=True, milli=250)
-        _wait_until_serve_sees_no_pods(product, url, knobs)
+        url = _start_serve(cluster, product, work, knobs, ledger=table, env=env)
         ours = _drain(cluster, url, n_pods, knobs, sharing=True, milli=250, keep=True)
-        after_burst = _share_usage(cluster, ledger)
+        after_burst = share_usage(cluster.pods(NAMESPACE), ledger.scan())
         churn = _churn(cluster, url, knobs, n_pods // 2, seed)
-        after_churn = _share_usage(cluster, ledger)
+        after_churn = share_usage(cluster.pods(NAMESPACE), ledger.scan())
     return {
         "nodes": n_nodes,
         "pods": n_pods,
@@ -293,22 +287,6 @@ def _shares(work: Path, n_nodes: int, n_pods: int, knobs: Knobs, seed: int) -> d
         "churn": churn,
         "after_churn": after_churn,
     }
-
-
-@contextmanager
-def _aws_env(endpoint: str) -> Iterator[None]:
-    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_DYNAMODB": endpoint}  # fmt: skip
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _churn(cluster: ControlPlane, url: str, knobs: Knobs, count: int, seed: int) -> dict[str, Any]:
@@ -328,34 +306,6 @@ def _churn(cluster: ControlPlane, url: str, knobs: Knobs, count: int, seed: int)
     finally:
         watch.close()
     return {"deleted": len(victims), "submitted": count, "bound": len(watch.bound_at), "complete": complete}
-
-
-def _share_usage(cluster: ControlPlane, ledger: Any) -> dict[str, Any]:
-    """GPUs and nodes the bound share pods use, GPUs over 1000 milli, and the ledger against the annotations."""
-    per_gpu: Counter[tuple[str, int]] = Counter()
-    annotated: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {}
-    unannotated = 0
-    for pod in cluster.pods(NAMESPACE):
-        node = pod["spec"].get("nodeName")
-        if not node:
-            continue
-        text = (pod["metadata"].get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
-        if text is None:
-            unannotated += 1
-            continue
-        pairs = parse_assigned_gpus(text)
-        annotated.setdefault(node, {})[pod["metadata"]["uid"]] = pairs
-        for gpu, milli in pairs:
-            per_gpu[(node, gpu)] += milli
-    held = {item.node: dict(item.assignments) for item in ledger.scan() if item.assignments}
-    return {
-        "gpus_used": len(per_gpu),
-        "nodes_used": len({node for node, _ in per_gpu}),
-        "gpus_over_1000_milli": sum(1 for milli in per_gpu.values() if milli > 1000),
-        "bound_without_annotation": unannotated,
-        "ledger_equals_annotations": held == annotated,
-        "ledger_extra_pods": sum(len(set(held.get(n, {})) - set(annotated.get(n, {}))) for n in held),
-    }
 
 
 # -- helpers -------------------------------------------------------------------------------------

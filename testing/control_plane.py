@@ -374,6 +374,16 @@ class ControlPlane:
 
         self._each(create, pods, workers)
 
+    def mark_running(self, namespace: str, name: str, *, started_s_ago: float = 600) -> None:
+        """What a kubelet would report of a bound pod whose containers came up: phase Running, Ready,
+        started ``started_s_ago`` seconds ago."""
+        pod = self.pod(namespace, name)
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - started_s_ago))
+        conditions = [{"type": kind, "status": "True", "lastTransitionTime": started}
+                      for kind in ("Initialized", "Ready", "ContainersReady", "PodScheduled")]  # fmt: skip
+        pod["status"] = {**pod.get("status", {}), "phase": "Running", "startTime": started, "conditions": conditions}
+        self.api.request("PUT", f"/api/v1/namespaces/{namespace}/pods/{name}/status", pod)
+
     def delete_pod(self, namespace: str, name: str) -> None:
         """Force-delete: no kubelet confirms termination."""
         self.api.request(
@@ -399,6 +409,30 @@ class ControlPlane:
         events = self.api.items(f"/api/v1/namespaces/{namespace}/events?fieldSelector={selector}")
         events.sort(key=lambda e: e.get("eventTime") or e.get("lastTimestamp") or e["metadata"]["creationTimestamp"])
         return [str(e.get("message") or e.get("note") or "") for e in events]
+
+    def wait_bound(self, namespace: str, name: str, timeout_s: float = 30) -> str:
+        """The node the pod is bound to, once it is; on timeout, an error with its FailedScheduling messages."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            node = (self.pod(namespace, name).get("spec") or {}).get("nodeName")
+            if node:
+                return str(node)
+            time.sleep(0.1)
+        messages = self.failed_scheduling(namespace, name)
+        raise TimeoutError(f"{namespace}/{name} not bound after {timeout_s:.0f} s; FailedScheduling: {messages}")
+
+    def wait_failed(self, namespace: str, name: str, timeout_s: float = 30) -> str:
+        """The message of the pod's first ``FailedScheduling`` event; an error if it binds or none comes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            messages = self.failed_scheduling(namespace, name)
+            if messages:
+                return messages[0]
+            node = (self.pod(namespace, name).get("spec") or {}).get("nodeName")
+            if node:
+                raise AssertionError(f"{namespace}/{name} was bound to {node}; expected it to stay pending")
+            time.sleep(0.2)
+        raise TimeoutError(f"no FailedScheduling event for {namespace}/{name} after {timeout_s:.0f} s")
 
     def wait_for(self, condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.2) -> None:
         deadline = time.monotonic() + timeout_s
@@ -442,6 +476,7 @@ class BindWatch:
         self.bound_at: dict[str, float] = {}
         self.node_of: dict[str, str] = {}
         self.version_of: dict[str, int] = {}  # the resourceVersion of the event that showed the pod bound
+        self.nominated: dict[str, str] = {}  # status.nominatedNodeName, as first seen (a preemption's choice)
         self._stop = threading.Event()
         listing = api.get(f"/api/v1/namespaces/{namespace}/pods?limit=1")
         self._version = listing["metadata"]["resourceVersion"]
@@ -468,6 +503,9 @@ class BindWatch:
                         self._version = version
                     name = (obj.get("metadata") or {}).get("name")
                     node = (obj.get("spec") or {}).get("nodeName")
+                    nominee = (obj.get("status") or {}).get("nominatedNodeName")
+                    if name and nominee:
+                        self.nominated.setdefault(name, nominee)
                     if name and node and name not in self.bound_at:
                         self.bound_at[name] = time.monotonic()
                         self.node_of[name] = node

@@ -17,6 +17,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 _SERVE = """
 import sys, threading
@@ -35,6 +36,27 @@ def serialised(environ, start_response):
 
 run_simple("127.0.0.1", port, serialised, threaded=True, request_handler=MotoRequestHandler)
 """
+
+
+def aws_env(endpoint: str, region: str = "us-east-1") -> dict[str, str]:
+    """The environment a process needs to reach moto's server at ``endpoint`` as if it were DynamoDB:
+    dummy credentials, a region and ``AWS_ENDPOINT_URL_DYNAMODB`` (boto3 honours it)."""
+    return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": region,
+            "AWS_REGION": region, "AWS_ENDPOINT_URL_DYNAMODB": endpoint}  # fmt: skip
+
+
+def dynamodb_client(endpoint: str) -> Any:
+    """A boto3 DynamoDB client on moto's server at ``endpoint``, with :func:`aws_env`'s credentials."""
+    import boto3
+
+    env = aws_env(endpoint)
+    return boto3.client(
+        "dynamodb",
+        endpoint_url=endpoint,
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
 
 
 @contextmanager

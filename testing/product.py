@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
+import urllib.request
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from scheduler_core.k8s.annotations import parse_assigned_gpus
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
 
 CLI = [sys.executable, "-m", "gpu_scheduler"]
 
@@ -96,6 +102,49 @@ class Processes:
     def stop_all(self) -> None:
         for name in reversed(list(self.running)):
             self.stop(name)
+
+
+REQUESTS_TOTAL = re.compile(r'^gpu_scheduler_extender_requests_total\{verb="(\w+)",status="\d+"\} (\d+)$', re.M)
+
+
+def requests_served(url: str) -> Counter[str]:
+    """The replies ``gpu-scheduler serve`` at ``url`` has sent, by verb (its ``/metrics``), all statuses."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    served: Counter[str] = Counter()
+    for verb, count in REQUESTS_TOTAL.findall(text):
+        served[verb] += int(count)
+    return served
+
+
+def share_usage(pods: Sequence[Mapping[str, Any]], ledger: Sequence[Any]) -> dict[str, Any]:
+    """What the bound pods' ``assigned-gpus`` annotations hold, checked against the ledger's items
+    (``LedgerStore.scan()``): GPUs and nodes in use, GPUs over 1000 milli, bound pods without an
+    annotation, and whether the ledger holds exactly the annotations (pod UID by pod UID)."""
+    per_gpu: Counter[tuple[str, int]] = Counter()
+    annotated: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {}
+    unannotated = 0
+    for pod in pods:
+        node = pod["spec"].get("nodeName")
+        if not node:
+            continue
+        text = (pod["metadata"].get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
+        if text is None:
+            unannotated += 1
+            continue
+        pairs = parse_assigned_gpus(text)
+        annotated.setdefault(node, {})[pod["metadata"]["uid"]] = pairs
+        for gpu, milli in pairs:
+            per_gpu[(node, gpu)] += milli
+    held = {item.node: dict(item.assignments) for item in ledger if item.assignments}
+    return {
+        "gpus_used": len(per_gpu),
+        "nodes_used": len({node for node, _ in per_gpu}),
+        "gpus_over_1000_milli": sum(1 for milli in per_gpu.values() if milli > 1000),
+        "bound_without_annotation": unannotated,
+        "ledger_equals_annotations": held == annotated,
+        "ledger_extra_pods": sum(len(set(held.get(n, {})) - set(annotated.get(n, {}))) for n in held),
+    }
 
 
 def _drain(stream: Any) -> None:

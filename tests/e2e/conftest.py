@@ -1,0 +1,65 @@
+"""The e2e suite: the product under a real kube-apiserver and kube-scheduler on loopback.
+
+One control plane per module (``testing.control_plane``), the product's own processes beside it
+(``testing.product``: ``gpu-scheduler serve`` and ``refresh``), and the scheduler on the configuration
+``gpu-scheduler scheduler-config`` generates. Without the binaries or etcd every test here skips with
+one line that says what is missing and where to get it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testing.control_plane import ControlPlane, generated_scheduler_config, missing
+from testing.product import Processes
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    with ControlPlane(tmp_path_factory.mktemp("cluster")) as plane:
+        yield plane
+
+
+@pytest.fixture(scope="module")
+def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
+    with Processes(tmp_path_factory.mktemp("product")) as processes:
+        yield processes
+
+
+def start_scheduler(cluster: ControlPlane, url: str, *flags: str) -> dict[str, Any]:
+    """kube-scheduler on ``gpu-scheduler scheduler-config --url URL FLAGS``; the configuration it runs."""
+    config = generated_scheduler_config(["--url", url, *flags])
+    cluster.start_scheduler(config)
+    return config
+
+
+def gpus_of(pod: dict[str, Any]) -> int:
+    """``nvidia.com/gpu`` a pod holds, as kube-scheduler counts it: the larger of its app containers'
+    sum and its largest init container (requests, else limits). Written out here, apart from the core."""
+
+    def count(containers: Sequence[dict[str, Any]]) -> list[int]:
+        found = []
+        for container in containers:
+            resources = container.get("resources") or {}
+            amount = (resources.get("requests") or {}).get("nvidia.com/gpu")
+            amount = amount or (resources.get("limits") or {}).get("nvidia.com/gpu") or "0"
+            found.append(int(amount))
+        return found
+
+    spec = pod["spec"]
+    return max([sum(count(spec["containers"])), *count(spec.get("initContainers") or [])])

@@ -1,0 +1,204 @@
+"""GPU sharing through the real kube-scheduler: the bind and preempt verbs, on the GPU ledger in moto's
+server, under ``gpu-scheduler scheduler-config --sharing``.
+
+``gpu-scheduler ledger create`` makes the table and ``gpu-scheduler serve --watch --ledger-table``
+serves every verb. Each test works in its own namespace and leaves the ledger empty behind it.
+
+Preemption is shown with whole GPUs: kube-scheduler finds victims with its own filter plugins, which
+do not count ``gpu-scheduler.io/gpu-milli`` (``ignoredByScheduler: true``), so for a share it finds
+nothing to evict and never asks the extender (docs/sharing.md, "preempt").
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from adapters.gpu_ledger import LedgerStore
+from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from testing.control_plane import BindWatch, ControlPlane
+from testing.moto import aws_env, dynamodb_client, moto_server
+from testing.product import Processes, requests_served, share_usage
+from tests.e2e.conftest import start_scheduler
+
+SHAPE = {shape.model: shape for shape in CATALOGUE}
+TABLE = "gpu-ledger"
+NODES = [
+    *(make_node(f"a100-{i}", SHAPE["A100"], zone) for i, zone in enumerate(("us-east-1a", "us-east-1b", "us-east-1c"))),
+    make_node("l40s-0", SHAPE["L40S"], "us-east-1a"),
+    make_node("h100-0", SHAPE["H100"], "us-east-1b"),
+]
+
+
+def cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_scheduler", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def share(name: str, milli: int, model: str, namespace: str) -> dict[str, Any]:
+    pod = make_pod(name, 0, namespace=namespace, models=model, milli=milli)
+    pod["spec"]["containers"][0]["resources"]["requests"].update(cpu="100m", memory="64Mi")
+    return pod
+
+
+def whole(name: str, gpus: int, model: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    pod = make_pod(name, gpus, namespace=namespace, models=model)
+    pod["spec"]["containers"][0]["resources"]["requests"].update(cpu="100m", memory="64Mi")
+    pod["spec"].update(spec)
+    return pod
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[dict[str, str]]:
+    import os
+
+    with moto_server() as endpoint:
+        yield {**os.environ, **aws_env(endpoint)}
+
+
+@pytest.fixture(scope="module")
+def ledger(env: dict[str, str]) -> LedgerStore:
+    done = cli(["ledger", "create", "--table", TABLE], env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"table": TABLE, "created": True}
+    return LedgerStore(TABLE, dynamodb_client(env["AWS_ENDPOINT_URL_DYNAMODB"]))
+
+
+@pytest.fixture(scope="module")
+def serve_url(cluster: ControlPlane, product: Processes, ledger: LedgerStore, env: dict[str, str]) -> Iterator[str]:
+    cluster.add_nodes(NODES)
+    url = product.serve("serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig), "--ledger-table", TABLE], env)
+    config = start_scheduler(cluster, url, "--sharing")
+    (extender,) = config["extenders"]
+    assert (extender["bindVerb"], extender["preemptVerb"]) == ("bind", "preempt")
+    yield url
+    cluster.stop_scheduler()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, cluster: ControlPlane, ledger: LedgerStore) -> Iterator[str]:
+    """A namespace of the test's own; after it, its pods are gone and the ledger holds nothing."""
+    name = request.node.name.removeprefix("test_").replace("_", "-")[:60].rstrip("-")
+    cluster.ensure_namespaces([name])
+    yield name
+    cluster.delete_namespace_pods(name)
+    wait_until(lambda: not any(item.assignments for item in ledger.scan()), 10, "the ledger to empty")
+
+
+def wait_until(condition: Any, timeout_s: float, what: str) -> float:
+    """Seconds until ``condition()`` held; an error naming ``what`` after ``timeout_s``."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def all_bound(cluster: ControlPlane, namespace: str, count: int) -> bool:
+    pods = cluster.pods(namespace)
+    return len(pods) == count and all(p["spec"].get("nodeName") for p in pods)
+
+
+def test_ledger_create_is_idempotent_and_show_prints_every_item(ledger: LedgerStore, env: dict[str, str]):
+    again = cli(["ledger", "create", "--table", TABLE], env)
+    assert again.returncode == 0 and json.loads(again.stdout) == {"table": TABLE, "created": False}
+    shown = cli(["ledger", "show", "--table", TABLE], env)
+    assert shown.returncode == 0, shown.stderr
+    assert [json.loads(line)["node"] for line in shown.stdout.splitlines()] == sorted(i.node for i in ledger.scan())
+    no_region = cli(["ledger", "show", "--table", TABLE], {k: v for k, v in env.items() if "REGION" not in k})
+    assert no_region.returncode == 2 and "no AWS region" in no_region.stderr
+
+
+def test_a_burst_of_shares_packs_with_no_gpu_over_1000_milli_and_the_ledger_equal_to_the_annotations(
+    cluster: ControlPlane, serve_url: str, ledger: LedgerStore, namespace: str
+):
+    pods = [share(f"s{milli}-{i}", milli, "A100", namespace) for milli in (250, 500, 750) for i in range(8)]
+    before = requests_served(serve_url)
+    cluster.create_pods(pods)
+    wait_until(lambda: all_bound(cluster, namespace, len(pods)), 60, "every share to bind")
+    usage = share_usage(cluster.pods(namespace), ledger.scan())
+    assert usage["gpus_over_1000_milli"] == 0
+    assert usage["bound_without_annotation"] == 0
+    assert usage["ledger_equals_annotations"], usage
+    # 8 x (250 + 500 + 750) milli is 12 GPUs when each 750 gets a 250 beside it. The pods arrive in any
+    # order; the worst one for best fit (the 250s first, then the 500s, then the 750s) takes 14.
+    assert usage["gpus_used"] <= 14, usage
+    assert requests_served(serve_url)["bind"] - before["bind"] >= len(pods)
+
+    # Half of them go: their shares are free in the ledger within 10 s, with nothing else released.
+    for pod in pods[::2]:
+        cluster.delete_pod(namespace, pod["metadata"]["name"])
+    wait_until(lambda: len(cluster.pods(namespace)) == len(pods) // 2, 30, "the deletions")
+    freed_in = wait_until(
+        lambda: share_usage(cluster.pods(namespace), ledger.scan())["ledger_equals_annotations"], 10, "the release"
+    )
+    assert freed_in <= 10
+
+
+def test_a_share_that_fits_only_after_a_deletion_binds_within_10_s(
+    cluster: ControlPlane, serve_url: str, namespace: str
+):
+    # l40s-0 is the only L40S node: eight half-GPU shares fill its four GPUs.
+    cluster.create_pods([share(f"half-{i}", 500, "L40S", namespace) for i in range(8)])
+    wait_until(lambda: all_bound(cluster, namespace, 8), 60, "the eight halves to bind")
+    cluster.create_pods([share("waiting", 500, "L40S", namespace)])
+    message = cluster.wait_failed(namespace, "waiting")
+    assert "none of 4 GPUs has 500 milli free (the pod's share)" in message
+    deleted_at = time.monotonic()
+    cluster.delete_pod(namespace, "half-3")
+    assert cluster.wait_bound(namespace, "waiting", timeout_s=10) == "l40s-0"
+    assert time.monotonic() - deleted_at <= 10
+
+
+def test_a_whole_gpu_pod_is_refused_where_shares_hold_gpus_kube_scheduler_cannot_see(
+    cluster: ControlPlane, serve_url: str, ledger: LedgerStore, namespace: str
+):
+    cluster.create_pods([share("half", 500, "L40S", namespace)])
+    assert cluster.wait_bound(namespace, "half") == "l40s-0"
+    # kube-scheduler sees 4 free nvidia.com/gpu on l40s-0; one of them holds the share.
+    cluster.create_pods([whole("four", 4, "L40S", namespace)])
+    assert "3 of 4 GPUs free, pod needs 4" in cluster.wait_failed(namespace, "four")
+    # Whole-GPU pods the bind records are counted once, on the GPUs their annotation names: after one
+    # GPU for "one", two are left for "two" (counted twice, "two" would be refused with 1 free).
+    cluster.create_pods([whole("one", 1, "L40S", namespace)])
+    assert cluster.wait_bound(namespace, "one") == "l40s-0"
+    cluster.create_pods([whole("two", 2, "L40S", namespace)])
+    assert cluster.wait_bound(namespace, "two") == "l40s-0"
+    usage = share_usage([p for p in cluster.pods(namespace) if p["metadata"]["name"] != "four"], ledger.scan())
+    assert usage["gpus_used"] == 4 and usage["gpus_over_1000_milli"] == 0 and usage["ledger_equals_annotations"]
+
+
+def test_a_preemption_nominates_the_node_and_the_preemptor_binds_once_the_victim_is_gone(
+    cluster: ControlPlane, serve_url: str, ledger: LedgerStore, namespace: str
+):
+    for name, value in (("e2e-low", 0), ("e2e-high", 1000)):
+        cluster.api.request(
+            "POST", "/apis/scheduling.k8s.io/v1/priorityclasses",
+            {"metadata": {"name": name}, "value": value}, ok=(200, 201, 409),
+        )  # fmt: skip
+    # No kubelet confirms a graceful termination: the victim goes at once.
+    victim = whole("victim", 8, "H100", namespace, priorityClassName="e2e-low", terminationGracePeriodSeconds=0)
+    cluster.create_pods([victim])
+    assert cluster.wait_bound(namespace, "victim") == "h100-0"
+    victim_uid = cluster.pod(namespace, "victim")["metadata"]["uid"]
+    watch = BindWatch(cluster.api, namespace)
+    before = requests_served(serve_url)
+    try:
+        cluster.create_pods([whole("preemptor", 8, "H100", namespace, priorityClassName="e2e-high")])
+        assert cluster.wait_bound(namespace, "preemptor", timeout_s=60) == "h100-0"
+    finally:
+        watch.close()
+    assert watch.nominated.get("preemptor") == "h100-0"
+    assert requests_served(serve_url)["preempt"] > before["preempt"]
+    assert [p["metadata"]["name"] for p in cluster.pods(namespace)] == ["preemptor"]
+    (item,) = [item for item in ledger.scan() if item.node == "h100-0"]
+    preemptor_uid = cluster.pod(namespace, "preemptor")["metadata"]["uid"]
+    assert set(item.assignments) == {preemptor_uid} and victim_uid not in item.assignments
