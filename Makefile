@@ -7,7 +7,7 @@ RUNTIME := $(VENV)/.installed-runtime
 STAMP  := $(VENV)/.installed-dev
 PIP    := $(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock
 
-.PHONY: demo test lint typecheck unit bench bench-quality lock clean package synth
+.PHONY: demo test lint typecheck unit bench bench-quality lock clean package synth system-packages
 
 # The demo needs only the runtime dependencies; the tests add the dev ones on top.
 $(RUNTIME): pyproject.toml requirements.lock
@@ -28,7 +28,11 @@ demo: $(RUNTIME) $(PACKAGE)
 	$(BIN)/gpu-scheduler demo
 	$(MAKE) --no-print-directory synth
 
-test: lint typecheck unit
+test: system-packages lint typecheck unit
+
+# Prometheus, etcd, openssl and Node.js from Debian: apt-get as root, else the command to run.
+system-packages:
+	@bash tools/system-packages.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -37,7 +41,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) system-packages
 	$(BIN)/pytest -q
 
 bench: $(STAMP)
@@ -75,4 +79,5 @@ package: $(RUNTIME)
 #   make synth CONTEXT="-c clusterName=prod -c vpcId=vpc-... -c subnetIds=subnet-a,subnet-b -c clusterSecurityGroupId=sg-..."
 CONTEXT ?= -c clusterName=demo-gpu-cluster
 synth: $(RUNTIME) $(PACKAGE)
+	@bash tools/system-packages.sh node
 	$(BIN)/python cdk/app.py -c lambdaArchitecture=$(LAMBDA_ARCH) $(CONTEXT)
