@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.errors import AdapterError
+from scheduler_core.k8s.quantity import plain_int
 
 DEFAULT_UTILIZATION_QUERY = "avg by ({node_label}, {gpu_label}) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[{window}]))"
 DEFAULT_NODE_LABEL = "Hostname"  # dcgm-exporter's label for the node it runs on
@@ -117,7 +118,7 @@ def utilization_by_node(
     problems: list[str] = []
     for sample in samples:
         node, gpu = sample.labels.get(node_label), sample.labels.get(gpu_label)
-        if not node or gpu is None or not str(gpu).isdigit():
+        if not node or plain_int(gpu, max_digits=4) is None:
             problems.append(f"sample without {node_label!r} or a numeric {gpu_label!r}: {dict(sample.labels)}")
             continue
         per_node.setdefault(node, {})[int(gpu)] = min(max(sample.value / 100.0, 0.0), 1.0)

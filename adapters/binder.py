@@ -5,6 +5,9 @@ One bind (DESIGN section 5):
 1. GET the pod. A pod that is gone, or re-created under the same name (another UID), fails the
    bind. A pod already bound to this node with its annotation in place is a retried bind: success,
    nothing written (kube-scheduler retries a bind whose answer it did not get in ``httpTimeout``).
+   Then GET the node, and ask the extender whether the bind is its to make at all
+   (:mod:`scheduler_core.extender.admission`: the profile, a managed resource, the node in the state,
+   its static filter and taints); a refusal writes nothing.
 2. Record its GPUs in the node's ledger item: a conditional write on the item's version, idempotent
    per pod UID; a lost race re-reads and chooses again, with jitter, while the bind's budget lasts
    (``LedgerStore.assign``). Binds to one node from this instance take turns (a lock per node), so
@@ -22,6 +25,9 @@ kube-scheduler then retries the pod. Idempotency comes from the ledger keyed by 
 own state, not from a separate idempotency table: a repeat finds the same assignment and writes
 nothing new.
 
+Every bind has :data:`BIND_BUDGET_S` for its Kubernetes calls, retries and waits included (a
+``Retry-After`` is cut to what is left), inside kube-scheduler's ``httpTimeout``.
+
 The Kubernetes client is made on the first bind (``connect`` imports ``kubernetes`` lazily), so
 filter and prioritize never load it.
 """
@@ -29,8 +35,10 @@ filter and prioritize never load it.
 from __future__ import annotations
 
 import logging
+import math
 import threading
-from collections.abc import Callable, Collection, Sequence
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from adapters.gpu_ledger import Assigned, LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
@@ -38,7 +46,7 @@ from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient, RetryP
 from adapters.ledger_readings import LedgerReadings
 from adapters.settings import ClusterAccess
 from scheduler_core.errors import ClusterStateUnavailableError, InvalidPodError
-from scheduler_core.extender.facade import BindOutcome
+from scheduler_core.extender.facade import Admit, BindOutcome
 from scheduler_core.extender.preemption import Holdings
 from scheduler_core.extender.wire import ExtenderBindingArgs
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, MILLI_PER_GPU
@@ -52,6 +60,9 @@ log = logging.getLogger(__name__)
 KubeFactory = Callable[[], KubeClient]
 BIND_RETRY = RetryPolicy(attempts=2, base_s=0.05, max_s=0.2, request_timeout_s=1.0)
 """Bind has kube-scheduler's ``httpTimeout`` (3 s) for all of its calls: short ones, one quick retry."""
+BIND_BUDGET_S = 2.5
+"""What one bind may spend on Kubernetes calls (the ledger has its own ``ledger_budget_s`` inside it):
+under kube-scheduler's default ``httpTimeout`` of 3 s, so a bind that cannot finish says why in time."""
 BIND_DYNAMODB = {"connect_timeout": 0.5, "read_timeout": 1.0, "retries": {"mode": "standard", "max_attempts": 2}}
 """The same for the ledger's calls: botocore's defaults (60 s timeouts, several retries) would outlast
 kube-scheduler's wait, and a ledger that does not answer must fail the bind with its name, in time."""
@@ -78,6 +89,7 @@ class LedgerBinder:
         *,
         ledger_budget_s: float = 2.0,
         gone: Callable[[str], Collection[str]] | None = None,
+        bind_budget_s: float = BIND_BUDGET_S,
     ) -> None:
         self.ledger = ledger
         self._kube_factory = kube
@@ -89,6 +101,13 @@ class LedgerBinder:
         self.gone: Callable[[str], Collection[str]] = gone or (lambda _node: ())
         self._node_locks: dict[str, threading.Lock] = {}
         self._node_locks_lock = threading.Lock()
+        self.bind_budget_s = bind_budget_s
+        self._until = threading.local()  # this thread's bind deadline (time.monotonic)
+
+    def deadline(self) -> float:
+        """Seconds left to the bind running on this thread (the Kubernetes client's ``deadline``)."""
+        until = getattr(self._until, "at", None)
+        return math.inf if until is None else until - time.monotonic()
 
     @property
     def kube(self) -> KubeClient:
@@ -98,14 +117,18 @@ class LedgerBinder:
             return self._kube
 
     # -- bind --------------------------------------------------------------------------------------
-    def bind(self, args: ExtenderBindingArgs) -> BindOutcome:
-        outcome = self._bind(args)
+    def bind(self, args: ExtenderBindingArgs, admit: Admit | None = None) -> BindOutcome:
+        self._until.at = time.monotonic() + self.bind_budget_s
+        try:
+            outcome = self._bind(args, admit or (lambda _pod, _node: ""))
+        finally:
+            self._until.at = None
         if outcome.error:
             # The pod is not where filter or prioritize predicted: drop the prediction at once.
             self.readings.forget([args.pod_uid])
         return outcome
 
-    def _bind(self, args: ExtenderBindingArgs) -> BindOutcome:
+    def _bind(self, args: ExtenderBindingArgs, admit: Admit) -> BindOutcome:
         pod_key = f"{args.pod_namespace}/{args.pod_name}"
 
         def failed(kind: str, message: str, **extra: Any) -> BindOutcome:
@@ -119,31 +142,39 @@ class LedgerBinder:
             return failed("kube_error", str(exc))
         metadata = pod.get("metadata") or {}
         if metadata.get("uid") != args.pod_uid:
-            return failed("pod_gone", f"the pod now has UID {metadata.get('uid')!r}, not {args.pod_uid!r}")
+            # Never echo the pod's real UID: it is what a forged bind would need next.
+            return failed("pod_gone", "the pod's UID is not the one asked for (deleted and re-created?)")
         spec = pod.get("spec") or {}
         assigned = (metadata.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION, "")
         if spec.get("nodeName"):
             if spec["nodeName"] != args.node:
-                return failed("already_bound", f"the pod is already bound to {spec['nodeName']}")
+                return failed("already_bound", "the pod is already bound to another node")
             return BindOutcome(pod_key, args.node, assigned=assigned, already=True)
         try:
+            node = self.kube.get_node(args.node)
+        except KubeApiError as exc:
+            return failed("node_unknown" if exc.status == 404 else "kube_error", f"reading the node: {exc}")
+        except DeadlineReachedError as exc:
+            return failed("kube_error", str(exc))
+        refusal = admit(pod, node)
+        if refusal:
+            return failed("refused", refusal)
+        try:
             demand = pod_demand(pod)
+            gpu_count = self._gpu_count(args.node, node)
         except InvalidPodError as exc:
             return failed("invalid_pod", str(exc))
-        if demand.gpus == 0:
-            return self._post_binding(args, pod_key, None)
-        try:
-            gpu_count = self._gpu_count(args.node)
-        except (ClusterStateUnavailableError, KubeApiError, DeadlineReachedError) as exc:
-            return failed("node_unknown", f"reading the node's GPU count: {exc}")
+        if demand.gpus == 0:  # kube-scheduler binds those itself: it only asks for pods that request ours
+            return failed("refused", "the pod requests no GPU")
         ledger_demand = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
         try:
             # One bind at a time per node in this instance: it never races itself; other instances it may.
             with self._node_lock(args.node):
+                # The ledger's retries leave the Binding time to be posted.
+                budget_s = max(0.1, min(self.ledger_budget_s, self.deadline() - 0.5))
                 held = self.ledger.assign(
-                    args.node, gpu_count, args.pod_uid, ledger_demand, budget_s=self.ledger_budget_s,
-                    drop=self.gone(args.node),
-                )  # fmt: skip
+                    args.node, gpu_count, args.pod_uid, ledger_demand, budget_s=budget_s, drop=self.gone(args.node)
+                )
         except NoRoomError as exc:
             self.readings.observe(args.node, exc.free)  # the snapshot was stale here: the next filter knows
             return failed("no_room", str(exc))
@@ -168,11 +199,15 @@ class LedgerBinder:
         try:
             self.kube.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node, annotations)
         except (KubeApiError, DeadlineReachedError) as exc:
-            if not (isinstance(exc, KubeApiError) and exc.status == 409 and self._bound_here(args)):
+            conflict = isinstance(exc, KubeApiError) and exc.status == 409
+            if not (conflict and self._bound_here(args)):
                 rolled = held is not None and not held.already and self._roll_back(args, gpu_count)
-                message = f"bind {pod_key} to {args.node}: posting the Binding: {exc}"
+                # A 409 names the node the pod went to: not the caller's to learn.
+                cause = "another bind placed the pod first" if conflict else str(exc)
+                message = f"bind {pod_key} to {args.node}: posting the Binding: {cause}"
+                kind = "already_bound" if conflict else "kube_error"
                 return BindOutcome(
-                    pod_key, args.node, message, "kube_error", annotation, conflicts, already, rolled_back=rolled
+                    pod_key, args.node, message, kind, annotation, conflicts, already, rolled_back=rolled
                 )
             already = True
         return BindOutcome(pod_key, args.node, assigned=annotation, conflicts=conflicts, already=already)
@@ -209,18 +244,32 @@ class LedgerBinder:
         with self._node_lock(node):
             return self.ledger.release(node, self._gpu_count(node), uid)
 
-    def _gpu_count(self, node: str) -> int:
-        state = self._cluster()
+    def _gpu_count(self, node: str, obj: Mapping[str, Any] | None = None) -> int:
+        """The node's allocatable GPUs: from the state, else from ``obj`` (the node as just read), else
+        read from the API."""
+        try:
+            state = self._cluster()
+        except ClusterStateUnavailableError:
+            state = None
         if state is not None:
             row = state.table.index.get(node)
             if row is not None:
                 return int(state.table.alloc_gpus[row])
-        return int(NodeTable.from_nodes([self.kube.get_node(node)]).alloc_gpus[0])
+        return int(NodeTable.from_nodes([obj if obj is not None else self.kube.get_node(node)]).alloc_gpus[0])
 
     # -- preempt -----------------------------------------------------------------------------------
     def holdings(self, nodes: Sequence[str]) -> Holdings:
-        """What the ledger says each pod holds on ``nodes`` (nodes without an item hold nothing known)."""
-        items = self.ledger.read_many(nodes)
+        """What the ledger says each pod holds on ``nodes`` (nodes without an item hold nothing known).
+
+        Raises
+        ------
+        ClusterStateUnavailableError
+            The ledger could not be read (``preempt`` answers 503 with the cause).
+        """
+        try:
+            items = self.ledger.read_many(nodes)
+        except LedgerStoreError as exc:
+            raise ClusterStateUnavailableError(f"preempt: {exc}", kind="ledger_error") from exc
         return {node: dict(item.assignments) for node, item in items.items()}
 
 
@@ -242,7 +291,9 @@ def ledger_binder(
     def kube() -> KubeClient:
         client: KubeClient = access.connect(session)
         client.retry = BIND_RETRY
+        client.deadline, client.min_call_s = binder.deadline, 0.1
         return client
 
     dynamodb = session.client("dynamodb", config=Config(**BIND_DYNAMODB))
-    return LedgerBinder(LedgerStore(table, dynamodb), kube, cluster, readings)
+    binder = LedgerBinder(LedgerStore(table, dynamodb), kube, cluster, readings)
+    return binder

@@ -392,7 +392,8 @@ class KubeClient:
                 retryable = exc.status in RETRIED_STATUSES and (exc.status != 409 or _retry_409)
                 if not retryable or attempt == policy.attempts - 1:
                     raise error from exc
-                wait = _retry_after(exc.headers) or _backoff(policy, attempt)
+                # The server's Retry-After, but never longer than this policy's longest wait.
+                wait = min(_retry_after(exc.headers) or _backoff(policy, attempt), policy.max_s)
                 log.info("retrying after %s (attempt %d): waiting %.2f s", error, attempt + 1, wait)
             except TransportError as exc:
                 if attempt == policy.attempts - 1:

@@ -42,6 +42,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec(
         "Unschedulable", EXTENDER, "Count", "filter calls with no feasible node, by the main reason", ("reason",)
     ),
+    MetricSpec(
+        "RepliesCut", EXTENDER, "Count", "filter replies over 5 MB sent without their failure reasons", ("reason",)
+    ),
     MetricSpec("SnapshotRefreshFailures", EXTENDER, "Count", "snapshot reloads that failed, by cause", ("reason",)),
     # The extender's bind and preempt verbs (GPU sharing).
     MetricSpec("BindLatencyMs", EXTENDER, "Milliseconds", "bind handling time: ledger write, annotation, Binding"),

@@ -26,6 +26,8 @@ from scheduler_core.state.snapshot import SnapshotFormatError, read_snapshot
 
 DEFAULT_REFRESH_S = 10.0
 DEFAULT_MAX_AGE_S = 180.0
+MAX_CLOCK_SKEW_S = 30.0
+"""How far in the future a snapshot's date may be (clocks of two machines disagree a little; more is wrong)."""
 
 
 class SnapshotStoreError(AdapterError):
@@ -204,6 +206,13 @@ class SnapshotSource:
             raise ClusterStateUnavailableError(f"no cluster snapshot: {detail}", kind=kind)
         age = snapshot.age_s(self._wall())
         self.last_age_s = age
+        if age < -MAX_CLOCK_SKEW_S:
+            # Not from a clock this close to ours: trusting it would make it fresh until that date.
+            raise ClusterStateUnavailableError(
+                f"cluster snapshot is dated {-age:.0f} s in the future (more than {MAX_CLOCK_SKEW_S:.0f} s of "
+                "clock skew); refusing it until a refresher writes one with a true time",
+                kind="corrupt",
+            )
         if age > self.max_age_s:
             raise ClusterStateUnavailableError(
                 f"cluster snapshot is {age:.0f} s old (limit {self.max_age_s:.0f} s); "

@@ -6,15 +6,22 @@ server:
 - sets TCP_NODELAY on every connection (Python's default leaves Nagle on, and each small reply then
   waits ~40 ms for a delayed ACK: DESIGN section 8);
 - writes the status line, headers and body in one ``send``;
-- refuses a body over the limit from its ``Content-Length`` before reading it.
+- refuses a body over the limit from its ``Content-Length`` before reading it;
+- gives each request :data:`REQUEST_TIMEOUT_S` to arrive whole once its first line is in, and an idle
+  connection :data:`IDLE_TIMEOUT_S` (a reaper thread shuts the socket of one past its time, which a
+  per-read timeout cannot do against a client that sends a byte at a time); serves at most
+  :data:`MAX_CONNECTIONS` connections at once (503 past that); and logs a client that resets or times
+  out in one debug line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -28,6 +35,7 @@ from typing import Any
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.extender.facade import Extender
 from scheduler_core.extender.wire import decode_json, encode_json
+from scheduler_core.k8s.quantity import plain_int
 from scheduler_core.state.cluster import ClusterState
 
 log = logging.getLogger("gpu_scheduler.server")
@@ -97,16 +105,87 @@ def load_cluster_file(path: Path) -> ClusterState:
     return state
 
 
+MAX_CONNECTIONS = 64
+"""Open connections served at once; one more is answered 503 and closed. kube-scheduler keeps a few
+keep-alive connections per extender; what is past this is a client holding threads, not a scheduler."""
+REQUEST_TIMEOUT_S = 10.0
+"""How long a request may take to arrive, from its first line to the end of its body: past
+kube-scheduler's ``httpTimeout`` (3 s by default) nobody is waiting for the answer."""
+IDLE_TIMEOUT_S = 60.0
+"""How long a keep-alive connection may wait for its next request. Longer than the request's limit:
+closing a connection Go's client is about to reuse fails that POST (Go does not replay one)."""
+
+
 class ExtenderHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], extender: Extender, metrics: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        extender: Extender,
+        metrics: Callable[[], str] | None = None,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.extender = extender
         self.metrics = metrics
         self.requests: Counter[tuple[str, int]] = Counter()  # (verb, status) -> replies
         self._requests_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._deadlines: dict[Any, float] = {}  # connection -> when the reaper shuts it
+        self._deadlines_lock = threading.Lock()
+        self._closed = threading.Event()
         super().__init__(address, ExtenderRequestHandler)
+        threading.Thread(target=self._reap, name="serve-reaper", daemon=True).start()
+
+    def arm(self, connection: Any, seconds: float) -> None:
+        """Shut ``connection`` unless it is disarmed (or armed anew) within ``seconds``."""
+        with self._deadlines_lock:
+            self._deadlines[connection] = time.monotonic() + seconds
+
+    def disarm(self, connection: Any) -> None:
+        with self._deadlines_lock:
+            self._deadlines.pop(connection, None)
+
+    def _reap(self, every_s: float = 0.2) -> None:
+        while not self._closed.wait(every_s):
+            now = time.monotonic()
+            with self._deadlines_lock:
+                overdue = [c for c, at in self._deadlines.items() if at < now]
+                for connection in overdue:
+                    del self._deadlines[connection]
+            for connection in overdue:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)  # the handler's read returns, and it ends
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, up to ``max_connections``; past that a 503 on the accepting thread."""
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(_BUSY)
+            self.shutdown_request(request)
+            self.count("other", 503)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that resets, times out or goes away is routine: one debug line, not a traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            log.debug("connection from %s ended: %s", client_address, exc)
+        else:
+            log.exception("error serving %s", client_address)
 
     def count(self, verb: str, status: int) -> None:
         with self._requests_lock:
@@ -126,6 +205,13 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         return f"http://{host!s}:{port}"
 
 
+_BUSY_BODY = b'{"Error": "the extender has too many open connections; retry"}'
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Content-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
+)
+
+
 class Headers(dict[str, str]):
     """Request headers by lower-cased name: what the handler reads, without the email parser
     ``http.server`` uses (a fifth of a request's time here, measured with py-spy under load)."""
@@ -141,7 +227,8 @@ MAX_HEADERS = 100
 class ExtenderRequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # TCP_NODELAY on the connection socket
-    timeout = 60  # seconds; a client that stalls mid-request cannot hold a thread forever
+    timeout: float = IDLE_TIMEOUT_S  # each read's own limit (socketserver sets it on the socket)
+    request_timeout_s: float = REQUEST_TIMEOUT_S
     server: ExtenderHTTPServer
     raw_requestline: bytes  # set by BaseHTTPRequestHandler.handle_one_request before parse_request
 
@@ -159,6 +246,7 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
         self.command, self.path, self.request_version = words
         self.close_connection = self.request_version == "HTTP/1.0"
         headers = Headers()
+        self.server.arm(self.connection, self.request_timeout_s)  # the rest of the request, in all
         for _ in range(MAX_HEADERS + 1):
             line = self.rfile.readline(MAX_HEADER_LINE + 1)
             if len(line) > MAX_HEADER_LINE:
@@ -175,6 +263,8 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
             self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Too many headers")
             return False
         self.headers = headers  # type: ignore[assignment]
+        if self.command != "POST":
+            self.server.disarm(self.connection)
         connection = headers.get("Connection", "").lower()
         if connection == "close":
             self.close_connection = True
@@ -187,17 +277,18 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         limit = self.server.extender.config.max_body_bytes
         raw_length = self.headers.get("Content-Length")
-        if raw_length is None or not raw_length.strip().isdigit():
+        length = plain_int(raw_length.strip()) if raw_length is not None else None
+        if length is None:
             self.close_connection = True
             self._reply(400, encode_json({"Error": "a Content-Length header with the body size is required"}))
             return
-        length = int(raw_length)
         if length > limit:
             # Do not read (or keep) a body we will refuse; close so the unread bytes go with it.
             self.close_connection = True
             self._reply(400, encode_json({"Error": f"request body is {length} bytes; the limit is {limit}"}))
             return
         body = self.rfile.read(length)
+        self.server.disarm(self.connection)  # what follows is the extender's time, not the client's
         verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
         started = time.perf_counter()
         try:
@@ -217,6 +308,16 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
             self._reply(200, self.server.metrics_text().encode(), content_type="text/plain; version=0.0.4")
         else:
             self._reply(404, encode_json({"Error": f"no such path {self.path[:64]!r}; GET /healthz or /metrics"}))
+
+    def handle(self) -> None:
+        """``BaseHTTPRequestHandler.handle``, with the idle wait before each request bounded in all."""
+        self.close_connection = True
+        while True:
+            self.server.arm(self.connection, self.timeout)
+            self.handle_one_request()
+            if self.close_connection:
+                break
+        self.server.disarm(self.connection)
 
     def _reply(self, status: int, payload: bytes, content_type: str = "application/json") -> None:
         head = (

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -127,6 +131,26 @@ def aws_session(monkeypatch: pytest.MonkeyPatch) -> Any:
         monkeypatch.setenv(name, value)
     with mock_aws():
         yield boto3.session.Session(region_name="us-east-1")
+
+
+@pytest.fixture
+def fresh_handler(monkeypatch: pytest.MonkeyPatch) -> Callable[..., ModuleType]:
+    """``fresh_handler("lambdas.x.handler", VAR="value", ...)``: set the variables, then import the handler
+    anew, so that its settings, Powertools objects and clients are built from them at import, as in Lambda."""
+
+    def load(module: str, **env: Any) -> ModuleType:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        handler = (
+            importlib.reload(importlib.import_module(module))
+            if module in sys.modules
+            else importlib.import_module(module)
+        )
+        # Powertools keeps the first load's log handler; point it at this test's captured stdout.
+        handler.logger.logger_handler.stream = sys.stdout
+        return handler
+
+    return load
 
 
 class FakeLambdaContext:

@@ -32,6 +32,10 @@ from scheduler_core.extender.facade import BindOutcome, Reply
 from scheduler_core.extender.preemption import PreemptOutcome
 from scheduler_core.extender.wire import encode_json
 
+MAX_REPLY_BYTES = 5 * 2**20
+"""The largest reply body sent: Lambda refuses a response over 6 MB, the proxy's JSON envelope
+included (which escapes every quote in the body)."""
+
 SETTINGS = ExtenderSettings.from_env()
 logger = Logger(service=SETTINGS.service)
 metrics = Metrics(namespace=SETTINGS.metrics_namespace, service=SETTINGS.service)
@@ -79,12 +83,9 @@ def preempt_route() -> Response[str]:
 
 @app.get("/healthz")
 def healthz() -> dict[str, Any]:
-    return {
-        "status": "ok",
-        "snapshot": SOURCE.store.uri if SOURCE else None,
-        "ledger": SETTINGS.ledger_table or None,
-        "verbs": list(EXTENDER.verbs),
-    }
+    # Whether each part is configured, never its name: the bucket and the table are not the caller's business.
+    configured = {"snapshot": SOURCE is not None, "ledger": bool(SETTINGS.ledger_table)}
+    return {"status": "ok", **configured, "verbs": list(EXTENDER.verbs)}
 
 
 @app.not_found
@@ -128,7 +129,11 @@ def _answer(verb: str) -> Response[str]:
         reply = EXTENDER.respond(verb, body)
     elapsed_ms = 1000 * (time.perf_counter() - started)
     _record(verb, reply, elapsed_ms)
-    return Response(reply.status, "application/json", reply.body.decode())
+    payload = reply.body
+    if len(payload) > MAX_REPLY_BYTES and isinstance(reply.outcome, FilterOutcome):
+        payload = reply.outcome.to_json_within(MAX_REPLY_BYTES)
+        _count("RepliesCut", verb)
+    return Response(reply.status, "application/json", payload.decode())
 
 
 _LATENCY = {

@@ -43,9 +43,16 @@ from adapters.kube_types import SchedulingPod
 from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
 from lambdas.node_state.config import NodeStateSettings
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.k8s.annotations import Pairs, parse_assigned_gpus
-from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, GFD_PRODUCT, LABEL_INSTANCE_TYPE
+from scheduler_core.k8s.annotations import Pairs, trusted_assigned_gpus
+from scheduler_core.k8s.names import (
+    ASSIGNED_GPUS_ANNOTATION,
+    GFD_PRODUCT,
+    GPU_RESOURCE,
+    LABEL_INSTANCE_TYPE,
+    MILLI_RESOURCE,
+)
 from scheduler_core.k8s.node_labels import LabelPolicy, desired_info, label_changes
+from scheduler_core.k8s.pods import effective_requests
 from scheduler_core.state.ledger import NodeLedger, reconcile
 from scheduler_core.state.snapshot import SnapshotFormatError, build_snapshot, read_snapshot, write_snapshot
 
@@ -226,9 +233,12 @@ def _note_bound(view: _LedgerView, pods: list[dict[str, Any]]) -> None:
         if text is None:
             continue
         try:
-            view.annotated.setdefault(node, {})[uid] = parse_assigned_gpus(text)
+            gpus, milli = effective_requests(spec, (GPU_RESOURCE, MILLI_RESOURCE))
+            pairs = trusted_assigned_gpus(text, spec.get("schedulerName"), gpus, milli)
         except InvalidPodError:
-            view.invalid_annotations += 1
+            view.invalid_annotations += 1  # malformed, or not to be believed: never copied into the ledger
+            continue
+        view.annotated.setdefault(node, {})[uid] = pairs
 
 
 def _reconcile(

@@ -80,6 +80,30 @@ class FilterOutcome:
             f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
         ).encode()
 
+    def to_json_within(self, max_bytes: int) -> bytes:
+        """:meth:`to_json` in at most ``max_bytes`` (a Lambda's reply is capped at 6 MB). Past that the
+        reasons go first: ``FailedNodes``, then ``FailedAndUnresolvableNodes`` (kube-scheduler drops
+        every node missing from ``NodeNames`` either way; the maps only explain, and mark the nodes
+        preemption cannot help). A reply whose kept nodes alone are too large is an ``Error``."""
+        body = self.to_json()
+        if len(body) <= max_bytes:
+            return body
+        kept = encode_json(self.kept).decode()
+        nodes, names = ("null", kept) if self.names_only else (f'{{"metadata":{{}},"items":{kept}}}', "null")
+        unresolvable = "{}" if self.result is None else _json_map(*self.result.failed_items(unresolvable=True))
+        for failed_unresolvable in (unresolvable, "{}"):
+            body = (
+                f'{{"Nodes":{nodes},"NodeNames":{names},"FailedNodes":{{}},'
+                f'"FailedAndUnresolvableNodes":{failed_unresolvable},"Error":""}}'
+            ).encode()
+            if len(body) <= max_bytes:
+                return body
+        message = (
+            f"the filter keeps {len(self.kept)} nodes, which do not fit in a {max_bytes}-byte reply; "
+            "use nodeCacheCapable: true (names only), or serve the extender outside Lambda"
+        )
+        return encode_json({"Error": message})
+
     @property
     def nodes_feasible(self) -> int:
         return len(self.kept)

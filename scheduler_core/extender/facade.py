@@ -20,13 +20,14 @@ and answers 500.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
+from scheduler_core.extender.admission import bind_refusal
 from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome, filter_verdict, prioritize_scores
 from scheduler_core.extender.preemption import Holdings, PreemptOutcome, candidates, decide_on_view, proposed_nodes
 from scheduler_core.extender.view import NodeView, node_view
@@ -50,6 +51,9 @@ from scheduler_core.state.readings import NoReadings, Readings
 VERBS = ("filter", "prioritize")
 SHARING_VERBS = ("bind", "preempt")
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+MAX_PREEMPT_NODES = 5000
+"""Nodes one ``preempt`` may name. kube-scheduler sends at most its dry-run candidates (10 % of the
+nodes, at least 100); past this a request is not from it, and is refused before the ledger is read."""
 
 ClusterSource = Callable[[], ClusterState | None]
 """Returns the current cluster state, or ``None`` when none is configured. May raise
@@ -116,10 +120,17 @@ class BindOutcome:
         }
 
 
-class Accounting(Protocol):
-    """The GPU ledger behind ``bind`` and ``preempt`` (``adapters.binder.LedgerBinder``)."""
+Admit = Callable[[Mapping[str, Any], Mapping[str, Any]], str]
+"""``admit(pod, node)``: why binding the pod to the node (both as the API server has them) is refused,
+``""`` when it is the extender's to do (:meth:`Extender.admit`)."""
 
-    def bind(self, args: ExtenderBindingArgs) -> BindOutcome: ...
+
+class Accounting(Protocol):
+    """The GPU ledger behind ``bind`` and ``preempt`` (``adapters.binder.LedgerBinder``). ``bind`` asks
+    ``admit`` before it writes anything; ``holdings`` raises :class:`ClusterStateUnavailableError` when
+    the ledger cannot be read."""
+
+    def bind(self, args: ExtenderBindingArgs, admit: Admit) -> BindOutcome: ...
 
     def holdings(self, nodes: Sequence[str]) -> Holdings: ...
 
@@ -194,7 +205,7 @@ class Extender:
         try:
             if verb == "bind":
                 assert self.accounting is not None  # checked with the verb
-                bound = self.accounting.bind(ExtenderBindingArgs.from_wire(decode_json(body)))
+                bound = self.accounting.bind(ExtenderBindingArgs.from_wire(decode_json(body)), self.admit)
                 return Reply(200, bound.to_json(), bound, bound.error_kind)
             if verb == "preempt":
                 preempted = self.preempt(ExtenderPreemptionArgs.from_wire(decode_json(body)))
@@ -265,9 +276,30 @@ class Extender:
         """
         demand = self.demand(args.pod)
         names = proposed_nodes(args)
+        if len(names) > MAX_PREEMPT_NODES:
+            raise InvalidArgsError(f"preempt names {len(names)} nodes; the limit is {MAX_PREEMPT_NODES}")
+        state = self._cluster()
+        if state is None:
+            raise ClusterStateUnavailableError("preempt needs cluster state and this extender has none")
+        names = [name for name in names if name in state.table.index]  # only those read the ledger
         holdings = self.accounting.holdings(names) if self.accounting is not None and names else {}
         view = self.view(ExtenderArgs(pod={}, node_names=names), demand, per_gpu=True)
         return decide_on_view(demand, candidates(args, holdings), view)
+
+    def admit(self, pod: Mapping[str, Any], node: Mapping[str, Any]) -> str:
+        """:data:`Admit` on the current state (:func:`~scheduler_core.extender.admission.bind_refusal`).
+        Without a cluster source the node object just read stands in for the state; a source that
+        fails (a stale snapshot, say) refuses the bind."""
+        try:
+            demand = pod_demand(pod)
+            state = self._cluster()
+            if state is None:
+                state = ClusterState.from_objects([node])
+        except InvalidPodError as exc:
+            return str(exc)
+        except (ClusterStateUnavailableError, InvalidArgsError) as exc:
+            return f"no cluster state to check the node against: {exc}"
+        return bind_refusal(pod, node, demand, state)
 
     def demand(self, pod: Any) -> PodDemand:
         """The pod's demand, with its peers' label keys checked against the indexed ones.

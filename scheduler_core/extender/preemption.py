@@ -32,7 +32,7 @@ import numpy.typing as npt
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.extender.view import NodeView, all_free
 from scheduler_core.extender.wire import ExtenderPreemptionArgs, MetaVictims
-from scheduler_core.k8s.annotations import Pairs, parse_assigned_gpus
+from scheduler_core.k8s.annotations import Pairs, trusted_assigned_gpus
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, GPU_RESOURCE, MILLI_PER_GPU, MILLI_RESOURCE
 from scheduler_core.k8s.pods import PodDemand, effective_requests
 from scheduler_core.scoring.gpu_fit import filter_nodes
@@ -95,11 +95,12 @@ def victim_frees(uid: str, node: str, holdings: Holdings, pod: Mapping[str, Any]
     metadata = pod.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
     assigned = annotations.get(ASSIGNED_GPUS_ANNOTATION) if isinstance(annotations, Mapping) else None
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
     try:
+        whole, milli = effective_requests(spec, (GPU_RESOURCE, MILLI_RESOURCE))
         if assigned is not None:
-            return Frees(pairs=parse_assigned_gpus(assigned))
-        spec = pod.get("spec")
-        whole, milli = effective_requests(spec if isinstance(spec, Mapping) else {}, (GPU_RESOURCE, MILLI_RESOURCE))
+            return Frees(pairs=trusted_assigned_gpus(assigned, spec.get("schedulerName"), whole, milli))
     except InvalidPodError:
         return Frees(known=False)
     if milli and milli % MILLI_PER_GPU:

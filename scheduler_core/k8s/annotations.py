@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, MILLI_PER_GPU, PEERS_ANNOTATION
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, MILLI_PER_GPU, PEERS_ANNOTATION, SCHEDULER_NAME
+from scheduler_core.k8s.quantity import plain_int
 
 Pairs = tuple[tuple[int, int], ...]
 """``((gpu index, milli), ...)``, sorted by index: what one pod holds on one node."""
@@ -93,6 +94,40 @@ def _peer(selector: object, weight: object, where: str) -> Peer:
     return Peer(key, value, number)
 
 
+def trusted_assigned_gpus(value: object, scheduler_name: object, gpus: int, milli: int) -> Pairs:
+    """The ``assigned-gpus`` annotation of a pod, parsed, when it may be believed: the pod names this
+    scheduler's profile, requests a GPU (``gpus`` of ``nvidia.com/gpu``, ``milli`` of
+    ``gpu-scheduler.io/gpu-milli``), and the annotation assigns exactly that much (each whole GPU
+    entire). Anyone who may edit a pod can write an annotation; only the extender's bind writes one
+    that fits these, so a CPU-only pod claiming "0:1000,...,7:1000" cannot zero a node's GPUs.
+
+    >>> trusted_assigned_gpus("0:250", "gpu-scheduler", 0, 250)
+    ((0, 250),)
+    >>> trusted_assigned_gpus("0:1000,1:1000", "gpu-scheduler", 0, 0)
+    Traceback (most recent call last):
+    ...
+    scheduler_core.errors.InvalidPodError: annotation gpu-scheduler.io/assigned-gpus ignored: the pod requests no GPU
+
+    Raises
+    ------
+    InvalidPodError
+        The annotation is malformed, or is not to be trusted on this pod; the message says which.
+    """
+    where = f"annotation {ASSIGNED_GPUS_ANNOTATION} ignored"
+    if scheduler_name != SCHEDULER_NAME:
+        raise InvalidPodError(f"{where}: the pod is not scheduled by {SCHEDULER_NAME!r}")
+    if gpus <= 0 and milli <= 0:
+        raise InvalidPodError(f"{where}: the pod requests no GPU")
+    pairs = parse_assigned_gpus(value)
+    assigned = sum(m for _, m in pairs)
+    requested = gpus * MILLI_PER_GPU + milli
+    if assigned != requested:
+        raise InvalidPodError(f"{where}: it assigns {assigned} milli and the pod requests {requested}")
+    if milli % MILLI_PER_GPU == 0 and any(m != MILLI_PER_GPU for _, m in pairs):
+        raise InvalidPodError(f"{where}: the pod requests whole GPUs and it assigns parts of some")
+    return pairs
+
+
 def parse_assigned_gpus(value: object) -> tuple[tuple[int, int], ...]:
     """Parse ``"index:milli,..."``; the same index may not appear twice.
 
@@ -112,9 +147,9 @@ def parse_assigned_gpus(value: object) -> tuple[tuple[int, int], ...]:
     pairs: dict[int, int] = {}
     for part in value.split(","):
         index_text, sep, milli_text = part.strip().partition(":")
-        if not sep or not index_text.isdigit() or not milli_text.isdigit():
-            raise InvalidPodError(f"{where}: {part.strip()!r} is not index:milli")
-        index, milli = int(index_text), int(milli_text)
+        index, milli = plain_int(index_text, max_digits=4), plain_int(milli_text, max_digits=4)
+        if not sep or index is None or milli is None:
+            raise InvalidPodError(f"{where}: {part.strip()[:32]!r} is not index:milli")
         if not 1 <= milli <= MILLI_PER_GPU:
             raise InvalidPodError(f"{where}: milli {milli} on GPU {index} is outside 1..{MILLI_PER_GPU}")
         if index in pairs:

@@ -25,6 +25,7 @@ from scheduler_core.k8s.names import (
     LABEL_MEMORY,
     LABEL_MODEL,
 )
+from scheduler_core.k8s.quantity import plain_int
 
 OWNED_LABELS = (LABEL_MODEL, LABEL_MEMORY, LABEL_COUNT)
 LabelPolicy = Literal["fill", "enforce"]
@@ -87,7 +88,7 @@ def desired_info(labels: Mapping[str, Any], ec2: Mapping[str, tuple[GpuInfo | No
     if GFD_PRODUCT in labels:
         raw = (labels.get(GFD_PRODUCT), labels.get(GFD_MEMORY), labels.get(GFD_COUNT))
         model = normalize_model(raw[0]) if isinstance(raw[0], str) else None
-        numbers = [int(v) if isinstance(v, str) and v.isascii() and v.isdigit() else None for v in raw[1:]]
+        numbers = [plain_int(v) for v in raw[1:]]
         if model is not None and numbers[0] and numbers[1]:
             return Desired(GpuInfo(model, numbers[0], numbers[1]), "gfd")
         shown = dict(zip((GFD_PRODUCT, GFD_MEMORY, GFD_COUNT), raw, strict=True))

@@ -31,7 +31,7 @@ from scheduler_core.k8s.names import (
     LABEL_MODEL,
     LABEL_ZONE,
 )
-from scheduler_core.k8s.quantity import parse_whole_count
+from scheduler_core.k8s.quantity import parse_whole_count, plain_int
 
 IntArray = npt.NDArray[np.int32]
 
@@ -400,8 +400,8 @@ def _facts(keys: tuple[str, ...], values: tuple[Any, ...]) -> NodeGpuFacts:
     for key, raw in ((memory_key, raw_memory), (count_key, raw_count)):
         if raw is None:
             numbers.append(0)
-        elif isinstance(raw, str) and raw.isascii() and raw.isdigit() and int(raw) <= int32_max:
-            numbers.append(int(raw))
+        elif (number := plain_int(raw)) is not None and number <= int32_max:
+            numbers.append(number)
         else:
             numbers.append(0)
             errors.append(f"label {key}={raw!r} is not a non-negative integer")

@@ -8,6 +8,7 @@ resource the request defaults to the limit, so a limit with no request counts.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -26,9 +27,10 @@ from scheduler_core.k8s.names import (
     PEERS_ANNOTATION,
     TERMINAL_PHASES,
 )
-from scheduler_core.k8s.quantity import MIB, parse_quantity, parse_whole_count
+from scheduler_core.k8s.quantity import MIB, parse_quantity, parse_whole_count, plain_int
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
+_PLAIN_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)$")
 
 
 @dataclass(frozen=True)
@@ -317,8 +319,8 @@ def _container_counts(
         source, value = ("limits", limits[resource]) if resource in limits else ("requests", requests.get(resource))
         if value is None:
             counts.append(0)
-        elif type(value) is str and value.isascii() and value.isdigit():
-            counts.append(int(value))  # the common case, without building the field name
+        elif (plain := plain_int(value)) is not None:
+            counts.append(plain)  # the common case, without building the field name
         else:
             try:
                 counts.append(parse_whole_count(value, what=f"{at[0]}[{at[1]}].resources.{source}.{resource}"))
@@ -353,15 +355,25 @@ def parse_models(value: object) -> frozenset[str] | None:
 
 
 def _parse_memory_mib(value: object) -> int:
-    """MiB per GPU: a plain integer is MiB; a quantity with a unit is bytes (``40Gi``, ``48G``)."""
+    """MiB per GPU: a plain integer is MiB; a quantity with a unit is bytes (``40Gi``, ``48G``). A plain
+    number that is not an integer (``40960.5``) is neither, and is refused.
+
+    >>> _parse_memory_mib("40960"), _parse_memory_mib("40Gi")
+    (40960, 40960)
+    """
     if value is None:
         return 0
     expected = "expected MiB per GPU as an integer or a quantity such as 40Gi"
     if not isinstance(value, str):
         raise InvalidPodError(f"annotation {LABEL_MEMORY}: {expected}, got {value!r}")
     text = value.strip()
+    plain = plain_int(text)
+    if plain is None and _PLAIN_NUMBER.match(text):
+        raise InvalidPodError(
+            f"annotation {LABEL_MEMORY}: a number without a unit is MiB and must be an integer, got {value!r}"
+        )
     try:
-        quantity = Decimal(int(text)) * MIB if text.isascii() and text.isdigit() else parse_quantity(text)
+        quantity = Decimal(plain) * MIB if plain is not None else parse_quantity(text)
     except ValueError as exc:
         raise InvalidPodError(f"annotation {LABEL_MEMORY}: {expected}, got {value!r}") from exc
     if quantity < 0:

@@ -31,6 +31,8 @@ _MULTIPLIER: dict[str, Decimal] = {
 # Larger than any real quantity of GPUs or bytes; keeps "1e999999" from building a huge Decimal.
 _MAX_EXPONENT = 30
 MIB = 2**20
+MAX_COUNT = 2**31 - 1
+"""The largest count a quantity may give (int32, as the arrays hold them)."""
 
 
 def parse_quantity(value: object) -> Decimal:
@@ -54,21 +56,34 @@ def parse_quantity(value: object) -> Decimal:
     Decimal('0.500')
     """
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise ValueError(f"expected a quantity string, got {type(value).__name__} {value!r}")
+        raise ValueError(f"expected a quantity string, got {type(value).__name__} {_shown(value)}")
     if isinstance(value, int):
         return Decimal(value)
     match = _QUANTITY.match(value.strip())
     if match is None:
-        raise ValueError(f"expected a Kubernetes quantity such as '2' or '40Gi', got {value!r}")
+        raise ValueError(f"expected a Kubernetes quantity such as '2' or '40Gi', got {_shown(value)}")
     sign, number, suffix, exponent = match.groups()
     result = Decimal(number)
     if exponent is not None:
         if abs(int(exponent)) > _MAX_EXPONENT:
-            raise ValueError(f"quantity exponent out of range in {value!r}")
+            raise ValueError(f"quantity exponent out of range in {_shown(value)}")
         result = result.scaleb(int(exponent))
     else:
         result *= _MULTIPLIER[suffix or ""]
     return -result if sign == "-" else result
+
+
+def plain_int(value: object, *, max_digits: int = 18) -> int | None:
+    """``value`` as an int when it is a string of ASCII digits, short enough to be a real count or
+    size; None for anything else. ``str.isdigit`` alone admits ``"²"`` (which ``int`` refuses) and a
+    5,000-digit string (past Python's 4,300-digit limit): both raise where a caller expects a number.
+
+    >>> plain_int("8"), plain_int("²"), plain_int("9" * 5000), plain_int(" 8"), plain_int(8)
+    (8, None, None, None, None)
+    """
+    if type(value) is str and 0 < len(value) <= max_digits and value.isascii() and value.isdigit():
+        return int(value)
+    return None
 
 
 def parse_whole_count(value: object, *, what: str) -> int:
@@ -77,12 +92,21 @@ def parse_whole_count(value: object, *, what: str) -> int:
     >>> parse_whole_count("2", what="nvidia.com/gpu")
     2
     """
-    if type(value) is str and value.isascii() and value.isdigit():
-        return int(value)  # the common case ("1", "500"), without building a Decimal
+    plain = plain_int(value)
+    if plain is not None:
+        return plain  # the common case ("1", "500"), without building a Decimal
     try:
         quantity = parse_quantity(value)
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from exc
     if quantity < 0 or quantity != quantity.to_integral_value():
-        raise ValueError(f"{what}: must be a non-negative whole number, got {value!r}")
+        raise ValueError(f"{what}: must be a non-negative whole number, got {_shown(value)}")
+    if quantity > MAX_COUNT:
+        raise ValueError(f"{what}: {_shown(value)} is out of range (at most {MAX_COUNT})")
     return int(quantity)
+
+
+def _shown(value: object, limit: int = 64) -> str:
+    """``value`` for an error message, cut to ``limit`` characters (a hostile value can be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.k8s.annotations import parse_assigned_gpus
+from scheduler_core.k8s.annotations import trusted_assigned_gpus
 from scheduler_core.k8s.names import (
     ASSIGNED_GPUS_ANNOTATION,
     DAEMON_LABEL,
@@ -131,7 +131,7 @@ def pod_use(pod: Any, position: int = 0) -> PodUse:
     assigned, assigned_problem = None, ""
     if text is not None:
         try:
-            assigned = parse_assigned_gpus(text)
+            assigned = trusted_assigned_gpus(text, pod["spec"].get("schedulerName"), gpus, milli)
         except InvalidPodError as exc:
             assigned_problem = str(exc)
     return PodUse(node, name, gpus, milli, cpu, "", cpu_problem, kind, assigned, assigned_problem, labels)
@@ -144,7 +144,7 @@ def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
     >>> def pod(resource, amount, **annotations):
     ...     limits = {resource: amount}
     ...     return {"metadata": {"annotations": annotations}, "spec": {"nodeName": "n", "containers": [
-    ...         {"resources": {"limits": limits}}]}}
+    ...         {"resources": {"limits": limits}}], "schedulerName": "gpu-scheduler"}}
     >>> shared = pod("gpu-scheduler.io/gpu-milli", "250", **{ASSIGNED_GPUS_ANNOTATION: "0:250"})
     >>> gpu_usage(table, [pod("nvidia.com/gpu", "1"), shared], 4).used_milli.tolist()
     [[250, 1000, 0, 0]]

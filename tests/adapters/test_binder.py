@@ -110,7 +110,7 @@ def test_a_pod_bound_elsewhere_meanwhile_releases_the_gpus(api: KubeApiDouble, l
 
     binder.kube.bind_pod = race_then_bind  # type: ignore[method-assign]
     outcome = binder.bind(args)
-    assert "already assigned" in outcome.error and outcome.rolled_back
+    assert "another bind placed the pod first" in outcome.error and outcome.rolled_back
     assert ledger.read("t4-0", 4).assignments == {}
 
 
@@ -166,10 +166,10 @@ def test_a_gone_or_replaced_pod_is_refused(api: KubeApiDouble, ledger: LedgerSto
     assert ledger.read("t4-0", 4).version == 0
 
 
-def test_a_pod_without_gpus_is_bound_without_the_ledger(api: KubeApiDouble, ledger: LedgerStore) -> None:
+def test_a_pod_without_gpus_is_not_the_binders_to_bind(api: KubeApiDouble, ledger: LedgerStore) -> None:
     outcome = make_binder(api, ledger).bind(pending(api, "cpu"))
-    assert outcome.error == "" and pod_on(api, "cpu") == ("t4-0", None)
-    assert ledger.read("t4-0", 4).version == 0
+    assert outcome.error_kind == "refused" and "requests no GPU" in outcome.error
+    assert pod_on(api, "cpu") == (None, None) and ledger.read("t4-0", 4).version == 0
 
 
 def test_eight_threads_binding_2000_shares_never_overallocate(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -202,3 +202,61 @@ def test_a_preemption_nominates_the_node_and_the_preemptor_binds_once_the_victim
     (item,) = [item for item in ledger.scan() if item.node == "h100-0"]
     preemptor_uid = cluster.pod(namespace, "preemptor")["metadata"]["uid"]
     assert set(item.assignments) == {preemptor_uid} and victim_uid not in item.assignments
+
+
+def bind_request(url: str, pod: dict[str, Any], node: str) -> dict[str, Any]:
+    """POST /bind to serve, as anyone who reaches it could."""
+    import urllib.request
+
+    meta = pod["metadata"]
+    body = {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
+    request = urllib.request.Request(f"{url}/bind", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        reply: dict[str, Any] = json.loads(response.read())
+    return reply
+
+
+def test_a_pod_of_another_scheduler_cannot_be_bound_through_the_bind_verb(
+    cluster: ControlPlane, serve_url: str, ledger: LedgerStore, namespace: str
+):
+    outsider = share("outsider", 250, "A100", namespace)
+    outsider["spec"]["schedulerName"] = "someone-else"  # no scheduler here places it
+    cluster.create_pods([outsider])
+    reply = bind_request(serve_url, cluster.pod(namespace, "outsider"), "a100-0")
+    assert "not scheduled by 'gpu-scheduler'" in reply["Error"]
+    stored = cluster.pod(namespace, "outsider")
+    assert not stored["spec"].get("nodeName") and "gpu-scheduler.io/assigned-gpus" not in (
+        stored["metadata"].get("annotations") or {}
+    )
+    assert not any(item.assignments for item in ledger.scan())
+
+
+def test_two_concurrent_binds_of_one_pod_leave_one_placement_and_its_annotation(
+    cluster: ControlPlane, serve_url: str, ledger: LedgerStore, namespace: str
+):
+    import threading
+
+    for trial in range(5):
+        pod = share(f"raced-{trial}", 250, "A100", namespace)
+        # No node has 100,000 CPUs: kube-scheduler leaves the pod alone (the bind checks GPU facts only).
+        pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "100000"
+        cluster.create_pods([pod])
+        live = cluster.pod(namespace, pod["metadata"]["name"])
+        replies: dict[str, dict[str, Any]] = {}
+
+        def bind(node: str, live: dict[str, Any] = live, replies: dict[str, Any] = replies) -> None:
+            replies[node] = bind_request(serve_url, live, node)
+
+        threads = [threading.Thread(target=bind, args=(node,)) for node in ("a100-0", "a100-1")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        stored = cluster.pod(namespace, pod["metadata"]["name"])
+        node = stored["spec"]["nodeName"]
+        assert [n for n, reply in replies.items() if reply["Error"] == ""] == [node], replies
+        uid = stored["metadata"]["uid"]
+        holders = {item.node: dict(item.assignments)[uid] for item in ledger.scan() if uid in item.assignments}
+        assert list(holders) == [node]  # the losing bind released its entry
+        annotation = stored["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"]
+        assert annotation == ",".join(f"{gpu}:{milli}" for gpu, milli in holders[node])

@@ -130,8 +130,10 @@ def test_what_a_full_victim_frees_comes_from_the_ledger_then_its_annotation_then
     pod = make_pod("v", 2)
     assert victim_frees("uid-default-v", "n", {"n": {"uid-default-v": ((5, 1000),)}}, pod).pairs == ((5, 1000),)
     assert victim_frees("uid-default-v", "n", {}, pod).whole == 2
-    pod["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = "3:250"
-    assert victim_frees("uid-default-v", "n", {}, pod).pairs == ((3, 250),)
+    pod["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = "3:1000,6:1000"
+    assert victim_frees("uid-default-v", "n", {}, pod).pairs == ((3, 1000), (6, 1000))
+    pod["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = "3:250"  # not what it requests
+    assert not victim_frees("uid-default-v", "n", {}, pod).known
     assert victim_frees("x", "n", {}, None) == Frees(known=False)
     assert victim_frees("x", "n", {}, make_pod("cpu", 0)).nothing
 

@@ -1,0 +1,143 @@
+"""Hostile requests to the extender's verbs and to ``serve``'s sockets: refused with a 4xx and a message,
+or absorbed; never a 500, a dropped connection or a traceback (issue: "Safe to deploy")."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from gpu_scheduler.server import ExtenderHTTPServer, ExtenderRequestHandler
+from scheduler_core.extender.facade import MAX_PREEMPT_NODES, Extender
+from tests.conftest import make_pod
+from tests.security.conftest import World
+
+
+def filter_body(pod: dict[str, Any], names: list[str]) -> bytes:
+    return json.dumps({"Pod": pod, "NodeNames": names}).encode()
+
+
+def test_a_preempt_naming_5000_unknown_nodes_reads_nothing_from_the_ledger(world: World) -> None:
+    victims = {f"ghost-{i}": {"Pods": [{"UID": f"u{i}"}], "NumPDBViolations": 0} for i in range(5000)}
+    body = json.dumps({"Pod": make_pod("p", 0, milli=500), "NodeNameToMetaVictims": victims}).encode()
+    assert world.call("preempt", body) == (200, {"NodeNameToMetaVictims": {}})
+    if world.transport == "serve":
+        assert world.dynamodb_calls == []  # no node of the request is in the state: nothing to read
+
+
+def test_a_preempt_past_the_limit_is_a_400(world: World) -> None:
+    victims = {f"n{i}": {"Pods": [], "NumPDBViolations": 0} for i in range(MAX_PREEMPT_NODES + 1)}
+    body = json.dumps({"Pod": make_pod("p", 1), "NodeNameToMetaVictims": victims}).encode()
+    status, reply = world.call("preempt", body)
+    assert status == 400 and f"the limit is {MAX_PREEMPT_NODES}" in reply["Error"]
+
+
+def test_a_5000_digit_quantity_is_refused_naming_the_field(world: World) -> None:
+    pod = make_pod("huge", 1)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "9" * 5000
+    status, reply = world.call("filter", filter_body(pod, ["t4-0"]))
+    assert status == 200 and "limits.nvidia.com/gpu" in reply["Error"] and "out of range" in reply["Error"]
+    assert len(reply["Error"]) < 400  # the value is cut, not echoed whole
+    status, reply = world.call("prioritize", filter_body(pod, ["t4-0"]))
+    assert status == 400 and "limits.nvidia.com/gpu" in reply["Error"]
+
+
+def test_memory_with_a_fraction_and_no_unit_is_refused_not_read_as_bytes(world: World) -> None:
+    pod = make_pod("fraction", 1, memory="40960.5")
+    status, reply = world.call("filter", filter_body(pod, ["a100-1"]))
+    assert status == 200 and reply["NodeNames"] == []
+    assert (
+        "gpu.nvidia.com/memory: a number without a unit is MiB and must be an integer, got '40960.5'" in reply["Error"]
+    )
+
+
+def test_a_filter_reply_over_the_lambda_limit_drops_its_reasons_first(world: World) -> None:
+    names = [f"unknown-node-{i:06d}" for i in range(200_000)]
+    status, reply = world.call("filter", filter_body(make_pod("p", 1), names))
+    assert status == 200 and reply["NodeNames"] == [] and reply["Error"] == ""
+    if world.transport == "lambda":  # 12.8 MB with every reason; Lambda refuses a reply over 6 MB
+        assert reply["FailedNodes"] == {}
+    else:  # serve has no such limit and keeps them
+        assert len(reply["FailedNodes"]) == 200_000
+
+
+def raw(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def response_of(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_a_content_length_that_is_not_ascii_digits_is_a_400(serve_world: World) -> None:
+    with raw(serve_world.port) as sock:
+        sock.sendall("POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: ²\r\n\r\n{}".encode())
+        reply = response_of(sock)
+    assert reply.startswith(b"HTTP/1.1 400") and b"Content-Length header" in reply
+
+
+def test_a_slow_client_is_cut_off_while_others_are_served(serve_world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ExtenderRequestHandler, "request_timeout_s", 1.0)
+    with raw(serve_world.port) as slow:
+        slow.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\n")
+        slow.settimeout(0.2)
+        started = time.monotonic()
+        assert serve_world.call("filter", filter_body(make_pod("p", 1), ["t4-0"]))[0] == 200  # others still served
+        while time.monotonic() - started < 10:
+            try:
+                slow.sendall(b"X")  # a header byte at a time: every read is quick, the request never ends
+                if slow.recv(1024) == b"":
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        closed_after = time.monotonic() - started
+    assert closed_after < 3.0  # the request's 1 s, not a per-read timeout that each byte resets
+
+
+def test_connections_past_the_limit_get_a_503() -> None:
+    server = ExtenderHTTPServer(("127.0.0.1", 0), Extender(), max_connections=2)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        held = [raw(port), raw(port)]
+        time.sleep(0.2)  # both accepted and each holding its thread
+        with raw(port) as third:
+            assert response_of(third).startswith(b"HTTP/1.1 503")
+        for sock in held:
+            sock.close()
+        time.sleep(0.2)
+        with raw(port) as again:
+            body = b'{"Pod": {}, "Nodes": {"items": []}}'
+            again.sendall(
+                b"POST /filter HTTP/1.1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            assert response_of(again).startswith(b"HTTP/1.1 200")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_reset_connection_is_one_debug_line_not_a_traceback(
+    serve_world: World, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="gpu_scheduler.server")
+    for _ in range(5):
+        sock = raw(serve_world.port)
+        sock.sendall(b"POST /filter HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with RST
+        sock.close()
+    time.sleep(0.3)
+    assert serve_world.call("filter", filter_body(make_pod("p", 1), ["t4-0"]))[0] == 200
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert "Traceback" not in capfd.readouterr().err
