@@ -118,10 +118,11 @@ def utilization_by_node(
     problems: list[str] = []
     for sample in samples:
         node, gpu = sample.labels.get(node_label), sample.labels.get(gpu_label)
-        if not node or plain_int(gpu, max_digits=4) is None:
+        index = plain_int(gpu, max_digits=4)
+        if not node or index is None:
             problems.append(f"sample without {node_label!r} or a numeric {gpu_label!r}: {dict(sample.labels)}")
             continue
-        per_node.setdefault(node, {})[int(gpu)] = min(max(sample.value / 100.0, 0.0), 1.0)
+        per_node.setdefault(node, {})[index] = min(max(sample.value / 100.0, 0.0), 1.0)
     by_node = {}
     for node, gpus in per_node.items():
         values = [math.nan] * (max(gpus) + 1)

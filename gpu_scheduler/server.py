@@ -227,7 +227,7 @@ MAX_HEADERS = 100
 class ExtenderRequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # TCP_NODELAY on the connection socket
-    timeout: float = IDLE_TIMEOUT_S  # each read's own limit (socketserver sets it on the socket)
+    timeout = IDLE_TIMEOUT_S  # each read's own limit (socketserver sets it on the socket)
     request_timeout_s: float = REQUEST_TIMEOUT_S
     server: ExtenderHTTPServer
     raw_requestline: bytes  # set by BaseHTTPRequestHandler.handle_one_request before parse_request
@@ -313,7 +313,7 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
         """``BaseHTTPRequestHandler.handle``, with the idle wait before each request bounded in all."""
         self.close_connection = True
         while True:
-            self.server.arm(self.connection, self.timeout)
+            self.server.arm(self.connection, IDLE_TIMEOUT_S if self.timeout is None else self.timeout)
             self.handle_one_request()
             if self.close_connection:
                 break
