@@ -53,6 +53,7 @@ class World:
     call: Callable[[str, bytes], tuple[int, Any]] = field(repr=False)
     port: int = 0  # serve only
     dynamodb_calls: list[str] = field(default_factory=list)  # serve only: every DynamoDB call the binder made
+    ledger_binder: Any = None  # serve only
 
     def bind(self, pod: dict[str, Any], node: str, uid: str | None = None) -> tuple[int, Any]:
         meta = pod["metadata"]
@@ -110,7 +111,7 @@ def _serve(api: KubeApiDouble, ledger: LedgerStore, session: Any, nodes: list[di
         return response.status, json.loads(response.read())
 
     try:
-        yield World("serve", api, ledger, call, port, calls)
+        yield World("serve", api, ledger, call, port, calls, binder)
     finally:
         server.shutdown()
         server.server_close()

@@ -141,3 +141,29 @@ def test_a_reset_connection_is_one_debug_line_not_a_traceback(
     assert serve_world.call("filter", filter_body(make_pod("p", 1), ["t4-0"]))[0] == 200
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_dead_ledger_is_a_503_for_preempt_and_an_error_for_bind_never_a_500(serve_world: World) -> None:
+    """EndpointConnectionError used to escape as a 500 and skip the rollback."""
+    import boto3
+    from botocore.config import Config
+
+    from adapters.gpu_ledger import LedgerStore
+    from testing.control_plane import free_port
+
+    dead = boto3.client(
+        "dynamodb", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{free_port()}",
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=1),
+    )  # fmt: skip
+    serve_world.ledger_binder.ledger = LedgerStore(serve_world.ledger.table, dead)
+    victims = {"t4-0": {"Pods": [{"UID": "u1"}], "NumPDBViolations": 0}}
+    body = json.dumps({"Pod": make_pod("p", 0, milli=500), "NodeNameToMetaVictims": victims}).encode()
+    status, reply = serve_world.call("preempt", body)
+    assert status == 503 and "EndpointConnectionError" in reply["Error"] and serve_world.ledger.table in reply["Error"]
+    pod = make_pod("share", 0, milli=500)
+    serve_world.api.load("pods", [pod])
+    status, reply = serve_world.bind(pod, "t4-0")
+    assert status == 200 and "EndpointConnectionError" in reply["Error"]
+    assert serve_world.api.get("pods", "share", "default")["spec"].get("nodeName") is None
+    assert serve_world.api_writes() == []
