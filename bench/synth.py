@@ -24,7 +24,8 @@ CASES = {
     "imported VPC, applyManifests": [
         "-c", "clusterName=bench", "-c", "vpcId=vpc-0123456789abcdef0",
         "-c", "subnetIds=subnet-0aaaaaaaaaaaaaaaa,subnet-0bbbbbbbbbbbbbbbb",
-        "-c", "clusterSecurityGroupId=sg-0cccccccccccccccc", "-c", "applyManifests=true",
+        "-c", "clusterSecurityGroupId=sg-0cccccccccccccccc", "-c", "schedulerSecurityGroupId=sg-0dddddddddddddddd",
+        "-c", "routeTableIds=rtb-0aaaaaaaaaaaaaaaa,rtb-0bbbbbbbbbbbbbbbb", "-c", "applyManifests=true",
     ],
 }  # fmt: skip
 

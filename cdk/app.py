@@ -32,9 +32,12 @@ from manifests.scheduler import dump_yaml, render_yaml  # noqa: E402
 from scheduler_core.errors import ConfigError  # noqa: E402
 
 STACK_NAME = "GpuScheduler"
-MANIFEST_HEADER = """eks-gpu-scheduler: RBAC for the Lambdas' group and the second kube-scheduler.
-Written by `make synth`. urlPrefix is the deployed API's URL; before the first deploy it is a placeholder:
-fill it from the stack output ExtenderUrl, or run the stack output SchedulerConfigCommand."""
+MANIFEST_HEADER = """eks-gpu-scheduler: RBAC and admission policies for the Lambdas' groups, and the second
+kube-scheduler. Written by `make synth`. urlPrefix is the deployed API's endpoint-specific URL; before the
+first deploy it is a placeholder: fill it from the stack output ExtenderUrl, or run the stack output
+SchedulerConfigCommand."""
+# What the manifests carry for the API's URL before the first deploy: the endpoint-specific hostname's shape.
+URL_PLACEHOLDER = "https://API_ID-VPCE_ID.execute-api.REGION.amazonaws.com/v1"
 
 
 def read_context(argv: Sequence[str], environ: Mapping[str, str]) -> dict[str, Any]:
@@ -76,21 +79,23 @@ def build_app(context: Mapping[str, Any], outdir: str | None = None) -> tuple[cd
 
 def write_manifests(stack: GpuSchedulerStack, outdir: Path) -> Path:
     """The manifests with the API URL as a placeholder (it is only known after deploy)."""
-    placeholder = "https://EXTENDER_URL.execute-api.REGION.amazonaws.com/v1"
-    docs = json.loads(json.dumps(stack.manifests).replace(stack.api.url, placeholder))
+    docs = json.loads(json.dumps(stack.manifests).replace(stack.api.url, URL_PLACEHOLDER))
     path = outdir / "manifests" / "gpu-scheduler.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_yaml(docs, header=MANIFEST_HEADER))
     return path
 
 
-def write_monitoring(outdir: Path) -> Path:
+def write_monitoring(outdir: Path, config: DeployConfig) -> Path:
     """``monitoring/``: the AMP rule file and scrape configuration the stack deploys, for ``promtool`` and
     review, and the Grafana dashboards as JSON for import into Amazon Managed Grafana."""
+    scrape = scrape_configuration(
+        dcgm_namespace=config.dcgm_exporter_namespace, ksm_namespace=config.kube_state_metrics_namespace
+    )
     folder = outdir / "monitoring"
     (folder / "grafana").mkdir(parents=True, exist_ok=True)
     (folder / "rules.yaml").write_text(dump_yaml(rule_groups()))
-    (folder / "scrape.yaml").write_text(dump_yaml(scrape_configuration()))
+    (folder / "scrape.yaml").write_text(dump_yaml(scrape))
     for name in DASHBOARDS:
         (folder / "grafana" / f"{name}.json").write_text(json.dumps(render(name), indent=2) + "\n")
     return folder
@@ -114,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(assembly.directory)
     manifests = write_manifests(stack, out)
     report = summary(assembly.get_stack_by_name(STACK_NAME).template, out, manifests)
-    report["monitoring"] = str(write_monitoring(out))
+    report["monitoring"] = str(write_monitoring(out, stack.config))
     print(json.dumps(report, indent=2))
     return 0
 

@@ -7,8 +7,13 @@ its context key, and synth stops with all of them at once.
 | key | default | meaning |
 |---|---|---|
 | ``clusterName`` | (required) | the EKS cluster the scheduler serves |
-| ``vpcId`` / ``subnetIds`` | (a demo VPC) | the cluster's VPC and the private subnets for the API endpoint |
-| ``clusterSecurityGroupId`` | (required with ``vpcId``) | the EKS cluster security group; only it may reach the API |
+| ``vpcId`` / ``subnetIds`` | (a demo VPC) | the cluster's VPC; private subnets for the Lambdas and endpoints |
+| ``clusterSecurityGroupId`` | (required with ``vpcId``) | the EKS cluster SG: the Lambdas reach the API through it |
+| ``schedulerSecurityGroupId`` | (required with ``vpcId``) | the scheduler pods' SG: the only source the API admits |
+| ``routeTableIds`` | (required with ``vpcId``) | the private subnets' route tables, for the gateway endpoints |
+| ``existingVpcEndpoints`` | (none) | services whose endpoints the VPC has (``s3``, ``eks``...): not created |
+| ``executeApiEndpointId`` | (create one) | import an ``execute-api`` endpoint (its SG and policy stay its owner's) |
+| ``executeApiPrivateDns`` | false | private DNS on the created ``execute-api`` endpoint (VPC-wide takeover) |
 | ``lambdaArchitecture`` | arm64 | ``arm64`` or ``x86_64``; ``make package LAMBDA_ARCH=...`` must match |
 | ``nodeStateScheduleMinutes`` / ``deletionCostScheduleMinutes`` | 1 / 1 | EventBridge rates |
 | ``ampWorkspaceId`` | (create one) | import an existing Amazon Managed Prometheus workspace |
@@ -25,6 +30,9 @@ its context key, and synth stops with all of them at once.
 | ``ledgerConflictsAlarmPer5m`` | 50 | GPU-ledger conflicts in 5 minutes that count as a spike |
 | ``logRetentionDays`` | 30 | Lambda and API access logs |
 | ``deletionCostConfig`` | metrics policy | the deletion-cost workload config (JSON), stored in SSM |
+| ``admissionPolicy`` | true | each Lambda held to its own labels and annotations (Kubernetes 1.30+) |
+| ``dcgmExporterNamespace`` | gpu-operator | the only namespace the DCGM exporter is scraped in |
+| ``kubeStateMetricsNamespace`` | kube-system | the only namespace kube-state-metrics is scraped in |
 | ``packageDir`` | build/lambda | where ``make package`` wrote the bundles |
 """
 
@@ -38,6 +46,8 @@ from typing import Any
 
 from adapters.settings import parse_bool
 from cdk.functions import RETENTION_NAMES
+from cdk.network import GATEWAY_SERVICES, SERVICES
+from cdk.prometheus import DCGM_NAMESPACE, KSM_NAMESPACE
 from manifests.scheduler import DEFAULT_IMAGE, SchedulerOptions
 from scheduler_core.deletion_cost.policy import CostConfig
 from scheduler_core.errors import ConfigError
@@ -53,7 +63,12 @@ class DeployConfig:
     cluster_name: str
     vpc_id: str = ""
     subnet_ids: tuple[str, ...] = ()
+    route_table_ids: tuple[str, ...] = ()
     cluster_security_group_id: str = ""
+    scheduler_security_group_id: str = ""
+    existing_vpc_endpoints: tuple[str, ...] = ()
+    execute_api_endpoint_id: str = ""
+    execute_api_private_dns: bool = False
     lambda_architecture: str = "arm64"
     node_state_schedule_minutes: int = 1
     deletion_cost_schedule_minutes: int = 1
@@ -73,11 +88,21 @@ class DeployConfig:
     ledger_conflicts_alarm_per_5m: int = 50
     log_retention_days: int = 30
     deletion_cost_config: Mapping[str, Any] = field(default_factory=lambda: DEFAULT_DELETION_COST_CONFIG)
+    admission_policy: bool = True
+    dcgm_exporter_namespace: str = DCGM_NAMESPACE
+    kube_state_metrics_namespace: str = KSM_NAMESPACE
     package_dir: str = "build/lambda"
 
     @property
     def demo_vpc(self) -> bool:
         return not self.vpc_id
+
+    @property
+    def vpc_endpoints(self) -> tuple[str, ...]:
+        """The services whose endpoints the stack creates: each one the Lambdas call, less those the VPC has
+        (DynamoDB only with sharing: nothing else reads the ledger)."""
+        used = [s for s in SERVICES if s != "dynamodb" or self.sharing]
+        return tuple(s for s in used if s not in self.existing_vpc_endpoints)
 
     def scheduler_options(self, extender_url: str) -> SchedulerOptions:
         return SchedulerOptions(
@@ -114,18 +139,7 @@ class DeployConfig:
         found = []
         if self.vpc_id and not _is_id(self.vpc_id, "vpc"):
             found.append(f"vpcId: expected vpc- and 8 or 17 hex digits, got {self.vpc_id!r}")
-        if self.vpc_id and not self.subnet_ids:
-            found.append("subnetIds: required with vpcId (the private subnets for the API's VPC endpoint)")
-        if self.vpc_id and not self.cluster_security_group_id:
-            found.append("clusterSecurityGroupId: required with vpcId (only it may reach the extender API)")
-        if not self.vpc_id and (self.subnet_ids or self.cluster_security_group_id):
-            found.append("vpcId: required when subnetIds or clusterSecurityGroupId are given")
-        found += [f"subnetIds: expected subnet- and 8 or 17 hex digits, got {s!r}" for s in self.subnet_ids
-                  if not _is_id(s, "subnet")]  # fmt: skip
-        if self.cluster_security_group_id and not _is_id(self.cluster_security_group_id, "sg"):
-            found.append(
-                f"clusterSecurityGroupId: expected sg- and 8 or 17 hex digits, got {self.cluster_security_group_id!r}"
-            )
+        found += self._network_problems()
         if self.lambda_architecture not in ("arm64", "x86_64"):
             found.append(f"lambdaArchitecture: expected arm64 or x86_64, got {self.lambda_architecture!r}")
         for name in ("node_state_schedule_minutes", "deletion_cost_schedule_minutes"):
@@ -160,6 +174,9 @@ class DeployConfig:
             found.append(f"ledgerConflictsAlarmPer5m: expected >= 1, got {self.ledger_conflicts_alarm_per_5m}")
         if self.log_retention_days not in LOG_RETENTION_DAYS:
             found.append(f"logRetentionDays: expected one of {LOG_RETENTION_DAYS}, got {self.log_retention_days}")
+        for name in ("dcgm_exporter_namespace", "kube_state_metrics_namespace"):
+            if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", getattr(self, name)):
+                found.append(f"{_camel(name)}: expected a Kubernetes namespace name, got {getattr(self, name)!r}")
         try:
             CostConfig.from_json(self.deletion_cost_config)
         except ConfigError as exc:
@@ -169,6 +186,71 @@ class DeployConfig:
             f"{_SCHEDULER_KEYS.get(p.split(':')[0], p.split(':')[0])}:{p.split(':', 1)[1]}"
             for p in self.scheduler_options("https://placeholder").problems()
         ]
+        return found
+
+    def _network_problems(self) -> list[str]:
+        found = []
+        imported = {
+            "subnetIds": self.subnet_ids,
+            "routeTableIds": self.route_table_ids,
+            "clusterSecurityGroupId": self.cluster_security_group_id,
+            "schedulerSecurityGroupId": self.scheduler_security_group_id,
+            "executeApiEndpointId": self.execute_api_endpoint_id,
+        }
+        if not self.vpc_id:
+            given = [key for key, value in imported.items() if value]
+            if given:
+                found.append(
+                    f"vpcId: required when {', '.join(given)} are given (they name parts of the cluster's VPC)"
+                )
+        else:
+            if not self.subnet_ids:
+                found.append(
+                    "subnetIds: required with vpcId (the private subnets for the Lambdas and the VPC endpoints)"
+                )
+            if not self.cluster_security_group_id:
+                found.append(
+                    "clusterSecurityGroupId: required with vpcId (the Lambdas reach the cluster API through it)"
+                )
+            if not self.scheduler_security_group_id and not self.execute_api_endpoint_id:
+                found.append(
+                    "schedulerSecurityGroupId: required with vpcId (the scheduler pods' security group, from Security "
+                    "Groups for Pods or a dedicated node group: the only source the extender API's endpoint admits)"
+                )
+            gateways = [s for s in self.vpc_endpoints if s in GATEWAY_SERVICES]
+            if gateways and not self.route_table_ids:
+                found.append(
+                    f"routeTableIds: required with vpcId for the {' and '.join(gateways)} gateway "
+                    f"endpoint{'s' if len(gateways) > 1 else ''} (the private subnets' route tables), or list "
+                    f"{', '.join(gateways)} in existingVpcEndpoints"
+                )
+        for key, prefix, values in (
+            ("vpcId", "vpc", (self.vpc_id,)),
+            ("subnetIds", "subnet", self.subnet_ids),
+            ("routeTableIds", "rtb", self.route_table_ids),
+            ("clusterSecurityGroupId", "sg", (self.cluster_security_group_id,)),
+            ("schedulerSecurityGroupId", "sg", (self.scheduler_security_group_id,)),
+            ("executeApiEndpointId", "vpce", (self.execute_api_endpoint_id,)),
+        ):
+            found += [f"{key}: expected {prefix}- and 8 or 17 hex digits, got {v!r}" for v in values
+                      if v and not _is_id(v, prefix)]  # fmt: skip
+        if self.scheduler_security_group_id and self.scheduler_security_group_id == self.cluster_security_group_id:
+            found.append(
+                "schedulerSecurityGroupId: must not be the cluster security group, which every pod on managed nodes "
+                "carries; give the scheduler pods their own (Security Groups for Pods, or a dedicated node group)"
+            )
+        if self.execute_api_endpoint_id and self.scheduler_security_group_id:
+            found.append(
+                "schedulerSecurityGroupId: not used with executeApiEndpointId (the imported endpoint keeps its own "
+                "security group: make it admit only the scheduler pods)"
+            )
+        if self.execute_api_endpoint_id and self.execute_api_private_dns:
+            found.append(
+                "executeApiPrivateDns: applies only to the endpoint this stack creates, not executeApiEndpointId"
+            )
+        unknown = [s for s in self.existing_vpc_endpoints if s not in SERVICES]
+        if unknown:
+            found.append(f"existingVpcEndpoints: expected some of {', '.join(SERVICES)}, got {', '.join(unknown)}")
         return found
 
 

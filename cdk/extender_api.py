@@ -1,25 +1,37 @@
-"""The extender's private REST API: reachable only through one interface endpoint in the cluster's VPC.
+"""The extender's private REST API: reachable only through one interface endpoint in the cluster's VPC,
+from the scheduler pods only.
 
 kube-scheduler cannot sign requests or send headers, so the network path is the boundary (DESIGN
-section 6):
+section 6, docs/security.md):
 
-- an interface VPC endpoint for ``execute-api`` with private DNS, whose security group admits TCP 443
-  only from the cluster security group;
-- a PRIVATE REST API whose resource policy allows ``execute-api:Invoke`` only with ``aws:SourceVpce``
-  equal to that endpoint, and denies everything else explicitly.
+- an interface VPC endpoint for ``execute-api`` whose security group admits TCP 443 only from the scheduler
+  pods' security group, with private DNS off by default (on, it would take over
+  ``*.execute-api.<region>.amazonaws.com`` for the whole VPC);
+- an endpoint policy that allows ``execute-api:Invoke`` on this API's stage and nothing else. The API's
+  association with the endpoint and its resource policy name the endpoint, so the endpoint cannot name the
+  API in the same template: it is created allowing this account's APIs only, and a custom resource narrows
+  it to this API once the API exists;
+- a PRIVATE REST API associated with the endpoint (which creates the endpoint-specific hostname
+  ``<api>-<vpce>.execute-api.<region>.amazonaws.com``, the ``urlPrefix`` kube-scheduler calls) and whose
+  resource policy allows ``execute-api:Invoke`` only with ``aws:SourceVpce`` equal to that endpoint, and
+  denies everything else explicitly.
+
+An existing endpoint can be imported by ID instead; its security group and policy then stay its owner's.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
-from aws_cdk import Aws
+from aws_cdk import Aws, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from scheduler_core.extender.facade import VERBS
@@ -43,10 +55,28 @@ ACCESS_LOG_FIELDS = {
 }
 
 
+def endpoint_policy(resource: str) -> dict[str, Any]:
+    """The ``execute-api`` endpoint's policy: invoke ``resource`` (an execute-api ARN pattern), nothing else."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "InvokeOnlyTheExtenderApi",
+                "Effect": "Allow",
+                "Principal": "*",
+                "Action": "execute-api:Invoke",
+                "Resource": resource,
+            }
+        ],
+    }
+
+
 class ExtenderApi(Construct):
-    """Attributes: ``endpoint`` (the VPC endpoint), ``endpoint_security_group``, ``api``, ``url`` (the
-    ``urlPrefix`` kube-scheduler uses: ``https://<api>.execute-api.<region>.amazonaws.com/v1``),
-    ``access_logs``."""
+    """Attributes: ``endpoint`` (the created VPC endpoint, None when imported), ``endpoint_id``,
+    ``endpoint_security_group`` (None when imported), ``endpoint_policy`` (the custom resource narrowing the
+    created endpoint's policy to this API; None when imported), ``api``, ``url`` (the ``urlPrefix``
+    kube-scheduler uses: ``https://<api>-<vpce>.execute-api.<region>.amazonaws.com/v1``), ``access_logs``.
+    """
 
     def __init__(
         self,
@@ -55,38 +85,49 @@ class ExtenderApi(Construct):
         *,
         vpc: ec2.IVpc,
         subnet_ids: Sequence[str],
-        cluster_security_group_id: str,
+        scheduler_security_group_id: str,
         handler: lambda_.IFunction,
         rate_limit: int,
         burst_limit: int,
         access_log_retention: logs.RetentionDays,
         verbs: Sequence[str] = VERBS,
+        private_dns: bool = False,
+        imported_endpoint_id: str = "",
     ) -> None:
         super().__init__(scope, construct_id)
-        self.endpoint_security_group = ec2.SecurityGroup(
-            self,
-            "EndpointSecurityGroup",
-            vpc=vpc,
-            description="execute-api endpoint for the gpu-scheduler extender: 443 from the EKS cluster only",
-            allow_all_outbound=False,
-        )
-        self.endpoint_security_group.add_ingress_rule(
-            ec2.Peer.security_group_id(cluster_security_group_id),
-            ec2.Port.tcp(443),
-            "kube-scheduler on cluster nodes",
-        )
-        # L1, so the endpoint needs only subnet IDs (an imported VPC's AZs stay unknown; DESIGN section 8).
-        self.endpoint = ec2.CfnVPCEndpoint(
-            self,
-            "ExecuteApiEndpoint",
-            vpc_id=vpc.vpc_id,
-            service_name=f"com.amazonaws.{Aws.REGION}.execute-api",
-            vpc_endpoint_type="Interface",
-            private_dns_enabled=True,
-            subnet_ids=list(subnet_ids),
-            security_group_ids=[self.endpoint_security_group.security_group_id],
-        )
-        endpoint_id = self.endpoint.ref
+        account_apis = f"arn:{Aws.PARTITION}:execute-api:{Aws.REGION}:{Aws.ACCOUNT_ID}:*"
+        self.endpoint: ec2.CfnVPCEndpoint | None = None
+        self.endpoint_security_group: ec2.SecurityGroup | None = None
+        if imported_endpoint_id:
+            self.endpoint_id = imported_endpoint_id
+        else:
+            self.endpoint_security_group = ec2.SecurityGroup(
+                self,
+                "EndpointSecurityGroup",
+                vpc=vpc,
+                description="execute-api endpoint for the gpu-scheduler extender: 443 from the scheduler pods only",
+                allow_all_outbound=False,
+            )
+            self.endpoint_security_group.add_ingress_rule(
+                ec2.Peer.security_group_id(scheduler_security_group_id),
+                ec2.Port.tcp(443),
+                "the gpu-scheduler kube-scheduler pods",
+            )
+            # L1, so the endpoint needs only subnet IDs (an imported VPC's AZs stay unknown; DESIGN section 8).
+            self.endpoint = ec2.CfnVPCEndpoint(
+                self,
+                "ExecuteApiEndpoint",
+                vpc_id=vpc.vpc_id,
+                service_name=f"com.amazonaws.{Aws.REGION}.execute-api",
+                vpc_endpoint_type="Interface",
+                private_dns_enabled=private_dns,
+                subnet_ids=list(subnet_ids),
+                security_group_ids=[self.endpoint_security_group.security_group_id],
+                # Until the custom resource below narrows it to this API: this account's APIs only.
+                policy_document=endpoint_policy(account_apis),
+            )
+            self.endpoint_id = self.endpoint.ref
+        endpoint_id = self.endpoint_id
         invoke = "execute-api:/*"
         policy = iam.PolicyDocument(
             statements=[
@@ -110,11 +151,18 @@ class ExtenderApi(Construct):
         # API Gateway writes access logs with the account's CloudWatch role, which this app never
         # creates or changes (cloud_watch_role=False; docs/deploy.md lists the one-time account setting).
         self.access_logs = logs.LogGroup(self, "AccessLogs", retention=access_log_retention)
+        # Associating the endpoint is what makes the endpoint-specific hostname resolve (with private DNS
+        # on or off).
+        associated = ec2.InterfaceVpcEndpoint.from_interface_vpc_endpoint_attributes(
+            self, "AssociatedEndpoint", port=443, vpc_endpoint_id=endpoint_id
+        )
         self.api = apigw.RestApi(
             self,
             "Api",
             description="gpu-scheduler kube-scheduler extender (private)",
-            endpoint_configuration=apigw.EndpointConfiguration(types=[apigw.EndpointType.PRIVATE]),
+            endpoint_configuration=apigw.EndpointConfiguration(
+                types=[apigw.EndpointType.PRIVATE], vpc_endpoints=[associated]
+            ),
             policy=policy,
             cloud_watch_role=False,
             deploy_options=apigw.StageOptions(
@@ -132,4 +180,35 @@ class ExtenderApi(Construct):
         for verb in verbs:
             self.api.root.add_resource(verb).add_method("POST", integration)
         self.api.root.add_resource("healthz").add_method("GET", integration)
-        self.url = f"https://{self.api.rest_api_id}.execute-api.{Aws.REGION}.{Aws.URL_SUFFIX}/{STAGE}"
+        self.url = f"https://{self.api.rest_api_id}-{endpoint_id}.execute-api.{Aws.REGION}.{Aws.URL_SUFFIX}/{STAGE}"
+        self.endpoint_policy: cr.AwsCustomResource | None = None
+        if self.endpoint is not None:
+            self.endpoint_policy = self._narrow_endpoint_policy(endpoint_id, access_log_retention)
+
+    def _narrow_endpoint_policy(self, endpoint_id: str, log_retention: logs.RetentionDays) -> cr.AwsCustomResource:
+        """``ec2:ModifyVpcEndpoint`` at deploy time: the endpoint's policy becomes this API's stage only."""
+        this_api = f"arn:{Aws.PARTITION}:execute-api:{Aws.REGION}:{Aws.ACCOUNT_ID}:{self.api.rest_api_id}/{STAGE}/*"
+        call = cr.AwsSdkCall(
+            service="EC2",
+            action="ModifyVpcEndpoint",
+            parameters={
+                "VpcEndpointId": endpoint_id,
+                "PolicyDocument": Stack.of(self).to_json_string(endpoint_policy(this_api)),
+            },
+            physical_resource_id=cr.PhysicalResourceId.of(endpoint_id),
+        )
+        return cr.AwsCustomResource(
+            self,
+            "EndpointPolicy",
+            on_update=call,  # also the create call
+            policy=cr.AwsCustomResourcePolicy.from_statements(
+                [
+                    iam.PolicyStatement(
+                        actions=["ec2:ModifyVpcEndpoint"],
+                        resources=[f"arn:{Aws.PARTITION}:ec2:{Aws.REGION}:{Aws.ACCOUNT_ID}:vpc-endpoint/{endpoint_id}"],
+                    )
+                ]
+            ),
+            install_latest_aws_sdk=False,
+            log_group=logs.LogGroup(self, "EndpointPolicyLogs", retention=log_retention),
+        )

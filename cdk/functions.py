@@ -1,4 +1,5 @@
-"""One Lambda function with its own role, log group and tracing: no managed policies, no shared role."""
+"""One Lambda function with its own role, log group and tracing, in the VPC: no managed policies, no
+shared role."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
@@ -14,6 +16,18 @@ from constructs import Construct
 
 from adapters.metric_catalogue import NAMESPACE
 from cdk.lambda_code import RUNTIME, LambdaPackage
+from cdk.network import FunctionNetwork
+
+# What Lambda does with the execution role to attach a function to the VPC (the actions of the managed
+# AWSLambdaVPCAccessExecutionRole, which this app does not attach). They have no useful resource scope.
+VPC_ACCESS_ACTIONS = (
+    "ec2:CreateNetworkInterface",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeSubnets",
+    "ec2:DeleteNetworkInterface",
+    "ec2:AssignPrivateIpAddresses",
+    "ec2:UnassignPrivateIpAddresses",
+)
 
 
 class Shared(TypedDict):
@@ -22,10 +36,12 @@ class Shared(TypedDict):
     package: LambdaPackage
     layer_scope: Construct
     log_retention_days: int
+    network: FunctionNetwork
 
 
 class SchedulerFunction(Construct):
-    """A function from the package, with an execution role that holds only what is granted to it.
+    """A function from the package, in ``network``'s private subnets with its security group, with an
+    execution role that holds only what is granted to it.
 
     Attributes: ``function``, ``role``, ``log_group``.
     """
@@ -45,6 +61,7 @@ class SchedulerFunction(Construct):
         timeout: Duration,
         reserved_concurrency: int,
         log_retention_days: int,
+        network: FunctionNetwork,
         dead_letter_queue: sqs.IQueue | None = None,
         layers: Sequence[lambda_.ILayerVersion] = (),
     ) -> None:
@@ -68,6 +85,7 @@ class SchedulerFunction(Construct):
                 resources=[self.log_group.log_group_arn],
             )
         )
+        self.role.add_to_policy(iam.PolicyStatement(actions=list(VPC_ACCESS_ACTIONS), resources=["*"]))
         self.function = lambda_.Function(
             self,
             "Function",
@@ -86,6 +104,9 @@ class SchedulerFunction(Construct):
             log_group=self.log_group,
             tracing=lambda_.Tracing.ACTIVE,
             dead_letter_queue=dead_letter_queue,
+            vpc=network.vpc,
+            vpc_subnets=ec2.SubnetSelection(subnets=list(network.subnets)),
+            security_groups=[network.security_group],
         )
 
 

@@ -12,19 +12,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from aws_cdk import Aws, Duration, Fn
+from aws_cdk import Aws, Duration, Fn, RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_aps as aps
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from adapters.metric_catalogue import DELETION_COST, EXTENDER, NAMESPACE, NODE_STATE, spec
-from cdk.prometheus import rule_groups, scrape_configuration
+from cdk.prometheus import DCGM_NAMESPACE, KSM_NAMESPACE, rule_groups, scrape_configuration
 from manifests.scheduler import SCRAPER_USER, dump_yaml
 from scheduler_core.deletion_cost.policy import COST_RANGES
 
@@ -60,10 +62,12 @@ class Watched:
 
 
 class Monitoring(Construct):
-    """Attributes: ``topic`` (alarms), ``workspace_id``, ``workspace_arn``, ``query_url`` (AMP).
+    """Attributes: ``topic`` (alarms), ``topic_key`` (its KMS key; None when imported), ``workspace_id``,
+    ``workspace_arn``, ``query_url`` (AMP).
 
-    ``alarm_topic_arn`` imports a topic; otherwise one is created, with ``alarm_email`` subscribed if
-    given. ``amp_workspace_id`` imports a workspace; otherwise one is created.
+    ``alarm_topic_arn`` imports a topic; otherwise one is created, encrypted with its own KMS key that
+    CloudWatch may use, with ``alarm_email`` subscribed if given. ``amp_workspace_id`` imports a workspace;
+    otherwise one is created.
     """
 
     def __init__(
@@ -77,11 +81,29 @@ class Monitoring(Construct):
         amp_workspace_id: str = "",
     ) -> None:
         super().__init__(scope, construct_id)
+        self.topic_key: kms.Key | None = None
         if alarm_topic_arn:
             self.topic: sns.ITopic = sns.Topic.from_topic_arn(self, "AlarmTopic", alarm_topic_arn)
         else:
+            # A customer managed key: CloudWatch cannot publish to a topic under the AWS managed key
+            # (alias/aws/sns), whose key policy cannot grant it kms:GenerateDataKey.
+            self.topic_key = kms.Key(
+                self,
+                "AlarmTopicKey",
+                description=f"gpu-scheduler alarm topic ({cluster_name})",
+                enable_key_rotation=True,
+                removal_policy=RemovalPolicy.DESTROY,  # it encrypts messages in flight only
+                pending_window=Duration.days(7),
+            )
+            self.topic_key.grant(
+                iam.ServicePrincipal("cloudwatch.amazonaws.com"), "kms:Decrypt", "kms:GenerateDataKey*"
+            )
             topic = sns.Topic(
-                self, "AlarmTopic", display_name=f"gpu-scheduler alarms ({cluster_name})", enforce_ssl=True
+                self,
+                "AlarmTopic",
+                display_name=f"gpu-scheduler alarms ({cluster_name})",
+                enforce_ssl=True,
+                master_key=self.topic_key,
             )
             if alarm_email:
                 topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
@@ -106,9 +128,17 @@ class Monitoring(Construct):
         )
 
     def scrape(
-        self, *, cluster_name: str, cluster_arn: str, subnet_ids: Sequence[str], security_group_ids: Sequence[str]
+        self,
+        *,
+        cluster_name: str,
+        cluster_arn: str,
+        subnet_ids: Sequence[str],
+        security_group_ids: Sequence[str],
+        dcgm_namespace: str = DCGM_NAMESPACE,
+        ksm_namespace: str = KSM_NAMESPACE,
     ) -> None:
-        """The AMP managed scraper for the cluster and the rule groups AMP evaluates.
+        """The AMP managed scraper for the cluster and the rule groups AMP evaluates. The DCGM exporter and
+        kube-state-metrics are scraped only in ``dcgm_namespace`` and ``ksm_namespace``.
 
         The scraper's role gets an access entry as ``aps-collector-user``, the user the RBAC in
         ``manifests.scheduler.scraper_rbac`` binds. Attributes set: ``scraper``, ``rules``,
@@ -128,7 +158,9 @@ class Monitoring(Construct):
             ),
             # CloudFormation takes the configuration file base64-encoded.
             scrape_configuration=aps.CfnScraper.ScrapeConfigurationProperty(
-                configuration_blob=Fn.base64(dump_yaml(scrape_configuration()))
+                configuration_blob=Fn.base64(
+                    dump_yaml(scrape_configuration(dcgm_namespace=dcgm_namespace, ksm_namespace=ksm_namespace))
+                )
             ),
         )
         self.scraper_access_entry = eks.CfnAccessEntry(

@@ -8,8 +8,9 @@ The exporters and their series, as the real ones name them:
   ``scheduler_scheduling_attempt_duration_seconds_bucket{profile,result,le}``,
   ``scheduler_pending_pods{queue}``;
 - **DCGM exporter** (port 9400): ``DCGM_FI_DEV_GPU_UTIL{gpu,UUID,modelName,Hostname,namespace,pod}``, with
-  ``namespace``/``pod`` set while a pod holds the GPU;
-- **kube-state-metrics** (port 8080), started with
+  ``namespace``/``pod`` set while a pod holds the GPU; scraped only in its own namespace
+  (``gpu-operator`` by default);
+- **kube-state-metrics** (port 8080; only in its own namespace, ``kube-system`` by default), started with
   ``--metric-annotations-allowlist=pods=[controller.kubernetes.io/pod-deletion-cost]`` so that
   ``kube_pod_annotations`` carries ``annotation_controller_kubernetes_io_pod_deletion_cost``; also
   ``kube_node_status_allocatable``, ``kube_pod_container_resource_requests``, ``kube_pod_status_phase``,
@@ -17,6 +18,13 @@ The exporters and their series, as the real ones name them:
 
 The scrape configuration relabels the deletion-cost annotation into ``deletion_cost_range`` with the same
 ranges the deletion-cost refresher reports (``PodsByCostRange``), so the two views agree.
+
+Each exporter's series are trusted for what they describe (GPU utilisation is 30 % of the score), so each
+job discovers pods only in the exporter's own namespace: a pod elsewhere that carries the exporter's labels
+and port is never scraped. No job sets ``honor_labels``: a label the scrape attaches wins over an exposed
+one of the same name. The DCGM and kube-state-metrics jobs attach no ``namespace``/``pod`` labels of their
+own, so the exporters' (the workload's, the described object's) come through as exposed; the exporter pod
+is named by ``node`` and ``exporter_pod``.
 """
 
 from __future__ import annotations
@@ -45,33 +53,56 @@ def deletion_cost_relabelling() -> list[dict[str, Any]]:
     ]
 
 
-def _keep_pods(label: str, value: str, port: str) -> list[dict[str, Any]]:
+DCGM_NAMESPACE = "gpu-operator"
+KSM_NAMESPACE = "kube-system"
+SCHEDULER_NAMESPACE = "kube-system"
+
+
+def _pods_in(namespace: str) -> list[dict[str, Any]]:
+    """Pod discovery limited to one namespace."""
+    return [{"role": "pod", "namespaces": {"names": [namespace]}}]
+
+
+def _keep_port(port: str) -> dict[str, Any]:
+    return {"source_labels": ["__meta_kubernetes_pod_container_port_number"], "regex": port, "action": "keep"}
+
+
+def _exporter_labels(*, pod_label: str) -> list[dict[str, Any]]:
+    """Target labels naming the exporter pod: ``node``, and the pod as ``pod_label``."""
     return [
-        {"source_labels": [f"__meta_kubernetes_pod_label_{label}"], "regex": value, "action": "keep"},
-        {"source_labels": ["__meta_kubernetes_pod_container_port_number"], "regex": port, "action": "keep"},
-        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": pod_label},
         {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"},
     ]
 
 
-def scrape_configuration(*, interval_s: int = 30) -> dict[str, Any]:
-    """The managed scraper's Prometheus configuration: three jobs, found by pod labels and ports."""
-    pods = [{"role": "pod"}]
+def scrape_configuration(
+    *, interval_s: int = 30, dcgm_namespace: str = DCGM_NAMESPACE, ksm_namespace: str = KSM_NAMESPACE
+) -> dict[str, Any]:
+    """The managed scraper's Prometheus configuration: three jobs, each found by pod labels and port in its
+    own namespace."""
     return {
         "global": {"scrape_interval": f"{interval_s}s"},
         "scrape_configs": [
             {
                 "job_name": SCHEDULER_PROFILE,
-                "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": ["kube-system"]}}],
+                "kubernetes_sd_configs": _pods_in(SCHEDULER_NAMESPACE),
                 "scheme": "https",
                 # kube-scheduler serves a self-signed certificate; the scrape stays inside the VPC.
                 "tls_config": {"insecure_skip_verify": True},
-                "relabel_configs": _keep_pods("app_kubernetes_io_name", SCHEDULER_PROFILE, "10259"),
+                "relabel_configs": [
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+                        "regex": SCHEDULER_PROFILE,
+                        "action": "keep",
+                    },
+                    _keep_port("10259"),
+                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                    *_exporter_labels(pod_label="pod"),
+                ],
             },
             {
                 "job_name": "dcgm-exporter",
-                "kubernetes_sd_configs": pods,
+                "kubernetes_sd_configs": _pods_in(dcgm_namespace),
                 # The GPU operator labels its exporter app=nvidia-dcgm-exporter; the Helm chart uses
                 # app.kubernetes.io/name=dcgm-exporter. Either is kept.
                 "relabel_configs": [
@@ -83,15 +114,23 @@ def scrape_configuration(*, interval_s: int = 30) -> dict[str, Any]:
                         "regex": "nvidia-dcgm-exporter;.*|.*;dcgm-exporter",
                         "action": "keep",
                     },
-                    *_keep_pods("app_kubernetes_io_name", ".*", "9400")[1:],
+                    _keep_port("9400"),
+                    # namespace/pod on DCGM series are the workload holding the GPU: left as exposed.
+                    *_exporter_labels(pod_label="exporter_pod"),
                 ],
             },
             {
                 "job_name": "kube-state-metrics",
-                "kubernetes_sd_configs": pods,
-                # Keep ksm's own namespace/pod labels (the exported pod's), not the exporter pod's.
-                "honor_labels": True,
-                "relabel_configs": _keep_pods("app_kubernetes_io_name", "kube-state-metrics", "8080")[:2],
+                "kubernetes_sd_configs": _pods_in(ksm_namespace),
+                # No target namespace/pod labels: ksm's own (the described object's) come through as they are.
+                "relabel_configs": [
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+                        "regex": "kube-state-metrics",
+                        "action": "keep",
+                    },
+                    _keep_port("8080"),
+                ],
                 "metric_relabel_configs": deletion_cost_relabelling(),
             },
         ],

@@ -6,28 +6,33 @@ import json
 from typing import Any
 
 from aws_cdk import Acknowledgment, Aws, CfnOutput, Duration, Stack, Validations
-from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from adapters.metric_catalogue import DELETION_COST, EXTENDER, NODE_STATE
-from cdk.cluster_access import ClusterAccess
+from cdk.cluster_access import ClusterAccess, KubernetesIdentity
 from cdk.config import DeployConfig
 from cdk.extender_api import ExtenderApi
 from cdk.functions import SchedulerFunction, Shared, retention
 from cdk.lambda_code import LambdaPackage
 from cdk.monitoring import Monitoring, Watched
+from cdk.network import SchedulerNetwork
 from cdk.refreshers import DeadLetterQueue, ScheduledRefresher
 from cdk.state import SchedulerState
+from manifests import access as lambda_identities
 from manifests.scheduler import all_manifests
 from scheduler_core.extender.facade import SHARING_VERBS, VERBS
 
+# The construct ID of aws-cdk-lib's singleton function behind every AwsCustomResource in a stack.
+AWS_SDK_CALL_PROVIDER = "AWS679f53fac002430cb0da5b7982bd2287"
+
 
 class GpuSchedulerStack(Stack):
-    """Attributes: ``state``, ``monitoring``, ``extender``, ``node_state``, ``deletion_cost`` (functions),
-    ``refreshers``, ``api``, ``access``, ``manifests`` (the Kubernetes documents, URL as a token)."""
+    """Attributes: ``network``, ``state``, ``monitoring``, ``extender``, ``node_state``, ``deletion_cost``
+    (functions), ``refreshers``, ``api``, ``access``, ``manifests`` (the Kubernetes documents, URL as a
+    token)."""
 
     def __init__(
         self, scope: Construct, construct_id: str, *, config: DeployConfig, package: LambdaPackage, **kwargs: Any
@@ -35,7 +40,18 @@ class GpuSchedulerStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         self.config = config
         log_retention = retention(config.log_retention_days)
-        vpc, subnet_ids, cluster_sg = self._network(config)
+        self.network = SchedulerNetwork(
+            self,
+            "Network",
+            services=config.vpc_endpoints,
+            vpc_id=config.vpc_id,
+            subnet_ids=config.subnet_ids,
+            route_table_ids=config.route_table_ids,
+            cluster_security_group_id=config.cluster_security_group_id,
+            scheduler_security_group_id=config.scheduler_security_group_id,
+            log_retention=log_retention,
+        )
+        network = self.network
 
         self.state = SchedulerState(self, "State")
         self.monitoring = Monitoring(
@@ -54,7 +70,12 @@ class GpuSchedulerStack(Stack):
             string_value=json.dumps(config.deletion_cost_config, separators=(",", ":")),
         )
 
-        common = Shared(package=package, layer_scope=self, log_retention_days=config.log_retention_days)
+        common = Shared(
+            package=package,
+            layer_scope=self,
+            log_retention_days=config.log_retention_days,
+            network=network.functions,
+        )
         extender_environment = {
             "SNAPSHOT_URI": self.state.snapshot_uri,
             "MAX_SNAPSHOT_AGE_S": str(config.max_snapshot_age_s),
@@ -149,9 +170,11 @@ class GpuSchedulerStack(Stack):
         self.api = ExtenderApi(
             self,
             "ExtenderApi",
-            vpc=vpc,
-            subnet_ids=subnet_ids,
-            cluster_security_group_id=cluster_sg,
+            vpc=network.vpc,
+            subnet_ids=network.subnet_ids,
+            scheduler_security_group_id=network.scheduler_security_group_id,
+            private_dns=config.execute_api_private_dns,
+            imported_endpoint_id=config.execute_api_endpoint_id,
             handler=handler,
             verbs=VERBS + (SHARING_VERBS if config.sharing else ()),
             rate_limit=config.api_rate_limit,
@@ -172,49 +195,50 @@ class GpuSchedulerStack(Stack):
         self.monitoring.scrape(
             cluster_name=config.cluster_name,
             cluster_arn=cluster_arn,
-            subnet_ids=subnet_ids,
-            security_group_ids=[cluster_sg],
+            subnet_ids=network.subnet_ids,
+            security_group_ids=[network.cluster_security_group_id],
+            dcgm_namespace=config.dcgm_exporter_namespace,
+            ksm_namespace=config.kube_state_metrics_namespace,
         )
         self._grant(cluster_arn, deletion_cost_config)
-        self.manifests = all_manifests(config.scheduler_options(self.api.url))
+        self.manifests = all_manifests(config.scheduler_options(self.api.url), admission_policy=config.admission_policy)
+        roles = {
+            lambda_identities.EXTENDER.name: self.extender.role,
+            lambda_identities.NODE_STATE.name: self.node_state.role,
+            lambda_identities.DELETION_COST.name: self.deletion_cost.role,
+        }
         self.access = ClusterAccess(
             self,
             "ClusterAccess",
             cluster_name=config.cluster_name,
-            roles={
-                "Extender": self.extender.role,
-                "NodeState": self.node_state.role,
-                "DeletionCost": self.deletion_cost.role,
+            # One group per function, and none for the extender without sharing: it never calls Kubernetes.
+            identities={
+                _construct_name(identity.name): KubernetesIdentity(roles[identity.name], identity.group)
+                for identity in lambda_identities.identities(sharing=config.sharing)
             },
             manifests=self.manifests if config.apply_manifests else (),
+            log_retention=log_retention,
         )
         self._acknowledge()
-        CfnOutput(self, "ExtenderUrl", value=self.api.url, description="urlPrefix for kube-scheduler")
+        CfnOutput(
+            self,
+            "ExtenderUrl",
+            value=self.api.url,
+            description="urlPrefix for kube-scheduler: the endpoint-specific hostname <api>-<vpce>, which "
+            "resolves with the endpoint's private DNS off",
+        )
         CfnOutput(self, "SchedulerConfigCommand", value=self._config_command())
         CfnOutput(self, "SnapshotUri", value=self.state.snapshot_uri)
         CfnOutput(self, "LedgerTable", value=self.state.ledger.table_name)
-        CfnOutput(self, "ExecuteApiEndpointId", value=self.api.endpoint.ref)
-        CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)
-
-    def _network(self, config: DeployConfig) -> tuple[ec2.IVpc, list[str], str]:
-        """The cluster's VPC, the endpoint's subnets and the cluster security group; or a demo VPC."""
-        if not config.demo_vpc:
-            # Only the VPC's ID is used (by the endpoint's security group): no lookup, no AZs needed.
-            vpc = ec2.Vpc.from_vpc_attributes(self, "Vpc", vpc_id=config.vpc_id, availability_zones=["unused"])
-            return vpc, list(config.subnet_ids), config.cluster_security_group_id
-        demo = ec2.Vpc(
+        CfnOutput(self, "ExecuteApiEndpointId", value=self.api.endpoint_id)
+        CfnOutput(
             self,
-            "DemoVpc",
-            max_azs=2,
-            nat_gateways=0,
-            subnet_configuration=[
-                ec2.SubnetConfiguration(name="private", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=24)
-            ],
-            flow_logs={"all": ec2.FlowLogOptions(traffic_type=ec2.FlowLogTrafficType.REJECT)},
+            "LambdaSecurityGroupId",
+            value=network.lambda_security_group.security_group_id,
+            description="the Lambdas' security group: admit it on 443 wherever the cluster API's endpoint has "
+            "security groups other than the cluster security group",
         )
-        # Stands in for the EKS cluster security group of a cluster built in this VPC.
-        cluster_sg = ec2.SecurityGroup(self, "DemoClusterSecurityGroup", vpc=demo, description="demo cluster")
-        return demo, [s.subnet_id for s in demo.isolated_subnets], cluster_sg.security_group_id
+        CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)
 
     def _grant(self, cluster_arn: str, deletion_cost_config: ssm.StringParameter) -> None:
         state = self.state
@@ -267,50 +291,77 @@ class GpuSchedulerStack(Stack):
         )
 
     def _acknowledge(self) -> None:
-        """cdk-nag AwsSolutions findings that are deliberate, each with its reason."""
+        """cdk-nag AwsSolutions findings that are deliberate, each with a reason that holds for this stack."""
 
         def ack(scope: Construct, rule: str, reason: str) -> None:
             Validations.of(scope).acknowledge(Acknowledgment(id=f"AwsSolutions::AwsSolutions-{rule}", reason=reason))
 
-        xray = (
-            "X-Ray's PutTraceSegments and PutTelemetryRecords have no resource-level permissions; "
-            "Lambda active tracing needs them on *"
+        star = (
+            "X-Ray's PutTraceSegments and PutTelemetryRecords, and the network-interface actions Lambda takes "
+            "with the execution role to attach the function to the VPC (those of the managed "
+            "AWSLambdaVPCAccessExecutionRole), have no useful resource-level permissions"
         )
         for fn in (self.extender, self.deletion_cost):
-            ack(fn.role, "IAM5[Resource::*]", xray)
+            ack(fn.role, "IAM5[Resource::*]", star)
         ack(
             self.node_state.role,
             "IAM5[Resource::*]",
-            xray + "; ec2:DescribeInstanceTypes (GPU facts for unlabelled nodes) has none either",
+            star + "; ec2:DescribeInstanceTypes (GPU facts for unlabelled nodes) has none either",
         )
         ack(
             self.state.bucket,
             "S1",
-            "the bucket holds one machine-written snapshot; every write comes from the node-state role and is "
-            "in CloudTrail, so server access logs would add a second bucket and no information",
+            "the bucket holds one object, the snapshot the node-state refresher rewrites every minute and logs "
+            "writing (SnapshotBytes metric, its run report); server access logs would add a second bucket and "
+            "thousands of log objects a day. S3 data events are not in CloudTrail unless the account's trail "
+            "records them: docs/security.md says how to add this bucket to it",
         )
         if self.access.kubectl is not None:
             self._acknowledge_kubectl_provider(self.access.kubectl, ack)
+        if self.api.endpoint_policy is not None:
+            self._acknowledge_sdk_call_provider(ack)
         api = self.api.api
+        if self.config.execute_api_endpoint_id:
+            path = (
+                f"the imported endpoint {self.config.execute_api_endpoint_id}, whose security group and policy its "
+                "owner keeps to the scheduler pods and this API (docs/security.md)"
+            )
+        else:
+            path = (
+                "this stack's execute-api endpoint, whose security group admits 443 only from the scheduler pods' "
+                "security group and whose policy allows invoking only this API"
+            )
         ack(api, "APIG2", "the extender validates every request body itself and answers in the protocol's Error field")
         ack(
             api,
             "APIG3",
-            "private API: reachable only through the cluster's VPC endpoint (resource policy on aws:SourceVpce "
-            "and an endpoint security group admitting only the cluster)",
+            f"private API with no public path: its resource policy allows only aws:SourceVpce of {path}; "
+            "stage throttling bounds the rate",
         )
-        ack(
-            api,
-            "APIG4",
-            "kube-scheduler cannot sign requests or send headers; the network path and the resource policy "
-            "are the boundary (DESIGN section 6)",
+        boundary = (
+            "kube-scheduler can neither sign requests (SigV4) nor send headers, and a private REST API cannot "
+            "verify client certificates, so no authorizer can check it; the boundary is the network: the "
+            f"resource policy allows only {path}"
         )
-        ack(api, "COG4", "kube-scheduler cannot present Cognito tokens; see APIG4")
+        ack(api, "APIG4", boundary)
+        ack(api, "COG4", "kube-scheduler cannot present Cognito tokens either: " + boundary)
         ack(
             api,
             "APIG6",
             "execution logging needs the account-level API Gateway CloudWatch role, which this app must not "
             "create or change; JSON access logs and the Lambda's own logs cover each request",
+        )
+
+    def _acknowledge_sdk_call_provider(self, ack: Any) -> None:
+        """The CDK-owned function behind ``AwsCustomResource`` (the endpoint-policy call), deploy-time only."""
+        provider = self.node.try_find_child(AWS_SDK_CALL_PROVIDER)
+        if provider is None:
+            return
+        ack(
+            provider,
+            "IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",
+            "the CDK-owned AwsCustomResource provider (one ec2:ModifyVpcEndpoint on this stack's endpoint at "
+            "deploy time) attaches this managed policy to its own role",
         )
 
     def _acknowledge_kubectl_provider(self, kubectl: Construct, ack: Any) -> None:
@@ -352,3 +403,8 @@ class GpuSchedulerStack(Stack):
             f"{provider}: its framework invokes the handler's versions",
         )
         ack(kubectl, "L1", f"{provider} pins its handler's runtime")
+
+
+def _construct_name(identity: str) -> str:
+    """``node-state`` -> ``NodeState``: the function's construct name for a Kubernetes identity."""
+    return "".join(part.capitalize() for part in identity.split("-"))

@@ -6,8 +6,9 @@ documents for a URL given on the command line.
 
 What is generated:
 
-- ``extender_rbac``: the ClusterRole the Lambdas' Kubernetes group gets (EKS access entries map their IAM
-  roles onto that group): nodes get/list/patch, pods get/list/patch, pods/binding create, events create.
+- ``manifests.access``: one ClusterRole per Lambda's Kubernetes group (EKS access entries map each IAM
+  role onto its own group), with the least verbs each uses, and the ValidatingAdmissionPolicies that keep
+  each identity to its own labels and annotations.
 - ``scheduler_manifests``: the upstream kube-scheduler running as a second scheduler named
   ``gpu-scheduler``: ServiceAccount, the RBAC it needs, a ConfigMap with its ``KubeSchedulerConfiguration``
   (``kubescheduler.config.k8s.io/v1``) calling our extender, a Deployment with probes, and a PDB.
@@ -35,13 +36,12 @@ from typing import Any
 
 import yaml
 
+from manifests.access import admission_policies, lambda_rbac
 from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.names import MILLI_RESOURCE
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SCHEDULER_NAME = "gpu-scheduler"
-# The Kubernetes group the Lambdas' IAM roles are mapped to by their EKS access entries.
-LAMBDA_GROUP = "gpu-scheduler:lambdas"
 # The Kubernetes user the AMP managed scraper's role is mapped to.
 SCRAPER_USER = "aps-collector-user"
 # kube-scheduler must not be newer than the API server: set the tag to the cluster's minor version.
@@ -195,27 +195,6 @@ def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
     if namespace is not None:
         meta["namespace"] = namespace
     return meta
-
-
-def extender_rbac(group: str = LAMBDA_GROUP) -> list[dict[str, Any]]:
-    """ClusterRole and binding for the Lambdas' group: exactly what the extender and refreshers call."""
-    name = "gpu-scheduler-lambdas"
-    rules = [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
-        {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
-        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
-    ]
-    return [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(name), "rules": rules},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": _meta(name),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}],
-        },
-    ]
 
 
 def _scheduler_rbac(namespace: str) -> list[dict[str, Any]]:
@@ -382,9 +361,12 @@ def scraper_rbac() -> list[dict[str, Any]]:
     ]
 
 
-def all_manifests(options: SchedulerOptions, *, group: str = LAMBDA_GROUP) -> list[dict[str, Any]]:
-    """The Lambdas' and the scraper's RBAC and the second scheduler: everything ``gpu-scheduler.yaml`` holds."""
-    return [*extender_rbac(group), *scraper_rbac(), *scheduler_manifests(options)]
+def all_manifests(options: SchedulerOptions, *, admission_policy: bool = True) -> list[dict[str, Any]]:
+    """The Lambdas' and the scraper's RBAC, the Lambdas' admission policies (Kubernetes 1.30 or newer;
+    ``admission_policy=False`` leaves them out) and the second scheduler: everything ``gpu-scheduler.yaml``
+    holds."""
+    policies = admission_policies(sharing=options.sharing) if admission_policy else []
+    return [*lambda_rbac(sharing=options.sharing), *scraper_rbac(), *policies, *scheduler_manifests(options)]
 
 
 class _Dumper(yaml.SafeDumper):  # type: ignore[misc]

@@ -24,7 +24,9 @@ from cdk.stack import GpuSchedulerStack
 IMPORTED_NETWORK = {
     "vpcId": "vpc-0123456789abcdef0",
     "subnetIds": "subnet-0aaaaaaaaaaaaaaaa,subnet-0bbbbbbbbbbbbbbbb",
+    "routeTableIds": "rtb-0aaaaaaaaaaaaaaaa,rtb-0bbbbbbbbbbbbbbbb",
     "clusterSecurityGroupId": "sg-0cccccccccccccccc",
+    "schedulerSecurityGroupId": "sg-0dddddddddddddddd",
 }
 
 
@@ -78,6 +80,21 @@ def synth(package_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callab
         return cache[key]
 
     return run
+
+
+def joined(value: Any, token: str = "TOKEN") -> str:
+    """A ``Fn::Join`` (or a plain string) as text: each ``{"Ref": X}`` in it written as ``<X>``, any other
+    intrinsic as ``token``."""
+
+    def part(p: Any) -> str:
+        if isinstance(p, str):
+            return p
+        return f"<{p['Ref']}>" if isinstance(p, dict) and set(p) == {"Ref"} else token
+
+    if isinstance(value, dict) and "Fn::Join" in value:
+        sep, parts = value["Fn::Join"]
+        return str(sep).join(part(p) for p in parts)
+    return part(value)
 
 
 def bare_stack() -> Stack:

@@ -40,16 +40,22 @@ def test_synth_writes_the_template_the_nag_report_and_the_manifests(
     monkeypatch.setenv("CDK_OUTDIR", str(tmp_path))
     assert main(["-c", "clusterName=prod", "-c", f"packageDir={package_dir}", "-c", "extenderWeight=8"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["cdk_nag"]["AwsSolutions"] == {"conclusion": "success", "violations": 0, "acknowledged": 9}
+    # The nine of docs/deploy.md, and the CDK-owned provider behind the endpoint-policy call.
+    assert summary["cdk_nag"]["AwsSolutions"] == {"conclusion": "success", "violations": 0, "acknowledged": 10}
     template = json.loads(Path(summary["template"]).read_text())
     assert summary["resources"] == len(template["Resources"])
-    assert summary["resources_by_type"]["AWS::Lambda::Function"] == 3
+    assert summary["resources_by_type"]["AWS::Lambda::Function"] == 4  # three Lambdas and the custom resource's
     manifests = Path(summary["manifests"])
     assert manifests == tmp_path / "manifests" / "gpu-scheduler.yaml"
     docs = list(yaml.safe_load_all(manifests.read_text()))
     (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
     (extender,) = yaml.safe_load(config_map["data"]["config.yaml"])["extenders"]
-    # Before a deploy the URL is unknown: a readable placeholder, never a CDK token.
-    assert extender["urlPrefix"] == "https://EXTENDER_URL.execute-api.REGION.amazonaws.com/v1"
+    # Before a deploy the URL is unknown: a readable placeholder of the endpoint-specific hostname, never a
+    # CDK token.
+    assert extender["urlPrefix"] == "https://API_ID-VPCE_ID.execute-api.REGION.amazonaws.com/v1"
     assert extender["weight"] == 8
     assert "${Token" not in manifests.read_text()
+    assert "ValidatingAdmissionPolicy" in [d["kind"] for d in docs]
+    scrape = yaml.safe_load((Path(summary["monitoring"]) / "scrape.yaml").read_text())
+    (dcgm,) = [job for job in scrape["scrape_configs"] if job["job_name"] == "dcgm-exporter"]
+    assert dcgm["kubernetes_sd_configs"][0]["namespaces"] == {"names": ["gpu-operator"]}

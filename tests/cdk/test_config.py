@@ -30,6 +30,27 @@ def test_without_a_vpc_the_demo_network_is_used() -> None:
     assert DeployConfig.from_context({"clusterName": "prod"}).demo_vpc
 
 
+def test_the_private_api_defaults_are_the_safe_ones() -> None:
+    config = DeployConfig.from_context({"clusterName": "prod"})
+    assert config.execute_api_private_dns is False and config.admission_policy is True
+    assert (config.dcgm_exporter_namespace, config.kube_state_metrics_namespace) == ("gpu-operator", "kube-system")
+
+
+def test_the_stack_creates_the_endpoints_the_vpc_lacks_and_dynamodb_only_with_sharing() -> None:
+    plain = DeployConfig.from_context({"clusterName": "prod"})
+    assert "dynamodb" not in plain.vpc_endpoints and {"s3", "eks", "ec2", "ssm", "aps-workspaces"} <= set(
+        plain.vpc_endpoints
+    )
+    sharing = DeployConfig.from_context({"clusterName": "prod", "sharing": "true", "existingVpcEndpoints": "s3,sts"})
+    assert "dynamodb" in sharing.vpc_endpoints and not {"s3", "sts"} & set(sharing.vpc_endpoints)
+
+
+def test_an_imported_vpc_whose_gateways_exist_needs_no_route_tables() -> None:
+    network = {k: v for k, v in IMPORTED_NETWORK.items() if k != "routeTableIds"}
+    config = DeployConfig.from_context({"clusterName": "prod", **network, "existingVpcEndpoints": "s3"})
+    assert config.route_table_ids == ()
+
+
 def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
     with pytest.raises(ConfigError) as info:
         DeployConfig.from_context(
@@ -72,6 +93,37 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         ({"deletionCostConfig": "{not json"}, "deletionCostConfig: expected a JSON object"),
         ({"ampWorkspaceId": "prometheus"}, "ampWorkspaceId: expected ws-..., got 'prometheus'"),
         ({"sharePolicy": "fgd"}, "sharePolicy: expected one of fgd_cpu, gpu_packing, bestfit, dotprod, got 'fgd'"),
+        (
+            {**IMPORTED_NETWORK, "schedulerSecurityGroupId": ""},
+            "schedulerSecurityGroupId: required with vpcId (the scheduler pods' security group",
+        ),
+        (
+            {**IMPORTED_NETWORK, "schedulerSecurityGroupId": IMPORTED_NETWORK["clusterSecurityGroupId"]},
+            "schedulerSecurityGroupId: must not be the cluster security group",
+        ),
+        (
+            {**IMPORTED_NETWORK, "routeTableIds": ""},
+            "routeTableIds: required with vpcId for the s3 gateway endpoint (the private",
+        ),
+        ({**IMPORTED_NETWORK, "routeTableIds": "rtb-1"}, "routeTableIds: expected rtb- and 8 or 17 hex digits"),
+        ({"schedulerSecurityGroupId": "sg-0dddddddddddddddd"}, "vpcId: required when schedulerSecurityGroupId"),
+        ({"existingVpcEndpoints": "s3,kinesis"}, "existingVpcEndpoints: expected some of s3, dynamodb"),
+        (
+            {**IMPORTED_NETWORK, "executeApiEndpointId": "vpce-0eeeeeeeeeeeeeeee"},
+            "schedulerSecurityGroupId: not used with executeApiEndpointId",
+        ),
+        ({**IMPORTED_NETWORK, "executeApiEndpointId": "endpoint"}, "executeApiEndpointId: expected vpce- and"),
+        (
+            {
+                **IMPORTED_NETWORK,
+                "schedulerSecurityGroupId": "",
+                "executeApiEndpointId": "vpce-0eeeeeeeeeeeeeeee",
+                "executeApiPrivateDns": "true",
+            },
+            "executeApiPrivateDns: applies only to the endpoint this stack creates",
+        ),
+        ({"dcgmExporterNamespace": "GPU_Operator"}, "dcgmExporterNamespace: expected a Kubernetes namespace name"),
+        ({"kubeStateMetricsNamespace": "-x"}, "kubeStateMetricsNamespace: expected a Kubernetes namespace name"),
     ],
     ids=[
         "provisioned concurrency cannot exceed the reserved",
@@ -83,6 +135,17 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         "deletion-cost config that is not JSON is refused",
         "a workspace id without ws- is refused",
         "a share policy that needs the whole workload is refused",
+        "an imported VPC needs the scheduler pods' security group",
+        "the cluster security group cannot be the scheduler's",
+        "gateway endpoints need the route tables",
+        "a route table id is checked",
+        "network ids without a VPC are refused",
+        "an unknown endpoint service is refused",
+        "an imported api endpoint keeps its own security group",
+        "an imported api endpoint id is checked",
+        "private DNS cannot be set on an imported endpoint",
+        "a namespace with capitals is refused",
+        "a namespace starting with a dash is refused",
     ],
 )
 def test_invalid_values_name_their_key(context: dict[str, object], expected: str) -> None:

@@ -46,9 +46,23 @@ def test_a_new_topic_and_workspace_by_default_with_the_email_subscribed() -> Non
     )
 
 
+def test_a_new_topic_is_encrypted_with_its_own_rotating_key_that_cloudwatch_may_use() -> None:
+    monitoring, template = _build()
+    (key_id,) = template.find_resources("AWS::KMS::Key")
+    template.has_resource_properties("AWS::SNS::Topic", {"KmsMasterKeyId": {"Fn::GetAtt": [key_id, "Arn"]}})
+    template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+    # CloudWatch alarms publish to the topic: without kms:GenerateDataKey on the key they would fail.
+    (key,) = template.find_resources("AWS::KMS::Key").values()
+    granted = [s["Action"] for s in key["Properties"]["KeyPolicy"]["Statement"]
+               if s["Principal"] == {"Service": "cloudwatch.amazonaws.com"}]  # fmt: skip
+    assert granted == [["kms:Decrypt", "kms:GenerateDataKey*"]]
+    assert monitoring.topic_key is not None
+
+
 def test_an_imported_topic_and_workspace_create_nothing() -> None:
     monitoring, template = _build(alarm_topic_arn=TOPIC_ARN, amp_workspace_id="ws-0123abcd")
     template.resource_count_is("AWS::SNS::Topic", 0)
+    template.resource_count_is("AWS::KMS::Key", 0)
     template.resource_count_is("AWS::APS::Workspace", 0)
     template.has_resource_properties("AWS::CloudWatch::Alarm", {"AlarmActions": [TOPIC_ARN]})
     assert monitoring.workspace_id == "ws-0123abcd"
@@ -205,6 +219,16 @@ def test_the_scraper_scrapes_the_cluster_into_the_workspace_with_the_generated_c
     ]
     (scraper_id,) = synthesised.resources("AWS::APS::Scraper")
     assert entry["PrincipalArn"] == {"Fn::GetAtt": [scraper_id, "RoleArn"]}
+
+
+def test_the_exporters_namespaces_come_from_context(synth: Callable[..., Synth]) -> None:
+    synthesised = synth(dcgmExporterNamespace="nvidia-gpu", kubeStateMetricsNamespace="monitoring")
+    (scraper,) = synthesised.resources("AWS::APS::Scraper").values()
+    blob = yaml.safe_load(scraper["Properties"]["ScrapeConfiguration"]["ConfigurationBlob"]["Fn::Base64"])
+    jobs = {job["job_name"]: job for job in blob["scrape_configs"]}
+    assert jobs["dcgm-exporter"]["kubernetes_sd_configs"][0]["namespaces"] == {"names": ["nvidia-gpu"]}
+    assert jobs["kube-state-metrics"]["kubernetes_sd_configs"][0]["namespaces"] == {"names": ["monitoring"]}
+    assert blob == scrape_configuration(dcgm_namespace="nvidia-gpu", ksm_namespace="monitoring")
 
 
 def test_the_rule_groups_are_the_generated_ones(synth: Callable[..., Synth]) -> None:

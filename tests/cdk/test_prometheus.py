@@ -239,7 +239,6 @@ def test_the_scrape_relabelling_puts_each_cost_in_the_refreshers_range(tmp_path:
     job = {
         "job_name": "kube-state-metrics",
         "scrape_interval": "1s",
-        "honor_labels": ksm_job["honor_labels"],
         "static_configs": [{"targets": [f"127.0.0.1:{server.server_address[1]}"]}],
         "metric_relabel_configs": ksm_job["metric_relabel_configs"],  # exactly what the scraper applies
     }
@@ -252,6 +251,9 @@ def test_the_scrape_relabelling_puts_each_cost_in_the_refreshers_range(tmp_path:
                 time.sleep(0.5)
     finally:
         server.shutdown()
+    assert "honor_labels" not in ksm_job
+    # Without honor_labels, ksm's own namespace/pod (the described pod's) still come through as exposed.
+    assert {(s.labels.get("namespace"), "exported_namespace" in s.labels) for s in samples} == {("ml", False)}
     got = {s.labels.get(COST_LABEL, ""): s.labels.get(RANGE_LABEL, "") for s in samples}
     assert got == {
         "-100": "warming", "-1": "warming", "0": "default", "1": "medium", "99": "medium",
@@ -266,3 +268,33 @@ def test_the_kube_state_metrics_flag_names_the_annotation() -> None:
         + "controller.kubernetes.io/pod-deletion-cost".replace(".", "_").replace("/", "_").replace("-", "_")
         == COST_LABEL
     )
+
+
+def _jobs(**namespaces: str) -> dict[str, dict[str, Any]]:
+    return {job["job_name"]: job for job in scrape_configuration(**namespaces)["scrape_configs"]}
+
+
+def test_each_exporter_is_discovered_only_in_its_own_namespace() -> None:
+    jobs = _jobs()
+    namespaces = {
+        name: [sd["namespaces"]["names"] for sd in job["kubernetes_sd_configs"]] for name, job in jobs.items()
+    }
+    assert namespaces == {
+        "gpu-scheduler": [["kube-system"]],
+        "dcgm-exporter": [["gpu-operator"]],
+        "kube-state-metrics": [["kube-system"]],
+    }
+    moved = _jobs(dcgm_namespace="nvidia", ksm_namespace="monitoring")
+    assert moved["dcgm-exporter"]["kubernetes_sd_configs"] == [{"role": "pod", "namespaces": {"names": ["nvidia"]}}]
+    assert moved["kube-state-metrics"]["kubernetes_sd_configs"][0]["namespaces"] == {"names": ["monitoring"]}
+
+
+def test_no_job_lets_a_target_override_the_labels_the_scrape_attaches() -> None:
+    for name, job in _jobs().items():
+        assert "honor_labels" not in job, name
+    # DCGM's namespace/pod name the workload holding the GPU, ksm's the described object: the scrape sets
+    # neither, so an exposed value is never renamed to exported_namespace/exported_pod.
+    for name in ("dcgm-exporter", "kube-state-metrics"):
+        targets = {r.get("target_label") for r in _jobs()[name]["relabel_configs"]}
+        assert not targets & {"namespace", "pod"}, name
+    assert {r.get("target_label") for r in _jobs()["dcgm-exporter"]["relabel_configs"]} >= {"node", "exporter_pod"}

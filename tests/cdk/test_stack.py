@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
-from manifests.scheduler import LAMBDA_GROUP
+from cdk.functions import VPC_ACCESS_ACTIONS
+from cdk.network import INTERFACE_SERVICES
+from manifests.access import DELETION_COST, EXTENDER, NODE_STATE
 
-from .conftest import IMPORTED_NETWORK, Synth
+from .conftest import IMPORTED_NETWORK, Synth, joined
 
 Synthesise = Callable[..., Synth]
 
@@ -40,24 +42,54 @@ def _actions(pairs: set[tuple[str, str]]) -> set[str]:
     return {action for action, _ in pairs}
 
 
-def test_cdk_nag_passes_and_every_acknowledgment_has_a_reason(synth: Synthesise) -> None:
-    for context in ({}, {"applyManifests": True, **IMPORTED_NETWORK}):
-        report = synth(**context).nag_report()
-        assert report["conclusion"] == "success" and report["violations"] == []
-        assert report["suppressedViolations"], "the known findings are acknowledged, not absent"
-        for suppressed in report["suppressedViolations"]:
-            assert len(suppressed["reason"]) > 40, suppressed["ruleName"]
+OURS = ("ExtenderFunction", "NodeStateFunction", "DeletionCostFunction")
+IMPORTED_ENDPOINT = {**{k: v for k, v in IMPORTED_NETWORK.items() if k != "schedulerSecurityGroupId"},
+                     "executeApiEndpointId": "vpce-0eeeeeeeeeeeeeeee"}  # fmt: skip
+CONTEXTS = [{}, {"applyManifests": True, "sharing": True, **IMPORTED_NETWORK}, IMPORTED_ENDPOINT]
+CONTEXT_IDS = ["demo VPC", "imported VPC, sharing, manifests applied", "imported execute-api endpoint"]
+
+
+def _functions(synthesised: Synth) -> dict[str, Any]:
+    """The three Lambdas of the package (not the CDK-owned providers)."""
+    return {k: v for k, v in synthesised.resources("AWS::Lambda::Function").items() if k.startswith(OURS)}
+
+
+@pytest.mark.parametrize("context", CONTEXTS, ids=CONTEXT_IDS)
+def test_cdk_nag_passes_and_every_acknowledgment_has_a_reason(synth: Synthesise, context: dict[str, Any]) -> None:
+    report = synth(**context).nag_report()
+    assert report["conclusion"] == "success" and report["violations"] == []
+    assert report["suppressedViolations"], "the known findings are acknowledged, not absent"
+    for suppressed in report["suppressedViolations"]:
+        assert len(suppressed["reason"]) > 40, suppressed["ruleName"]
+
+
+def _reasons(synthesised: Synth) -> dict[str, str]:
+    return {
+        s["ruleName"].removeprefix("AwsSolutions-"): s["reason"]
+        for s in synthesised.nag_report()["suppressedViolations"]
+    }
+
+
+def test_the_api_acknowledgments_name_the_boundary_this_stack_builds(synth: Synthesise) -> None:
+    created, imported = _reasons(synth()), _reasons(synth(**IMPORTED_ENDPOINT))
+    for rule in ("APIG3", "APIG4", "COG4"):
+        assert "only from the scheduler pods' security group" in created[rule], rule
+        assert "allows invoking only this API" in created[rule], rule
+        assert "vpce-0eeeeeeeeeeeeeeee" in imported[rule] and "scheduler pods" in imported[rule], rule
+    # The snapshot bucket's writes are not in CloudTrail by default: the reason must not say they are.
+    assert "are not in CloudTrail unless" in created["S1"] and "is in CloudTrail" not in created["S1"]
 
 
 def test_each_role_holds_exactly_its_actions(synth: Synthesise) -> None:
     synthesised = synth()
     logs, xray = {"logs:CreateLogStream", "logs:PutLogEvents"}, {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
-    assert _actions(_granted(synthesised, "ExtenderRole")) == logs | xray | {"s3:GetObject", "s3:ListBucket"}
-    assert _actions(_granted(synthesised, "NodeStateRole")) == logs | xray | {
+    vpc = set(VPC_ACCESS_ACTIONS)
+    assert _actions(_granted(synthesised, "ExtenderRole")) == logs | xray | vpc | {"s3:GetObject", "s3:ListBucket"}
+    assert _actions(_granted(synthesised, "NodeStateRole")) == logs | xray | vpc | {
         "s3:GetObject", "s3:PutObject", "s3:ListBucket", "eks:DescribeCluster", "aps:QueryMetrics",
         "ec2:DescribeInstanceTypes", "sqs:SendMessage",
     }  # fmt: skip
-    assert _actions(_granted(synthesised, "DeletionCostRole")) == logs | xray | {
+    assert _actions(_granted(synthesised, "DeletionCostRole")) == logs | xray | vpc | {
         "eks:DescribeCluster", "aps:QueryMetrics", "ssm:GetParameter", "sqs:SendMessage",
     }  # fmt: skip
 
@@ -94,7 +126,12 @@ def test_only_actions_without_resource_level_permissions_are_granted_on_star(syn
     synthesised = synth()
     for role in ("ExtenderRole", "NodeStateRole", "DeletionCostRole"):
         on_star = {action for action, resource in _granted(synthesised, role) if resource == '"*"'}
-        allowed = {"xray:PutTraceSegments", "xray:PutTelemetryRecords", "ec2:DescribeInstanceTypes"}
+        allowed = {
+            "xray:PutTraceSegments",
+            "xray:PutTelemetryRecords",
+            "ec2:DescribeInstanceTypes",
+            *VPC_ACCESS_ACTIONS,
+        }
         assert on_star <= allowed, role
 
 
@@ -121,7 +158,7 @@ def test_the_cluster_arn_and_parameter_are_exact(synth: Synthesise) -> None:
 
 
 def test_functions_run_the_newest_python_on_the_chosen_architecture_with_tracing(synth: Synthesise) -> None:
-    functions = synth().resources("AWS::Lambda::Function")
+    functions = _functions(synth())
     assert len(functions) == 3
     for function in functions.values():
         props = function["Properties"]
@@ -143,7 +180,7 @@ def test_functions_run_the_newest_python_on_the_chosen_architecture_with_tracing
 
 
 def test_extender_has_only_the_base_layer_and_refreshers_add_the_kube_layer(synth: Synthesise) -> None:
-    functions = synth().resources("AWS::Lambda::Function")
+    functions = _functions(synth())
     assert len(_by_prefix(functions, "ExtenderFunction")["Properties"]["Layers"]) == 1
     assert len(_by_prefix(functions, "NodeStateFunction")["Properties"]["Layers"]) == 2
     synth().template.resource_count_is("AWS::Lambda::LayerVersion", 2)  # shared, not one per function
@@ -168,39 +205,178 @@ def test_schedule_rates_come_from_context(synth: Synthesise) -> None:
     assert sorted(r["Properties"]["ScheduleExpression"] for r in rules) == ["rate(2 minutes)", "rate(5 minutes)"]
 
 
-def test_every_lambda_role_gets_an_access_entry_in_the_lambda_group(synth: Synthesise) -> None:
-    synthesised = synth()
-    entries = synthesised.resources("AWS::EKS::AccessEntry").values()
-    grouped = {json.dumps(e["Properties"]["PrincipalArn"]): e["Properties"].get("KubernetesGroups") for e in entries}
-    roles = [k for k in synthesised.resources("AWS::IAM::Role") if k.endswith(tuple("0123456789ABCDEF"))]
-    for prefix in ("ExtenderRole", "NodeStateRole", "DeletionCostRole"):
-        (role_id,) = [r for r in roles if r.startswith(prefix)]
-        assert grouped[json.dumps({"Fn::GetAtt": [role_id, "Arn"]})] == [LAMBDA_GROUP]
-    # The fourth is the AMP scraper's, mapped to a user rather than the Lambdas' group.
-    assert len(entries) == 4
+def _entries(synthesised: Synth) -> dict[str, list[str]]:
+    """Kubernetes groups by the role-name prefix of each access entry's principal (Lambda roles only)."""
+    found = {}
+    for entry in synthesised.resources("AWS::EKS::AccessEntry").values():
+        role = json.dumps(entry["Properties"]["PrincipalArn"])
+        for prefix in ("ExtenderRole", "NodeStateRole", "DeletionCostRole"):
+            if f'"{prefix}' in role:
+                found[prefix] = entry["Properties"].get("KubernetesGroups")
+    return found
 
 
-def test_an_imported_network_puts_the_endpoint_in_its_subnets_and_admits_its_cluster_sg(synth: Synthesise) -> None:
+def test_each_lambda_role_gets_its_own_group_and_the_extender_one_only_with_sharing(synth: Synthesise) -> None:
+    assert _entries(synth()) == {"NodeStateRole": [NODE_STATE.group], "DeletionCostRole": [DELETION_COST.group]}
+    # The third is the AMP scraper's, mapped to a user.
+    assert len(synth().resources("AWS::EKS::AccessEntry")) == 3
+    assert _entries(synth(sharing=True)) == {
+        "ExtenderRole": [EXTENDER.group],
+        "NodeStateRole": [NODE_STATE.group],
+        "DeletionCostRole": [DELETION_COST.group],
+    }
+
+
+def _ingress(synthesised: Synth, description_start: str) -> list[dict[str, Any]]:
+    return [
+        rule
+        for sg in synthesised.resources("AWS::EC2::SecurityGroup").values()
+        if sg["Properties"]["GroupDescription"].startswith(description_start)
+        for rule in sg["Properties"].get("SecurityGroupIngress", [])
+    ]
+
+
+def test_an_imported_network_admits_only_the_scheduler_sg_to_the_api_endpoint(synth: Synthesise) -> None:
     synthesised = synth(**IMPORTED_NETWORK)
     synthesised.template.resource_count_is("AWS::EC2::VPC", 0)
     synthesised.template.has_resource_properties(
         "AWS::EC2::VPCEndpoint",
-        {"VpcId": IMPORTED_NETWORK["vpcId"], "SubnetIds": IMPORTED_NETWORK["subnetIds"].split(",")},
-    )
-    synthesised.template.has_resource_properties(
-        "AWS::EC2::SecurityGroup",
         {
-            "SecurityGroupIngress": [
-                {
-                    "Description": "kube-scheduler on cluster nodes",
-                    "FromPort": 443,
-                    "ToPort": 443,
-                    "IpProtocol": "tcp",
-                    "SourceSecurityGroupId": IMPORTED_NETWORK["clusterSecurityGroupId"],
-                }
-            ]
+            "VpcId": IMPORTED_NETWORK["vpcId"],
+            "SubnetIds": IMPORTED_NETWORK["subnetIds"].split(","),
+            "ServiceName": {"Fn::Join": ["", ["com.amazonaws.", {"Ref": "AWS::Region"}, ".execute-api"]]},
+            "PrivateDnsEnabled": False,
         },
     )
+    assert _ingress(synthesised, "execute-api endpoint") == [
+        {
+            "Description": "the gpu-scheduler kube-scheduler pods",
+            "FromPort": 443,
+            "ToPort": 443,
+            "IpProtocol": "tcp",
+            "SourceSecurityGroupId": IMPORTED_NETWORK["schedulerSecurityGroupId"],
+        }
+    ]
+    assert "ExtenderApiEndpointPolicy" in "".join(synthesised.resources("Custom::AWS"))
+
+
+def test_private_dns_on_the_api_endpoint_comes_from_context(synth: Synthesise) -> None:
+    synthesised = synth(executeApiPrivateDns=True, **IMPORTED_NETWORK)
+    synthesised.template.has_resource_properties(
+        "AWS::EC2::VPCEndpoint",
+        {
+            "ServiceName": {"Fn::Join": ["", ["com.amazonaws.", {"Ref": "AWS::Region"}, ".execute-api"]]},
+            "PrivateDnsEnabled": True,
+        },
+    )
+
+
+def test_an_imported_api_endpoint_is_associated_and_named_in_the_url(synth: Synthesise) -> None:
+    synthesised = synth(**IMPORTED_ENDPOINT)
+    services = [joined(e["Properties"]["ServiceName"]) for e in synthesised.resources("AWS::EC2::VPCEndpoint").values()]
+    assert not any(s.endswith(".execute-api") for s in services)
+    (api,) = synthesised.resources("AWS::ApiGateway::RestApi").values()
+    assert api["Properties"]["EndpointConfiguration"]["VpcEndpointIds"] == ["vpce-0eeeeeeeeeeeeeeee"]
+    url = joined(synthesised.template.find_outputs("ExtenderUrl")["ExtenderUrl"]["Value"])
+    (api_id,) = synthesised.resources("AWS::ApiGateway::RestApi")
+    assert url == f"https://<{api_id}>-vpce-0eeeeeeeeeeeeeeee.execute-api.<AWS::Region>.<AWS::URLSuffix>/v1"
+
+
+def test_the_lambdas_run_in_the_private_subnets_with_their_own_security_group(synth: Synthesise) -> None:
+    synthesised = synth(**IMPORTED_NETWORK)
+    (sg_id,) = [
+        k for k in synthesised.resources("AWS::EC2::SecurityGroup") if k.startswith("NetworkLambdaSecurityGroup")
+    ]
+    for function in _functions(synthesised).values():
+        assert function["Properties"]["VpcConfig"] == {
+            "SubnetIds": IMPORTED_NETWORK["subnetIds"].split(","),
+            "SecurityGroupIds": [{"Fn::GetAtt": [sg_id, "GroupId"]}],
+        }
+    (lambda_sg,) = [v for k, v in synthesised.resources("AWS::EC2::SecurityGroup").items() if k == sg_id]
+    assert "SecurityGroupIngress" not in lambda_sg["Properties"]
+    (egress,) = lambda_sg["Properties"]["SecurityGroupEgress"]
+    assert (egress["IpProtocol"], egress["FromPort"], egress["ToPort"]) == ("tcp", 443, 443)
+    # The cluster API's interfaces carry the cluster security group: it admits the Lambdas on 443, from this stack.
+    synthesised.template.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress",
+        {
+            "GroupId": IMPORTED_NETWORK["clusterSecurityGroupId"],
+            "SourceSecurityGroupId": {"Fn::GetAtt": [sg_id, "GroupId"]},
+            "FromPort": 443,
+            "ToPort": 443,
+        },
+    )
+
+
+def _endpoint_services(synthesised: Synth) -> dict[str, dict[str, Any]]:
+    found = {}
+    for endpoint in synthesised.resources("AWS::EC2::VPCEndpoint").values():
+        name = joined(endpoint["Properties"]["ServiceName"]).removeprefix("com.amazonaws.<AWS::Region>.")
+        found[name] = endpoint["Properties"]
+    return found
+
+
+def test_the_vpc_gets_gateway_and_interface_endpoints_for_what_the_lambdas_call(synth: Synthesise) -> None:
+    endpoints = _endpoint_services(synth(sharing=True, **IMPORTED_NETWORK))
+    for gateway in ("s3", "dynamodb"):
+        assert endpoints[gateway]["VpcEndpointType"] == "Gateway"
+        assert endpoints[gateway]["RouteTableIds"] == IMPORTED_NETWORK["routeTableIds"].split(",")
+    for service in INTERFACE_SERVICES:
+        assert endpoints[service]["VpcEndpointType"] == "Interface" and endpoints[service]["PrivateDnsEnabled"]
+        assert endpoints[service]["SubnetIds"] == IMPORTED_NETWORK["subnetIds"].split(",")
+    assert set(endpoints) == {"s3", "dynamodb", *INTERFACE_SERVICES, "execute-api"}
+    # Without sharing nothing reads the ledger: no DynamoDB gateway.
+    assert "dynamodb" not in _endpoint_services(synth(**IMPORTED_NETWORK))
+
+
+def test_endpoints_the_vpc_already_has_are_not_created(synth: Synthesise) -> None:
+    endpoints = _endpoint_services(synth(existingVpcEndpoints="s3,sts,logs", **IMPORTED_NETWORK))
+    assert not {"s3", "sts", "logs"} & set(endpoints) and {"eks", "ec2", "xray"} <= set(endpoints)
+
+
+def test_the_service_endpoints_admit_the_lambdas_and_the_cluster_only(synth: Synthesise) -> None:
+    synthesised = synth(**IMPORTED_NETWORK)
+    inline = _ingress(synthesised, "gpu-scheduler AWS service endpoints")
+    assert [r["SourceSecurityGroupId"] for r in inline] == [IMPORTED_NETWORK["clusterSecurityGroupId"]]
+    (lambda_sg,) = [
+        k for k in synthesised.resources("AWS::EC2::SecurityGroup") if k.startswith("NetworkLambdaSecurityGroup")
+    ]
+    (endpoint_sg,) = [
+        k for k in synthesised.resources("AWS::EC2::SecurityGroup") if k.startswith("NetworkEndpointSecurityGroup")
+    ]
+    synthesised.template.has_resource_properties(
+        "AWS::EC2::SecurityGroupIngress",
+        {
+            "GroupId": {"Fn::GetAtt": [endpoint_sg, "GroupId"]},
+            "SourceSecurityGroupId": {"Fn::GetAtt": [lambda_sg, "GroupId"]},
+            "FromPort": 443,
+        },
+    )
+
+
+@pytest.mark.parametrize("context", CONTEXTS, ids=CONTEXT_IDS)
+def test_every_log_group_has_a_retention_and_every_function_logs_to_one(
+    synth: Synthesise, context: dict[str, Any]
+) -> None:
+    synthesised = synth(**context)
+    groups = synthesised.resources("AWS::Logs::LogGroup")
+    assert groups and all("RetentionInDays" in g["Properties"] for g in groups.values())
+    # A function without its own log group would write to one Lambda creates, kept for ever.
+    for name, function in synthesised.resources("AWS::Lambda::Function").items():
+        group = function["Properties"].get("LoggingConfig", {}).get("LogGroup")
+        assert isinstance(group, dict) and group.get("Ref") in groups, name
+
+
+def test_the_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(synth: Synthesise) -> None:
+    synthesised = synth()
+    (topic,) = synthesised.resources("AWS::SNS::Topic").values()
+    (key_id,) = synthesised.resources("AWS::KMS::Key")
+    assert topic["Properties"]["KmsMasterKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
+    key = synthesised.resources("AWS::KMS::Key")[key_id]["Properties"]
+    assert key["EnableKeyRotation"] is True
+    cloudwatch = [s for s in key["KeyPolicy"]["Statement"] if s["Principal"] == {"Service": "cloudwatch.amazonaws.com"}]
+    (statement,) = cloudwatch
+    assert statement["Action"] == ["kms:Decrypt", "kms:GenerateDataKey*"]
 
 
 def test_the_demo_vpc_is_isolated_and_logs_rejected_flows(synth: Synthesise) -> None:
@@ -208,6 +384,23 @@ def test_the_demo_vpc_is_isolated_and_logs_rejected_flows(synth: Synthesise) -> 
     synthesised.template.resource_count_is("AWS::EC2::NatGateway", 0)
     synthesised.template.resource_count_is("AWS::EC2::InternetGateway", 0)
     synthesised.template.has_resource_properties("AWS::EC2::FlowLog", {"TrafficType": "REJECT"})
+
+
+def test_in_the_demo_vpc_the_lambdas_use_its_subnets_and_only_the_scheduler_stand_in_reaches_the_api(
+    synth: Synthesise,
+) -> None:
+    synthesised = synth()
+    subnets = sorted(k for k in synthesised.resources("AWS::EC2::Subnet"))
+    for function in _functions(synthesised).values():
+        assert sorted(r["Ref"] for r in function["Properties"]["VpcConfig"]["SubnetIds"]) == subnets
+    (scheduler_sg,) = [
+        k for k in synthesised.resources("AWS::EC2::SecurityGroup") if k.startswith("NetworkDemoSchedulerSecurityGroup")
+    ]
+    (rule,) = _ingress(synthesised, "execute-api endpoint")
+    assert rule["SourceSecurityGroupId"] == {"Fn::GetAtt": [scheduler_sg, "GroupId"]}
+    # Both gateways' route tables are the demo subnets' own.
+    endpoints = _endpoint_services(synthesised)
+    assert len(endpoints["s3"]["RouteTableIds"]) == 2
 
 
 def test_provisioned_concurrency_fronts_the_api_with_a_live_alias(synth: Synthesise) -> None:
@@ -243,16 +436,44 @@ def test_apply_manifests_applies_the_rbac_and_the_scheduler_with_the_api_url(syn
     assert kinds[:2] == ["ClusterRole", "ClusterRoleBinding"] and "Deployment" in kinds
     (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
     (extender,) = yaml.safe_load(config_map["data"]["config.yaml"])["extenders"]
-    assert extender["urlPrefix"] == "https://TOKEN.execute-api.TOKEN.TOKEN/v1"
+    # The endpoint-specific hostname: <api>-<vpce>.
+    assert extender["urlPrefix"] == "https://TOKEN-TOKEN.execute-api.TOKEN.TOKEN/v1"
     (manifest,) = synthesised.resources("Custom::AWSCDK-EKS-KubernetesResource").values()
     (api_id,) = synthesised.resources("AWS::ApiGateway::RestApi")
-    assert {"Ref": api_id} in manifest["Properties"]["Manifest"]["Fn::Join"][1]
+    (endpoint_id,) = [k for k in synthesised.resources("AWS::EC2::VPCEndpoint") if k.startswith("ExtenderApi")]
+    parts = manifest["Properties"]["Manifest"]["Fn::Join"][1]
+    assert {"Ref": api_id} in parts and {"Ref": endpoint_id} in parts
+    names = {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    assert "gpu-scheduler-assigned-gpus" in names
+    assert "ValidatingAdmissionPolicy" not in [
+        d["kind"] for d in _applied_documents(synth(applyManifests=True, admissionPolicy=False, **IMPORTED_NETWORK))
+    ]
 
 
 def test_without_apply_manifests_nothing_touches_the_cluster_but_the_access_entries(synth: Synthesise) -> None:
     synth().template.resource_count_is("Custom::AWSCDK-EKS-KubernetesResource", 0)
 
 
-@pytest.mark.parametrize("output", ["ExtenderUrl", "SchedulerConfigCommand", "SnapshotUri", "LedgerTable"])
+@pytest.mark.parametrize(
+    "output",
+    [
+        "ExtenderUrl",
+        "SchedulerConfigCommand",
+        "SnapshotUri",
+        "LedgerTable",
+        "ExecuteApiEndpointId",
+        "LambdaSecurityGroupId",
+    ],
+)
 def test_outputs_tell_the_operator_what_to_configure(synth: Synthesise, output: str) -> None:
     assert output in synth().template.find_outputs("*")
+
+
+def test_the_url_outputs_use_the_endpoint_specific_hostname(synth: Synthesise) -> None:
+    synthesised = synth()
+    (api_id,) = synthesised.resources("AWS::ApiGateway::RestApi")
+    (endpoint_id,) = [k for k in synthesised.resources("AWS::EC2::VPCEndpoint") if k.startswith("ExtenderApi")]
+    host = f"https://<{api_id}>-<{endpoint_id}>.execute-api.<AWS::Region>.<AWS::URLSuffix>/v1"
+    outputs = synthesised.template.find_outputs("*")
+    assert joined(outputs["ExtenderUrl"]["Value"]) == host
+    assert f"--url {host} " in joined(outputs["SchedulerConfigCommand"]["Value"])

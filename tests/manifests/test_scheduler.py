@@ -11,12 +11,11 @@ import pytest
 import yaml
 
 from gpu_scheduler.cli import main
+from manifests.access import DELETION_COST, EXTENDER, NODE_STATE, lambda_rbac
 from manifests.scheduler import (
     CONFIG_HASH_ANNOTATION,
-    LAMBDA_GROUP,
     SchedulerOptions,
     all_manifests,
-    extender_rbac,
     render_yaml,
     scheduler_configuration,
     scheduler_manifests,
@@ -162,18 +161,22 @@ def test_the_scheduler_binds_the_builtin_roles_and_may_renew_only_its_own_lease(
     ]
 
 
-def test_the_lambda_group_may_do_exactly_what_the_issue_lists() -> None:
-    cluster_role, binding = extender_rbac()
-    granted = {(group, resource, verb) for rule in cluster_role["rules"] for group in rule["apiGroups"]
-               for resource in rule["resources"] for verb in rule["verbs"]}  # fmt: skip
+def test_each_lambda_group_may_do_exactly_what_its_function_calls() -> None:
+    docs = lambda_rbac(sharing=True)
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    granted = {}
+    for binding in (d for d in docs if d["kind"] == "ClusterRoleBinding"):
+        (subject,) = binding["subjects"]
+        rules = roles[binding["roleRef"]["name"]]["rules"]
+        granted[subject["name"]] = {(g, r, v) for rule in rules for g in rule["apiGroups"]
+                                    for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
     assert granted == {
-        ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "patch"),
-        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "patch"),
-        ("", "pods/binding", "create"),
-        ("", "events", "create"), ("events.k8s.io", "events", "create"),
-    }  # fmt: skip
-    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": LAMBDA_GROUP}]
-    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+        EXTENDER.group: {("", "pods", "get"), ("", "nodes", "get"), ("", "pods/binding", "create")},
+        NODE_STATE.group: {("", "nodes", "list"), ("", "nodes", "patch"), ("", "pods", "list")},
+        DELETION_COST.group: {("", "pods", "get"), ("", "pods", "list"), ("", "pods", "patch")},
+    }
+    assert EXTENDER.group not in {d["subjects"][0]["name"] for d in lambda_rbac(sharing=False)
+                                  if d["kind"] == "ClusterRoleBinding"}  # fmt: skip
 
 
 @pytest.mark.parametrize("sharing", [False, True], ids=["whole GPUs", "sharing"])

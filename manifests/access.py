@@ -1,0 +1,258 @@
+"""The Lambdas' Kubernetes identities: one group per function, its RBAC, and the admission policies that
+keep each one to its own labels and annotations.
+
+Each Lambda's IAM role gets an EKS access entry in its own group (``cdk/cluster_access.py``); what the
+group may do is exactly the ClusterRole here, and nothing else (no access policy). The verbs are the
+calls each function makes (``adapters/kube.py``, ``adapters/binder.py`` and the refreshers' services):
+
+| identity | group | verbs |
+|---|---|---|
+| extender, only with sharing | ``gpu-scheduler:extender`` | pods get, nodes get, pods/binding create |
+| node-state refresher | ``gpu-scheduler:node-state`` | nodes list/patch, pods list |
+| deletion-cost refresher | ``gpu-scheduler:deletion-cost`` | pods list/get/patch |
+
+Nobody gets ``events``, ``watch`` or any write on a resource it does not own. ``get`` adds nothing to a
+``list`` on the same resource (a list returns every object); the deletion-cost refresher uses it to
+re-read one pod after a 409. The extender's bind reads the pod and its node, then posts a Binding that
+carries ``gpu-scheduler.io/assigned-gpus`` (the API server copies a Binding's annotations onto the pod),
+so it needs no pod patch at all.
+
+RBAC cannot say *which* label or annotation a patch may touch. ``admission_policies`` can: four
+``ValidatingAdmissionPolicy`` objects (``admissionregistration.k8s.io/v1``, GA in Kubernetes 1.30):
+
+- the node-state group may change only the ``gpu.nvidia.com/model|memory|count`` node labels;
+- the deletion-cost group may change only the ``controller.kubernetes.io/pod-deletion-cost`` annotation;
+- the extender group's Bindings may carry only the ``assigned-gpus`` annotation;
+- nobody else may set, change or remove ``assigned-gpus`` on a pod or in a Binding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_core.k8s.names import (
+    ASSIGNED_GPUS_ANNOTATION,
+    DELETION_COST_ANNOTATION,
+    LABEL_COUNT,
+    LABEL_MEMORY,
+    LABEL_MODEL,
+    SCHEDULER_NAME,
+)
+
+_LABELS = {"app.kubernetes.io/name": SCHEDULER_NAME, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
+RBAC = "rbac.authorization.k8s.io"
+ADMISSION = "admissionregistration.k8s.io/v1"
+NODE_LABELS = (LABEL_MODEL, LABEL_MEMORY, LABEL_COUNT)
+
+
+def _rule(resource: str, *verbs: str) -> dict[str, Any]:
+    return {"apiGroups": [""], "resources": [resource], "verbs": list(verbs)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LambdaIdentity:
+    """One function's Kubernetes identity: its group (named by its EKS access entry) and its RBAC rules."""
+
+    name: str
+    group: str
+    rules: tuple[Mapping[str, Any], ...]
+
+    @property
+    def role_name(self) -> str:
+        """The ClusterRole and ClusterRoleBinding name."""
+        return f"{SCHEDULER_NAME}-{self.name}"
+
+
+EXTENDER = LambdaIdentity(
+    name="extender",
+    group="gpu-scheduler:extender",
+    # The bind reads the pod (UID, phase, requests) and its node (GPU count, taints), then posts the
+    # Binding, which carries the assigned-gpus annotation.
+    rules=(_rule("pods", "get"), _rule("nodes", "get"), _rule("pods/binding", "create")),
+)
+NODE_STATE = LambdaIdentity(
+    name="node-state",
+    group="gpu-scheduler:node-state",
+    # Lists for the snapshot and the reconcile; a merge patch of the GPU labels on nodes that changed.
+    rules=(_rule("nodes", "list", "patch"), _rule("pods", "list")),
+)
+DELETION_COST = LambdaIdentity(
+    name="deletion-cost",
+    group="gpu-scheduler:deletion-cost",
+    # Lists the managed pods, patches their cost, re-reads one pod after a 409.
+    rules=(_rule("pods", "get", "list", "patch"),),
+)
+
+
+def identities(*, sharing: bool) -> tuple[LambdaIdentity, ...]:
+    """The identities that get cluster access: the extender only with sharing (it calls Kubernetes only
+    to bind)."""
+    return (EXTENDER, NODE_STATE, DELETION_COST) if sharing else (NODE_STATE, DELETION_COST)
+
+
+def _meta(name: str) -> dict[str, Any]:
+    return {"name": name, "labels": dict(_LABELS)}
+
+
+def lambda_rbac(*, sharing: bool) -> list[dict[str, Any]]:
+    """A ClusterRole and its ClusterRoleBinding to the group, per identity with cluster access."""
+    docs: list[dict[str, Any]] = []
+    for identity in identities(sharing=sharing):
+        docs += [
+            {
+                "apiVersion": f"{RBAC}/v1",
+                "kind": "ClusterRole",
+                "metadata": _meta(identity.role_name),
+                "rules": [dict(rule) for rule in identity.rules],
+            },
+            {
+                "apiVersion": f"{RBAC}/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": _meta(identity.role_name),
+                "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": identity.role_name},
+                "subjects": [{"apiGroup": RBAC, "kind": "Group", "name": identity.group}],
+            },
+        ]
+    return docs
+
+
+# ---- admission policies ---------------------------------------------------------------------------
+def _cel_list(values: Sequence[str]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _map(obj: str, field: str) -> str:
+    """``obj.metadata.field``, or an empty map where the object has none."""
+    return f"has({obj}.metadata.{field}) ? {obj}.metadata.{field} : {{}}"
+
+
+def _only_these_change(new: str, old: str, keys: Sequence[str]) -> str:
+    """Every key outside ``keys`` keeps its value, and none is added or removed."""
+    allowed = _cel_list(keys)
+    return (
+        f"{new}.all(k, k in {allowed} || (k in {old} && {old}[k] == {new}[k])) && "
+        f"{old}.all(k, k in {allowed} || k in {new})"
+    )
+
+
+def _in_group(group: str) -> str:
+    return f"'{group}' in request.userInfo.groups"
+
+
+def _rules(resource: str, *operations: str) -> dict[str, Any]:
+    return {"apiGroups": [""], "apiVersions": ["v1"], "operations": list(operations), "resources": [resource]}
+
+
+def _policy(name: str, spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The policy and a binding that denies what it refuses, cluster-wide."""
+    return [
+        {
+            "apiVersion": ADMISSION,
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": _meta(name),
+            # A request the policy cannot evaluate is refused: these are security checks.
+            "spec": {"failurePolicy": "Fail", **spec},
+        },
+        {
+            "apiVersion": ADMISSION,
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": _meta(name),
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        },
+    ]
+
+
+def _own_writes_only(
+    identity: LambdaIdentity, resource: str, field: str, keys: Sequence[str], frozen: str
+) -> dict[str, Any]:
+    """A policy spec: ``identity``'s updates of ``resource`` change only ``keys`` of ``metadata.field``,
+    and leave ``metadata.frozen`` and ``spec`` as they were."""
+    return {
+        "matchConstraints": {"resourceRules": [_rules(resource, "UPDATE")]},
+        "matchConditions": [{"name": f"is-{identity.name}", "expression": _in_group(identity.group)}],
+        "variables": [
+            {"name": "new", "expression": _map("object", field)},
+            {"name": "old", "expression": _map("oldObject", field)},
+        ],
+        "validations": [
+            {
+                "expression": _only_these_change("variables.new", "variables.old", keys),
+                "message": f"{identity.group} may change only {', '.join(keys)} in metadata.{field}",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": f"({_map('object', frozen)}) == ({_map('oldObject', frozen)})",
+                "message": f"{identity.group} may not change metadata.{frozen}",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": "object.spec == oldObject.spec",
+                "message": f"{identity.group} may not change spec",
+                "reason": "Forbidden",
+            },
+        ],
+    }
+
+
+def _assigned(obj: str, *, when: str = "") -> str:
+    """The assigned-gpus annotation of ``obj`` as a list: ``[value]``, or ``[]`` where it has none (or
+    where the condition ``when`` is false; ``&&`` short-circuits, so ``obj`` is not read then)."""
+    key = f"'{ASSIGNED_GPUS_ANNOTATION}'"
+    guard = f"{when} && " if when else ""
+    annotations = f"{obj}.metadata.annotations"
+    return f"{guard}has({annotations}) && {key} in {annotations} ? [{annotations}[{key}]] : []"
+
+
+def admission_policies(*, sharing: bool) -> list[dict[str, Any]]:
+    """The ValidatingAdmissionPolicies and their bindings (Kubernetes 1.30 or newer), in apply order."""
+    docs = _policy(
+        f"{SCHEDULER_NAME}-node-state-labels",
+        _own_writes_only(NODE_STATE, "nodes", "labels", NODE_LABELS, frozen="annotations"),
+    )
+    docs += _policy(
+        f"{SCHEDULER_NAME}-deletion-cost-annotation",
+        _own_writes_only(DELETION_COST, "pods", "annotations", (DELETION_COST_ANNOTATION,), frozen="labels"),
+    )
+    if sharing:
+        docs += _policy(
+            f"{SCHEDULER_NAME}-extender-bindings",
+            {
+                "matchConstraints": {"resourceRules": [_rules("pods/binding", "CREATE")]},
+                "matchConditions": [{"name": "is-extender", "expression": _in_group(EXTENDER.group)}],
+                "validations": [
+                    {
+                        "expression": f"({_map('object', 'annotations')}).all(k, k == '{ASSIGNED_GPUS_ANNOTATION}')",
+                        "message": f"{EXTENDER.group} Bindings may carry no annotation but {ASSIGNED_GPUS_ANNOTATION}",
+                        "reason": "Forbidden",
+                    }
+                ],
+            },
+        )
+    # The ledger reconcile and the whole-GPU count trust this annotation: only the extender writes it.
+    docs += _policy(
+        f"{SCHEDULER_NAME}-assigned-gpus",
+        {
+            "matchConstraints": {
+                "resourceRules": [_rules("pods", "CREATE", "UPDATE"), _rules("pods/binding", "CREATE")]
+            },
+            "matchConditions": [{"name": "not-the-extender", "expression": f"!({_in_group(EXTENDER.group)})"}],
+            "variables": [
+                {"name": "assigned", "expression": _assigned("object")},
+                # oldObject is null on CREATE: only read on UPDATE (&& short-circuits).
+                {"name": "oldAssigned", "expression": _assigned("oldObject", when="request.operation == 'UPDATE'")},
+            ],
+            "validations": [
+                {
+                    "expression": (
+                        "request.operation == 'UPDATE' ? variables.assigned == variables.oldAssigned "
+                        ": size(variables.assigned) == 0"
+                    ),
+                    "message": f"only the gpu-scheduler extender may set, change or remove {ASSIGNED_GPUS_ANNOTATION}",
+                    "reason": "Forbidden",
+                }
+            ],
+        },
+    )
+    return docs
