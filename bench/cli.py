@@ -84,6 +84,12 @@ def _e2e(args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
 
 
+def _e2e_weights(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.e2e import run_weights
+
+    return run_weights(nodes=args.nodes, pods=args.pods, weights=tuple(int(w) for w in _names(args.weights)))
+
+
 def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
@@ -159,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--seed", type=int, default=42, help="which share pods the churn deletes")
     e2e.add_argument("--state", default="live", help="how serve learns the cluster: live (a watch) or snapshot")
     e2e.add_argument("--weight", type=int, default=5, help="the extender's weight in the generated configuration")
+    weights = suite("e2e-weights", _e2e_weights, "what the extender's weight changes against PodTopologySpread")
+    weights.add_argument("--nodes", type=int, default=24, help="empty 8-GPU nodes")
+    weights.add_argument("--pods", type=int, default=48, help="one-GPU pods behind one Service")
+    weights.add_argument("--weights", default="1,2,5,10", help="the extender weights to try, after no extender")
     return parser
 
 

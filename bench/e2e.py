@@ -20,6 +20,7 @@ decides from fed as the product feeds it (:data:`STATES`).
 
 from __future__ import annotations
 
+import collections
 import math
 import re
 import statistics
@@ -83,6 +84,53 @@ def run(
         shares = _shares(work / "shares", share_nodes, share_pods, knobs, seed)
     return {"benchmark": "e2e", "state": state, "refresh": refresh, "qps": qps, "weight": weight, **whole,
             "packing_shares": shares}  # fmt: skip
+
+
+def run_weights(*, nodes: int = 24, pods: int = 48, weights: tuple[int, ...] = (1, 2, 5, 10)) -> dict[str, Any]:
+    """``gpu-scheduler bench e2e-weights``: what the extender's weight in the generated profile changes.
+
+    One-GPU pods behind one Service, so that kube-scheduler's PodTopologySpread system defaults (spread
+    over hosts and zones, ``ScheduleAnyway``, plugin weight 2) pull them apart while the GPU policy and
+    NodeResourcesFit's MostAllocated pull them together. For no extender and each weight, the pods are
+    drained onto empty identical nodes and the nodes they used are counted against the ideal."""
+    reason = missing()
+    if reason:
+        raise ValueError(f"bench e2e-weights needs a control plane: {reason}")
+    knobs = Knobs("live", "10s", 1000, 5)
+    used: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-weights-") as tmp:
+        work = Path(tmp)
+        with ControlPlane(work / "cluster") as cluster, Processes(work) as product:
+            cluster.add_nodes([make_node(f"node-{i:03d}", A100, _zone(i)) for i in range(nodes)])
+            cluster.ensure_namespaces([NAMESPACE])
+            cluster.api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/services", _SPREAD_SERVICE, ok=(201, 409))
+            url = _start_serve(cluster, product, work, knobs, ledger="")
+            used["none"] = _drain_spread(cluster, "", pods, knobs)
+            for weight in weights:
+                used[str(weight)] = _drain_spread(cluster, url, pods, Knobs("live", "10s", 1000, weight))
+    return {"benchmark": "e2e-weights", "nodes": nodes, "pods": pods, "ideal_nodes": math.ceil(pods / A100.gpus),
+            "nodes_used": used}  # fmt: skip
+
+
+_SPREAD_SERVICE = {"metadata": {"name": "trainer"}, "spec": {"selector": {"app": "trainer"}, "ports": [{"port": 80}]}}
+
+
+def _drain_spread(cluster: ControlPlane, url: str, n_pods: int, knobs: Knobs) -> dict[str, Any]:
+    pods = [_pod(f"t-{i:04d}", 0) for i in range(n_pods)]
+    for pod in pods:
+        pod["metadata"].setdefault("labels", {})["app"] = "trainer"
+    cluster.delete_namespace_pods(NAMESPACE)
+    cluster.create_pods(pods, workers=8)
+    watch = BindWatch(cluster.api, NAMESPACE)
+    try:
+        cluster.start_scheduler(_config(url, knobs, sharing=False))
+        complete = watch.wait(n_pods, timeout_s=300)
+        cluster.stop_scheduler()
+    finally:
+        watch.close()
+    per_node = sorted(collections.Counter(watch.node_of.values()).values(), reverse=True)
+    cluster.delete_namespace_pods(NAMESPACE)
+    return {"complete": complete, "nodes_used": len(per_node), "pods_per_node": per_node}
 
 
 # -- whole GPUs: throughput, packing, staleness ---------------------------------------------------
