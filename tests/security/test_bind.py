@@ -126,3 +126,19 @@ def test_two_concurrent_binds_of_one_pod_leave_one_placement_and_its_annotation(
         assert [n for n, assignments in held.items() if uid in assignments] == [node]  # the loser rolled back
         annotation = stored["metadata"]["annotations"][ASSIGNED_GPUS_ANNOTATION]
         assert annotation == ",".join(f"{gpu}:{milli}" for gpu, milli in held[node][uid])
+
+
+def test_a_binding_answered_429_with_a_long_retry_after_ends_inside_the_schedulers_timeout(world: World) -> None:
+    """A Binding answered 429 with Retry-After: 10 used to hold the bind 10 s, past kube-scheduler's
+    3 s httpTimeout and the Lambda's 5 s; now the bind gives up in its budget and releases the GPUs."""
+    import time
+
+    pod = make_pod("throttled", 0, milli=250)
+    world.api.load("pods", [pod])
+    world.api.fail_next("POST", "/pods/throttled/binding", 429, times=5, retry_after="10")
+    started = time.monotonic()
+    status, reply = world.bind(pod, "t4-0")
+    assert time.monotonic() - started < 3.0
+    assert status == 200 and "posting the Binding" in reply["Error"]
+    assert world.api.get("pods", "throttled", "default")["spec"].get("nodeName") is None
+    assert world.ledger_used() == NOTHING_HELD  # rolled back
