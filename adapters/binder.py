@@ -20,8 +20,10 @@ One bind (DESIGN section 5):
    written down, nor annotated without being bound. A 409 whose pod turns out bound to this very
    node is a success.
 
-If step 3 fails, the ledger entry is released again, so that a failed bind never holds GPUs;
-kube-scheduler then retries the pod. Idempotency comes from the ledger keyed by pod UID and the pod's
+If step 3 fails, the pod is read back: bound to this node (the Binding landed, its answer lost) is a
+success; not bound here releases the ledger entry again, so that a failed bind never holds GPUs, and
+kube-scheduler retries the pod; unreadable keeps the entry for the reconcile, since releasing GPUs a
+landed Binding uses would let another pod take them. Idempotency comes from the ledger keyed by pod UID and the pod's
 own state, not from a separate idempotency table: a repeat finds the same assignment and writes
 nothing new.
 
@@ -60,6 +62,10 @@ log = logging.getLogger(__name__)
 KubeFactory = Callable[[], KubeClient]
 BIND_RETRY = RetryPolicy(attempts=2, base_s=0.05, max_s=0.2, request_timeout_s=1.0)
 """Bind has kube-scheduler's ``httpTimeout`` (3 s) for all of its calls: short ones, one quick retry."""
+CONFIRM_S = 1.0
+"""After a failed Binding, the time given to read back whether it landed."""
+BINDING_RESERVE_S = 0.5
+"""Of the bind's budget, what is kept for posting the Binding once the ledger is written."""
 BIND_BUDGET_S = 2.5
 """What one bind may spend on Kubernetes calls (the ledger has its own ``ledger_budget_s`` inside it):
 under kube-scheduler's default ``httpTimeout`` of 3 s, so a bind that cannot finish says why in time."""
@@ -167,14 +173,19 @@ class LedgerBinder:
         if demand.gpus == 0:  # kube-scheduler binds those itself: it only asks for pods that request ours
             return failed("refused", "the pod requests no GPU")
         ledger_demand = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
+        # One bind at a time per node in this instance: it never races itself; other instances it may. The
+        # wait for the turn counts against the bind's budget, and what is left must cover the Binding too:
+        # a bind that could not post its Binding in time would write the ledger only to roll it back.
+        lock = self._node_lock(args.node)
+        if not lock.acquire(timeout=max(0.0, self.deadline() - BINDING_RESERVE_S)):
+            return failed("busy", f"other binds to {args.node} held it for the bind's {self.bind_budget_s:g} s")
         try:
-            # One bind at a time per node in this instance: it never races itself; other instances it may.
-            with self._node_lock(args.node):
-                # The ledger's retries leave the Binding time to be posted.
-                budget_s = max(0.1, min(self.ledger_budget_s, self.deadline() - 0.5))
-                held = self.ledger.assign(
-                    args.node, gpu_count, args.pod_uid, ledger_demand, budget_s=budget_s, drop=self.gone(args.node)
-                )
+            budget_s = min(self.ledger_budget_s, self.deadline() - BINDING_RESERVE_S)
+            if budget_s <= 0:
+                return failed("busy", f"no time left in the bind's {self.bind_budget_s:g} s to write the ledger")
+            held = self.ledger.assign(
+                args.node, gpu_count, args.pod_uid, ledger_demand, budget_s=budget_s, drop=self.gone(args.node)
+            )
         except NoRoomError as exc:
             self.readings.observe(args.node, exc.free)  # the snapshot was stale here: the next filter knows
             return failed("no_room", str(exc))
@@ -182,6 +193,8 @@ class LedgerBinder:
             return failed("conflict", str(exc), conflicts=exc.conflicts)
         except LedgerStoreError as exc:
             return failed("ledger_error", str(exc))
+        finally:
+            lock.release()
         bound = self._post_binding(args, pod_key, held, gpu_count)
         if not bound.error:
             self.readings.observe(args.node, held.free, args.pod_uid)  # other instances' binds there, and this one
@@ -191,7 +204,9 @@ class LedgerBinder:
         self, args: ExtenderBindingArgs, pod_key: str, held: Assigned | None, gpu_count: int = 0
     ) -> BindOutcome:
         """POST the Binding for a pod whose GPUs the ledger now records as ``held`` (None: no GPU), with
-        their annotation; a failure releases the ledger entry again."""
+        their annotation. A failed POST may still have landed (a timeout, a lost reply, a 5xx): the pod
+        itself says, and only a pod known not to be bound here gives its GPUs back. Releasing them for a
+        Binding that did land would let the next pod take the same milli."""
         annotation = held.annotation if held is not None else ""
         conflicts = held.conflicts if held is not None else 0
         already = held is not None and held.already
@@ -199,11 +214,16 @@ class LedgerBinder:
         try:
             self.kube.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node, annotations)
         except (KubeApiError, DeadlineReachedError) as exc:
-            conflict = isinstance(exc, KubeApiError) and exc.status == 409
-            if not (conflict and self._bound_here(args)):
-                rolled = held is not None and not held.already and self._roll_back(args, gpu_count)
+            where = self._bound_to(args)
+            if where != args.node:
+                conflict = bool(where) or (isinstance(exc, KubeApiError) and exc.status == 409)
                 # A 409 names the node the pod went to: not the caller's to learn.
                 cause = "another bind placed the pod first" if conflict else str(exc)
+                rolled = False
+                if where is None:
+                    cause += "; whether the Binding landed is unknown, so its GPUs stay recorded until the reconcile"
+                else:
+                    rolled = held is not None and not held.already and self._roll_back(args, gpu_count)
                 message = f"bind {pod_key} to {args.node}: posting the Binding: {cause}"
                 kind = "already_bound" if conflict else "kube_error"
                 return BindOutcome(
@@ -212,13 +232,20 @@ class LedgerBinder:
             already = True
         return BindOutcome(pod_key, args.node, assigned=annotation, conflicts=conflicts, already=already)
 
-    def _bound_here(self, args: ExtenderBindingArgs) -> bool:
+    def _bound_to(self, args: ExtenderBindingArgs) -> str | None:
+        """The node the pod is bound to now (``""``: unbound, or gone), None when the pod cannot be read.
+        The read gets :data:`CONFIRM_S` past the bind's budget: a wrong guess either way costs more than
+        kube-scheduler's wait (a double booking, or GPUs held until the reconcile)."""
+        self._until.at = time.monotonic() + CONFIRM_S
         try:
             pod = self.kube.get_pod(args.pod_namespace, args.pod_name)
-        except (KubeApiError, DeadlineReachedError):
-            return False
-        uid = (pod.get("metadata") or {}).get("uid")
-        return uid == args.pod_uid and (pod.get("spec") or {}).get("nodeName") == args.node
+        except KubeApiError as exc:
+            return "" if exc.status == 404 else None
+        except DeadlineReachedError:
+            return None
+        if (pod.get("metadata") or {}).get("uid") != args.pod_uid:
+            return ""
+        return str((pod.get("spec") or {}).get("nodeName") or "")
 
     def _roll_back(self, args: ExtenderBindingArgs, gpu_count: int) -> bool:
         """Release the pod's ledger entry; False when that failed too, which the node-state refresher's

@@ -224,14 +224,19 @@ class LedgerStore:
                 )
             sleep(pause)
 
-    def release(self, node: str, gpu_count: int, uid: str, *, attempts: int = 5) -> bool:
-        """Free ``uid``'s assignment on ``node`` (a rollback, or a pod that is gone); True if it held one."""
-        for _ in range(attempts):
+    def release(
+        self, node: str, gpu_count: int, uid: str, *, attempts: int = 8, sleep: Callable[[float], None] = time.sleep
+    ) -> bool:
+        """Free ``uid``'s assignment on ``node`` (a rollback, or a pod that is gone); True if it held one.
+        A lost race waits a jittered, growing moment before it reads again: binds from other instances
+        keep writing the same item, and a release that gives up leaves GPUs held until the reconcile."""
+        for attempt in range(attempts):
             ledger = self.read(node, gpu_count)
             if uid not in ledger.assignments:
                 return False
             if self.write(ledger.without(uid), ledger.version):
                 return True
+            sleep(random.uniform(0, min(0.2, 0.01 * 2**attempt)))
         raise LedgerConflictError(f"{node}: could not release {uid} after {attempts} conflicts")
 
 

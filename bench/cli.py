@@ -90,6 +90,12 @@ def _e2e_weights(args: argparse.Namespace) -> dict[str, Any]:
     return run_weights(nodes=args.nodes, pods=args.pods, weights=tuple(int(w) for w in _names(args.weights)))
 
 
+def _e2e_instances(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.e2e import run_instances
+
+    return run_instances(instances=args.instances, nodes=args.nodes, pods=args.pods)
+
+
 def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
@@ -169,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     weights.add_argument("--nodes", type=int, default=24, help="empty 8-GPU nodes")
     weights.add_argument("--pods", type=int, default=48, help="one-GPU pods behind one Service")
     weights.add_argument("--weights", default="1,2,5,10", help="the extender weights to try, after no extender")
+    instances = suite("e2e-instances", _e2e_instances, "several serve instances, one ledger, shares bound at once")
+    instances.add_argument("--instances", type=int, default=8, help="serve processes behind the round-robin proxy")
+    instances.add_argument("--nodes", type=int, default=100, help="8-GPU nodes")
+    instances.add_argument("--pods", type=int, default=2000, help="quarter-GPU pods")
     return parser
 
 

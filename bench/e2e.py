@@ -37,7 +37,7 @@ import numpy as np
 
 from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import BindWatch, ControlPlane, generated_scheduler_config, missing
-from testing.product import Processes, share_usage
+from testing.product import Processes, requests_served, share_usage
 
 A100 = next(shape for shape in CATALOGUE if shape.model == "A100")
 NAMESPACE = "bench"
@@ -110,6 +110,57 @@ def run_weights(*, nodes: int = 24, pods: int = 48, weights: tuple[int, ...] = (
                 used[str(weight)] = _drain_spread(cluster, url, pods, Knobs("live", "10s", 1000, weight))
     return {"benchmark": "e2e-weights", "nodes": nodes, "pods": pods, "ideal_nodes": math.ceil(pods / A100.gpus),
             "nodes_used": used}  # fmt: skip
+
+
+def run_instances(*, instances: int = 8, nodes: int = 100, pods: int = 2000, timeout_s: float = 900) -> dict[str, Any]:
+    """``gpu-scheduler bench e2e-instances``: ``instances`` ``serve --watch --ledger-table`` processes share
+    one ledger behind a round-robin proxy, standing in for Lambda's instances, and bind ``pods``
+    quarter-GPU shares through the real scheduler. Reported: nothing over-allocated, the ledger equal
+    to the annotations, every pod bound or failed with a message, and the time it took."""
+    from adapters.gpu_ledger import LedgerStore, create_table
+    from testing.moto import aws_env, dynamodb_client, moto_server
+    from testing.product import RoundRobinServer
+
+    reason = missing()
+    if reason:
+        raise ValueError(f"bench e2e-instances needs a control plane: {reason}")
+    knobs = Knobs("live", "10s", 1000, 5)
+    table = "gpu-ledger"
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-instances-") as tmp:
+        work = Path(tmp)
+        with moto_server() as endpoint, ControlPlane(work / "cluster") as cluster, Processes(work) as product:
+            env = aws_env(endpoint)
+            ledger = LedgerStore(table, dynamodb_client(endpoint))
+            create_table(ledger.client, table)
+            cluster.add_nodes([make_node(f"share-{i:04d}", A100, _zone(i)) for i in range(nodes)])
+            args = ["--watch", "--kubeconfig", str(cluster.kubeconfig), "--ledger-table", table]
+            urls = [product.serve(f"serve-{i}", args, env) for i in range(instances)]
+            proxy = RoundRobinServer(urls)
+            try:
+                cluster.ensure_namespaces([NAMESPACE])
+                cluster.create_pods([_pod(f"s-{i:05d}", 250) for i in range(pods)], workers=8)
+                watch = BindWatch(cluster.api, NAMESPACE)
+                started = time.monotonic()
+                try:
+                    cluster.start_scheduler(_config(proxy.url, knobs, sharing=True))
+                    complete = watch.wait(pods, timeout_s=timeout_s)
+                    seconds = time.monotonic() - started
+                    cluster.stop_scheduler()
+                finally:
+                    watch.close()
+                stored = cluster.pods(NAMESPACE)
+                usage = share_usage(stored, ledger.scan())
+                unbound = [p for p in stored if not p["spec"].get("nodeName")]
+                explained = sum(1 for p in unbound if cluster.failed_scheduling(NAMESPACE, p["metadata"]["name"]))
+                served = {url: requests_served(url) for url in urls}
+            finally:
+                proxy.close()
+    return {
+        "benchmark": "e2e-instances", "instances": instances, "nodes": nodes, "pods": pods,
+        "bound": len(watch.bound_at), "complete": complete, "seconds": round(seconds, 1),
+        "unbound": len(unbound), "unbound_with_a_message": explained,
+        "binds_per_instance": [served[url]["bind"] for url in urls], **usage,
+    }  # fmt: skip
 
 
 _SPREAD_SERVICE = {"metadata": {"name": "trainer"}, "spec": {"selector": {"app": "trainer"}, "ports": [{"port": 80}]}}

@@ -215,6 +215,56 @@ class PassAllServer:
         self.server.server_close()
 
 
+class RoundRobin(BaseHTTPRequestHandler):
+    """Forwards each POST to the next of ``backends`` in turn, as API Gateway spreads calls over Lambda
+    instances: kube-scheduler's filter, prioritize and bind of one pod may each reach another instance."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    backends: tuple[str, ...] = ()
+    turn: Any = None  # itertools.count, shared by every connection
+
+    def do_POST(self) -> None:
+        import http.client
+        import urllib.parse
+
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        backend = urllib.parse.urlsplit(self.backends[next(self.turn) % len(self.backends)])
+        connection = http.client.HTTPConnection(backend.hostname, backend.port, timeout=30)
+        try:
+            connection.request("POST", self.path, body, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            status, data = response.status, response.read()
+        except (OSError, http.client.HTTPException) as exc:  # as API Gateway answers for a failed backend
+            status, data = 502, json.dumps({"Error": f"backend {backend.netloc}: {exc!r}"}).encode()
+        finally:
+            connection.close()
+        self.wfile.write(
+            f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+        pass
+
+
+class RoundRobinServer:
+    """:class:`RoundRobin` over ``backends`` on a free loopback port, in a thread of this process."""
+
+    def __init__(self, backends: Sequence[str]) -> None:
+        import itertools
+
+        handler = type("BoundRoundRobin", (RoundRobin,), {"backends": tuple(backends), "turn": itertools.count()})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 if __name__ == "__main__":
     from testing.control_plane import KubeRest
 

@@ -207,3 +207,21 @@ def test_eight_threads_binding_2000_shares_never_overallocate(monkeypatch: pytes
         for gpu, milli in parse_assigned_gpus(pod["metadata"]["annotations"][ASSIGNED_GPUS_ANNOTATION]):
             from_annotations[pod["spec"]["nodeName"]][gpu] += milli
     assert {item.node: list(item.used) for item in run.items} == from_annotations
+
+
+def test_a_bind_that_waits_past_its_budget_for_the_node_writes_nothing(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    """Binds queued behind a slow one on the same node used to wait without bound, write the ledger after
+    the deadline, fail the Binding and then have to roll back (which conflicts under load)."""
+    import threading
+
+    binder = make_binder(api, ledger)
+    binder.bind_budget_s = 0.8
+    args = pending(api, "queued", milli=250)
+    outcomes = []
+    with binder._node_lock("t4-0"):  # another bind to t4-0 that does not finish while this one waits
+        waiting = threading.Thread(target=lambda: outcomes.append(binder.bind(args)))
+        waiting.start()
+        waiting.join(timeout=10)
+        assert not waiting.is_alive(), "the bind waited for the node past its budget"
+    assert outcomes[0].error_kind == "busy" and "held it for the bind's 0.8 s" in outcomes[0].error
+    assert ledger.read("t4-0", 4).version == 0 and pod_on(api, "queued") == (None, None)

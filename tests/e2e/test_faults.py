@@ -218,6 +218,16 @@ def test_a_409_to_the_binding_releases_the_ledger_entry_and_a_409_after_it_lande
         assert ("POST", f"/api/v1/namespaces/{namespace}/pods/landed/binding", 409) in proxy.seen
         usage = share_usage(cluster.pods(namespace), ledger.scan())
         assert usage["ledger_equals_annotations"] and usage["bound_without_annotation"] == 0, usage
+
+        # A Binding that lands but is answered 500 (its reply lost on the way): the bind reads the pod back,
+        # finds it bound there and keeps its GPUs. Releasing them would let the next share take the same milli.
+        proxy.fault = lambda method, path: ("after", 500) if is_binding(method, path) else None
+        cluster.create_pods([gpu_pod("landed-500", namespace, milli=500)])
+        assert cluster.wait_bound(namespace, "landed-500", timeout_s=60) in nodes
+        assert ("POST", f"/api/v1/namespaces/{namespace}/pods/landed-500/binding", 500) in proxy.seen
+        assert cluster.failed_scheduling(namespace, "landed-500") == []  # bound at the first bind, not a retry
+        usage = share_usage(cluster.pods(namespace), ledger.scan())
+        assert usage["ledger_equals_annotations"] and usage["gpus_over_1000_milli"] == 0, usage
     finally:
         cluster.stop_scheduler()
         product.stop("serve-409")
