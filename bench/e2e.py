@@ -105,9 +105,10 @@ def run_weights(*, nodes: int = 24, pods: int = 48, weights: tuple[int, ...] = (
             cluster.ensure_namespaces([NAMESPACE])
             cluster.api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/services", _SPREAD_SERVICE, ok=(201, 409))
             url = _start_serve(cluster, product, work, knobs, ledger="")
-            used["none"] = _drain_spread(cluster, "", pods, knobs)
+            trainers = {"app": "trainer"}
+            used["none"] = _drain(cluster, "", pods, knobs, labels=trainers)
             for weight in weights:
-                used[str(weight)] = _drain_spread(cluster, url, pods, Knobs("live", "10s", 1000, weight))
+                used[str(weight)] = _drain(cluster, url, pods, Knobs("live", "10s", 1000, weight), labels=trainers)
     return {"benchmark": "e2e-weights", "nodes": nodes, "pods": pods, "ideal_nodes": math.ceil(pods / A100.gpus),
             "nodes_used": used}  # fmt: skip
 
@@ -166,24 +167,6 @@ def run_instances(*, instances: int = 8, nodes: int = 100, pods: int = 2000, tim
 _SPREAD_SERVICE = {"metadata": {"name": "trainer"}, "spec": {"selector": {"app": "trainer"}, "ports": [{"port": 80}]}}
 
 
-def _drain_spread(cluster: ControlPlane, url: str, n_pods: int, knobs: Knobs) -> dict[str, Any]:
-    pods = [_pod(f"t-{i:04d}", 0) for i in range(n_pods)]
-    for pod in pods:
-        pod["metadata"].setdefault("labels", {})["app"] = "trainer"
-    cluster.delete_namespace_pods(NAMESPACE)
-    cluster.create_pods(pods, workers=8)
-    watch = BindWatch(cluster.api, NAMESPACE)
-    try:
-        cluster.start_scheduler(_config(url, knobs, sharing=False))
-        complete = watch.wait(n_pods, timeout_s=300)
-        cluster.stop_scheduler()
-    finally:
-        watch.close()
-    per_node = sorted(collections.Counter(watch.node_of.values()).values(), reverse=True)
-    cluster.delete_namespace_pods(NAMESPACE)
-    return {"complete": complete, "nodes_used": len(per_node), "pods_per_node": per_node}
-
-
 # -- whole GPUs: throughput, packing, staleness ---------------------------------------------------
 def _whole_gpus(work: Path, n_nodes: int, n_pods: int, runs: int, knobs: Knobs) -> dict[str, Any]:
     work.mkdir(parents=True)
@@ -232,11 +215,16 @@ def _drain(
     milli: int = 0,
     keep: bool = False,
     metrics: str = "",
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Create the pods with the scheduler stopped, start it, and time the binds; the pods are deleted
-    after, unless ``keep``. With ``metrics`` (serve's URL), also how stale serve's state was."""
+    after, unless ``keep``. With ``metrics`` (serve's URL), also how stale serve's state was. With
+    ``labels`` the pods carry them, and the result has the pods per node, fullest first."""
     cluster.delete_namespace_pods(NAMESPACE)
-    cluster.create_pods([_pod(f"p-{i:05d}", milli) for i in range(n_pods)], workers=8)
+    pods = [_pod(f"p-{i:05d}", milli) for i in range(n_pods)]
+    for pod in pods:
+        pod["metadata"].setdefault("labels", {}).update(labels or {})
+    cluster.create_pods(pods, workers=8)
     watch = BindWatch(cluster.api, NAMESPACE)
     poller = _VersionPoller(metrics) if metrics else None
     try:
@@ -258,6 +246,8 @@ def _drain(
     }
     if poller is not None:
         result["staleness"] = poller.lags(watch)
+    if labels:
+        result["pods_per_node"] = sorted(collections.Counter(watch.node_of.values()).values(), reverse=True)
     if not keep:
         cluster.delete_namespace_pods(NAMESPACE)
     return result
