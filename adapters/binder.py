@@ -21,11 +21,13 @@ One bind (DESIGN section 5):
    node is a success.
 
 If step 3 fails, the pod is read back: bound to this node (the Binding landed, its answer lost) is a
-success; not bound here releases the ledger entry again, so that a failed bind never holds GPUs, and
-kube-scheduler retries the pod; unreadable keeps the entry for the reconcile, since releasing GPUs a
-landed Binding uses would let another pod take them. Idempotency comes from the ledger keyed by pod UID and the pod's
-own state, not from a separate idempotency table: a repeat finds the same assignment and writes
-nothing new.
+success; bound elsewhere, or unbound after a refusal (a 4xx, or nothing sent), releases the ledger
+entry again, so that a failed bind holds no GPUs, and kube-scheduler retries the pod. Unbound after a
+timeout or a 5xx, or unreadable, keeps the entry for the reconcile: that Binding may still commit,
+and releasing the GPUs it uses would let another pod take them.
+
+Idempotency comes from the ledger keyed by pod UID and the pod's own state, not from a separate
+idempotency table: a repeat finds the same assignment and writes nothing new.
 
 Every bind has :data:`BIND_BUDGET_S` for its Kubernetes calls, retries and waits included (a
 ``Retry-After`` is cut to what is left), inside kube-scheduler's ``httpTimeout``.
@@ -170,8 +172,8 @@ class LedgerBinder:
             gpu_count = self._gpu_count(args.node, node)
         except InvalidPodError as exc:
             return failed("invalid_pod", str(exc))
-        if demand.gpus == 0:  # kube-scheduler binds those itself: it only asks for pods that request ours
-            return failed("refused", "the pod requests no GPU")
+        if demand.gpus == 0:  # names a managed resource at 0 (kube-scheduler asks for those): nothing to record
+            return self._post_binding(args, pod_key, None)
         ledger_demand = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
         # One bind at a time per node in this instance: it never races itself; other instances it may. The
         # wait for the turn counts against the bind's budget, and what is left must cover the Binding too:
@@ -220,7 +222,9 @@ class LedgerBinder:
                 # A 409 names the node the pod went to: not the caller's to learn.
                 cause = "another bind placed the pod first" if conflict else str(exc)
                 rolled = False
-                if where is None:
+                # Unbound now is not unbound for good: a Binding whose request timed out or got a 5xx may
+                # still commit after the read. Only a refusal, or nothing sent, gives the GPUs back.
+                if where is None or (where == "" and not _refused(exc)):
                     cause += "; whether the Binding landed is unknown, so its GPUs stay recorded until the reconcile"
                 else:
                     rolled = held is not None and not held.already and self._roll_back(args, gpu_count)
@@ -234,15 +238,18 @@ class LedgerBinder:
 
     def _bound_to(self, args: ExtenderBindingArgs) -> str | None:
         """The node the pod is bound to now (``""``: unbound, or gone), None when the pod cannot be read.
-        The read gets :data:`CONFIRM_S` past the bind's budget: a wrong guess either way costs more than
-        kube-scheduler's wait (a double booking, or GPUs held until the reconcile)."""
-        self._until.at = time.monotonic() + CONFIRM_S
+        The read gets :data:`CONFIRM_S` of its own, whatever is left of the bind's budget: a wrong guess
+        either way costs more than kube-scheduler's wait (a double booking, or GPUs held until the
+        reconcile)."""
+        budget, self._until.at = getattr(self._until, "at", None), time.monotonic() + CONFIRM_S
         try:
             pod = self.kube.get_pod(args.pod_namespace, args.pod_name)
         except KubeApiError as exc:
             return "" if exc.status == 404 else None
         except DeadlineReachedError:
             return None
+        finally:
+            self._until.at = budget
         if (pod.get("metadata") or {}).get("uid") != args.pod_uid:
             return ""
         return str((pod.get("spec") or {}).get("nodeName") or "")
@@ -298,6 +305,16 @@ class LedgerBinder:
         except LedgerStoreError as exc:
             raise ClusterStateUnavailableError(f"preempt: {exc}", kind="ledger_error") from exc
         return {node: dict(item.assignments) for node, item in items.items()}
+
+
+def _refused(exc: KubeApiError | DeadlineReachedError) -> bool:
+    """Whether a failed Binding certainly did not land: the API server refused it (a 4xx, throttling
+    included), or nothing was sent (a deadline reached before the first attempt), or the deadline came
+    after a refusal. A transport error or a 5xx may have landed."""
+    if isinstance(exc, DeadlineReachedError):
+        cause = exc.__cause__
+        return cause is None or (isinstance(cause, KubeApiError) and _refused(cause))
+    return 400 <= exc.status < 500
 
 
 def ledger_binder(

@@ -236,7 +236,8 @@ class LedgerStore:
                 return False
             if self.write(ledger.without(uid), ledger.version):
                 return True
-            sleep(random.uniform(0, min(0.2, 0.01 * 2**attempt)))
+            if attempt < attempts - 1:
+                sleep(random.uniform(0, min(0.2, 0.01 * 2**attempt)))
         raise LedgerConflictError(f"{node}: could not release {uid} after {attempts} conflicts")
 
 

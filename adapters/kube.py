@@ -382,8 +382,12 @@ class KubeClient:
         from urllib3.exceptions import HTTPError as TransportError
 
         policy = self.retry
+        last: KubeApiError | None = None  # what the previous attempt got: a DeadlineReachedError's cause
         for attempt in range(policy.attempts):
-            timeout = self._time_for_call()
+            try:
+                timeout = self._time_for_call()
+            except DeadlineReachedError as exc:
+                raise exc from last  # no cause: nothing was sent
             try:
                 response = method(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
                 return _decode(response.data, _item_type)
@@ -392,15 +396,19 @@ class KubeClient:
                 retryable = exc.status in RETRIED_STATUSES and (exc.status != 409 or _retry_409)
                 if not retryable or attempt == policy.attempts - 1:
                     raise error from exc
-                # The server's Retry-After, but never longer than this policy's longest wait.
-                wait = min(_retry_after(exc.headers) or _backoff(policy, attempt), policy.max_s)
+                wait = _retry_after(exc.headers) or _backoff(policy, attempt)
                 log.info("retrying after %s (attempt %d): waiting %.2f s", error, attempt + 1, wait)
+                last = error
             except TransportError as exc:
+                last = KubeApiError(0, "Unreachable", f"the API server could not be reached: {exc}")
                 if attempt == policy.attempts - 1:
-                    raise KubeApiError(0, "Unreachable", f"the API server could not be reached: {exc}") from exc
+                    raise last from exc
                 wait = _backoff(policy, attempt)
             self.retries += 1
-            self._wait(wait)
+            try:
+                self._wait(wait)  # a Retry-After longer than the time left fails now, not after it
+            except DeadlineReachedError as exc:
+                raise exc from last
         raise AssertionError("unreachable")
 
     def _time_for_call(self) -> float:

@@ -151,13 +151,12 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     def _reap(self, every_s: float = 0.2) -> None:
         while not self._closed.wait(every_s):
             now = time.monotonic()
-            with self._deadlines_lock:
+            with self._deadlines_lock:  # held while shutting: a handler that disarms meanwhile keeps its socket
                 overdue = [c for c, at in self._deadlines.items() if at < now]
                 for connection in overdue:
                     del self._deadlines[connection]
-            for connection in overdue:
-                with contextlib.suppress(OSError):
-                    connection.shutdown(socket.SHUT_RDWR)  # the handler's read returns, and it ends
+                    with contextlib.suppress(OSError):
+                        connection.shutdown(socket.SHUT_RDWR)  # the handler's read returns, and it ends
 
     def server_close(self) -> None:
         self._closed.set()
@@ -289,6 +288,9 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
             return
         body = self.rfile.read(length)
         self.server.disarm(self.connection)  # what follows is the extender's time, not the client's
+        if len(body) != length:  # the client went, or the reaper cut it off: nobody to answer
+            self.close_connection = True
+            return
         verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
         started = time.perf_counter()
         try:
@@ -312,12 +314,14 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
     def handle(self) -> None:
         """``BaseHTTPRequestHandler.handle``, with the idle wait before each request bounded in all."""
         self.close_connection = True
-        while True:
-            self.server.arm(self.connection, IDLE_TIMEOUT_S if self.timeout is None else self.timeout)
-            self.handle_one_request()
-            if self.close_connection:
-                break
-        self.server.disarm(self.connection)
+        try:
+            while True:
+                self.server.arm(self.connection, IDLE_TIMEOUT_S if self.timeout is None else self.timeout)
+                self.handle_one_request()
+                if self.close_connection:
+                    break
+        finally:
+            self.server.disarm(self.connection)
 
     def _reply(self, status: int, payload: bytes, content_type: str = "application/json") -> None:
         head = (

@@ -6,7 +6,8 @@ verb can ask for anything, so :func:`bind_refusal` checks each of those facts on
 the API server has them now, and the binder refuses, changing nothing, unless:
 
 - the pod is Pending, not terminating, and names this scheduler's profile;
-- it requests ``nvidia.com/gpu`` or ``gpu-scheduler.io/gpu-milli``;
+- it names ``nvidia.com/gpu`` or ``gpu-scheduler.io/gpu-milli`` (at 0 too: kube-scheduler then asks,
+  and the bind records nothing);
 - the node is in the cluster state, passes the extender's own static filter for the pod (model,
   memory per GPU, GPU count: what never changes between filter and bind), matches the pod's
   ``nodeSelector``, and the pod tolerates its ``NoSchedule``/``NoExecute`` taints.
@@ -63,7 +64,7 @@ def bind_refusal(
         return f"the pod is {phase}, not Pending"
     if spec.get("schedulerName") != scheduler_name:
         return f"the pod is not scheduled by {scheduler_name!r}"
-    if demand.gpus == 0:
+    if demand.gpus == 0 and not _names_managed(spec):
         return f"the pod requests neither {GPU_RESOURCE} nor {MILLI_RESOURCE}, which this extender binds"
     name = (node.get("metadata") or {}).get("name", "")
     row = state.table.index.get(name)
@@ -82,3 +83,22 @@ def bind_refusal(
     if taints:
         return f"node {name} has taints the pod does not tolerate: {', '.join(taints)}"
     return ""
+
+
+def _names_managed(spec: Mapping[str, Any]) -> bool:
+    """Whether a container names ``nvidia.com/gpu`` or ``gpu-milli`` in its requests or limits, at any
+    amount: kube-scheduler's ``IsInterested`` asks the extender to bind such a pod even at ``"0"``.
+
+    >>> _names_managed({"containers": [{"resources": {"limits": {"nvidia.com/gpu": "0"}}}]})
+    True
+    >>> _names_managed({"containers": [{"resources": {"requests": {"cpu": "1"}}}]})
+    False
+    """
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or ():
+            resources = container.get("resources") if isinstance(container, Mapping) else None
+            for section in ("requests", "limits"):
+                named = (resources or {}).get(section) if isinstance(resources, Mapping) else None
+                if isinstance(named, Mapping) and (GPU_RESOURCE in named or MILLI_RESOURCE in named):
+                    return True
+    return False

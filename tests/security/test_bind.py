@@ -81,6 +81,16 @@ def test_a_pod_that_requests_no_gpu_is_refused(world: World) -> None:
     assert "requests neither nvidia.com/gpu nor gpu-scheduler.io/gpu-milli" in refused(world, cpu_only, "t4-0")
 
 
+def test_a_pod_that_names_a_gpu_at_zero_is_bound_and_records_nothing(world: World) -> None:
+    """kube-scheduler asks the extender to bind any pod that names a managed resource, at 0 too."""
+    zero = make_pod("zero", 0)
+    zero["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "0"
+    world.api.load("pods", [zero])
+    assert world.bind(zero, "t4-0") == (200, {"Error": ""})
+    assert world.api.get("pods", "zero", "default")["spec"]["nodeName"] == "t4-0"
+    assert world.ledger_used() == NOTHING_HELD
+
+
 def test_a_running_or_terminating_pod_is_refused(world: World) -> None:
     running = make_pod("running", 1) | {"status": {"phase": "Running"}}
     terminating = make_pod("terminating", 1)
