@@ -386,7 +386,7 @@ def test_every_metric_emitted_is_catalogued_and_every_catalogued_one_is_emitted(
     ledger.client = RacingClient(ledger.client, LedgerStore(ledger.table, ledger.client), 1, "t4-0", 4)
     shares = [make_pod(f"s{i}", 0, milli=100) for i in range(3)]
     api.load("pods", shares)
-    api.fail_next("POST", "/pods/s1/binding", 500, times=2)
+    api.fail_next("POST", "/pods/s1/binding", 403)  # refused: nothing landed, so rolled back
     monkeypatch.setattr(call.handler, "MAX_REPLY_BYTES", 60)  # the filter replies are cut
     documents = []
     for method, path, body in [
