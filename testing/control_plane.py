@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,37 @@ BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
 TOKEN = "e2e-admin-token"
 SCHEDULER_API = "kubescheduler.config.k8s.io/v1beta3"
 """The config API these binaries take: ``v1`` is not registered at their commit (``../shared/k8s/README.md``)."""
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """Stop a process started in its own session, with everything it started: TERM, then KILL."""
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=15)
+
+
+def log_tail(path: Path, lines: int) -> str:
+    """The last ``lines`` of a log, on one line, for error messages ("" when there is none)."""
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return " | ".join(text.strip().splitlines()[-lines:])
+
+
+def serve_in_thread(
+    handler: type[BaseHTTPRequestHandler], wrap: Callable[[socket.socket], socket.socket] | None = None
+) -> ThreadingHTTPServer:
+    """``handler`` on a free loopback port, served by a daemon thread of this process; ``wrap`` (TLS,
+    say) replaces the listening socket first. Stop it with ``shutdown()`` and ``server_close()``."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    if wrap is not None:
+        server.socket = wrap(server.socket)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def kube_bin_dir() -> Path | None:
@@ -228,22 +260,12 @@ class ControlPlane:
 
     def tail(self, name: str, lines: int = 15) -> str:
         """The last lines of a process's log, for error messages."""
-        path = self.workdir / f"{name}.log"
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return " | ".join(text.strip().splitlines()[-lines:])
+        return log_tail(self.workdir / f"{name}.log", lines)
 
     def stop_process(self, name: str) -> None:
         process = self.processes.pop(name, None)
-        if process is None:
-            return
-        with suppress(ProcessLookupError):
-            os.killpg(process.popen.pid, signal.SIGTERM)
-        try:
-            process.popen.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with suppress(ProcessLookupError):
-                os.killpg(process.popen.pid, signal.SIGKILL)
-            process.popen.wait(timeout=15)
+        if process is not None:
+            stop_group(process.popen)
 
     def stop(self) -> None:
         """Stop everything, the last started first."""

@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import ssl
 import subprocess
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from testing.control_plane import KubeRest, kubeconfig
+from testing.control_plane import KubeRest, kubeconfig, serve_in_thread
 
 Fault = Callable[[str, str], tuple[str, int] | None]
 """``(method, path)`` to None (forward it), or ``(when, status)``: ``"instead"`` answers ``status`` without
@@ -37,17 +36,13 @@ class FaultProxy:
             ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
              "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True,
         )  # fmt: skip
-        handler = type("BoundFaultHandler", (_Handler,), {"proxy": self})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.server.daemon_threads = True
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        handler = type("BoundFaultHandler", (_Handler,), {"proxy": self})
+        self.server = serve_in_thread(handler, lambda sock: context.wrap_socket(sock, server_side=True))
         self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
         self.kubeconfig = workdir / "proxy-kubeconfig"
         self.kubeconfig.write_text(yaml.safe_dump(kubeconfig(self.url, token)))
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
 
     def close(self) -> None:
         self.server.shutdown()

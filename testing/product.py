@@ -17,14 +17,14 @@ import threading
 import urllib.request
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from contextlib import suppress
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 from scheduler_core.k8s.annotations import parse_assigned_gpus
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
+from testing.control_plane import log_tail, serve_in_thread, stop_group
 
 CLI = [sys.executable, "-m", "gpu_scheduler"]
 
@@ -82,22 +82,12 @@ class Processes:
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def tail(self, name: str, lines: int = 20) -> str:
-        path = self.workdir / f"{name}.log"
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return " | ".join(text.strip().splitlines()[-lines:])
+        return log_tail(self.workdir / f"{name}.log", lines)
 
     def stop(self, name: str) -> None:
         process = self.running.pop(name, None)
-        if process is None:
-            return
-        with suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=15)
+        if process is not None:
+            stop_group(process)
 
     def stop_all(self) -> None:
         for name in reversed(list(self.running)):
@@ -203,12 +193,8 @@ class PassAllServer:
     API_URL TOKEN`` runs one in its own, as the benchmarks do)."""
 
     def __init__(self, api: Any = None) -> None:
-        handler = type("BoundPassAll", (PassAll,), {"api": api})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.server.daemon_threads = True
+        self.server = serve_in_thread(type("BoundPassAll", (PassAll,), {"api": api}))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
 
     def close(self) -> None:
         self.server.shutdown()
@@ -255,10 +241,8 @@ class RoundRobinServer:
         import itertools
 
         handler = type("BoundRoundRobin", (RoundRobin,), {"backends": tuple(backends), "turn": itertools.count()})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.server.daemon_threads = True
+        self.server = serve_in_thread(handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()

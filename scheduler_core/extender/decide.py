@@ -71,10 +71,13 @@ class FilterOutcome:
         dict is built per failed node (tens of thousands per call with ``NodeNames``)."""
         if self.result is None:
             return encode_json(self.reply.to_wire())
+        failed = _json_map(*self.result.failed_items(unresolvable=False), extra=self.unknown)
+        return self._envelope(failed, _json_map(*self.result.failed_items(unresolvable=True)))
+
+    def _envelope(self, failed: str, unresolvable: str) -> bytes:
+        """The reply with its kept nodes, around the two failure maps already written as JSON."""
         kept = encode_json(self.kept).decode()
         nodes, names = ("null", kept) if self.names_only else (f'{{"metadata":{{}},"items":{kept}}}', "null")
-        failed = _json_map(*self.result.failed_items(unresolvable=False), extra=self.unknown)
-        unresolvable = _json_map(*self.result.failed_items(unresolvable=True))
         return (
             f'{{"Nodes":{nodes},"NodeNames":{names},"FailedNodes":{failed},'
             f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
@@ -88,14 +91,9 @@ class FilterOutcome:
         body = self.to_json()
         if len(body) <= max_bytes:
             return body
-        kept = encode_json(self.kept).decode()
-        nodes, names = ("null", kept) if self.names_only else (f'{{"metadata":{{}},"items":{kept}}}', "null")
         unresolvable = "{}" if self.result is None else _json_map(*self.result.failed_items(unresolvable=True))
         for failed_unresolvable in (unresolvable, "{}"):
-            body = (
-                f'{{"Nodes":{nodes},"NodeNames":{names},"FailedNodes":{{}},'
-                f'"FailedAndUnresolvableNodes":{failed_unresolvable},"Error":""}}'
-            ).encode()
+            body = self._envelope("{}", failed_unresolvable)
             if len(body) <= max_bytes:
                 return body
         message = (

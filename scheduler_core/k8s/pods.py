@@ -8,7 +8,6 @@ resource the request defaults to the limit, so a limit with no request counts.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -27,10 +26,9 @@ from scheduler_core.k8s.names import (
     PEERS_ANNOTATION,
     TERMINAL_PHASES,
 )
-from scheduler_core.k8s.quantity import MIB, parse_quantity, parse_whole_count, plain_int
+from scheduler_core.k8s.quantity import MIB, parse_quantity, parse_whole_count, plain_int, unitless
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
-_PLAIN_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)$")
 
 
 @dataclass(frozen=True)
@@ -368,7 +366,7 @@ def _parse_memory_mib(value: object) -> int:
         raise InvalidPodError(f"annotation {LABEL_MEMORY}: {expected}, got {value!r}")
     text = value.strip()
     plain = plain_int(text)
-    if plain is None and _PLAIN_NUMBER.match(text):
+    if plain is None and unitless(text):
         raise InvalidPodError(
             f"annotation {LABEL_MEMORY}: a number without a unit is MiB and must be an integer, got {value!r}"
         )

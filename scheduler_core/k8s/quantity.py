@@ -73,6 +73,16 @@ def parse_quantity(value: object) -> Decimal:
     return -result if sign == "-" else result
 
 
+def unitless(value: str) -> bool:
+    """Whether ``value`` is a quantity written as a bare number: no suffix, no exponent.
+
+    >>> unitless("40960.5"), unitless("40Gi"), unitless("4e3")
+    (True, False, False)
+    """
+    match = _QUANTITY.match(value.strip())
+    return match is not None and match.group(3) is None and match.group(4) is None
+
+
 def plain_int(value: object, *, max_digits: int = 18) -> int | None:
     """``value`` as an int when it is a string of ASCII digits, short enough to be a real count or
     size; None for anything else. ``str.isdigit`` alone admits ``"²"`` (which ``int`` refuses) and a

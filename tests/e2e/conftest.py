@@ -8,6 +8,7 @@ one line that says what is missing and where to get it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from testing.control_plane import ControlPlane, generated_scheduler_config, missing
+from testing.moto import aws_env, moto_server
 from testing.product import Processes
 
 HERE = Path(__file__).parent
@@ -39,6 +41,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
     with Processes(tmp_path_factory.mktemp("product")) as processes:
         yield processes
+
+
+@pytest.fixture(scope="module")
+def moto_env() -> Iterator[dict[str, str]]:
+    """moto's server for the module, and the environment that points the product's AWS clients at it."""
+    with moto_server() as endpoint:
+        yield {**os.environ, **aws_env(endpoint)}
 
 
 def start_scheduler(cluster: ControlPlane, url: str, *flags: str) -> dict[str, Any]:

@@ -13,7 +13,6 @@ Also ``gpu-scheduler refresh node-state --once``: the snapshot it writes, the la
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, LABEL_COUNT, LABEL_MEMORY, LABEL_MODEL
 from testing.control_plane import ControlPlane, free_port
 from testing.fault_proxy import FaultProxy
-from testing.moto import aws_env, dynamodb_client, moto_server
+from testing.moto import aws_env, dynamodb_client
 from testing.product import Processes, share_usage
 from tests.e2e.conftest import start_scheduler
 
@@ -126,12 +125,6 @@ def test_an_unusable_snapshot_fails_gpu_pods_saying_why_and_they_bind_once_a_goo
         product.stop(f"refresher-{fault}")
         product.stop(f"serve-{fault}")
         cluster.delete_namespace_pods(namespace)
-
-
-@pytest.fixture(scope="module")
-def moto_env() -> Iterator[dict[str, str]]:
-    with moto_server() as endpoint:
-        yield {**os.environ, **aws_env(endpoint)}
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import pytest
 from adapters.gpu_ledger import LedgerStore
 from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import BindWatch, ControlPlane
-from testing.moto import aws_env, dynamodb_client, moto_server
+from testing.moto import dynamodb_client
 from testing.product import Processes, requests_served, share_usage
 from tests.e2e.conftest import start_scheduler
 
@@ -56,25 +56,21 @@ def whole(name: str, gpus: int, model: str, namespace: str, **spec: Any) -> dict
 
 
 @pytest.fixture(scope="module")
-def env() -> Iterator[dict[str, str]]:
-    import os
-
-    with moto_server() as endpoint:
-        yield {**os.environ, **aws_env(endpoint)}
-
-
-@pytest.fixture(scope="module")
-def ledger(env: dict[str, str]) -> LedgerStore:
-    done = cli(["ledger", "create", "--table", TABLE], env)
+def ledger(moto_env: dict[str, str]) -> LedgerStore:
+    done = cli(["ledger", "create", "--table", TABLE], moto_env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"table": TABLE, "created": True}
-    return LedgerStore(TABLE, dynamodb_client(env["AWS_ENDPOINT_URL_DYNAMODB"]))
+    return LedgerStore(TABLE, dynamodb_client(moto_env["AWS_ENDPOINT_URL_DYNAMODB"]))
 
 
 @pytest.fixture(scope="module")
-def serve_url(cluster: ControlPlane, product: Processes, ledger: LedgerStore, env: dict[str, str]) -> Iterator[str]:
+def serve_url(
+    cluster: ControlPlane, product: Processes, ledger: LedgerStore, moto_env: dict[str, str]
+) -> Iterator[str]:
     cluster.add_nodes(NODES)
-    url = product.serve("serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig), "--ledger-table", TABLE], env)
+    url = product.serve(
+        "serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig), "--ledger-table", TABLE], moto_env
+    )
     config = start_scheduler(cluster, url, "--sharing")
     (extender,) = config["extenders"]
     assert (extender["bindVerb"], extender["preemptVerb"]) == ("bind", "preempt")
@@ -107,13 +103,13 @@ def all_bound(cluster: ControlPlane, namespace: str, count: int) -> bool:
     return len(pods) == count and all(p["spec"].get("nodeName") for p in pods)
 
 
-def test_ledger_create_is_idempotent_and_show_prints_every_item(ledger: LedgerStore, env: dict[str, str]):
-    again = cli(["ledger", "create", "--table", TABLE], env)
+def test_ledger_create_is_idempotent_and_show_prints_every_item(ledger: LedgerStore, moto_env: dict[str, str]):
+    again = cli(["ledger", "create", "--table", TABLE], moto_env)
     assert again.returncode == 0 and json.loads(again.stdout) == {"table": TABLE, "created": False}
-    shown = cli(["ledger", "show", "--table", TABLE], env)
+    shown = cli(["ledger", "show", "--table", TABLE], moto_env)
     assert shown.returncode == 0, shown.stderr
     assert [json.loads(line)["node"] for line in shown.stdout.splitlines()] == sorted(i.node for i in ledger.scan())
-    no_region = cli(["ledger", "show", "--table", TABLE], {k: v for k, v in env.items() if "REGION" not in k})
+    no_region = cli(["ledger", "show", "--table", TABLE], {k: v for k, v in moto_env.items() if "REGION" not in k})
     assert no_region.returncode == 2 and "no AWS region" in no_region.stderr
 
 
