@@ -211,36 +211,30 @@ class KubeClient:
         self.retries = 0
 
     # -- reads --
-    def list_pages(
-        self,
-        kind: str,
-        *,
-        label_selector: str = "",
-        field_selector: str = "",
-        limit: int = LIST_PAGE_SIZE,
-        item_type: Any = None,
-    ) -> Iterator[list[dict[str, Any]]]:
-        """Yield the items of a cluster-wide list (``nodes`` or ``pods``) page by page.
-
-        ``item_type`` (a TypedDict from :mod:`adapters.kube_types`) decodes each item into just
-        those keys; a page that does not fit it is decoded in full instead, so nothing is lost.
-
-        Raises :class:`ListExpiredError` when a continue token expires mid-list (the caller starts
-        over: items already yielded would otherwise be seen twice).
-        """
-        for items, _version in self._pages(kind, label_selector, field_selector, limit, item_type):
-            yield items
-
     def list_with_version(
-        self, kind: str, *, field_selector: str = "", item_type: Any = None
+        self, kind: str, *, label_selector: str = "", field_selector: str = "", item_type: Any = None, restarts: int = 2
     ) -> tuple[list[dict[str, Any]], str]:
-        """Every item of a list and the list's ``resourceVersion``, the point a watch resumes from."""
-        items: list[dict[str, Any]] = []
-        version = ""
-        for page, page_version in self._pages(kind, "", field_selector, LIST_PAGE_SIZE, item_type):
-            items.extend(page)
-            version = version or page_version  # every page of one list is the same snapshot: the first's
-        return items, version
+        """Every item of a cluster-wide list (``nodes`` or ``pods``, ``limit=500`` pages with ``continue``)
+        and the list's ``resourceVersion``, the point a watch resumes from.
+
+        ``item_type`` (a TypedDict from :mod:`adapters.kube_types`) decodes each item into just those
+        keys; a page that does not fit it is decoded in full instead, so nothing is lost. A continue
+        token that expires mid-list (410) starts the list over, at most ``restarts`` times; then
+        :class:`ListExpiredError` is raised.
+        """
+        for attempt in range(restarts + 1):
+            items: list[dict[str, Any]] = []
+            version = ""
+            try:
+                for page, page_version in self._pages(kind, label_selector, field_selector, LIST_PAGE_SIZE, item_type):
+                    items.extend(page)
+                    version = version or page_version  # every page of one list is the same snapshot: the first's
+                return items, version
+            except ListExpiredError:
+                if attempt == restarts:
+                    raise
+                log.warning("list of %s expired mid-way; starting over (%d/%d)", kind, attempt + 1, restarts)
+        raise AssertionError("unreachable")
 
     def _pages(
         self, kind: str, label_selector: str, field_selector: str, limit: int, item_type: Any
@@ -318,18 +312,10 @@ class KubeClient:
         item_type: Any = None,
         restarts: int = 2,
     ) -> list[dict[str, Any]]:
-        """Every item of a list (see :meth:`list_pages`); starts over (at most ``restarts`` times) on 410."""
-        for attempt in range(restarts + 1):
-            try:
-                pages = self.list_pages(
-                    kind, label_selector=label_selector, field_selector=field_selector, item_type=item_type
-                )
-                return [item for page in pages for item in page]
-            except ListExpiredError:
-                if attempt == restarts:
-                    raise
-                log.warning("list of %s expired mid-way; starting over (%d/%d)", kind, attempt + 1, restarts)
-        raise AssertionError("unreachable")
+        """Every item of a list (see :meth:`list_with_version`)."""
+        return self.list_with_version(
+            kind, label_selector=label_selector, field_selector=field_selector, item_type=item_type, restarts=restarts
+        )[0]
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self._json(self.core.read_namespaced_pod, name, namespace)

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -49,7 +49,215 @@ BOUND_NON_TERMINAL = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Fail
 """The pods that hold resources on a node: what the node-state refresher lists, and what is watched."""
 
 
-class LiveState:
+class ClusterMirror:
+    """A list+watch of the cluster's nodes and of the non-terminal pods bound to a node, held in memory.
+
+    One thread per kind lists, then watches from the list's ``resourceVersion``, resumes from the last
+    one it saw when a watch ends, and lists again on 410. Subclasses react to changes through
+    :meth:`_listed` and :meth:`_changed_one` (called with the lock held) and wait on ``_wake``.
+
+    A share pod (one with the ``assigned-gpus`` annotation) that is deleted, finishes, or is missing
+    from a new list is handed to ``on_gone(node, uid)`` off the watch thread, which frees its share in
+    the GPU ledger within seconds instead of at the next reconcile.
+
+    Parameters
+    ----------
+    connect : returns a KubeClient; called once per watching thread
+    on_gone : called with (node, pod UID) for a share pod that is gone or finished
+    watch_timeout_s : how long one watch request lasts before it is resumed
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], KubeClient],
+        *,
+        on_gone: Callable[[str, str], object] | None = None,
+        watch_timeout_s: int = 300,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._connect = connect
+        self.on_gone = on_gone
+        self.watch_timeout_s = watch_timeout_s
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._objects: dict[str, dict[str, dict[str, Any]]] = {"nodes": {}, "pods": {}}
+        self._synced: set[str] = set()
+        self._dirty_since: float | None = None  # the first change not yet taken by the subclass
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._gone = ThreadPoolExecutor(max_workers=2, thread_name_prefix="share-release")
+        self._gone_by_node: dict[str, set[str]] = {}  # shares seen gone, not yet released
+        self.counters = {"events": 0, "lists": 0, "relists_410": 0, "watch_errors": 0, "released": 0}
+        self.versions = {"nodes": "", "pods": ""}
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def start(self) -> ClusterMirror:
+        for kind in ("nodes", "pods"):
+            self._thread(self._watch_forever, kind, name=f"watch-{kind}")
+        return self
+
+    def _thread(self, target: Callable[..., None], *args: Any, name: str) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        self._gone.shutdown(wait=False, cancel_futures=True)
+
+    def seed(self, kind: str, items: Sequence[dict[str, Any]], version: str) -> None:
+        """Start from a list already made (before :meth:`start`): the watch resumes from ``version``."""
+        self._take_list(kind, items, version)
+
+    def objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
+        """The nodes, the pods, and the ``resourceVersion`` of each kind they are complete up to."""
+        with self._lock:
+            return list(self._objects["nodes"].values()), list(self._objects["pods"].values()), dict(self.versions)
+
+    def next_change(self, timeout_s: float) -> float | None:
+        """Wait up to ``timeout_s`` for a change not yet taken (:meth:`take`); when the first one arrived
+        (monotonic), or None if none came or the mirror was closed."""
+        with self._wake:
+            self._wake.wait_for(lambda: self._stop.is_set() or (self._dirty_since is not None and self.synced),
+                                timeout=timeout_s)  # fmt: skip
+            return None if self._stop.is_set() else self._dirty_since
+
+    def take(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
+        """:meth:`objects`, marking every change so far as taken."""
+        with self._lock:
+            self._dirty_since = None
+            return list(self._objects["nodes"].values()), list(self._objects["pods"].values()), dict(self.versions)
+
+    @property
+    def synced(self) -> bool:
+        return len(self._synced) == 2
+
+    def gone_on(self, node: str) -> frozenset[str]:
+        """The pods seen gone from ``node`` whose shares the ledger may still hold: a bind there frees them
+        in its own write (the binder's ``gone``), before the background release gets to them."""
+        with self._lock:
+            return frozenset(self._gone_by_node.get(node, ()))
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._objects["nodes"].get(name)
+
+    # -- what subclasses react to (called with the lock held; call these first) ---------------
+    def _listed(self, kind: str, fresh: dict[str, dict[str, Any]], previous: dict[str, dict[str, Any]]) -> None:
+        """A list of ``kind`` replaced ``previous`` with ``fresh`` (keyed by UID for pods, name for nodes)."""
+        if kind == "pods":
+            for uid, old in previous.items():
+                if uid not in fresh:  # deleted while no watch ran
+                    self._gone_share(old)
+
+    def _changed_one(self, kind: str, event: str, key: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        """One watch event; ``old`` is the object it replaces or deletes, if it was held."""
+        if kind == "pods" and event == "DELETED":
+            self._gone_share(old or obj)
+
+    def _gone_share(self, pod: dict[str, Any] | None) -> None:
+        """Hand a gone or finished pod that held a share to ``on_gone``."""
+        if pod is None or self.on_gone is None:
+            return
+        found = share_holder(pod)
+        if found is not None:
+            self._gone_by_node.setdefault(found[0], set()).add(found[1])
+            self._gone.submit(self._release, *found)
+
+    def _release(self, node: str, uid: str) -> None:
+        assert self.on_gone is not None
+        try:
+            self.on_gone(node, uid)
+            self.counters["released"] += 1
+        except Exception:  # a failed release is the reconcile's to repair; it must not stop the releases
+            log.exception("releasing the share of pod %s on %s failed", uid, node)
+            return
+        with self._lock:
+            held = self._gone_by_node.get(node)
+            if held is not None:
+                held.discard(uid)
+                if not held:
+                    del self._gone_by_node[node]
+
+    # -- watching -----------------------------------------------------------------------------
+    def _watch_forever(self, kind: str) -> None:
+        kube: KubeClient | None = None
+        version = self.versions[kind]  # set when seeded
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                if kube is None:
+                    kube = self._connect()
+                if not version:
+                    items, version = kube.list_with_version(
+                        kind, field_selector=self._selector(kind), item_type=self._item_type(kind), restarts=0
+                    )
+                    self._take_list(kind, items, version)
+                for event, obj in kube.watch(
+                    kind, version, field_selector=self._selector(kind), item_type=self._item_type(kind),
+                    timeout_s=self.watch_timeout_s,
+                ):  # fmt: skip
+                    if self._stop.is_set():
+                        return
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if event == "BOOKMARK":
+                        with self._lock:
+                            self.versions[kind] = version
+                    else:
+                        self._apply(kind, event, obj, version)
+                backoff = 0.2
+            except ListExpiredError:
+                self.counters["relists_410"] += 1
+                version = ""  # too old: list again
+            except AdapterError as exc:
+                self.counters["watch_errors"] += 1
+                log.warning("watching %s failed, again in %.1f s: %s", kind, backoff, exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _take_list(self, kind: str, items: Sequence[dict[str, Any]], version: str) -> None:
+        fresh = {key: obj for obj in items if (key := _key(kind, obj))}
+        with self._wake:
+            previous, self._objects[kind] = self._objects[kind], fresh
+            self.versions[kind] = version
+            self._listed(kind, fresh, previous)
+            self._synced.add(kind)
+            self._mark_dirty()
+        self.counters["lists"] += 1
+
+    def _apply(self, kind: str, event: str, obj: dict[str, Any], version: str) -> None:
+        key = _key(kind, obj)
+        with self._wake:
+            self.versions[kind] = version
+            if not key:
+                return
+            self.counters["events"] += 1
+            if event == "DELETED":  # deleted, or (pods) no longer bound and non-terminal: finished
+                old = self._objects[kind].pop(key, None)
+            else:
+                old = self._objects[kind].get(key)
+                self._objects[kind][key] = obj
+            self._changed_one(kind, event, key, obj, old)
+            self._mark_dirty()
+
+    def _mark_dirty(self) -> None:
+        if self._dirty_since is None:
+            self._dirty_since = self._monotonic()
+        self._wake.notify_all()
+
+    @staticmethod
+    def _selector(kind: str) -> str:
+        return BOUND_NON_TERMINAL if kind == "pods" else ""
+
+    @staticmethod
+    def _item_type(kind: str) -> Any:
+        return SchedulingPod if kind == "pods" else None
+
+
+class LiveState(ClusterMirror):
     """A :data:`~scheduler_core.extender.facade.ClusterSource` fed by a list+watch (see the module docstring).
 
     Parameters
@@ -72,48 +280,26 @@ class LiveState:
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._connect = connect
+        super().__init__(connect, on_gone=on_gone, watch_timeout_s=watch_timeout_s, monotonic=monotonic)
         self.label_keys = tuple(label_keys)
         self.readings = readings
-        self.on_gone = on_gone
-        self.min_interval_s, self.watch_timeout_s = min_interval_s, watch_timeout_s
-        self._wall, self._monotonic = wall, monotonic
-        self._lock = threading.Lock()
-        self._objects: dict[str, dict[str, dict[str, Any]]] = {"nodes": {}, "pods": {}}
+        self.min_interval_s = min_interval_s
+        self._wall = wall
         self._uses: dict[str, PodUse] = {}  # each pod read once, when its event arrives
         self._facts: NodeFacts | None = None  # the nodes read once, again only when one changes
-        self._synced: set[str] = set()
         self._changed: dict[str, float] = {}  # pod UID -> when its latest event arrived (monotonic)
-        self._dirty_since: float | None = None
-        self._wake = threading.Condition(self._lock)
         self._state: ClusterState | None = None
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._gone = ThreadPoolExecutor(max_workers=2, thread_name_prefix="share-release")
-        self._gone_by_node: dict[str, set[str]] = {}  # shares seen gone, not yet released
         self.lag_s: deque[float] = deque(maxlen=20_000)
-        self.counters = {"events": 0, "lists": 0, "relists_410": 0, "watch_errors": 0, "rebuilds": 0, "released": 0}
-        self.versions = {"nodes": "", "pods": ""}
+        self.counters["rebuilds"] = 0
         self.published_versions = {"nodes": "", "pods": ""}  # what the latest published state includes
         self.last_rebuild_ms = 0.0
         self._next_at = 0.0
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> LiveState:
-        for kind in ("nodes", "pods"):
-            thread = threading.Thread(target=self._watch_forever, args=(kind,), name=f"watch-{kind}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        builder = threading.Thread(target=self._build_forever, name="state-builder", daemon=True)
-        builder.start()
-        self._threads.append(builder)
+        super().start()
+        self._thread(self._build_forever, name="state-builder")
         return self
-
-    def close(self) -> None:
-        self._stop.set()
-        with self._wake:
-            self._wake.notify_all()
-        self._gone.shutdown(wait=False, cancel_futures=True)
 
     def wait_synced(self, timeout_s: float) -> bool:
         """True once both lists are in and a state is built from them."""
@@ -136,11 +322,6 @@ class LiveState:
 
     def stats(self) -> dict[str, Any]:
         """Counters, the watch positions, and the lag over the recent events (seconds)."""
-        lags = sorted(self.lag_s)
-
-        def quantile(q: float) -> float:
-            return lags[min(len(lags) - 1, int(q * len(lags)))] if lags else 0.0
-
         state = self._state
         return {
             **self.counters,
@@ -148,129 +329,35 @@ class LiveState:
             "published_resource_versions": dict(self.published_versions),
             "synced": state is not None,
             "nodes": state.table.n_nodes if state is not None else 0,
-            "lag_p50_s": round(quantile(0.5), 4),
-            "lag_p99_s": round(quantile(0.99), 4),
-            "lag_max_s": round(lags[-1], 4) if lags else 0.0,
+            **lag_quantiles(self.lag_s),
             "last_rebuild_ms": round(self.last_rebuild_ms, 2),
         }
 
-    # -- watching -----------------------------------------------------------------------------
-    def _watch_forever(self, kind: str) -> None:
-        kube: KubeClient | None = None
-        version = ""
-        backoff = 0.2
-        while not self._stop.is_set():
-            try:
-                if kube is None:
-                    kube = self._connect()
-                if not version:
-                    version = self._list(kube, kind)
-                for event, obj in kube.watch(
-                    kind, version, field_selector=self._selector(kind), item_type=self._item_type(kind),
-                    timeout_s=self.watch_timeout_s,
-                ):  # fmt: skip
-                    if self._stop.is_set():
-                        return
-                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                    self.versions[kind] = version
-                    if event != "BOOKMARK":
-                        self._apply(kind, event, obj)
-                backoff = 0.2
-            except ListExpiredError:
-                self.counters["relists_410"] += 1
-                version = ""  # too old: list again
-            except AdapterError as exc:
-                self.counters["watch_errors"] += 1
-                log.warning("watching %s failed, again in %.1f s: %s", kind, backoff, exc)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+    # -- changes ------------------------------------------------------------------------------
+    def _listed(self, kind: str, fresh: dict[str, dict[str, Any]], previous: dict[str, dict[str, Any]]) -> None:
+        super()._listed(kind, fresh, previous)
+        if kind == "pods":
+            self._changed.update(dict.fromkeys(fresh, self._monotonic()))
+            self._uses = {uid: pod_use(pod) for uid, pod in fresh.items()}
+        else:
+            self._facts = None
 
-    def _list(self, kube: KubeClient, kind: str) -> str:
-        items, version = kube.list_with_version(
-            kind, field_selector=self._selector(kind), item_type=self._item_type(kind)
-        )
-        now = self._monotonic()
-        fresh = {key: obj for obj in items if (key := _key(kind, obj))}
-        with self._wake:
-            if kind == "pods":
-                for uid, old in self._objects["pods"].items():
-                    if uid not in fresh:  # deleted while no watch ran
-                        self._gone_share(old)
-                self._changed.update(dict.fromkeys(fresh, now))
-                self._uses = {uid: pod_use(pod) for uid, pod in fresh.items()}
-            else:
-                self._facts = None
-            self._objects[kind] = fresh
-            self._synced.add(kind)
-            self._mark_dirty(now)
-        self.counters["lists"] += 1
-        self.versions[kind] = version
-        return version
-
-    def _apply(self, kind: str, event: str, obj: dict[str, Any]) -> None:
-        key = _key(kind, obj)
-        if not key:
+    def _changed_one(self, kind: str, event: str, key: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        super()._changed_one(kind, event, key, obj, old)
+        if kind == "nodes":
+            self._facts = None
             return
-        now = self._monotonic()
-        self.counters["events"] += 1
-        with self._wake:
-            if event == "DELETED":  # deleted, or no longer bound and non-terminal (finished)
-                old = self._objects[kind].pop(key, None)
-                if kind == "pods":
-                    self._uses.pop(key, None)
-                    self._gone_share(old or obj)
-            else:
-                self._objects[kind][key] = obj
-                if kind == "pods":
-                    self._uses[key] = pod_use(obj)
-            if kind == "pods":
-                self._changed[key] = now
-            else:
-                self._facts = None
-            self._mark_dirty(now)
-
-    def _gone_share(self, pod: dict[str, Any] | None) -> None:
-        """Hand a gone or finished pod that held a share to ``on_gone`` (called with the lock held)."""
-        if pod is None or self.on_gone is None:
-            return
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        node = (pod.get("spec") or {}).get("nodeName")
-        uid = (pod.get("metadata") or {}).get("uid")
-        if node and uid and ASSIGNED_GPUS_ANNOTATION in annotations:
-            self._gone_by_node.setdefault(node, set()).add(uid)
-            self._gone.submit(self._release, node, uid)
-
-    def gone_on(self, node: str) -> frozenset[str]:
-        """The pods seen gone from ``node`` whose shares the ledger may still hold: a bind there frees them
-        in its own write (the binder's ``gone``), before the background release gets to them."""
-        with self._lock:
-            return frozenset(self._gone_by_node.get(node, ()))
-
-    def _release(self, node: str, uid: str) -> None:
-        assert self.on_gone is not None
-        try:
-            self.on_gone(node, uid)
-            self.counters["released"] += 1
-        except Exception:  # a failed release is the reconcile's to repair; it must not stop the releases
-            log.exception("releasing the share of pod %s on %s failed", uid, node)
-            return
-        with self._lock:
-            held = self._gone_by_node.get(node)
-            if held is not None:
-                held.discard(uid)
-                if not held:
-                    del self._gone_by_node[node]
-
-    def _mark_dirty(self, now: float) -> None:
-        if self._dirty_since is None:
-            self._dirty_since = now
-        self._wake.notify()
+        if event == "DELETED":
+            self._uses.pop(key, None)
+        else:
+            self._uses[key] = pod_use(obj)
+        self._changed[key] = self._monotonic()
 
     # -- rebuilding ---------------------------------------------------------------------------
     def _build_forever(self) -> None:
         while not self._stop.is_set():
             with self._wake:
-                while (self._dirty_since is None or len(self._synced) < 2) and not self._stop.is_set():
+                while (self._dirty_since is None or not self.synced) and not self._stop.is_set():
                     self._wake.wait(timeout=1.0)
                 if self._stop.is_set():
                     return
@@ -310,13 +397,29 @@ class LiveState:
             self.readings.forget(changed)  # bound somewhere, or gone: the state says which now
         return True
 
-    @staticmethod
-    def _selector(kind: str) -> str:
-        return BOUND_NON_TERMINAL if kind == "pods" else ""
 
-    @staticmethod
-    def _item_type(kind: str) -> Any:
-        return SchedulingPod if kind == "pods" else None
+def share_holder(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """(node, UID) of a pod that holds GPU shares by the ``assigned-gpus`` annotation, else None."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    uid = (pod.get("metadata") or {}).get("uid")
+    if node and uid and ASSIGNED_GPUS_ANNOTATION in annotations:
+        return str(node), str(uid)
+    return None
+
+
+def lag_quantiles(lags: Iterable[float]) -> dict[str, float]:
+    """p50, p99 and the largest of ``lags`` (seconds), as ``lag_p50_s``, ``lag_p99_s``, ``lag_max_s``."""
+    ordered = sorted(lags)
+
+    def quantile(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+    return {
+        "lag_p50_s": round(quantile(0.5), 4),
+        "lag_p99_s": round(quantile(0.99), 4),
+        "lag_max_s": round(ordered[-1], 4) if ordered else 0.0,
+    }
 
 
 def _key(kind: str, obj: dict[str, Any]) -> str:

@@ -66,6 +66,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("AmpQueryFailures", NODE_STATE, "Count", "utilisation queries that failed"),
     MetricSpec("RunMs", NODE_STATE, "Milliseconds", "whole run"),
     MetricSpec("RunFailures", NODE_STATE, "Count", "runs that did not finish (API unreachable, bad config)"),
+    MetricSpec("SnapshotsKeptNewer", NODE_STATE, "Count", "snapshot writes skipped: the store held a newer one"),
+    MetricSpec("SnapshotPublishes", NODE_STATE, "Count", "snapshots written from the watch (WATCH_S)"),
+    MetricSpec("WatchLagP99Ms", NODE_STATE, "Milliseconds", "watch: first change to its snapshot written, p99"),
+    MetricSpec("SharesReleased", NODE_STATE, "Count", "shares of gone pods freed from the watch (LEDGER_TABLE)"),
     MetricSpec("LedgerDrift", NODE_STATE, "Count", "ledger entries the reconcile corrected, by kind", ("kind",)),
     MetricSpec("LedgerReconcileFailures", NODE_STATE, "Count", "reconciles of the GPU ledger that failed"),
     # The deletion-cost refresher: one set per invocation (all passes), and the last pass's histogram.

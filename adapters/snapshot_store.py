@@ -5,10 +5,16 @@ plain path. :class:`SnapshotSource` keeps the parsed snapshot in memory, re-chec
 every ``refresh_s`` with a conditional read (``If-None-Match`` on the ETag for S3, mtime and size
 for files), and refuses a snapshot older than ``max_age_s``. A failed refresh keeps the previous
 snapshot while it is young enough: nothing already loaded is lost to a bad write or an S3 error.
+
+Writes of a snapshot that carries a :class:`~scheduler_core.state.snapshot.Revision` are conditional:
+the store keeps the one it holds when that one is newer, and checks and replaces in one
+step (S3: ``If-Match`` on the ETag read, or ``If-None-Match: *``; files: under an ``flock``), so two
+refreshers that overlap never put an older picture over a newer one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -22,9 +28,10 @@ from urllib.parse import unquote, urlparse
 from adapters.errors import AdapterError
 from scheduler_core.errors import ClusterStateUnavailableError
 from scheduler_core.state.cluster import ClusterState
-from scheduler_core.state.snapshot import SnapshotFormatError, read_snapshot
+from scheduler_core.state.snapshot import Revision, SnapshotFormatError, read_snapshot, snapshot_revision
 
-DEFAULT_REFRESH_S = 10.0
+DEFAULT_REFRESH_S = 1.0
+"""How often the extender re-checks the store: a conditional read that costs a 304 when nothing changed."""
 DEFAULT_MAX_AGE_S = 180.0
 MAX_CLOCK_SKEW_S = 30.0
 """How far in the future a snapshot's date may be (clocks of two machines disagree a little; more is wrong)."""
@@ -36,6 +43,12 @@ class SnapshotStoreError(AdapterError):
 
 class SnapshotNotFoundError(SnapshotStoreError):
     """The store holds no snapshot at that location."""
+
+
+REVISION_METADATA = "revision"
+"""The S3 user metadata (``x-amz-meta-revision``) that mirrors the snapshot header's revision."""
+CONDITIONAL_ATTEMPTS = 5
+"""Conditional writes tried before a put gives up (each lost race means another writer just wrote)."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +63,9 @@ class SnapshotStore(Protocol):
     def fetch(self, etag: str | None) -> Fetched | None:
         """The snapshot bytes, or ``None`` when they are unchanged since ``etag``."""
 
-    def put(self, data: bytes) -> str:
-        """Write a snapshot atomically; return its ETag."""
+    def put(self, data: bytes) -> str | None:
+        """Write a snapshot atomically and return its ETag; None when the store holds a snapshot of a newer
+        revision (see the module docstring), which it keeps."""
 
 
 class FileSnapshotStore:
@@ -76,15 +90,26 @@ class FileSnapshotStore:
         except OSError as exc:
             raise SnapshotStoreError(f"{self.path}: {exc.strerror}") from exc
 
-    def put(self, data: bytes) -> str:
+    def put(self, data: bytes) -> str | None:
+        revision = snapshot_revision(data)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            tmp.write_bytes(data)
-            os.replace(tmp, self.path)
-            return self._etag()
+            with open(self.path.with_name(f".{self.path.name}.lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                if revision is not None and not _newer(revision, self._stored_revision()):
+                    return None
+                tmp.write_bytes(data)
+                os.replace(tmp, self.path)
+                return self._etag()
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise SnapshotStoreError(f"{self.path}: {exc.strerror or exc}") from exc
+
+    def _stored_revision(self) -> Revision | None:
+        try:
+            return snapshot_revision(self.path.read_bytes())
+        except FileNotFoundError:
+            return None
 
 
 class S3SnapshotStore:
@@ -112,18 +137,66 @@ class S3SnapshotStore:
         except BotoCoreError as exc:
             raise SnapshotStoreError(f"{self.uri}: {exc}") from exc
 
-    def put(self, data: bytes) -> str:
-        """One PutObject: S3 replaces the object atomically, so readers see the old or the new one."""
+    def put(self, data: bytes) -> str | None:
+        """One PutObject: S3 replaces the object atomically, so readers see the old or the new one. With a
+        revision, the PutObject is conditional on the ETag of the object whose revision was compared."""
         from botocore.exceptions import BotoCoreError, ClientError
 
+        revision = snapshot_revision(data)
+        metadata = {REVISION_METADATA: str(revision)} if revision is not None else {}
         try:
-            response = self.client.put_object(Bucket=self.bucket, Key=self.key, Body=data)
+            for _attempt in range(CONDITIONAL_ATTEMPTS if revision is not None else 1):
+                condition: dict[str, str] = {}
+                if revision is not None:
+                    stored, etag = self._stored()
+                    if not _newer(revision, stored):
+                        return None
+                    condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+                try:
+                    response = self.client.put_object(
+                        Bucket=self.bucket, Key=self.key, Body=data, Metadata=metadata, **condition
+                    )
+                    return str(response["ETag"])
+                except ClientError as exc:
+                    if not condition or _error_code(exc) not in _LOST_RACE:
+                        raise
+                    # another writer got there between the comparison and the write: compare again
         except ClientError as exc:
             error = exc.response.get("Error", {})
             raise SnapshotStoreError(f"{self.uri}: {error.get('Code')}: {error.get('Message')}") from exc
         except BotoCoreError as exc:
             raise SnapshotStoreError(f"{self.uri}: {exc}") from exc
-        return str(response["ETag"])
+        raise SnapshotStoreError(
+            f"{self.uri}: other writers replaced the snapshot {CONDITIONAL_ATTEMPTS} times while this one "
+            "compared revisions; not written"
+        )
+
+    def _stored(self) -> tuple[Revision | None, str | None]:
+        """The revision and ETag of the object there now; (None, None) when there is none."""
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self.key)
+        except ClientError as exc:
+            if _error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+                return None, None
+            raise
+        return Revision.parse((head.get("Metadata") or {}).get(REVISION_METADATA)), str(head["ETag"])
+
+
+_LOST_RACE = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+"""S3's answers to a conditional write that another writer got to first."""
+
+
+def _error_code(exc: Any) -> str:
+    response = exc.response
+    return str(response.get("Error", {}).get("Code") or response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+
+
+def _newer(revision: Revision, stored: Revision | None) -> bool:
+    """True when a snapshot of ``revision`` may replace one of ``stored`` (None: none, or unknown). The
+    same revision may: it is the same cluster, and its later ``generated_at`` keeps it from going stale."""
+    return stored is None or revision >= stored
 
 
 def open_store(uri: str, *, s3_client: Any = None) -> SnapshotStore:

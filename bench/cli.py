@@ -96,6 +96,13 @@ def _e2e_instances(args: argparse.Namespace) -> dict[str, Any]:
     return run_instances(instances=args.instances, nodes=args.nodes, pods=args.pods)
 
 
+def _e2e_lambda_watch(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.lambda_watch import run
+
+    return run(nodes=args.nodes, period_s=args.period, watch_s=args.watch, invocations=args.invocations,
+               churn=args.churn)  # fmt: skip
+
+
 def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
@@ -179,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     instances.add_argument("--instances", type=int, default=8, help="serve processes behind the round-robin proxy")
     instances.add_argument("--nodes", type=int, default=100, help="8-GPU nodes")
     instances.add_argument("--pods", type=int, default=2000, help="quarter-GPU pods")
+    watching = suite("e2e-lambda-watch", _e2e_lambda_watch, "the Lambda snapshot's staleness with a watching refresher")
+    watching.add_argument("--nodes", type=int, default=500, help="8-GPU nodes")
+    watching.add_argument("--period", type=float, default=20.0, help="seconds between invocations (EventBridge's rate)")
+    watching.add_argument("--watch", type=float, default=25.0, help="WATCH_S of each invocation")
+    watching.add_argument("--invocations", type=int, default=4, help="invocations started")
+    watching.add_argument("--churn", type=float, default=5.0, help="other pods created (and deleted) per second")
     return parser
 
 

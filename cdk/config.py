@@ -16,6 +16,7 @@ its context key, and synth stops with all of them at once.
 | ``executeApiPrivateDns`` | false | private DNS on the created ``execute-api`` endpoint (VPC-wide takeover) |
 | ``lambdaArchitecture`` | arm64 | ``arm64`` or ``x86_64``; ``make package LAMBDA_ARCH=...`` must match |
 | ``nodeStateScheduleMinutes`` / ``deletionCostScheduleMinutes`` | 1 / 1 | EventBridge rates |
+| ``nodeStateWatchS`` | the rate + 15 | node-state runs watch until this long after they start (0: poll) |
 | ``ampWorkspaceId`` | (create one) | import an existing Amazon Managed Prometheus workspace |
 | ``alarmEmail`` / ``alarmTopicArn`` | (a new topic) | where alarms go |
 | ``applyManifests`` | false | apply the RBAC and the second scheduler through ``aws_eks_v2`` |
@@ -53,6 +54,10 @@ from scheduler_core.deletion_cost.policy import CostConfig
 from scheduler_core.errors import ConfigError
 from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 
+WATCH_OVERLAP_S = 15
+"""How long a watching node-state run goes on after the next one has started: its cold start and first run."""
+NODE_STATE_MAX_WATCH_S = 900 - 30
+"""Lambda's 15-minute limit, less the function's margin (the timeout is the watch plus 15 s)."""
 DEFAULT_DELETION_COST_CONFIG = {"hysteresis": 10, "workloads": [{"policy": "metrics"}]}
 # CloudWatch Logs accepts only these retention periods (days).
 LOG_RETENTION_DAYS = tuple(RETENTION_NAMES)
@@ -71,6 +76,7 @@ class DeployConfig:
     execute_api_private_dns: bool = False
     lambda_architecture: str = "arm64"
     node_state_schedule_minutes: int = 1
+    node_state_watch_s: int = -1  # -1: the node-state rate + WATCH_OVERLAP_S (see watch_s)
     deletion_cost_schedule_minutes: int = 1
     amp_workspace_id: str = ""
     alarm_email: str = ""
@@ -103,6 +109,18 @@ class DeployConfig:
         (DynamoDB only with sharing: nothing else reads the ledger)."""
         used = [s for s in SERVICES if s != "dynamodb" or self.sharing]
         return tuple(s for s in used if s not in self.existing_vpc_endpoints)
+
+    @property
+    def watch_s(self) -> int:
+        """How long each node-state run watches from its start (0: it does not): ``nodeStateWatchS``, or the
+        rate plus :data:`WATCH_OVERLAP_S`, so that the next run starts and writes before this one stops.
+
+        >>> [DeployConfig(cluster_name="c", node_state_schedule_minutes=m).watch_s for m in (1, 2)]
+        [75, 135]
+        """
+        if self.node_state_watch_s < 0:
+            return 60 * self.node_state_schedule_minutes + WATCH_OVERLAP_S
+        return self.node_state_watch_s
 
     def scheduler_options(self, extender_url: str) -> SchedulerOptions:
         return SchedulerOptions(
@@ -145,6 +163,12 @@ class DeployConfig:
         for name in ("node_state_schedule_minutes", "deletion_cost_schedule_minutes"):
             if not 1 <= getattr(self, name) <= 60:
                 found.append(f"{_camel(name)}: expected 1..60 minutes, got {getattr(self, name)}")
+        period_s = 60 * self.node_state_schedule_minutes
+        if self.watch_s and not period_s < self.watch_s <= NODE_STATE_MAX_WATCH_S:
+            found.append(
+                f"nodeStateWatchS: expected 0 (no watch) or more than the schedule's {period_s} s (the next run "
+                f"takes over before this one stops), at most {NODE_STATE_MAX_WATCH_S}; got {self.watch_s}"
+            )
         if self.alarm_email and self.alarm_topic_arn:
             found.append("alarmEmail, alarmTopicArn: give one (an e-mail makes a new topic)")
         if self.alarm_topic_arn and not self.alarm_topic_arn.startswith("arn:"):

@@ -114,10 +114,14 @@ class GpuSchedulerStack(Stack):
                 "SNAPSHOT_URI": self.state.snapshot_uri,
                 "AMP_QUERY_URL": self.monitoring.query_url,
                 **({"LEDGER_TABLE": self.state.ledger.table_name} if config.sharing else {}),
+                **({"WATCH_S": str(config.watch_s)} if config.watch_s else {}),
             },
             memory_mib=1769,
-            timeout=Duration.seconds(90),
-            reserved_concurrency=1,  # one run at a time: the next tick redoes the work anyway
+            # Watching, a run lasts WATCH_S; DEADLINE_MARGIN_S (10 s) ends it before the timeout anyway.
+            timeout=Duration.seconds(max(90, config.watch_s + 15)),
+            # Polling, one run at a time: the next tick redoes the work anyway. Watching, two: the next run
+            # starts while this one still watches, and takes over (conditional snapshot writes).
+            reserved_concurrency=2 if config.watch_s else 1,
             dead_letter_queue=node_state_dlq,
             **common,
         )

@@ -39,19 +39,30 @@ run_simple("127.0.0.1", port, serialised, threaded=True, request_handler=MotoReq
 
 
 def aws_env(endpoint: str, region: str = "us-east-1") -> dict[str, str]:
-    """The environment a process needs to reach moto's server at ``endpoint`` as if it were DynamoDB:
-    dummy credentials, a region and ``AWS_ENDPOINT_URL_DYNAMODB`` (boto3 honours it)."""
+    """The environment a process needs to reach moto's server at ``endpoint`` as if it were DynamoDB and
+    S3: dummy credentials, a region, ``AWS_ENDPOINT_URL_DYNAMODB`` and ``AWS_ENDPOINT_URL_S3`` (boto3
+    honours them)."""
     return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": region,
-            "AWS_REGION": region, "AWS_ENDPOINT_URL_DYNAMODB": endpoint}  # fmt: skip
+            "AWS_REGION": region, "AWS_ENDPOINT_URL_DYNAMODB": endpoint,
+            "AWS_ENDPOINT_URL_S3": endpoint}  # fmt: skip
 
 
 def dynamodb_client(endpoint: str) -> Any:
     """A boto3 DynamoDB client on moto's server at ``endpoint``, with :func:`aws_env`'s credentials."""
+    return _client("dynamodb", endpoint)
+
+
+def s3_client(endpoint: str) -> Any:
+    """A boto3 S3 client on moto's server at ``endpoint``, with :func:`aws_env`'s credentials."""
+    return _client("s3", endpoint)
+
+
+def _client(service: str, endpoint: str) -> Any:
     import boto3
 
     env = aws_env(endpoint)
     return boto3.client(
-        "dynamodb",
+        service,
         endpoint_url=endpoint,
         region_name=env["AWS_REGION"],
         aws_access_key_id=env["AWS_ACCESS_KEY_ID"],

@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     node.add_argument("--label-dry-run", action="store_true", help="plan label patches without sending them")
     node.add_argument("--prometheus", default="", help="DCGM utilisation from this Prometheus or AMP URL")
     node.add_argument("--no-ec2", action="store_true", help="look up no instance type in EC2 (a cluster outside AWS)")
+    node.add_argument(
+        "--watch", type=duration_s, default=None,
+        help="after each run, keep the snapshot fresh from a watch until this long after the run started (WATCH_S)",
+    )  # fmt: skip
     cost = which.add_parser("deletion-cost", help="pod-deletion-cost on managed pods from live metrics")
     _common(cost, every="30s")
     cost.add_argument("--prometheus", default="", help="the Prometheus or AMP URL the cost queries go to")
@@ -82,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     return _loop(step, 0.0 if args.once else args.every)
 
 
-def _node_state(args: argparse.Namespace, overrides: dict[str, Any], session: Any) -> Callable[[float], Any]:
+def _node_state(
+    args: argparse.Namespace, overrides: dict[str, Any], session: Any
+) -> Callable[[float, threading.Event], Any]:
     from lambdas.node_state.config import NodeStateSettings
     from lambdas.node_state.service import build_services, refresh
 
@@ -92,12 +98,17 @@ def _node_state(args: argparse.Namespace, overrides: dict[str, Any], session: An
         label_dry_run=args.label_dry_run,
         **({"ledger_table": args.ledger_table} if args.ledger_table else {}),
         **({"amp_query_url": args.prometheus} if args.prometheus else {}),
+        **({"watch_s": args.watch} if args.watch is not None else {}),
     )
     services = build_services(settings, session, ec2=not args.no_ec2)
-    return lambda budget_s: refresh(settings, services, time_left=_countdown(budget_s + settings.deadline_margin_s))
+    return lambda budget_s, stop: refresh(
+        settings, services, time_left=_countdown(max(budget_s, settings.watch_s) + settings.deadline_margin_s, stop)
+    )
 
 
-def _deletion_cost(args: argparse.Namespace, overrides: dict[str, Any], session: Any) -> Callable[[float], Any]:
+def _deletion_cost(
+    args: argparse.Namespace, overrides: dict[str, Any], session: Any
+) -> Callable[[float, threading.Event], Any]:
     from lambdas.deletion_cost.config import DeletionCostSettings
     from lambdas.deletion_cost.service import build_services, refresh
 
@@ -113,17 +124,19 @@ def _deletion_cost(args: argparse.Namespace, overrides: dict[str, Any], session:
         **({"amp_query_url": args.prometheus} if args.prometheus else {}),
     )
     services = build_services(settings, session)
-    return lambda budget_s: refresh(settings, services, time_left=_countdown(budget_s + settings.deadline_margin_s))
+    return lambda budget_s, stop: refresh(
+        settings, services, time_left=_countdown(budget_s + settings.deadline_margin_s, stop)
+    )
 
 
-def _countdown(seconds: float) -> Callable[[], float]:
-    """Seconds left of ``seconds`` from now: a run's stand-in for the Lambda's remaining time (its margin
-    is added by the caller, so the run itself gets all of its budget)."""
+def _countdown(seconds: float, stop: threading.Event) -> Callable[[], float]:
+    """Seconds left of ``seconds`` from now, and none once ``stop`` is set: a run's stand-in for the
+    Lambda's remaining time (its margin is added by the caller, so the run itself gets all of its budget)."""
     deadline = time.monotonic() + seconds
-    return lambda: deadline - time.monotonic()
+    return lambda: 0.0 if stop.is_set() else deadline - time.monotonic()
 
 
-def _loop(step: Callable[[float], Any], every_s: float) -> int:
+def _loop(step: Callable[[float, threading.Event], Any], every_s: float) -> int:
     """Run ``step`` now and then every ``every_s`` (0: once) until SIGINT or SIGTERM; each run has the
     interval, and at least a minute, before it stops starting work. The exit code is the last run's: 0 ok,
     1 failed."""
@@ -133,7 +146,7 @@ def _loop(step: Callable[[float], Any], every_s: float) -> int:
     try:
         while True:
             started = time.monotonic()
-            report = step(max(every_s, 60.0))
+            report = step(max(every_s, 60.0), stop)
             status = report.status
             print(json.dumps(asdict(report), separators=(",", ":")), flush=True)
             if not every_s or stop.wait(max(0.0, every_s - (time.monotonic() - started))):

@@ -13,6 +13,7 @@ from typing import Any
 
 from adapters.metric_catalogue import EXTENDER, NAMESPACE
 from adapters.settings import ClusterAccess, env_name, load_settings, setting
+from adapters.snapshot_store import DEFAULT_REFRESH_S
 from scheduler_core.extender.facade import ExtenderConfig
 from scheduler_core.scoring.gpu_fit import ScoreWeights
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, LocalitySettings
@@ -26,7 +27,9 @@ class ExtenderSettings(ClusterAccess):
     snapshot_uri: str = setting(
         "SNAPSHOT_URI", "", "`s3://bucket/key`, `file:///path` or a path; without it `NodeNames` is refused"
     )
-    snapshot_refresh_s: float = setting("SNAPSHOT_REFRESH_S", 10.0, "re-check the snapshot's ETag at most this often")
+    snapshot_refresh_s: float = setting(
+        "SNAPSHOT_REFRESH_S", DEFAULT_REFRESH_S, "re-check the snapshot's ETag at most this often (304 if unchanged)"
+    )
     max_snapshot_age_s: float = setting(
         "MAX_SNAPSHOT_AGE_S", 180.0, "refuse (filter `Error`) a snapshot older than this"
     )

@@ -42,6 +42,15 @@ class NodeStateSettings(ClusterAccess):
     deadline_margin_s: float = setting(
         "DEADLINE_MARGIN_S", 10.0, "stop starting work this long before the Lambda deadline"
     )
+    watch_s: float = setting(
+        "WATCH_S",
+        0.0,
+        "after its run, keep the snapshot fresh from a watch until this many seconds after the start "
+        "(0: one run). Set it above the schedule's period so that the next run takes over with no gap",
+    )
+    publish_debounce_s: float = setting(
+        "PUBLISH_DEBOUNCE_S", 1.0, "while watching, write the snapshot this long after the first change it lacks"
+    )
     ledger_table: str = setting(
         "LEDGER_TABLE", "", "the GPU ledger (GPU sharing): reconcile it with the pods every run"
     )
@@ -72,6 +81,10 @@ class NodeStateSettings(ClusterAccess):
             found.append(f"LABEL_POLICY: expected one of {', '.join(LABEL_POLICIES)}, got {self.label_policy!r}")
         if self.patch_concurrency < 1 or self.patch_concurrency > 64:
             found.append(f"PATCH_CONCURRENCY: expected 1..64, got {self.patch_concurrency}")
+        if self.watch_s < 0:
+            found.append(f"WATCH_S: must be non-negative, got {self.watch_s}")
+        if not 0.05 <= self.publish_debounce_s <= 30:
+            found.append(f"PUBLISH_DEBOUNCE_S: expected 0.05..30 seconds, got {self.publish_debounce_s}")
         if self.deadline_margin_s < 0:
             found.append(f"DEADLINE_MARGIN_S: must be non-negative, got {self.deadline_margin_s}")
         try:

@@ -1,4 +1,5 @@
-"""Node-state refresher on Lambda: EventBridge invokes it every minute;
+"""Node-state refresher on Lambda: EventBridge invokes it every minute (with
+``WATCH_S``, each invocation then watches until the next one has taken over);
 :func:`~lambdas.node_state.service.refresh` does the run, this module only emits its metrics and its
 log line.
 
@@ -7,7 +8,9 @@ with every problem named (``lambdas/node_state/config.py``).
 
 Metrics (EMF): ``NodesSeen``, ``NodesLabeled``, ``LabelPatchFailures``, ``LabelPatchesSkipped``,
 ``NodesWithoutGpuInfo``, ``SnapshotBytes``, ``SnapshotWriteMs``, ``AmpQueryMs``, ``AmpQueryFailures``,
-``RunMs``, ``RunFailures``; with the ledger, ``LedgerDrift`` (by ``kind``) and ``LedgerReconcileFailures``.
+``RunMs``, ``RunFailures``, ``SnapshotsKeptNewer``; with ``WATCH_S``, ``SnapshotPublishes`` and
+``WatchLagP99Ms``; with the ledger, ``LedgerDrift`` (by ``kind``), ``LedgerReconcileFailures`` and,
+with ``WATCH_S``, ``SharesReleased``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ def emit(report: RunReport) -> None:
     metrics.add_metric(name="NodesWithoutGpuInfo", unit=MetricUnit.Count, value=sum(report.unlabelled.values()))
     metrics.add_metric(name="AmpQueryFailures", unit=MetricUnit.Count, value=int(report.amp_query_failed))
     metrics.add_metric(name="RunFailures", unit=MetricUnit.Count, value=int(report.status != "ok"))
+    metrics.add_metric(name="SnapshotsKeptNewer", unit=MetricUnit.Count, value=report.snapshots_kept_newer)
+    if report.watch:
+        metrics.add_metric(name="SnapshotPublishes", unit=MetricUnit.Count, value=report.watch["publishes"])
+        metrics.add_metric(name="WatchLagP99Ms", unit=MetricUnit.Milliseconds, value=1000 * report.watch["lag_p99_s"])
+        if SETTINGS.ledger_table:
+            metrics.add_metric(name="SharesReleased", unit=MetricUnit.Count, value=report.watch["shares_released"])
     if SETTINGS.ledger_table:
         metrics.add_metric(name="LedgerReconcileFailures", unit=MetricUnit.Count, value=int(bool(report.ledger_error)))
         for kind, count in report.ledger_drift.items():

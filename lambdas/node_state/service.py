@@ -22,11 +22,22 @@ One run:
 
 The snapshot is written before the labels, so that a slow API cannot leave the extender stale;
 it already reflects the labels being written.
+
+**Watch mode** (``WATCH_S`` > 0). After the run, the invocation keeps the snapshot fresh until
+``WATCH_S`` seconds after it started: a list+watch of nodes and bound pods
+(:class:`adapters.live_state.ClusterMirror`), seeded with the run's lists, and a new snapshot written
+``PUBLISH_DEBOUNCE_S`` after the first change it lacks. Set above the schedule's period, the next
+invocation starts while this one still watches: no gap. Every snapshot carries the ``resourceVersion``
+of its lists (:class:`~scheduler_core.state.snapshot.Revision`) and the store writes it only over an
+older one, atomically, so the overlap cannot put an older picture over a newer one. With the ledger,
+a share pod seen deleted or finished frees its share at once. Labels, the ledger's reconcile and
+utilisation keep the schedule: once per invocation.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -40,6 +51,7 @@ from adapters.ec2_gpu import GpuInfoCatalog
 from adapters.gpu_ledger import LedgerStore, LedgerStoreError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import SchedulingPod
+from adapters.live_state import ClusterMirror, lag_quantiles
 from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
 from lambdas.node_state.config import NodeStateSettings
 from scheduler_core.errors import InvalidPodError
@@ -52,9 +64,16 @@ from scheduler_core.k8s.names import (
     MILLI_RESOURCE,
 )
 from scheduler_core.k8s.node_labels import LabelPolicy, desired_info, label_changes
+from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import effective_requests
 from scheduler_core.state.ledger import NodeLedger, reconcile
-from scheduler_core.state.snapshot import SnapshotFormatError, build_snapshot, read_snapshot, write_snapshot
+from scheduler_core.state.snapshot import (
+    Revision,
+    SnapshotFormatError,
+    build_snapshot,
+    read_snapshot,
+    write_snapshot,
+)
 
 ASSIGNED_NON_TERMINAL = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 UNASSIGNED_NON_TERMINAL = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
@@ -91,6 +110,9 @@ class RunReport:
     ledger_writes: int = 0
     ledger_write_conflicts: int = 0  # items a bind changed meanwhile: left for the next run
     ledger_error: str = ""
+    snapshot_revision: str = ""
+    snapshots_kept_newer: int = 0  # writes skipped: the store already held a newer snapshot
+    watch: dict[str, float] = field(default_factory=dict)  # WATCH_S: events, publishes, lag
 
 
 @dataclass
@@ -149,16 +171,20 @@ def refresh(
     kube = services.kube
     kube.deadline = lambda: time_left() - settings.deadline_margin_s
     retries_before = kube.retries
+    run_started = time.monotonic()
     try:
         with _phase(phases, "list_nodes"):
-            nodes = [node for node in kube.list_all("nodes") if _node_name(node)]
+            nodes, nodes_version = kube.list_with_version("nodes")
+            nodes = [node for node in nodes if _node_name(node)]
         policy = cast(LabelPolicy, settings.label_policy)  # validated by NodeStateSettings
         with _phase(phases, "plan_labels"):
             plan, unlabelled = _plan_labels(nodes, services.catalog, policy, logger)
         report = replace(report, nodes_seen=len(nodes), unlabelled=unlabelled, label_patches_planned=len(plan))
         ledger_view = _read_ledger(services, phases, logger) if services.ledger is not None else None
         with _phase(phases, "list_pods"):
-            pods = kube.list_all("pods", field_selector=ASSIGNED_NON_TERMINAL, item_type=SchedulingPod)
+            pods, pods_version = kube.list_with_version(
+                "pods", field_selector=ASSIGNED_NON_TERMINAL, item_type=SchedulingPod
+            )
         report = replace(report, pods_seen=len(pods))
         if ledger_view is not None:
             _note_bound(ledger_view, pods)
@@ -173,19 +199,19 @@ def refresh(
 
     utilization = _utilization(settings, services, now(), logger)
     report = replace(report, **utilization.report)
+    revision = Revision.of([nodes_version, pods_version])
     with _phase(phases, "build_snapshot"):
-        snapshot = build_snapshot(
-            nodes, pods, cluster=settings.cluster_name or "local", generated_at=now(),
-            gpu_utilization=utilization.by_node, utilization_at=utilization.measured_at,
-        )  # fmt: skip
-        data = write_snapshot(snapshot)
-    del pods
+        snapshot = _snapshot(settings, nodes, pods, utilization, now())
+        data = write_snapshot(snapshot, revision=revision)
     for problem in snapshot.problems[:20]:
         logger.warning("snapshot input problem", extra={"problem": problem})
-    report = replace(report, problems=len(snapshot.problems), snapshot_bytes=len(data))
+    report = replace(report, problems=len(snapshot.problems), snapshot_bytes=len(data),
+                     snapshot_revision=str(revision or ""))  # fmt: skip
     write_started = time.perf_counter()
     try:
-        services.store.put(data)
+        if services.store.put(data) is None:
+            report = replace(report, snapshots_kept_newer=1)
+            logger.info("the store holds a newer snapshot; kept it", extra={"revision": str(revision)})
     except SnapshotStoreError as exc:
         report = replace(report, status="failed", error=f"writing the snapshot to {services.store.uri} failed: {exc}")
         logger.error("snapshot write failed", extra={"error": str(exc), "uri": services.store.uri})
@@ -200,7 +226,99 @@ def refresh(
             with _phase(phases, "reconcile_ledger"):
                 gpu_counts = dict(zip(snapshot.table.names, snapshot.table.alloc_gpus.tolist(), strict=True))
                 report = replace(report, **_reconcile(services.ledger, ledger_view, gpu_counts, drift, logger))
+    if settings.watch_s > 0 and report.status == "ok":
+        with _phase(phases, "watch"):
+            seed = _Seed(nodes, nodes_version, pods, pods_version, dict(plan))
+            watch_until = run_started + settings.watch_s
+            watched = _watch(settings, services, seed, utilization,
+                             lambda: min(watch_until - time.monotonic(), time_left() - settings.deadline_margin_s),
+                             now, logger)  # fmt: skip
+        report = replace(
+            report, watch=watched, snapshots_kept_newer=report.snapshots_kept_newer + int(watched["kept_newer"])
+        )
     return replace(report, api_retries=kube.retries - retries_before, run_ms=1000 * (time.perf_counter() - started))
+
+
+def _snapshot(
+    settings: NodeStateSettings, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], utilization: _Utilization,
+    at: float,
+) -> Any:  # fmt: skip
+    return build_snapshot(
+        nodes, pods, cluster=settings.cluster_name or "local", generated_at=at,
+        gpu_utilization=utilization.by_node, utilization_at=utilization.measured_at,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Seed:
+    """The run's lists, where the watch starts from, and the label changes it planned."""
+
+    nodes: list[dict[str, Any]]
+    nodes_version: str
+    pods: list[dict[str, Any]]
+    pods_version: str
+    labels: dict[str, dict[str, str]]
+
+
+def _watch(
+    settings: NodeStateSettings,
+    services: Services,
+    seed: _Seed,
+    utilization: _Utilization,
+    left: Callable[[], float],
+    now: Callable[[], float],
+    logger: Any,
+) -> dict[str, float]:
+    """Watch mode (see the module docstring) while ``left()`` is positive; the report's ``watch`` fields."""
+    started = time.monotonic()
+    mirror = ClusterMirror(lambda: services.kube, watch_timeout_s=max(1, math.ceil(left())))
+    if services.ledger is not None:
+        ledger = services.ledger
+
+        def release(node: str, uid: str) -> None:
+            obj = mirror.node(node)
+            if obj is not None:
+                ledger.release(node, int(NodeTable.from_nodes([obj]).alloc_gpus[0]), uid)
+
+        mirror.on_gone = release
+    mirror.seed("nodes", seed.nodes, seed.nodes_version)
+    mirror.seed("pods", seed.pods, seed.pods_version)
+    mirror.take()  # the run wrote these already
+    lags: list[float] = []
+    counts = {"publishes": 0, "kept_newer": 0, "publish_failures": 0}
+    mirror.start()
+    try:
+        while (remaining := left()) > 0:
+            first = mirror.next_change(min(remaining, 1.0))  # a second at most: a stop shows in left()
+            if first is None:
+                continue
+            time.sleep(max(0.0, min(first + settings.publish_debounce_s - time.monotonic(), left())))
+            nodes, pods, versions = mirror.take()
+            for node in nodes:  # labels this run planned: what the API will show once the patches land
+                changes = seed.labels.get(_node_name(node))
+                if changes:
+                    node["metadata"].setdefault("labels", {}).update(changes)
+            revision = Revision.of([versions["nodes"], versions["pods"]])
+            try:
+                data = write_snapshot(_snapshot(settings, nodes, pods, utilization, now()), revision=revision)
+                written = services.store.put(data)
+            except (SnapshotStoreError, ValueError) as exc:
+                counts["publish_failures"] += 1
+                logger.error("watch: snapshot write failed; the next change tries again", extra={"error": str(exc)})
+                continue
+            counts["publishes" if written is not None else "kept_newer"] += 1
+            lags.append(time.monotonic() - first)
+    finally:
+        mirror.close()
+    return {
+        "seconds": round(time.monotonic() - started, 1),
+        **counts,
+        "events": mirror.counters["events"],
+        "relists_410": mirror.counters["relists_410"],
+        "watch_errors": mirror.counters["watch_errors"],
+        "shares_released": mirror.counters["released"],
+        **lag_quantiles(lags),
+    }
 
 
 def _read_ledger(services: Services, phases: dict[str, float], logger: Any) -> _LedgerView:

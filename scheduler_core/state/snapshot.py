@@ -11,7 +11,9 @@ are the arrays below plus ``header``, a UTF-8 JSON document stored as a uint8 ar
                        "gpu_info_errors" {row: reason}, "problems" [..],
                        "utilization_at" (Unix seconds or null; optional),
                        "shapes" [[cpu milli, GPU milli, GPUs, models "A|B" or "", pods], ..]
-                       (optional: the typical GPU pod shapes, for FGD)}
+                       (optional: the typical GPU pod shapes, for FGD),
+                       "revision" "LOW-HIGH" (optional: the resourceVersions of the node and pod
+                       lists or watches it was built from, lowest and highest; see Revision)}
     names_utf8        uint8 (bytes,)         node names joined by "\\n"
     zone_id, instance_type_id, model_id, gpu_count, memory_mib, alloc_gpus, used_gpus
                       int32 (n_nodes,)
@@ -36,8 +38,8 @@ import io
 import json
 import math
 import zipfile
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -67,6 +69,42 @@ _HEADER_KEYS = (
 
 class SnapshotFormatError(SchedulerCoreError, ValueError):
     """The bytes are not a snapshot this reader can use (truncated, corrupt or too new)."""
+
+
+@dataclass(frozen=True, order=True)
+class Revision:
+    """How far into the cluster's history a snapshot has read: its node list (or watch) and its pod list
+    are complete up to etcd revisions ``low`` and ``high`` (``resourceVersion`` in the API).
+
+    Two writers of one snapshot (a refresher and the next one taking over) compare revisions so that an
+    older picture never replaces a newer one: a snapshot is newer when its ``low`` is higher, then its
+    ``high``. ``resourceVersion`` is opaque in the API's contract; on an etcd-backed API server it is the
+    etcd revision, a number that only grows, and :meth:`of` gives None for anything else.
+
+    >>> Revision.of(["120", "95"]), str(Revision(95, 120)), Revision.parse("95-120") < Revision(96, 96)
+    (Revision(low=95, high=120), '95-120', True)
+    >>> Revision.of(["", "12"]) is None, Revision.parse("x") is None
+    (True, True)
+    """
+
+    low: int
+    high: int
+
+    @classmethod
+    def of(cls, versions: Iterable[str]) -> Revision | None:
+        given = list(versions)
+        numbers = [int(v) for v in given if isinstance(v, str) and v.isdigit()]
+        if not numbers or len(numbers) != len(given):
+            return None
+        return cls(min(numbers), max(numbers))
+
+    @classmethod
+    def parse(cls, text: object) -> Revision | None:
+        low, _, high = text.partition("-") if isinstance(text, str) else ("", "", "")
+        return cls(int(low), int(high)) if low.isdigit() and high.isdigit() and int(low) <= int(high) else None
+
+    def __str__(self) -> str:
+        return f"{self.low}-{self.high}"
 
 
 def build_snapshot(
@@ -133,8 +171,9 @@ def node_utilization(util: npt.NDArray[np.float32], alloc: npt.NDArray[np.int32]
     return mean
 
 
-def write_snapshot(snapshot: ClusterState) -> bytes:
-    """Serialise ``snapshot`` (see the module docstring for the format).
+def write_snapshot(snapshot: ClusterState, *, revision: Revision | None = None) -> bytes:
+    """Serialise ``snapshot`` (see the module docstring for the format), with the ``revision`` of the
+    lists it was built from when known.
 
     Raises
     ------
@@ -161,6 +200,8 @@ def write_snapshot(snapshot: ClusterState) -> bytes:
         "problems": list(snapshot.problems),
         "utilization_at": snapshot.utilization_at,
     }
+    if revision is not None:
+        header["revision"] = str(revision)
     if snapshot.free_cpu is not None:
         header["shapes"] = [[*shape, count] for shape, count in snapshot.shapes]
     arrays: dict[str, npt.NDArray[Any]] = {
@@ -207,6 +248,16 @@ def read_snapshot(data: bytes) -> ClusterState:
         if isinstance(exc, SnapshotFormatError):
             raise
         raise SnapshotFormatError(f"snapshot is inconsistent: {type(exc).__name__}: {exc}") from exc
+
+
+def snapshot_revision(data: bytes) -> Revision | None:
+    """The revision in a snapshot's header, reading only the header; None when it has none or the
+    bytes are not a snapshot (a writer may then replace it)."""
+    try:
+        archive = np.load(io.BytesIO(data), allow_pickle=False)
+        return Revision.parse(_header({"header": archive["header"]}).get("revision"))
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError):
+        return None
 
 
 def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, Any]) -> ClusterState:

@@ -13,7 +13,7 @@ from adapters.snapshot_store import (
     open_store,
 )
 from scheduler_core.errors import ClusterStateUnavailableError
-from scheduler_core.state.snapshot import build_snapshot, write_snapshot
+from scheduler_core.state.snapshot import Revision, build_snapshot, read_snapshot, snapshot_revision, write_snapshot
 from tests.conftest import make_nodes, make_pod
 
 NOW = 1_800_000_000.0
@@ -177,3 +177,69 @@ def test_a_bad_refresh_keeps_the_previous_snapshot(tmp_path):
     clock.advance(2)
     assert source().free_gpus.tolist() == [6, 4]
     assert [e.result for e in events] == ["loaded", "corrupt", "missing"]
+
+
+def revised(low, high, generated_at=NOW):
+    snapshot = build_snapshot(make_nodes("A100"), [], cluster="c", generated_at=generated_at)
+    return write_snapshot(snapshot, revision=Revision(low, high))
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_an_older_revision_never_replaces_a_newer_one(kind, tmp_path, s3):
+    store = FileSnapshotStore(tmp_path / "snap.npz") if kind == "file" else open_store("s3://snapshots/k", s3_client=s3)
+    assert store.put(revised(10, 12)) is not None
+    assert store.put(revised(9, 30)) is None, "its node list is older: kept the one there"
+    assert snapshot_revision(store.fetch(None).data) == Revision(10, 12)
+    assert store.put(revised(10, 12, generated_at=NOW + 60)) is not None, "the same cluster, dated later"
+    assert read_snapshot(store.fetch(None).data).generated_at == NOW + 60
+    assert store.put(revised(10, 13)) is not None
+    assert snapshot_revision(store.fetch(None).data) == Revision(10, 13)
+    assert store.put(snapshot_bytes()) is not None, "a snapshot without a revision (an operator's) is written"
+
+
+def test_s3_conditional_write_compares_again_after_losing_a_race(s3):
+    """Between this writer's HEAD and its PutObject another writer puts a newer snapshot: the If-Match
+    fails, the writer reads the newer revision and keeps it."""
+    store = S3SnapshotStore("snapshots", "k", s3)
+    store.put(revised(5, 5))
+    real_head = s3.head_object
+
+    def head_then_race(**kwargs):
+        answer = real_head(**kwargs)
+        s3.head_object = real_head
+        S3SnapshotStore("snapshots", "k", s3).put(revised(20, 20))  # the other writer, in between
+        return answer
+
+    s3.head_object = head_then_race
+    assert store.put(revised(10, 10)) is None
+    assert snapshot_revision(store.fetch(None).data) == Revision(20, 20)
+    assert s3.head_object(Bucket="snapshots", Key="k")["Metadata"] == {"revision": "20-20"}
+
+
+def test_s3_first_write_is_conditional_on_no_object(s3):
+    """With no object there, the write is If-None-Match: * (a concurrent first write is not lost)."""
+    store = S3SnapshotStore("snapshots", "k", s3)
+    calls = []
+    real_put = s3.put_object
+
+    def spy(**kwargs):
+        calls.append({k: v for k, v in kwargs.items() if k.startswith("If")})
+        return real_put(**kwargs)
+
+    s3.put_object = spy
+    store.put(revised(1, 2))
+    store.put(revised(3, 4))
+    assert calls[0] == {"IfNoneMatch": "*"} and set(calls[1]) == {"IfMatch"}
+
+
+def test_file_writers_in_threads_end_on_the_newest(tmp_path):
+    import threading
+
+    path = tmp_path / "snap.npz"
+    payloads = [revised(n, n) for n in range(1, 41)]
+    threads = [threading.Thread(target=FileSnapshotStore(path).put, args=(p,)) for p in reversed(payloads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert snapshot_revision(path.read_bytes()) == Revision(40, 40)

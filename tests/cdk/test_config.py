@@ -124,6 +124,15 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         ),
         ({"dcgmExporterNamespace": "GPU_Operator"}, "dcgmExporterNamespace: expected a Kubernetes namespace name"),
         ({"kubeStateMetricsNamespace": "-x"}, "kubeStateMetricsNamespace: expected a Kubernetes namespace name"),
+        (
+            {"nodeStateWatchS": 45},
+            "nodeStateWatchS: expected 0 (no watch) or more than the schedule's 60 s",
+        ),
+        (
+            {"nodeStateScheduleMinutes": 5, "nodeStateWatchS": 120},
+            "nodeStateWatchS: expected 0 (no watch) or more than the schedule's 300",
+        ),
+        ({"nodeStateWatchS": 1000}, "at most 870; got 1000"),
     ],
     ids=[
         "provisioned concurrency cannot exceed the reserved",
@@ -146,6 +155,9 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         "private DNS cannot be set on an imported endpoint",
         "a namespace with capitals is refused",
         "a namespace starting with a dash is refused",
+        "a watch shorter than the schedule would leave gaps",
+        "a longer schedule needs a longer watch, or none",
+        "a watch past Lambda's 15 minutes is refused",
     ],
 )
 def test_invalid_values_name_their_key(context: dict[str, object], expected: str) -> None:

@@ -171,12 +171,25 @@ def test_functions_run_the_newest_python_on_the_chosen_architecture_with_tracing
     assert extender["ReservedConcurrentExecutions"] == 20
     assert extender["Environment"]["Variables"]["MAX_SNAPSHOT_AGE_S"] == "180"
     assert "SNAPSHOT_URI" in extender["Environment"]["Variables"] and "DeadLetterConfig" not in extender
-    for name in ("NodeStateFunction", "DeletionCostFunction"):
+    for name, reserved in (("NodeStateFunction", 2), ("DeletionCostFunction", 1)):
         props = _by_prefix(functions, name)["Properties"]
-        assert props["ReservedConcurrentExecutions"] == 1
+        assert props["ReservedConcurrentExecutions"] == reserved, name
         assert props["Environment"]["Variables"]["CLUSTER_NAME"] == "gpu-prod"
         assert "AMP_QUERY_URL" in props["Environment"]["Variables"]
         assert "DeadLetterConfig" in props  # invoked asynchronously by EventBridge
+
+
+def test_the_node_state_function_watches_past_the_next_run_or_polls_alone(synth: Synthesise) -> None:
+    """Watching (the default), a run lasts 75 s of a 60 s rate: two may run at once, and the timeout
+    leaves the margin. Polling, one at a time."""
+    watching = _by_prefix(_functions(synth()), "NodeStateFunction")["Properties"]
+    assert watching["Environment"]["Variables"]["WATCH_S"] == "75"
+    assert (watching["Timeout"], watching["ReservedConcurrentExecutions"]) == (90, 2)
+    longer = _by_prefix(_functions(synth(nodeStateWatchS=300)), "NodeStateFunction")["Properties"]
+    assert (longer["Timeout"], longer["Environment"]["Variables"]["WATCH_S"]) == (315, "300")
+    polling = _by_prefix(_functions(synth(nodeStateWatchS=0)), "NodeStateFunction")["Properties"]
+    assert "WATCH_S" not in polling["Environment"]["Variables"]
+    assert (polling["Timeout"], polling["ReservedConcurrentExecutions"]) == (90, 1)
 
 
 def test_extender_has_only_the_base_layer_and_refreshers_add_the_kube_layer(synth: Synthesise) -> None:

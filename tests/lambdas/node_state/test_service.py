@@ -278,8 +278,9 @@ def test_lambda_handler_emits_the_metrics(
     ledger = ledger_table(aws)
     ledger.assign("gpu-00001", 8, "long-gone", Demand(1, 500))
     handler = fresh_handler(
-        "lambdas.node_state.handler", LEDGER_TABLE=TABLE, KUBE_API_URL=api.url, KUBE_TOKEN=TOKEN, SNAPSHOT_URI=URI
-    )
+        "lambdas.node_state.handler", LEDGER_TABLE=TABLE, KUBE_API_URL=api.url, KUBE_TOKEN=TOKEN, SNAPSHOT_URI=URI,
+        WATCH_S="0.1",  # over before the run ends: the watch's metrics, none of its waiting
+    )  # fmt: skip
 
     class Context(FakeLambdaContext):
         def get_remaining_time_in_millis(self) -> int:
