@@ -10,21 +10,22 @@ PIP    := $(BIN)/pip install --quiet --disable-pip-version-check -c requirements
 .PHONY: demo test lint typecheck unit bench bench-quality lock clean package synth system-packages
 
 # The demo needs only the runtime dependencies; the tests add the dev ones on top.
+# bench/ and testing/ are not installed: a .pth puts the checkout on the venv's path, so that the demo's
+# live step, `gpu-scheduler bench` and the tests import them from the source tree (most of bench/ and
+# testing/ also need the dev extras).
 $(RUNTIME): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) -e '.[cdk]'
+	@echo "$(CURDIR)" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/eks-gpu-scheduler-checkout.pth"
 	@touch $(RUNTIME)
 
-# bench/ and testing/ are not installed (they need the dev extras): a .pth puts the checkout on the
-# venv's path, so that `gpu-scheduler bench` and the tests import them from the source tree.
 $(STAMP): $(RUNTIME)
 	$(PIP) -e '.[dev]'
-	@echo "$(CURDIR)" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/eks-gpu-scheduler-checkout.pth"
 	@touch $(STAMP)
 
-# The scheduling demo, then a synth of the CDK app (its stack, resource count and manifests).
-demo: $(RUNTIME) $(PACKAGE)
+# The scheduling demo (its live step needs etcd: system-packages), then a synth of the CDK app.
+demo: system-packages $(RUNTIME) $(PACKAGE)
 	$(BIN)/gpu-scheduler demo
 	$(MAKE) --no-print-directory synth
 

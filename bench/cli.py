@@ -96,6 +96,12 @@ def _e2e_instances(args: argparse.Namespace) -> dict[str, Any]:
     return run_instances(instances=args.instances, nodes=args.nodes, pods=args.pods)
 
 
+def _e2e_burst(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.e2e import run_burst
+
+    return run_burst(nodes=args.nodes, pods=args.pods)
+
+
 def _e2e_lambda_watch(args: argparse.Namespace) -> dict[str, Any]:
     from bench.lambda_watch import run
 
@@ -186,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     instances.add_argument("--instances", type=int, default=8, help="serve processes behind the round-robin proxy")
     instances.add_argument("--nodes", type=int, default=100, help="8-GPU nodes")
     instances.add_argument("--pods", type=int, default=2000, help="quarter-GPU pods")
+    burst = suite("e2e-burst", _e2e_burst, "make demo's burst: default profile alone, then serve --watch")
+    burst.add_argument("--nodes", type=int, default=64, help="8-GPU nodes")
+    burst.add_argument("--pods", type=int, default=256, help="one-GPU pods")
     watching = suite("e2e-lambda-watch", _e2e_lambda_watch, "the Lambda snapshot's staleness with a watching refresher")
     watching.add_argument("--nodes", type=int, default=500, help="8-GPU nodes")
     watching.add_argument("--period", type=float, default=20.0, help="seconds between invocations (EventBridge's rate)")

@@ -86,6 +86,27 @@ def run(
             "packing_shares": shares}  # fmt: skip
 
 
+def run_burst(*, nodes: int = 64, pods: int = 256) -> dict[str, Any]:
+    """``make demo``'s live step (and ``gpu-scheduler bench e2e-burst``): a burst of one-GPU pods through
+    the real kube-scheduler, first with its stock scoring (``LeastAllocated``, no extender), then through
+    ``serve --watch`` on the generated configuration; the nodes each used against the ideal, the bind
+    rate, and how far serve's live state trailed the binds."""
+    reason = missing()
+    if reason:
+        raise ValueError(f"the burst needs a control plane: {reason}")
+    knobs = Knobs("live", "10s", 1000, 5)
+    with tempfile.TemporaryDirectory(prefix="burst-") as tmp:
+        work = Path(tmp)
+        with ControlPlane(work / "cluster") as cluster, Processes(work) as product:
+            cluster.add_nodes([make_node(f"node-{i:04d}", A100, _zone(i)) for i in range(nodes)])
+            alone = _drain(cluster, "", pods, knobs, stock=True)
+            url = _start_serve(cluster, product, work, knobs, ledger="")
+            ours = _drain(cluster, url, pods, knobs, metrics=url)
+    return {"benchmark": "e2e-burst", "nodes": nodes, "pods": pods, "gpus_per_node": A100.gpus,
+            "ideal_nodes": math.ceil(pods / A100.gpus), "kube_scheduler_alone": alone,
+            "gpu_scheduler": ours}  # fmt: skip
+
+
 def run_weights(*, nodes: int = 24, pods: int = 48, weights: tuple[int, ...] = (1, 2, 5, 10)) -> dict[str, Any]:
     """``gpu-scheduler bench e2e-weights``: what the extender's weight in the generated profile changes.
 
@@ -216,10 +237,12 @@ def _drain(
     keep: bool = False,
     metrics: str = "",
     labels: dict[str, str] | None = None,
+    stock: bool = False,
 ) -> dict[str, Any]:
     """Create the pods with the scheduler stopped, start it, and time the binds; the pods are deleted
     after, unless ``keep``. With ``metrics`` (serve's URL), also how stale serve's state was. With
-    ``labels`` the pods carry them, and the result has the pods per node, fullest first."""
+    ``labels`` the pods carry them, and the result has the pods per node, fullest first. ``stock``
+    runs kube-scheduler's own scoring (no extender, no ``pluginConfig``)."""
     cluster.delete_namespace_pods(NAMESPACE)
     pods = [_pod(f"p-{i:05d}", milli) for i in range(n_pods)]
     for pod in pods:
@@ -228,7 +251,12 @@ def _drain(
     watch = BindWatch(cluster.api, NAMESPACE)
     poller = _VersionPoller(metrics) if metrics else None
     try:
-        cluster.start_scheduler(_config(url, knobs, sharing=sharing))
+        config = _config(url, knobs, sharing=sharing)
+        if stock:
+            config.pop("extenders", None)
+            for profile in config["profiles"]:
+                profile.pop("pluginConfig", None)
+        cluster.start_scheduler(config)
         complete = watch.wait(n_pods, timeout_s=600)
         cluster.stop_scheduler()
     finally:

@@ -15,6 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mode", choices=("names", "nodes"), default="names", help="nodeCacheCapable true (names) or false (nodes)"
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--no-live", action="store_true", help="skip the burst through a real kube-scheduler")
     parser.add_argument("--placement-seeds", default="42,43", help="seeds for the FGD vs ours comparison ('' skips it)")
 
 
@@ -29,4 +30,5 @@ def run(args: argparse.Namespace) -> int:
         mode=args.mode,
         as_json=args.json,
         placement_seeds=tuple(parse_seeds(args.placement_seeds, "--placement-seeds")),
+        live=not args.no_live,
     )

@@ -69,7 +69,8 @@ def test_serve_rejects_invalid_weights_at_start(capsys):
 
 
 def run_demo(capsys, mode):
-    argv = ["demo", "--nodes", "24", "--pods", "40", "--seed", "3", "--mode", mode, "--json", "--placement-seeds", ""]
+    argv = ["demo", "--nodes", "24", "--pods", "40", "--seed", "3", "--mode", mode, "--json", "--placement-seeds", "",
+            "--no-live"]  # fmt: skip
     assert main(argv) == 0
     return json.loads(capsys.readouterr().out)
 
