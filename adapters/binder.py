@@ -43,10 +43,11 @@ import math
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.gpu_ledger import Assigned, LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
-from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient, RetryPolicy
+from adapters.kube import POOL_SIZE, DeadlineReachedError, KubeApiError, KubeClient, RetryPolicy
 from adapters.ledger_readings import LedgerReadings
 from adapters.settings import ClusterAccess
 from scheduler_core.errors import ClusterStateUnavailableError, InvalidPodError
@@ -71,9 +72,33 @@ BINDING_RESERVE_S = 0.5
 BIND_BUDGET_S = 2.5
 """What one bind may spend on Kubernetes calls (the ledger has its own ``ledger_budget_s`` inside it):
 under kube-scheduler's default ``httpTimeout`` of 3 s, so a bind that cannot finish says why in time."""
-BIND_DYNAMODB = {"connect_timeout": 0.5, "read_timeout": 1.0, "retries": {"mode": "standard", "max_attempts": 2}}
+BIND_DYNAMODB = {"connect_timeout": 0.5, "read_timeout": 1.0, "retries": {"mode": "standard", "max_attempts": 2},
+                 "max_pool_connections": POOL_SIZE}  # fmt: skip
 """The same for the ledger's calls: botocore's defaults (60 s timeouts, several retries) would outlast
-kube-scheduler's wait, and a ledger that does not answer must fail the bind with its name, in time."""
+kube-scheduler's wait, and a ledger that does not answer must fail the bind with its name, in time. As
+many connections as binds at once (botocore keeps 10)."""
+
+
+class _BusyError(LedgerStoreError):
+    """The bind's budget ran out waiting for this instance's other writes to the node."""
+
+
+@dataclass(eq=False)
+class _Request:
+    """One bind waiting for its node's ledger write."""
+
+    uid: str
+    demand: Demand
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Assigned | None = None
+    error: LedgerStoreError | None = None
+
+
+@dataclass
+class _NodeQueue:
+    lock: threading.Lock  # held by the one writer of the node's item in this instance
+    mutex: threading.Lock = field(default_factory=threading.Lock)  # guards ``waiting``
+    waiting: list[_Request] = field(default_factory=list)
 
 
 class LedgerBinder:
@@ -98,6 +123,7 @@ class LedgerBinder:
         ledger_budget_s: float = 2.0,
         gone: Callable[[str], Collection[str]] | None = None,
         bind_budget_s: float = BIND_BUDGET_S,
+        node_of: Callable[[str], Mapping[str, Any] | None] | None = None,
     ) -> None:
         self.ledger = ledger
         self._kube_factory = kube
@@ -107,8 +133,11 @@ class LedgerBinder:
         self.readings = readings or LedgerReadings()
         self.ledger_budget_s = ledger_budget_s
         self.gone: Callable[[str], Collection[str]] = gone or (lambda _node: ())
-        self._node_locks: dict[str, threading.Lock] = {}
-        self._node_locks_lock = threading.Lock()
+        # The node object as a watch holds it (serve --watch): admission reads it there instead of a GET,
+        # as kube-scheduler decided from its own cache. A node it does not hold is read from the API.
+        self.node_of: Callable[[str], Mapping[str, Any] | None] = node_of or (lambda _node: None)
+        self._queues: dict[str, _NodeQueue] = {}
+        self._queues_lock = threading.Lock()
         self.bind_budget_s = bind_budget_s
         self._until = threading.local()  # this thread's bind deadline (time.monotonic)
 
@@ -159,7 +188,7 @@ class LedgerBinder:
                 return failed("already_bound", "the pod is already bound to another node")
             return BindOutcome(pod_key, args.node, assigned=assigned, already=True)
         try:
-            node = self.kube.get_node(args.node)
+            node = self.node_of(args.node) or self.kube.get_node(args.node)
         except KubeApiError as exc:
             return failed("node_unknown" if exc.status == 404 else "kube_error", f"reading the node: {exc}")
         except DeadlineReachedError as exc:
@@ -175,32 +204,88 @@ class LedgerBinder:
         if demand.gpus == 0:  # names a managed resource at 0 (kube-scheduler asks for those): nothing to record
             return self._post_binding(args, pod_key, None)
         ledger_demand = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
-        # One bind at a time per node in this instance: it never races itself; other instances it may. The
-        # wait for the turn counts against the bind's budget, and what is left must cover the Binding too:
-        # a bind that could not post its Binding in time would write the ledger only to roll it back.
-        lock = self._node_lock(args.node)
-        if not lock.acquire(timeout=max(0.0, self.deadline() - BINDING_RESERVE_S)):
-            return failed("busy", f"other binds to {args.node} held it for the bind's {self.bind_budget_s:g} s")
         try:
-            budget_s = min(self.ledger_budget_s, self.deadline() - BINDING_RESERVE_S)
-            if budget_s <= 0:
-                return failed("busy", f"no time left in the bind's {self.bind_budget_s:g} s to write the ledger")
-            held = self.ledger.assign(
-                args.node, gpu_count, args.pod_uid, ledger_demand, budget_s=budget_s, drop=self.gone(args.node)
-            )
+            held = self._record(args.node, gpu_count, args.pod_uid, ledger_demand)
         except NoRoomError as exc:
             self.readings.observe(args.node, exc.free)  # the snapshot was stale here: the next filter knows
             return failed("no_room", str(exc))
         except LedgerConflictError as exc:
             return failed("conflict", str(exc), conflicts=exc.conflicts)
+        except _BusyError as exc:
+            return failed("busy", str(exc))
         except LedgerStoreError as exc:
             return failed("ledger_error", str(exc))
-        finally:
-            lock.release()
         bound = self._post_binding(args, pod_key, held, gpu_count)
         if not bound.error:
             self.readings.observe(args.node, held.free, args.pod_uid)  # other instances' binds there, and this one
         return bound
+
+    def _record(self, node: str, gpu_count: int, uid: str, demand: Demand) -> Assigned:
+        """Record the pod in the node's ledger item: the bind's GPUs, or the error that says why not.
+
+        One write at a time per node in this instance, so that it never races itself (other instances it
+        may). Binds that arrive while one writes wait, and the next writer records all of them in one
+        conditional write (a group commit): packing sends pod after pod to the same node, and one write
+        each, in turn, would make the ledger's round trip the bind rate. The wait counts against the bind's
+        budget, and what is left must cover the Binding too: a bind that could not post its Binding in
+        time would write the ledger only to roll it back.
+        """
+        request = _Request(uid, demand)
+        queue = self._queue(node)
+        with queue.mutex:
+            queue.waiting.append(request)
+        if queue.lock.acquire(timeout=max(0.0, self.deadline() - BINDING_RESERVE_S)):
+            try:
+                if not request.done.is_set():
+                    self._commit(node, gpu_count, queue)
+            finally:
+                queue.lock.release()
+        else:
+            with queue.mutex:
+                if request in queue.waiting:  # nobody took it: nothing was written for it
+                    queue.waiting.remove(request)
+                    raise _BusyError(f"other binds to {node} held it for the bind's {self.bind_budget_s:g} s")
+            request.done.wait(timeout=max(0.0, self.deadline()))  # taken: its write is on its way
+        if not request.done.is_set():
+            raise _BusyError(
+                f"the write of {node}'s ledger item did not end within the bind's {self.bind_budget_s:g} s; "
+                "what it records is the reconcile's to check"
+            )
+        if request.error is not None:
+            raise request.error
+        assert request.result is not None
+        return request.result
+
+    def _commit(self, node: str, gpu_count: int, queue: _NodeQueue) -> None:
+        """Write every bind waiting on ``node`` in one go, and hand each its result (with the lock held)."""
+        with queue.mutex:
+            batch, queue.waiting = queue.waiting, []
+        try:
+            budget_s = min(self.ledger_budget_s, self.deadline() - BINDING_RESERVE_S)
+            if budget_s <= 0:
+                raise _BusyError(f"no time left in the bind's {self.bind_budget_s:g} s to write the ledger")
+            outcomes = self.ledger.assign_many(
+                node, gpu_count, [(r.uid, r.demand) for r in batch], budget_s=budget_s, drop=self.gone(node)
+            )
+            for request in batch:
+                outcome = outcomes[request.uid]
+                if isinstance(outcome, NoRoomError):
+                    request.error = outcome
+                else:
+                    request.result = outcome
+        except LedgerStoreError as exc:
+            for request in batch:
+                request.error = exc
+        finally:
+            for request in batch:
+                request.done.set()
+
+    def _queue(self, node: str) -> _NodeQueue:
+        with self._queues_lock:
+            queue = self._queues.get(node)
+            if queue is None:
+                queue = self._queues[node] = _NodeQueue(threading.Lock())
+            return queue
 
     def _post_binding(
         self, args: ExtenderBindingArgs, pod_key: str, held: Assigned | None, gpu_count: int = 0
@@ -266,11 +351,8 @@ class LedgerBinder:
         return True
 
     def _node_lock(self, node: str) -> threading.Lock:
-        with self._node_locks_lock:
-            lock = self._node_locks.get(node)
-            if lock is None:
-                lock = self._node_locks[node] = threading.Lock()
-            return lock
+        """The one lock on ``node``'s ledger item in this instance (binds, rollbacks, releases)."""
+        return self._queue(node).lock
 
     def release_pod(self, node: str, uid: str) -> bool:
         """Free what a pod that is gone or finished holds on ``node`` (True if it held something); the

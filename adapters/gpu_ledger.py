@@ -95,6 +95,10 @@ class LedgerStore:
 
     def __init__(self, table_name: str, client: Any) -> None:
         self.table, self.client = table_name, client
+        # The item of each node as this instance last wrote or read it. A bind starts from it instead of
+        # reading the item first: if another writer got there since, the conditional write fails and the
+        # item is read. Only a round trip is saved; what is stored is decided by the conditional write.
+        self._known: dict[str, NodeLedger] = {}
 
     def read(self, node: str, gpu_count: int) -> NodeLedger:
         """The node's item, strongly consistent; a node never written reads as empty (version 0)."""
@@ -103,7 +107,9 @@ class LedgerStore:
         except (ClientError, BotoCoreError) as exc:
             raise self._error(f"reading {node}", exc) from exc
         item = response.get("Item")
-        return NodeLedger(node, gpu_count) if item is None else _decode(node, item)
+        ledger = NodeLedger(node, gpu_count) if item is None else _decode(node, item)
+        self._known[node] = ledger
+        return ledger
 
     def read_many(self, nodes: Sequence[str]) -> dict[str, NodeLedger]:
         """The items of ``nodes`` that exist, strongly consistent, 100 keys per ``BatchGetItem``."""
@@ -159,11 +165,14 @@ class LedgerStore:
         try:
             self.client.put_item(TableName=self.table, Item=item, **condition)
         except ClientError as exc:
+            self._known.pop(ledger.node, None)
             if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
                 return False
             raise self._error(f"writing {ledger.node}", exc) from exc
         except BotoCoreError as exc:
+            self._known.pop(ledger.node, None)
             raise self._error(f"writing {ledger.node}", exc) from exc
+        self._known[ledger.node] = ledger
         return True
 
     def _error(self, what: str, exc: ClientError | BotoCoreError) -> LedgerStoreError:
@@ -184,35 +193,62 @@ class LedgerStore:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> Assigned:
-        """Record ``uid`` on ``node``: idempotent per UID, one conditional write per attempt. The same
-        write frees what the pods in ``drop`` (known to be gone) still hold there.
-
-        A lost race re-reads the item and chooses the GPUs again from what it now holds, after a short
-        jittered pause, for as long as ``budget_s`` lasts (kube-scheduler's ``httpTimeout`` bounds the
-        whole bind, so the caller passes what is left of it).
+        """Record ``uid`` on ``node`` (:meth:`assign_many` for one pod).
 
         Raises :class:`NoRoomError` when the node's own item has no room, :class:`LedgerConflictError`
         naming the conflicts when the budget ran out.
         """
+        (outcome,) = self.assign_many(
+            node, gpu_count, [(uid, demand)], budget_s=budget_s, drop=drop, clock=clock, sleep=sleep
+        ).values()
+        if isinstance(outcome, NoRoomError):
+            raise outcome
+        return outcome
+
+    def assign_many(
+        self,
+        node: str,
+        gpu_count: int,
+        demands: Sequence[tuple[str, Demand]],
+        *,
+        budget_s: float = 2.0,
+        drop: Collection[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> dict[str, Assigned | NoRoomError]:
+        """Record each ``(uid, demand)`` on ``node``, in order, in one conditional write: idempotent per
+        UID; a pod that does not fit what is left gets a :class:`NoRoomError` and the others are written.
+        The same write frees what the pods in ``drop`` (known to be gone) still hold there.
+
+        A lost race re-reads the item and chooses the GPUs again from what it now holds, after a short
+        jittered pause, for as long as ``budget_s`` lasts (kube-scheduler's ``httpTimeout`` bounds the
+        whole bind, so the caller passes what is left of it). Raises :class:`LedgerConflictError` naming
+        the conflicts when the budget ran out.
+        """
         conflicts = 0
         deadline = clock() + budget_s
+        # The item as this instance last saw it, instead of a read: if another writer got there since, the
+        # write fails, which is no conflict to count, and the item is read. Only fresh reads are trusted to
+        # say a pod is already recorded, or that it does not fit.
+        known = self._known.get(node)
+        read: NodeLedger | None = known if known is not None and known.gpu_count == gpu_count else None
         while True:
-            read = self.read(node, gpu_count)
-            if uid in read.assignments:
-                return Assigned(node, read.assignments[uid], conflicts, True, tuple(read.free().tolist()))
-            ledger = read
-            for gone in drop:
-                ledger = ledger.without(gone)
-            pairs = choose_gpus(ledger.free(), demand)
-            if pairs is None:
-                raise NoRoomError(
-                    f"{node}: no room for {demand.num_gpu} x {demand.milli} milli in the GPU ledger",
-                    tuple(ledger.free().tolist()),
-                )
-            updated = ledger.with_assignment(uid, pairs)
+            fresh = read is None
+            if read is None:
+                read = self.read(node, gpu_count)
+            outcome = _place(read, demands, drop)
+            if not fresh and outcome.needs_fresh:
+                read = None
+                continue
+            if outcome.updated is None:  # every pod recorded already, or none fits: nothing to write
+                return outcome.results(conflicts, read)
+            updated = outcome.updated
             updated = NodeLedger(node, updated.gpu_count, read.version + 1, updated.used, updated.assignments)
             if self.write(updated, read.version):
-                return Assigned(node, pairs, conflicts, False, tuple(updated.free().tolist()))
+                return outcome.results(conflicts, updated)
+            read = None
+            if not fresh:
+                continue
             conflicts += 1
             # Full jitter, growing with the conflicts: racing binders spread out instead of colliding again.
             pause = random.uniform(0, min(0.2, 0.01 * 2**conflicts))
@@ -239,6 +275,53 @@ class LedgerStore:
             if attempt < attempts - 1:
                 sleep(random.uniform(0, min(0.2, 0.01 * 2**attempt)))
         raise LedgerConflictError(f"{node}: could not release {uid} after {attempts} conflicts")
+
+
+@dataclass
+class _Placement:
+    """What one pass of :meth:`LedgerStore.assign_many` makes of an item it read."""
+
+    pairs: dict[str, Pairs]  # uid -> GPUs, for the pods written now
+    already: dict[str, Pairs]  # uid -> GPUs, for the pods the item records already
+    no_room: dict[str, str]  # uid -> why it does not fit
+    updated: NodeLedger | None  # the item to write; None when nothing changes
+
+    @property
+    def needs_fresh(self) -> bool:
+        """A pod recorded already, or one that does not fit: an item not freshly read may be wrong."""
+        return bool(self.already or self.no_room)
+
+    def results(self, conflicts: int, after: NodeLedger) -> dict[str, Assigned | NoRoomError]:
+        free = tuple(after.free().tolist())
+        node = after.node
+        found: dict[str, Assigned | NoRoomError] = {}
+        for uid, pairs in self.already.items():
+            found[uid] = Assigned(node, pairs, conflicts, True, free)
+        for uid, pairs in self.pairs.items():
+            found[uid] = Assigned(node, pairs, conflicts, False, free)
+        for uid, message in self.no_room.items():
+            found[uid] = NoRoomError(message, free)
+        return found
+
+
+def _place(read: NodeLedger, demands: Sequence[tuple[str, Demand]], drop: Collection[str]) -> _Placement:
+    ledger = read
+    for gone in drop:
+        ledger = ledger.without(gone)
+    placed = _Placement({}, {}, {}, None)
+    for uid, demand in demands:
+        if uid in read.assignments:
+            placed.already[uid] = read.assignments[uid]
+            continue
+        pairs = choose_gpus(ledger.free(), demand)
+        if pairs is None:
+            placed.no_room[uid] = f"{read.node}: no room for {demand.num_gpu} x {demand.milli} milli in the GPU ledger"
+            continue
+        ledger = ledger.with_assignment(uid, pairs)
+        placed.pairs[uid] = pairs
+    if placed.pairs:
+        placed.updated = ledger
+    return placed
 
 
 def _decode(node: str, item: Mapping[str, Any]) -> NodeLedger:

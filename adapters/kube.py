@@ -128,6 +128,7 @@ def connect_eks(cluster_name: str, *, session: Any = None, **options: Any) -> Ku
     configuration = client.Configuration(host=endpoint.endpoint, api_key={"authorization": tokens.token()})
     configuration.ssl_ca_cert = endpoint.ca_file
     configuration.api_key_prefix["authorization"] = "Bearer"
+    configuration.connection_pool_maxsize = POOL_SIZE
 
     def refresh_token(conf: Any) -> None:
         conf.api_key["authorization"] = tokens.token()
@@ -148,13 +149,20 @@ def connect(
 
 
 _UNVERIFIED: set[str] = set()  # API servers already warned about
+POOL_SIZE = 64
+"""Keep-alive connections kept per API server: as many as requests a serve instance takes at once
+(``gpu_scheduler.server.MAX_CONNECTIONS``). The client's default, five per CPU, made concurrent binds
+open and drop a connection each (urllib3's "connection pool is full")."""
 
 
 def connect_kubeconfig(path: str | None = None, context: str | None = None, **options: Any) -> KubeClient:
-    from kubernetes import config
+    from kubernetes import client, config
 
-    api_client = config.new_client_from_config(config_file=path, context=context)  # type: ignore[no-untyped-call]
-    host = api_client.configuration.host
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=path, context=context, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    configuration.connection_pool_maxsize = POOL_SIZE
+    api_client = client.ApiClient(configuration)
+    host = configuration.host
     if not api_client.configuration.verify_ssl and host not in _UNVERIFIED:
         # urllib3 warns on every request; once is enough for a choice the kubeconfig made.
         import urllib3
@@ -170,6 +178,7 @@ def connect_url(url: str, token: str, **options: Any) -> KubeClient:
 
     configuration = client.Configuration(host=url, api_key={"authorization": token})
     configuration.api_key_prefix["authorization"] = "Bearer"
+    configuration.connection_pool_maxsize = POOL_SIZE
     return KubeClient(client.ApiClient(configuration), **options)
 
 

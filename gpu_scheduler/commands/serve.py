@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--ledger-table needs --cluster-name, --kube-url or --kubeconfig: bind writes to the API")
         accounting = ledger_binder(args.ledger_table, access, cluster=cluster, readings=readings)
         if live is not None:
-            live.on_gone, accounting.gone = accounting.release_pod, live.gone_on
+            live.on_gone, accounting.gone, accounting.node_of = accounting.release_pod, live.gone_on, live.node
     metrics = None
     if live is not None:
         # Like an informer's cache sync: kube-scheduler parks a pod that got an error until the next cluster

@@ -234,3 +234,61 @@ def test_a_bind_that_waits_past_its_budget_for_the_node_writes_nothing(api: Kube
         assert not waiting.is_alive(), "the bind waited for the node past its budget"
     assert outcomes[0].error_kind == "busy" and "held it for the bind's 0.8 s" in outcomes[0].error
     assert ledger.read("t4-0", 4).version == 0 and pod_on(api, "queued") == (None, None)
+
+
+def test_a_watched_node_is_admitted_from_the_watch_without_a_get(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    binder = make_binder(api, ledger)
+    tainted = {**NODES[0], "spec": {"taints": [{"key": "gpu", "value": "x", "effect": "NoSchedule"}]}}
+    binder.node_of = {"t4-0": tainted}.get
+    refused = binder.bind(pending(api, "a", milli=300), admit=lambda pod, node: "tainted" if node["spec"] else "")
+    assert refused.error.endswith("tainted"), "the watch's copy was used, not the API's untainted node"
+    binder.node_of = {"t4-0": NODES[0]}.get
+    assert binder.bind(pending(api, "b", milli=300)).error == ""
+    assert not [r for r in api.requests if r.method == "GET" and "/nodes/" in r.path]
+    binder.node_of = lambda _name: None  # not watched: read from the API
+    assert binder.bind(pending(api, "c", milli=300)).error == ""
+    assert [r for r in api.requests if r.method == "GET" and "/nodes/" in r.path]
+
+
+def test_binds_that_queue_on_one_node_are_written_together(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    """While one bind writes the node's item (slowly here), 11 more arrive; they are recorded in one or two
+    conditional writes, not 11 in turn, each on its own GPUs, and the one that does not fit is told so."""
+    import threading
+    import time
+
+    from adapters.gpu_ledger import LedgerStore as Store
+
+    writes = []
+
+    class Slow:
+        def __init__(self, client: Any) -> None:
+            self.client = client
+
+        def put_item(self, **kwargs: Any) -> Any:
+            writes.append(len(kwargs["Item"]["assignments"]["M"]))
+            time.sleep(0.2)
+            return self.client.put_item(**kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.client, name)
+
+    binder = make_binder(api, Store(ledger.table, Slow(ledger.client)))
+    requests = [pending(api, f"p{i}", milli=400) for i in range(12)]  # t4-0 has 4 GPUs: 2 x 400 on each
+    outcomes: list[Any] = []
+    first = threading.Thread(target=lambda: outcomes.append(binder.bind(requests[0])))
+    first.start()
+    time.sleep(0.05)  # the first is writing
+    others = [threading.Thread(target=lambda a=a: outcomes.append(binder.bind(a))) for a in requests[1:]]
+    for thread in others:
+        thread.start()
+    for thread in [first, *others]:
+        thread.join(timeout=10)
+    assert len(writes) <= 3 and sum(writes[:1]) == 1, writes
+    bound = [o for o in outcomes if not o.error]
+    assert len(bound) == 8 and {o.error_kind for o in outcomes if o.error} == {"no_room"}
+    item = ledger.read("t4-0", 4)
+    assert item.used == (800, 800, 800, 800) and item.problems() == [] and len(item.assignments) == 8
+    assert {o.pod.split("/")[1]: o.assigned for o in bound} == {
+        o.pod.split("/")[1]: pod_on(api, o.pod.split("/")[1])[1] for o in bound
+    }, "each pod's annotation is what the ledger gave it"
+    assert sorted(o.assigned for o in bound) == sorted(f"{g}:400" for g in range(4) for _ in range(2))

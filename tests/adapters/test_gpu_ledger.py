@@ -127,3 +127,53 @@ def test_any_other_client_error_is_wrapped_with_the_node(store: LedgerStore) -> 
         stub.add_client_error("put_item", service_error_code="ResourceNotFoundException", service_message="no table")
         with pytest.raises(LedgerStoreError, match=f"the GPU ledger {TABLE}: writing gpu-a: ResourceNotFoundException"):
             LedgerStore(TABLE, client).assign("gpu-a", 2, "uid-1", Demand(1, 100))
+
+
+class CountingReads:
+    """The real client, counting GetItem calls."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.reads = client, 0
+
+    def get_item(self, **kwargs: Any) -> Any:
+        self.reads += 1
+        return self.client.get_item(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def test_binds_after_the_first_start_from_the_item_this_instance_wrote(store: LedgerStore) -> None:
+    counting = CountingReads(store.client)
+    ours = LedgerStore(TABLE, counting)
+    for i in range(4):
+        ours.assign("gpu-a", 4, f"uid-{i}", Demand(1, 250))
+    assert counting.reads == 1, "one read for the first bind, none after: each write's item is known"
+    assert store.read("gpu-a", 4).used == (1000, 0, 0, 0)
+
+
+def test_another_writer_in_between_costs_one_read_and_no_conflict(store: LedgerStore) -> None:
+    counting = CountingReads(store.client)
+    ours, theirs = LedgerStore(TABLE, counting), LedgerStore(TABLE, store.client)
+    ours.assign("gpu-a", 2, "uid-1", Demand(1, 500))
+    theirs.assign("gpu-a", 2, "uid-2", Demand(1, 500))  # GPU 0 is full now; ours does not know
+    third = ours.assign("gpu-a", 2, "uid-3", Demand(1, 500))
+    assert third.pairs == ((1, 500),) and third.conflicts == 0
+    assert store.read("gpu-a", 2).assignments.keys() == {"uid-1", "uid-2", "uid-3"}
+
+
+def test_a_known_item_never_says_a_pod_is_recorded_without_a_fresh_read(store: LedgerStore) -> None:
+    """This instance recorded uid-1, another released it (a rollback elsewhere): a retried bind of uid-1
+    must record it again, not trust the old item and post a Binding the ledger does not hold."""
+    ours, theirs = LedgerStore(TABLE, store.client), LedgerStore(TABLE, store.client)
+    ours.assign("gpu-a", 1, "uid-1", Demand(1, 600))
+    assert theirs.release("gpu-a", 1, "uid-1") is True
+    again = ours.assign("gpu-a", 1, "uid-1", Demand(1, 600))
+    assert not again.already and store.read("gpu-a", 1).assignments == {"uid-1": ((0, 600),)}
+
+
+def test_a_known_full_item_is_read_again_before_no_room(store: LedgerStore) -> None:
+    ours, theirs = LedgerStore(TABLE, store.client), LedgerStore(TABLE, store.client)
+    ours.assign("gpu-a", 1, "uid-1", Demand(1, 800))
+    theirs.release("gpu-a", 1, "uid-1")
+    assert ours.assign("gpu-a", 1, "uid-2", Demand(1, 900)).pairs == ((0, 900),)
