@@ -22,6 +22,7 @@ COMMANDS = {
     "demo": "demo",
     "simulate": "simulate",
     "simulate-locality": "simulate_locality",
+    "replay": "replay",
     "deletion-costs": "deletion_costs",
     "scheduler-config": "scheduler_config",
     "refresh": "refresh",

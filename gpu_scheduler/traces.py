@@ -34,14 +34,19 @@ def read_nodes(path: str | Path) -> Cluster:
     """The GPU nodes, ordered by name (``sn``) when the file names them, as the authors' simulator sorts
     them before it draws its per-run node order for ties: a seed's shuffled order then picks the same
     nodes whatever order the file lists them in (and ``tie="first"`` means the name that sorts first)."""
-    rows = _rows(path, ("cpu_milli", "memory_mib", "gpu", "model"))
-    gpu_rows = sorted((r for r in rows if int(r["gpu"]) > 0), key=lambda r: r.get("sn") or "")
+    gpu_rows = read_gpu_node_rows(path)
     return Cluster.build(
         [int(r["cpu_milli"]) for r in gpu_rows],
         [int(r["memory_mib"]) for r in gpu_rows],
         [int(r["gpu"]) for r in gpu_rows],
         [r["model"] for r in gpu_rows],
     )
+
+
+def read_gpu_node_rows(path: str | Path) -> list[dict[str, str]]:
+    """The rows of the GPU nodes, in :func:`read_nodes`'s order (its cluster's row ``i`` is row ``i`` here)."""
+    rows = _rows(path, ("cpu_milli", "memory_mib", "gpu", "model"))
+    return sorted((r for r in rows if int(r["gpu"]) > 0), key=lambda r: r.get("sn") or "")
 
 
 def read_tasks(path: str | Path) -> list[Task]:

@@ -499,6 +499,9 @@ class BindWatch:
         self.node_of: dict[str, str] = {}
         self.version_of: dict[str, int] = {}  # the resourceVersion of the event that showed the pod bound
         self.nominated: dict[str, str] = {}  # status.nominatedNodeName, as first seen (a preemption's choice)
+        self.annotations_of: dict[str, dict[str, str]] = {}  # as the event that showed the pod bound had them
+        self.unschedulable: dict[str, str] = {}  # PodScheduled False, Unschedulable: the scheduler's message
+        self._changed = threading.Condition()
         self._stop = threading.Event()
         listing = api.get(f"/api/v1/namespaces/{namespace}/pods?limit=1")
         self._version = listing["metadata"]["resourceVersion"]
@@ -532,10 +535,32 @@ class BindWatch:
                         self.bound_at[name] = time.monotonic()
                         self.node_of[name] = node
                         self.version_of[name] = int(version) if version and version.isdigit() else 0
+                        self.annotations_of[name] = dict((obj.get("metadata") or {}).get("annotations") or {})
+                    for condition in (obj.get("status") or {}).get("conditions") or []:
+                        if name and (condition.get("type"), condition.get("status"), condition.get("reason")) == (
+                            "PodScheduled", "False", "Unschedulable"):  # fmt: skip
+                            self.unschedulable.setdefault(name, str(condition.get("message") or ""))
+                    with self._changed:
+                        self._changed.notify_all()
             except (OSError, http.client.HTTPException, ValueError):
                 time.sleep(0.05)
             finally:
                 conn.close()
+
+    def outcome(self, name: str, timeout_s: float) -> tuple[str, str] | None:
+        """``("bound", node)`` or ``("unschedulable", message)`` for pod ``name``, once the API server
+        reports either; None after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                if name in self.node_of:
+                    return "bound", self.node_of[name]
+                if name in self.unschedulable:
+                    return "unschedulable", self.unschedulable[name]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._changed.wait(timeout=min(left, 0.5))
 
     def wait(self, count: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

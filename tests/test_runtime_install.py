@@ -102,3 +102,9 @@ def test_bench_says_it_needs_a_source_checkout(runtime: Path, tmp_path: Path) ->
     done = _run(runtime, tmp_path, "bench", "extender")
     assert done.returncode == 2
     assert "run from a source checkout" in done.stderr and "make bench" in done.stderr
+
+
+def test_replay_says_it_needs_a_source_checkout(runtime: Path, tmp_path: Path) -> None:
+    done = _run(runtime, tmp_path, "replay", "--nodes", "nodes.csv", "--pods", "pods.csv")
+    assert done.returncode == 2
+    assert "run from a source checkout" in done.stderr and "gpu-scheduler replay" in done.stderr

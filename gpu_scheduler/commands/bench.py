@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpu_scheduler.commands.common import UsageError
+from gpu_scheduler.commands.common import from_checkout
 
 HELP = "benchmarks, JSON on stdout (from a source checkout: make bench)"
 
@@ -21,13 +21,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from bench.cli import main
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("bench", "bench.cli"):
-            raise
-        raise UsageError(
-            "the benchmarks run from a source checkout, not an installed package: clone the repository and run "
-            "`make bench` (or .venv/bin/gpu-scheduler bench SUITE) there"
-        ) from exc
-    return main(args.suite_args)
+    main = from_checkout("bench.cli", "main", "run `make bench` (or .venv/bin/gpu-scheduler bench SUITE) there")
+    return int(main(args.suite_args))

@@ -16,6 +16,21 @@ class UsageError(Exception):
     """Bad arguments or input files: exit code 2."""
 
 
+def from_checkout(module: str, name: str, how: str) -> Any:
+    """``name`` from ``module`` of a source checkout (``bench/`` and ``testing/`` are not installed), or a
+    :class:`UsageError` that says so and ``how`` to run it there."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module.startswith(exc.name):
+            raise
+        raise UsageError(
+            f"this must run from a source checkout, not an installed package: clone the repository and {how}"
+        ) from exc
+
+
 def read_json(path: Path, what: str) -> Any:
     """The JSON document in ``path``; :class:`UsageError` naming ``what`` and the file otherwise."""
     try:

@@ -92,14 +92,83 @@ def tune_order(tasks: Sequence[Task], total_gpus: int, tune: float, rng: np.rand
         requested += tasks[pick].gpu_demand
 
 
+def until(order: Sequence[int], tasks: Sequence[Task], total_gpus: int, arrived_pct: float) -> list[int]:
+    """``order`` cut before the first task whose arrival rounds the arrived GPU demand past
+    ``arrived_pct`` % of the capacity (the protocol's x-axis)."""
+    kept, arrived, capacity = [], 0, total_gpus * MILLI_PER_GPU
+    for index in order:
+        arrived += tasks[index].gpu_demand
+        if round(100 * arrived / capacity) > arrived_pct:
+            break
+        kept.append(index)
+    return kept
+
+
 TIES = ("shuffled", "first", "random")
+
+
+class Recorder:
+    """The protocol's bookkeeping (steps 3-4): the cluster as tasks are placed, its fragmentation, and the
+    curves, one arrival at a time. :func:`simulate` places the tasks itself; ``gpu-scheduler replay``
+    records where the real kube-scheduler placed them, with the same definitions.
+
+    ``state``, ``workload`` and ``frag`` (per-node fragmentation) are updated in place.
+    """
+
+    def __init__(self, cluster: Cluster, tasks: Sequence[Task], workload: Workload | None = None) -> None:
+        self.state = cluster.copy()
+        self.workload = workload or Workload.typical(tasks, self.state.models)
+        self.frag = self.workload.fragmentation(self.state.gpu_left, self.state.cpu_left, self.state.model_id)
+        self.capacity = self.state.total_gpus * MILLI_PER_GPU
+        self._frag_total = float(self.frag.sum())
+        self._arrived = self._allocated = 0
+        self.failed = 0
+        self._rows: list[tuple[int, float, float, float]] = []  # arrived %, allocated %, frag amount, frag ratio
+
+    def arrive(self, task: Task, node: int | None, gpus: Sequence[int] = ()) -> None:
+        """One arrival: placed on ``node`` on GPUs ``gpus`` (indices on the node), or failed (None)."""
+        self._arrived += task.gpu_demand
+        if node is None:
+            self.failed += 1
+        else:
+            state = self.state
+            state.place(node, task, list(gpus))
+            self._allocated += task.gpu_demand
+            row = slice(node, node + 1)
+            new = float(self.workload.fragmentation(state.gpu_left[row], state.cpu_left[row], state.model_id[row])[0])
+            self._frag_total += new - self.frag[node]
+            self.frag[node] = new
+        idle = self.capacity - self._allocated
+        self._rows.append((
+            round(100 * self._arrived / self.capacity), 100 * self._allocated / self.capacity,
+            100 * self._frag_total / self.capacity, 100 * self._frag_total / idle if idle else 0.0,
+        ))  # fmt: skip
+
+    def result(self, policy: str, seed: int, seconds: float) -> SimResult:
+        keys = np.array([r[0] for r in self._rows], dtype=np.int64)
+        columns = np.array([r[1:] for r in self._rows], dtype=np.float64).reshape(-1, 3)
+        return SimResult(
+            policy=policy,
+            seed=seed,
+            unallocated_pct=100 - _bucket_mean(keys, columns[:, 0]),
+            frag_amount_pct=_bucket_mean(keys, columns[:, 1]),
+            frag_ratio_pct=_bucket_mean(keys, columns[:, 2]),
+            tasks=len(self._rows),
+            failed=self.failed,
+            seconds=seconds,
+        )
 
 
 def simulate(
     cluster: Cluster, tasks: Sequence[Task], policy: str | Scorer, seed: int, *, tune: float = 1.3,
-    workload: Workload | None = None, tie: str = "shuffled",
+    workload: Workload | None = None, tie: str = "shuffled", arrived_pct: float | None = None,
+    tie_order: int | None = None,
 ) -> SimResult:  # fmt: skip
-    """Run the protocol once; ``cluster`` is not modified."""
+    """Run the protocol once (up to ``arrived_pct`` % arrived, when given); ``cluster`` is not modified.
+
+    ``tie_order`` draws the shuffled tie order from its own generator (``[seed, tie_order]``) instead of
+    the seed's, after the task order: the same tasks in the same order, under another tie order.
+    """
     started = time.perf_counter()
     if tie not in TIES:
         raise ValueError(f"tie must be one of {', '.join(TIES)}, got {tie!r}")
@@ -107,61 +176,34 @@ def simulate(
     scorer = registry()[policy] if isinstance(policy, str) else policy
     name = policy if isinstance(policy, str) else getattr(policy, "__module__", "custom")
     rng = np.random.default_rng(seed)
-    state = cluster.copy()
-    workload = workload or Workload.typical(tasks, state.models)
-    frag = workload.fragmentation(state.gpu_left, state.cpu_left, state.model_id)
-    ctx = Context(state, workload, frag, rng, [set() for _ in range(state.n_nodes)])
-    capacity = state.total_gpus * MILLI_PER_GPU
+    recorder = Recorder(cluster, tasks, workload)
+    state = recorder.state
+    ctx = Context(state, recorder.workload, recorder.frag, rng, [set() for _ in range(state.n_nodes)])
     order = tune_order(tasks, state.total_gpus, tune, rng)
-    rank = rng.permutation(state.n_nodes) if tie == "shuffled" else np.arange(state.n_nodes)
-    n = len(order)
-    arrived_pct = np.empty(n, dtype=np.int64)
-    allocated_pct = np.empty(n)
-    frag_amount = np.empty(n)
-    frag_ratio = np.empty(n)
-    arrived = allocated = 0
-    failed = 0
-    frag_total = float(frag.sum())
-    for step, index in enumerate(order):
+    ties = rng if tie_order is None else np.random.default_rng([seed, tie_order])
+    rank = ties.permutation(state.n_nodes) if tie == "shuffled" else np.arange(state.n_nodes)
+    if arrived_pct is not None:
+        order = until(order, tasks, state.total_gpus, arrived_pct)
+    for index in order:
         task = tasks[index]
-        arrived += task.gpu_demand
         nodes = np.nonzero(state.feasible(task))[0]
         if nodes.size == 0:
-            failed += 1
+            recorder.arrive(task, None)
+            continue
+        scores, gpus = scorer(ctx, task, nodes)
+        top = np.nonzero(scores == scores.max())[0]
+        if top.shape[0] == 1:
+            pick = int(top[0])
+        elif tie == "random":
+            pick = int(top[rng.integers(top.shape[0])])
         else:
-            scores, gpus = scorer(ctx, task, nodes)
-            top = np.nonzero(scores == scores.max())[0]
-            if top.shape[0] == 1:
-                pick = int(top[0])
-            elif tie == "random":
-                pick = int(top[rng.integers(top.shape[0])])
-            else:
-                pick = int(top[np.argmin(rank[nodes[top]])])
-            node = int(nodes[pick])
-            chosen = [int(gpus[pick])] if task.sharing else whole_gpus(state.gpu_left[node], task)
-            state.place(node, task, chosen)
-            allocated += task.gpu_demand
-            if task.num_gpu:
-                ctx.classes[node].add(task_class(task))
-            row = slice(node, node + 1)
-            new = float(workload.fragmentation(state.gpu_left[row], state.cpu_left[row], state.model_id[row])[0])
-            frag_total += new - frag[node]
-            frag[node] = new
-        arrived_pct[step] = round(100 * arrived / capacity)
-        allocated_pct[step] = 100 * allocated / capacity
-        frag_amount[step] = 100 * frag_total / capacity
-        idle = capacity - allocated
-        frag_ratio[step] = 100 * frag_total / idle if idle else 0.0
-    return SimResult(
-        policy=name,
-        seed=seed,
-        unallocated_pct=100 - _bucket_mean(arrived_pct, allocated_pct),
-        frag_amount_pct=_bucket_mean(arrived_pct, frag_amount),
-        frag_ratio_pct=_bucket_mean(arrived_pct, frag_ratio),
-        tasks=n,
-        failed=failed,
-        seconds=time.perf_counter() - started,
-    )
+            pick = int(top[np.argmin(rank[nodes[top]])])
+        node = int(nodes[pick])
+        chosen = [int(gpus[pick])] if task.sharing else whole_gpus(state.gpu_left[node], task)
+        recorder.arrive(task, node, chosen)
+        if task.num_gpu:
+            ctx.classes[node].add(task_class(task))
+    return recorder.result(name, seed, time.perf_counter() - started)
 
 
 def _bucket_mean(keys: npt.NDArray[np.int64], values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

@@ -72,3 +72,26 @@ def test_traces_are_picked_by_group_or_by_name() -> None:
     assert pick_traces("gpuspec05, default", present, public) == ["gpuspec05", "default"]
     with pytest.raises(ValueError, match="--traces: unknown nope; choose from cpu0, cpu250, default, gpuspec05"):
         pick_traces("default,nope", present, public)
+
+
+def _runs(values: dict[str, list[float]]) -> list[dict[str, object]]:
+    return [
+        {"trace": "default", "policy": policy, "seed": 42 + i // 5, "tie_order": i % 5, "unalloc_100": v}
+        for policy, series in values.items()
+        for i, v in enumerate(series)
+    ]
+
+
+def test_the_paired_comparison_pairs_runs_by_seed_and_tie_order() -> None:
+    from bench.quality import paired, paired_table, verdict
+
+    fgd = [4.0 + 0.1 * (i % 7) for i in range(50)]
+    better = paired(_runs({"fgd": fgd, "fgd_cpu": [v - 0.2 for v in fgd]}), "default", "fgd_cpu")
+    assert better["pairs"] == 50 and math.isclose(better["mean"], -0.2) and verdict(better) == "better"
+    noisy = [v + (0.3 if i % 2 else -0.3) for i, v in enumerate(fgd)]
+    assert verdict(paired(_runs({"fgd": fgd, "fgd_cpu": noisy}), "default", "fgd_cpu")) == "equal"
+    worse = _runs({"fgd": fgd, "fgd_cpu": [v + 0.1 for v in fgd][::-1]})
+    assert verdict(paired(worse, "default", "fgd_cpu")) in ("worse", "equal")
+    assert "| default | 4.29 | fgd_cpu | 4.09 | -0.20 [-0.20, -0.20] (50 pairs) | better |" in paired_table(
+        _runs({"fgd": fgd, "fgd_cpu": [v - 0.2 for v in fgd]}), ["fgd_cpu"], ["default"]
+    )

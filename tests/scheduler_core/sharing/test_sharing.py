@@ -14,7 +14,7 @@ from scheduler_core.sharing.model import Cluster, Task, Workload, whole_gpus
 from scheduler_core.sharing.policies import Context, registry
 from scheduler_core.sharing.policies.base import no_gpu
 from scheduler_core.sharing.policies.fgd import deltas
-from scheduler_core.sharing.simulate import TIES, simulate, tune_order
+from scheduler_core.sharing.simulate import TIES, simulate, tune_order, until
 from tests.conftest import SHARED, context, two_nodes, workload
 
 OPENB = SHARED / "data" / "openb"
@@ -194,6 +194,21 @@ def test_tune_appends_copies_up_to_the_limit() -> None:
     assert sorted(order[:3]) == [0, 1, 2]
     requested = sum(tasks[i].gpu_demand for i in order)
     assert requested <= 1.3 * 4 * 1000 < requested + 1000
+
+
+def test_until_cuts_the_order_where_arrived_rounds_past_the_limit() -> None:
+    tasks = [Task(1000, 1024, 1, 1000), Task(1000, 1024, 1, 500), Task(1000, 1024, 0, 0)]
+    # 10 GPUs: arrivals 10 %, 15 %, 15 %, 25 %, 30 %...
+    assert until([0, 1, 2, 0, 1], tasks, 10, 15) == [0, 1, 2]
+    assert until([0, 1, 2, 0, 1], tasks, 10, 100) == [0, 1, 2, 0, 1]
+
+
+def test_simulating_up_to_an_arrived_share_is_the_full_run_cut_there() -> None:
+    cluster, tasks = synthetic_trace(40, 300, np.random.default_rng(2))
+    full = simulate(cluster, tasks, "fgd_cpu", 7)
+    cut = simulate(cluster, tasks, "fgd_cpu", 7, arrived_pct=100)
+    assert cut.tasks < full.tasks and cut.unallocated_pct.shape[0] == 101
+    assert np.array_equal(cut.unallocated_pct[:100], full.unallocated_pct[:100], equal_nan=True)
 
 
 @pytest.mark.parametrize("tie", TIES)
