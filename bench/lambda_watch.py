@@ -26,7 +26,7 @@ from typing import Any
 
 from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import ControlPlane, missing
-from testing.lambda_watch import Schedule, probe
+from testing.lambda_watch import Schedule, probe, wait_stored
 from testing.product import Processes
 
 A100 = next(shape for shape in CATALOGUE if shape.model == "A100")
@@ -60,7 +60,7 @@ def run(
             uri = f"s3://{BUCKET}/snapshot.npz"
             store = open_store(uri, s3_client=client)
             schedule = Schedule(product, cluster, env, uri, watch_s=watch_s, period_s=period_s, count=invocations)
-            _wait_stored(store, 60)
+            wait_stored(store, 60)
             stop = threading.Event()
             churner = threading.Thread(target=_churn, args=(cluster, names[1:], churn, stop), daemon=True)
             churner.start()
@@ -93,20 +93,6 @@ def run(
             "usd_per_month_poll": round(poll_month * MEMORY_GB * GB_SECOND_USD, 2),
         },
     }  # fmt: skip
-
-
-def _wait_stored(store: Any, timeout_s: float) -> None:
-    from adapters.snapshot_store import SnapshotStoreError
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if store.fetch(None) is not None:
-                return
-        except SnapshotStoreError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"no snapshot in {timeout_s:.0f} s")
 
 
 def _churn(cluster: ControlPlane, nodes: list[str], per_s: float, stop: threading.Event) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters.live_state import lag_quantiles
 from adapters.snapshot_store import SnapshotSource, SnapshotStore, SnapshotStoreError
 from gpu_scheduler.synthetic import make_pod
 from scheduler_core.errors import ClusterStateUnavailableError
@@ -89,13 +90,7 @@ class Probe:
     went_back: list[tuple[Revision, Revision]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        lags = sorted(self.lags_s)
-
-        def quantile(q: float) -> float:
-            return round(lags[min(len(lags) - 1, int(q * len(lags)))], 3) if lags else 0.0
-
-        return {"changes": len(lags) + self.missed, "missed": self.missed, "lag_p50_s": quantile(0.5),
-                "lag_p99_s": quantile(0.99), "lag_max_s": round(lags[-1], 3) if lags else 0.0,
+        return {"changes": len(self.lags_s) + self.missed, "missed": self.missed, **lag_quantiles(self.lags_s),
                 "revisions_seen": len(self.revisions), "revision_went_back": len(self.went_back)}  # fmt: skip
 
 
@@ -130,6 +125,19 @@ def probe(
         done.set()
         watcher.join(timeout=5)
     return found
+
+
+def wait_stored(store: SnapshotStore, timeout_s: float) -> None:
+    """Until the store holds a snapshot (the first invocation's run has written it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if store.fetch(None) is not None:
+                return
+        except SnapshotStoreError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"no snapshot in {timeout_s:.0f} s")
 
 
 def _until_used(source: SnapshotSource, node: str, gpus: int, limit_s: float, found: Probe) -> None:

@@ -13,12 +13,12 @@ import time
 import pytest
 
 from adapters.gpu_ledger import LedgerStore
-from adapters.snapshot_store import SnapshotNotFoundError, SnapshotStore, open_store
+from adapters.snapshot_store import open_store
 from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
 from scheduler_core.state.ledger import Demand
 from testing.control_plane import ControlPlane
-from testing.lambda_watch import Schedule, probe
+from testing.lambda_watch import Schedule, probe, wait_stored
 from testing.moto import dynamodb_client, s3_client
 from testing.product import Processes
 from tests.e2e.test_sharing import cli, wait_until
@@ -49,7 +49,7 @@ def test_watching_invocations_hand_over_and_keep_the_extender_within_seconds(
 ) -> None:
     store = open_store(bucket, s3_client=s3_client(moto_env["AWS_ENDPOINT_URL_S3"]))
     schedule = Schedule(product, cluster, moto_env, bucket, watch_s=9, period_s=6, count=4)
-    wait_until(lambda: stored(store), 30, "the first snapshot")
+    wait_stored(store, 30)
     found = probe(cluster, store, namespace="watch", node=nodes[0], duration_s=20)
     reports = schedule.reports(timeout_s=60)
 
@@ -74,7 +74,7 @@ def test_a_share_pod_deleted_is_freed_in_the_ledger_by_the_watch(
     store = open_store(bucket, s3_client=s3_client(moto_env["AWS_ENDPOINT_URL_S3"]))
     schedule = Schedule(product, cluster, moto_env, bucket, watch_s=30, period_s=60, count=1,
                         extra=["--ledger-table", TABLE])  # fmt: skip
-    wait_until(lambda: stored(store), 30, "the first snapshot")
+    wait_stored(store, 30)
     assert uid in held(ledger, nodes[1]), "the run's reconcile keeps a bound pod's share"
     time.sleep(1.0)  # the run is over: the watch is on
     cluster.delete_pod("watch", "share")
@@ -86,10 +86,3 @@ def test_a_share_pod_deleted_is_freed_in_the_ledger_by_the_watch(
 def held(ledger: LedgerStore, node: str) -> set[str]:
     items = {item.node: item for item in ledger.scan()}
     return set(items[node].assignments) if node in items else set()
-
-
-def stored(store: SnapshotStore) -> bool:
-    try:
-        return store.fetch(None) is not None
-    except SnapshotNotFoundError:
-        return False
