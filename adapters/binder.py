@@ -56,7 +56,7 @@ from scheduler_core.extender.preemption import Holdings
 from scheduler_core.extender.wire import ExtenderBindingArgs
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, MILLI_PER_GPU
 from scheduler_core.k8s.nodes import NodeTable
-from scheduler_core.k8s.pods import pod_demand
+from scheduler_core.k8s.pods import effective_cpu_milli, pod_demand
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.ledger import Demand
 
@@ -201,8 +201,12 @@ class LedgerBinder:
             gpu_count = self._gpu_count(args.node, node)
         except InvalidPodError as exc:
             return failed("invalid_pod", str(exc))
-        if demand.gpus == 0:  # names a managed resource at 0 (kube-scheduler asks for those): nothing to record
-            return self._post_binding(args, pod_key, None)
+        cpu = _cpu_of(spec)
+        if demand.gpus == 0:  # no GPU: nothing to record in the ledger, only the CPU it takes here
+            bound = self._post_binding(args, pod_key, None)
+            if not bound.error and cpu:
+                self.readings.observe(args.node, None, args.pod_uid, cpu)
+            return bound
         ledger_demand = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
         try:
             held = self._record(args.node, gpu_count, args.pod_uid, ledger_demand)
@@ -217,7 +221,8 @@ class LedgerBinder:
             return failed("ledger_error", str(exc))
         bound = self._post_binding(args, pod_key, held, gpu_count)
         if not bound.error:
-            self.readings.observe(args.node, held.free, args.pod_uid)  # other instances' binds there, and this one
+            # Other instances' binds there, and this one (its CPU as well, which fgd_cpu reads).
+            self.readings.observe(args.node, held.free, args.pod_uid, cpu)
         return bound
 
     def _record(self, node: str, gpu_count: int, uid: str, demand: Demand) -> Assigned:
@@ -423,3 +428,11 @@ def ledger_binder(
     dynamodb = session.client("dynamodb", config=Config(**BIND_DYNAMODB))
     binder = LedgerBinder(LedgerStore(table, dynamodb), kube, cluster, readings)
     return binder
+
+
+def _cpu_of(spec: Mapping[str, Any]) -> int:
+    """The pod's CPU request in milli-cores, 0 when it cannot be read (kube-scheduler has read it)."""
+    try:
+        return effective_cpu_milli(spec)
+    except InvalidPodError:
+        return 0

@@ -34,12 +34,14 @@ class LedgerReadings:
         self._lock = threading.Lock()
         self._seen: list[Observed] = []
 
-    def observe(self, node: str, free: Sequence[int], uid: str = "") -> None:
-        """``node`` has ``free`` milli per GPU now (the ledger says so, or ``uid``'s placement leaves that)."""
+    def observe(self, node: str, free: Sequence[int] | None, uid: str = "", cpu: int = 0) -> None:
+        """``node`` has ``free`` milli per GPU now (the ledger says so, or ``uid``'s placement leaves that;
+        None: no GPU figures), and ``uid`` takes ``cpu`` milli-cores there."""
         with self._lock:
             if uid:  # the latest decision about a pod replaces the earlier ones
                 self._seen = [seen for seen in self._seen if seen.uid != uid]
-            self._seen.append(Observed(node, self._clock(), tuple(int(v) for v in free), uid))
+            figures = None if free is None else tuple(int(v) for v in free)
+            self._seen.append(Observed(node, self._clock(), figures, uid, int(cpu)))
 
     def forget(self, uids: Iterable[str]) -> None:
         """Drop the readings about these pods: the state shows them now."""

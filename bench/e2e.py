@@ -352,6 +352,15 @@ class _VersionPoller:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def wait_for(self, version: int, timeout_s: float) -> bool:
+        """Wait until a poll shows the published state at ``version`` or past it; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.samples and self.samples[-1][1] >= version:
+                return True
+            time.sleep(self.every_s / 2)
+        return False
+
     def lags(self, watch: BindWatch) -> dict[str, Any]:
         """Seconds from each bind the benchmark's watch saw to the first poll whose state includes it."""
         lags = []

@@ -127,22 +127,28 @@ def _share_state(n_nodes: int, rng: np.random.Generator) -> ClusterState:
     )  # fmt: skip
 
 
+PRIORITIZE_PODS = {"share 500": ("share", 0, 500), "1 GPU": ("whole", 1, 0), "no GPU": ("cpu", 0, 0)}
+"""The pods ``share_prioritize`` times: a 500-milli share, one whole GPU, and a pod without GPUs."""
+
+
 def _share_prioritize(n_nodes: int, names: list[int], repeat: int, rng: np.random.Generator) -> dict[str, Any]:
-    """``prioritize`` for a 500-milli share, by each share policy, side by side on the same requests."""
+    """``prioritize`` by each share policy, side by side on the same requests, for each of
+    :data:`PRIORITIZE_PODS` (``fgd_cpu`` places all three; the others only the share: best fit for the
+    whole GPU, no opinion on the pod without GPUs)."""
     state = _share_state(n_nodes, rng)
-    pod = make_pod("share", 0, milli=500)
     extenders = {policy: Extender(ExtenderConfig(share_policy=policy), lambda: state) for policy in SHARE_POLICIES}
     rows = []
     for count in names:
         picked = rng.choice(np.array(state.table.names), size=min(count, n_nodes), replace=False).tolist()
-        body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": picked}).encode()
-        row: dict[str, Any] = {"names": len(picked)}
-        for policy, extender in extenders.items():
-            status, _ = extender.handle("prioritize", body)
-            assert status == 200, status
-            row[policy] = time_us(partial(extender.handle, "prioritize", body), max(5, repeat // 4))
-        row["fgd_cpu_over_gpu_packing_p50"] = round(row["fgd_cpu"]["p50_us"] / row["gpu_packing"]["p50_us"], 2)
-        rows.append(row)
+        for kind, (name, gpus, milli) in PRIORITIZE_PODS.items():
+            body = json.dumps({"Pod": make_pod(name, gpus, milli=milli), "Nodes": None, "NodeNames": picked}).encode()
+            row: dict[str, Any] = {"pod": kind, "names": len(picked)}
+            for policy, extender in extenders.items():
+                status, _ = extender.handle("prioritize", body)
+                assert status == 200, status
+                row[policy] = time_us(partial(extender.handle, "prioritize", body), max(5, repeat // 4))
+            row["fgd_cpu_over_gpu_packing_p50"] = round(row["fgd_cpu"]["p50_us"] / row["gpu_packing"]["p50_us"], 2)
+            rows.append(row)
     return {"snapshot_nodes": n_nodes, "shapes": len(state.shapes), "by_names": rows}
 
 

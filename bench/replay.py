@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 import tempfile
 import time
 from collections import Counter
@@ -139,10 +140,13 @@ def run(
     sample: float = 1.0,
     progress: bool = True,
     serve_args: Sequence[str] = (),
+    config_args: Sequence[str] = (),
+    settle: bool = False,
 ) -> dict[str, Any]:
     from tqdm import tqdm
 
     from adapters.gpu_ledger import create_table
+    from bench.e2e import _VersionPoller
     from testing.control_plane import BindWatch, ControlPlane, generated_scheduler_config, missing
     from testing.moto import aws_env, dynamodb_client, moto_server
     from testing.product import Processes
@@ -168,8 +172,9 @@ def run(
             url = product.serve(
                 "serve", ["--watch", "--kubeconfig", str(plane.kubeconfig), "--ledger-table", TABLE, *serve_args], env
             )
-            plane.start_scheduler(generated_scheduler_config(["--url", url, "--sharing"]))
+            plane.start_scheduler(generated_scheduler_config(["--url", url, "--sharing", *config_args]))
             watch = BindWatch(plane.api, NAMESPACE)
+            poller = _VersionPoller(url)
             try:
                 steps = tqdm(arrivals, desc="replay", unit="pod", disable=not progress, mininterval=1.0)
                 for step, index in enumerate(steps):
@@ -188,8 +193,12 @@ def run(
                         recorder.arrive(task, None)
                         continue
                     counts["bound"] += 1
+                    if settle:
+                        poller.wait_for(watch.version_of.get(name, 0), OUTCOME_TIMEOUT_S)
                     recorder.arrive(task, row, placed_gpus(recorder.state, row, task, watch.annotations_of[name]))
+                state_lag = poller.lags(watch)
             finally:
+                poller.close()
                 watch.close()
     seconds = time.perf_counter() - started
     replayed = recorder.result("replay", seed, seconds)
@@ -197,11 +206,16 @@ def run(
     return {
         "benchmark": "replay", "nodes_csv": str(nodes_csv), "pods_csv": str(pods_csv), "seed": seed,
         "tune": tune, "until": until, "sample": sample, "nodes": cluster.n_nodes, "gpus": cluster.total_gpus,
-        "serve_args": list(serve_args), "pods_submitted": len(arrivals), "outcomes": counts,
-        "seconds": round(seconds, 1),
+        "serve_args": list(serve_args), "config_args": list(config_args), "pods_submitted": len(arrivals),
+        "outcomes": counts,
+        "seconds": round(seconds, 1), "settle": settle, "state_lag": state_lag,
         "failed_by_reason": dict(reasons.most_common(12)),
         "replay": _curves(replayed, until), f"simulate_{COMPARED_POLICY}": _curves(simulated, until),
     }  # fmt: skip
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _reason(message: str, task: Task) -> str:
@@ -256,11 +270,15 @@ def plot(document: dict[str, Any], path: Path) -> None:
 
 
 def main(args: Any) -> int:
-    """The ``gpu-scheduler replay`` command (``gpu_scheduler/commands/replay.py`` parses the flags)."""
+    """The ``gpu-scheduler replay`` command (``gpu_scheduler/commands/replay.py`` parses the flags). A
+    SIGTERM stops it as Ctrl-C does: everything it started is stopped on the way out."""
     import json
 
+    signal.signal(signal.SIGTERM, _interrupt)
     document = run(args.nodes, args.pods, seed=args.seed, tune=args.tune, until=args.until, sample=args.sample,
-                   serve_args=getattr(args, "serve_args", None) or ())  # fmt: skip
+                   serve_args=getattr(args, "serve_args", None) or (),
+                   config_args=getattr(args, "config_args", None) or (),
+                   settle=bool(getattr(args, "settle", False)))  # fmt: skip
     if args.json:
         write_json(document, args.json)
     if args.plot:

@@ -22,8 +22,9 @@ its context key, and synth stops with all of them at once.
 | ``applyManifests`` | false | apply the RBAC and the second scheduler through ``aws_eks_v2`` |
 | ``schedulerImage`` | upstream kube-scheduler | match the cluster's minor version |
 | ``sharing`` | false | fractional GPUs: the extender's bind and preempt verbs on the DynamoDB GPU ledger |
-| ``sharePolicy`` | fgd_cpu | where shares of a GPU go: ``fgd_cpu``, ``gpu_packing``, ``bestfit`` or ``dotprod`` |
+| ``sharePolicy`` | fgd_cpu | ``fgd_cpu`` places every pod; ``gpu_packing``, ``bestfit``, ``dotprod``: shares only |
 | ``extenderWeight`` | 5 | the extender's weight in kube-scheduler |
+| ``extenderGpuPodsOnly`` | false | call the extender for GPU pods only (else for every pod of the profile) |
 | ``extenderReservedConcurrency`` | 20 | reserved concurrency of the extender function |
 | ``extenderProvisionedConcurrency`` | 0 | provisioned concurrency (0: none; >0 adds a ``live`` alias) |
 | ``apiRateLimit`` / ``apiBurstLimit`` | 500 / 1000 | stage throttling, requests per second |
@@ -86,6 +87,7 @@ class DeployConfig:
     sharing: bool = False
     share_policy: str = DEFAULT_SHARE_POLICY
     extender_weight: int = 5
+    extender_gpu_pods_only: bool = False
     extender_reserved_concurrency: int = 20
     extender_provisioned_concurrency: int = 0
     api_rate_limit: int = 500
@@ -124,7 +126,11 @@ class DeployConfig:
 
     def scheduler_options(self, extender_url: str) -> SchedulerOptions:
         return SchedulerOptions(
-            extender_url=extender_url, sharing=self.sharing, weight=self.extender_weight, image=self.scheduler_image
+            extender_url=extender_url,
+            sharing=self.sharing,
+            weight=self.extender_weight,
+            image=self.scheduler_image,
+            gpu_pods_only=self.extender_gpu_pods_only,
         )
 
     @classmethod

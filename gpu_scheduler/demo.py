@@ -6,7 +6,7 @@ The demo plays kube-scheduler and the API server around a ``gpu-scheduler serve`
 2. starts ``serve --snapshot FILE --port 0`` (``--cluster FILE`` with ``--mode nodes``) and reads the
    bound address from its stdout;
 3. for each pending pod, in kube-scheduler's order: the in-tree resource fit on ``nvidia.com/gpu``
-   (``managedResources`` with ``ignoredByScheduler: false``), ``POST /filter`` with ``NodeNames``
+   (kube-scheduler counts it itself), ``POST /filter`` with ``NodeNames``
    (``nodeCacheCapable: true``; full Node objects with ``--mode nodes``), ``POST /prioritize`` when
    more than one node is left, then the highest score (ties broken at random, as ``selectHost``
    does), then "binds" the pod by publishing a new snapshot, which the server re-reads;

@@ -18,11 +18,16 @@ Choices that matter (DESIGN sections 4 and 8):
 - ``percentageOfNodesToScore: 100`` at the top level (a per-profile value is rejected by the captured
   v1beta3 scheduler), so the extender sees every feasible node: bin-packing needs the whole picture.
 - ``nodeCacheCapable: true``: names only, about 7 KB per request instead of about 1.2 MB at 500 nodes.
-- ``managedResources``: the extender is called only for pods that request one of them. ``nvidia.com/gpu``
-  stays counted by the scheduler. ``gpu-scheduler.io/gpu-milli`` is listed (``ignoredByScheduler: true``)
-  only when sharing is on, because then the extender's bind verb owns that accounting; without sharing a
-  milli request stays unschedulable instead of landing on a node with no accounting at all (the captured
-  ``03c``/``03d`` runs show kube-scheduler binding such pods anywhere).
+- No ``managedResources`` (by default): the extender is called for every pod of the profile, those that
+  request no GPU included, because where a CPU-only pod's CPU goes decides whether a GPU node's free
+  GPUs stay usable (``docs/scheduling.md#one-policy-for-every-pod``; on openb ``default`` through the real
+  kube-scheduler, 11.03 % of GPUs left unallocated with the CPU-only pods left to kube-scheduler's
+  plugins). ``nvidia.com/gpu`` stays counted by the scheduler. With sharing on, kube-scheduler does not
+  count ``gpu-scheduler.io/gpu-milli`` (NodeResourcesFit's ``ignoredResources``), because then the
+  extender's bind verb owns that accounting; without sharing a milli request stays unschedulable instead
+  of landing on a node with no accounting at all (the captured ``03c``/``03d`` runs show kube-scheduler
+  binding such pods anywhere). ``gpu_pods_only`` restores ``managedResources`` (``nvidia.com/gpu``, and
+  ``gpu-milli`` with ``ignoredByScheduler: true`` when sharing): the extender then sees GPU pods only.
 - ``clientConnection`` qps 100 and burst 200: the default 50/100 caps binds at about 50 pods/s.
 """
 
@@ -75,6 +80,9 @@ class SchedulerOptions:
     bin_pack: bool = True
     """The profile's NodeResourcesFit scores by MostAllocated, GPUs weighted most: where the extender
     sees no difference, kube-scheduler packs instead of spreading (see :func:`profile`)."""
+    gpu_pods_only: bool = False
+    """Call the extender only for pods that request a GPU resource (``managedResources``); by default
+    it is called for every pod of the profile, so that CPU-only pods strand no GPU."""
 
     def problems(self) -> list[str]:
         """Every invalid option, by name."""
@@ -134,15 +142,16 @@ def extender_entry(options: SchedulerOptions) -> dict[str, Any]:
     if options.sharing:
         entry |= {"bindVerb": "bind", "preemptVerb": "preempt"}
         managed.append({"name": MILLI_RESOURCE, "ignoredByScheduler": True})
-    return entry | {
+    entry |= {
         "weight": options.weight,
         "enableHTTPS": options.extender_url.startswith("https://"),
         "httpTimeout": _duration(options.http_timeout_s),
         "nodeCacheCapable": options.node_cache_capable,
-        "managedResources": managed,
-        # Not ignorable: a GPU pod placed without the extender's view is worse than a retried one.
-        "ignorable": False,
     }
+    if options.gpu_pods_only:
+        entry["managedResources"] = managed
+    # Not ignorable: a GPU pod placed without the extender's view is worse than a retried one.
+    return entry | {"ignorable": False}
 
 
 def scheduler_configuration(options: SchedulerOptions) -> dict[str, Any]:
@@ -177,17 +186,19 @@ def profile(options: SchedulerOptions) -> dict[str, Any]:
     nodes the extender scores alike (every empty node, or every node for a share when the policy sees
     no difference) it sends each pod to the emptiest, one per node. ``MostAllocated`` with
     ``nvidia.com/gpu`` weighted most breaks those ties toward the fullest node instead. The other
-    default score plugins keep acting (docs/scheduling.md says which and why).
+    default score plugins keep acting (docs/scheduling.md says which and why). With sharing, and no
+    ``managedResources`` to say so, NodeResourcesFit ignores ``gpu-scheduler.io/gpu-milli``: the
+    extender's bind accounts it.
     """
-    if not options.bin_pack:
+    fit_args: dict[str, Any] = {}
+    if options.bin_pack:
+        resources = [{"name": "cpu", "weight": 1}, {"name": "memory", "weight": 1}, {"name": GPU_RESOURCE, "weight": 5}]
+        fit_args["scoringStrategy"] = {"type": "MostAllocated", "resources": resources}
+    if options.sharing and not options.gpu_pods_only:
+        fit_args["ignoredResources"] = [MILLI_RESOURCE]
+    if not fit_args:
         return {"schedulerName": SCHEDULER_NAME}
-    resources = [{"name": "cpu", "weight": 1}, {"name": "memory", "weight": 1}, {"name": GPU_RESOURCE, "weight": 5}]
-    return {
-        "schedulerName": SCHEDULER_NAME,
-        "pluginConfig": [
-            {"name": "NodeResourcesFit", "args": {"scoringStrategy": {"type": "MostAllocated", "resources": resources}}}
-        ],
-    }
+    return {"schedulerName": SCHEDULER_NAME, "pluginConfig": [{"name": "NodeResourcesFit", "args": fit_args}]}
 
 
 def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:

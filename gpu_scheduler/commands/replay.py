@@ -22,6 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--serve-arg", dest="serve_args", action="append", default=[],
         help="an extra flag for gpu-scheduler serve (repeatable), e.g. --serve-arg=--share-policy=gpu_packing",
     )  # fmt: skip
+    parser.add_argument(
+        "--config-arg", dest="config_args", action="append", default=[],
+        help="an extra flag for gpu-scheduler scheduler-config (repeatable), e.g. --config-arg=--weight=20",
+    )  # fmt: skip
+    parser.add_argument(
+        "--settle", action="store_true",
+        help="submit each pod once serve's live state includes the previous bind (measures the state's lag)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the results, curves included, here")
     parser.add_argument("--plot", type=Path, help="draw the replay and simulate's curve to this PNG")
 

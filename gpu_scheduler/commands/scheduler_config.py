@@ -19,6 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--full-nodes", action="store_true", help="send full Node objects (nodeCacheCapable: false; small clusters)"
     )
+    parser.add_argument(
+        "--gpu-pods-only",
+        action="store_true",
+        help="call the extender only for pods that request a GPU (managedResources); by default every pod of "
+        "the profile, so that CPU-only pods strand no GPU",
+    )
     parser.add_argument("--client-qps", type=int, default=100, help="the scheduler's API client qps (default 100)")
     parser.add_argument("--client-burst", type=int, default=200, help="and its burst (default 200)")
     parser.add_argument("--image", help="kube-scheduler image; match the cluster's minor version")
@@ -35,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         weight=args.weight,
         http_timeout_s=args.http_timeout_s,
         node_cache_capable=not args.full_nodes,
+        gpu_pods_only=args.gpu_pods_only,
         client_qps=args.client_qps,
         client_burst=args.client_burst,
         image=args.image or DEFAULT_IMAGE,

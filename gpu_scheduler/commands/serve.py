@@ -40,7 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-snapshot-age-s", type=float, default=180.0, help="refuse an older snapshot")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    parser.add_argument("--share-policy", default=DEFAULT_SHARE_POLICY, help=f"one of {', '.join(SHARE_POLICIES)}")
+    parser.add_argument(
+        "--share-policy",
+        default=DEFAULT_SHARE_POLICY,
+        help=f"the pods' policy, one of {', '.join(SHARE_POLICIES)} (fgd_cpu: every pod; the others: shares)",
+    )
     sharing = parser.add_argument_group("GPU sharing: with --ledger-table, bind and preempt are served")
     sharing.add_argument(
         "--ledger-table", default="", help="the GPU ledger's DynamoDB table (boto3 honours AWS_ENDPOINT_URL_DYNAMODB)"

@@ -54,7 +54,7 @@ class ExtenderSettings(ClusterAccess):
         "LOCALITY_SELF_WEIGHT", 1.0, "weight of a pod's own workload among its peers (0: off)"
     )
     share_policy: str = setting(
-        "SHARE_POLICY", DEFAULT_SHARE_POLICY, f"places shares: one of {', '.join(f'`{p}`' for p in SHARE_POLICIES)}"
+        "SHARE_POLICY", DEFAULT_SHARE_POLICY, f"places pods: one of {', '.join(f'`{p}`' for p in SHARE_POLICIES)}"
     )
     ledger_table: str = setting(
         "LEDGER_TABLE", "", "the GPU ledger's DynamoDB table; with it, `/bind` and `/preempt` are served"

@@ -1,13 +1,13 @@
 """Which binds are this extender's to make: the ``bind`` verb's guard, checked before anything is written.
 
-kube-scheduler only ever asks the extender to bind a pod it scheduled with this profile, that requests
-a resource the extender manages, onto a node that passed every filter. Anyone else who reaches the
-verb can ask for anything, so :func:`bind_refusal` checks each of those facts on the pod and node as
-the API server has them now, and the binder refuses, changing nothing, unless:
+kube-scheduler only ever asks the extender to bind a pod it scheduled with this profile onto a node
+that passed every filter. (The generated profile sends the extender every pod it schedules, CPU-only
+ones included, so that GPU nodes' CPU goes where it strands no GPU; a pod that requests no GPU is
+bound with nothing recorded.) Anyone else who reaches the verb can ask for anything, so
+:func:`bind_refusal` checks each of those facts on the pod and node as the API server has them now,
+and the binder refuses, changing nothing, unless:
 
 - the pod is Pending, not terminating, and names this scheduler's profile;
-- it names ``nvidia.com/gpu`` or ``gpu-scheduler.io/gpu-milli`` (at 0 too: kube-scheduler then asks,
-  and the bind records nothing);
 - the node is in the cluster state, passes the extender's own static filter for the pod (model,
   memory per GPU, GPU count: what never changes between filter and bind), matches the pod's
   ``nodeSelector``, and the pod tolerates its ``NoSchedule``/``NoExecute`` taints.
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from scheduler_core.k8s.names import GPU_RESOURCE, MILLI_RESOURCE, SCHEDULER_NAME
+from scheduler_core.k8s.names import SCHEDULER_NAME
 from scheduler_core.k8s.pods import PodDemand
 from scheduler_core.k8s.taints import untolerated
 from scheduler_core.scoring.gpu_fit import filter_nodes
@@ -64,8 +64,6 @@ def bind_refusal(
         return f"the pod is {phase}, not Pending"
     if spec.get("schedulerName") != scheduler_name:
         return f"the pod is not scheduled by {scheduler_name!r}"
-    if demand.gpus == 0 and not _names_managed(spec):
-        return f"the pod requests neither {GPU_RESOURCE} nor {MILLI_RESOURCE}, which this extender binds"
     name = (node.get("metadata") or {}).get("name", "")
     row = state.table.index.get(name)
     if row is None:
@@ -83,22 +81,3 @@ def bind_refusal(
     if taints:
         return f"node {name} has taints the pod does not tolerate: {', '.join(taints)}"
     return ""
-
-
-def _names_managed(spec: Mapping[str, Any]) -> bool:
-    """Whether a container names ``nvidia.com/gpu`` or ``gpu-milli`` in its requests or limits, at any
-    amount: kube-scheduler's ``IsInterested`` asks the extender to bind such a pod even at ``"0"``.
-
-    >>> _names_managed({"containers": [{"resources": {"limits": {"nvidia.com/gpu": "0"}}}]})
-    True
-    >>> _names_managed({"containers": [{"resources": {"requests": {"cpu": "1"}}}]})
-    False
-    """
-    for key in ("containers", "initContainers"):
-        for container in spec.get(key) or ():
-            resources = container.get("resources") if isinstance(container, Mapping) else None
-            for section in ("requests", "limits"):
-                named = (resources or {}).get(section) if isinstance(resources, Mapping) else None
-                if isinstance(named, Mapping) and (GPU_RESOURCE in named or MILLI_RESOURCE in named):
-                    return True
-    return False

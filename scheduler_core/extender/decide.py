@@ -29,7 +29,7 @@ from scheduler_core.scoring.gpu_fit import (
     score_nodes,
 )
 from scheduler_core.scoring.locality import LocalitySettings
-from scheduler_core.scoring.share_fit import share_fit
+from scheduler_core.scoring.share_fit import fgd_fit, share_fit
 
 UNKNOWN_NODE_REASON = "node is not in the cluster state"
 _SCORE_TAILS = tuple(f"{score}}}" for score in range(MAX_EXTENDER_PRIORITY + 1))
@@ -218,9 +218,12 @@ def prioritize_scores(
     feasible = filter_nodes(view.table, view.free, demand).feasible
     local = locality_inputs(view, demand, locality)
     fit = None
-    if demand.share and view.free_milli is not None:
+    if view.free_milli is not None and (demand.share or share_policy == "fgd_cpu"):
         fragmentation = fragmentation_inputs(view, pod) if share_policy == "fgd_cpu" else None
-        fit = share_fit(view.free_milli, view.table.alloc_gpus, demand.share, feasible, share_policy, fragmentation)
+        if demand.share:
+            fit = share_fit(view.free_milli, view.table.alloc_gpus, demand.share, feasible, share_policy, fragmentation)
+        else:
+            fit = fgd_fit(view.free_milli, view.table.alloc_gpus, demand.gpus, feasible, share_policy, fragmentation)
     scores = score_nodes(
         view.table, view.free, view.utilization, demand, weights, feasible=feasible, locality=local, fit=fit
     )

@@ -40,7 +40,7 @@ from scheduler_core.extender.wire import (
     error_body,
 )
 from scheduler_core.k8s.names import MILLI_PER_GPU, PEERS_ANNOTATION
-from scheduler_core.k8s.pods import PodDemand, pod_demand
+from scheduler_core.k8s.pods import PodDemand, effective_cpu_milli, pod_demand
 from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, ScoreWeights
 from scheduler_core.scoring.locality import LocalitySettings
 from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
@@ -63,8 +63,8 @@ ClusterSource = Callable[[], ClusterState | None]
 @dataclass(frozen=True)
 class ExtenderConfig:
     """Settings of the extender core. ``max_body_bytes`` is the largest request accepted;
-    ``share_policy`` places shares of a GPU (:mod:`scheduler_core.scoring.share_fit`); ``assume``
-    see below."""
+    ``share_policy`` places shares of a GPU, and with ``fgd_cpu`` whole GPUs and pods without GPUs as
+    well (:mod:`scheduler_core.scoring.share_fit`); ``assume`` see below."""
 
     weights: ScoreWeights = field(default_factory=ScoreWeights)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -244,7 +244,7 @@ class Extender:
             return FilterOutcome(args.names_only, [], error=str(exc), error_kind=kind)
         outcome = filter_verdict(view, demand, args.nodes)
         if outcome.result is not None and len(kept := np.flatnonzero(outcome.result.feasible)) == 1:
-            self._assume(view, int(kept[0]), demand)  # kube-scheduler skips prioritize: this is its node
+            self._assume(view, int(kept[0]), demand, args.pod)  # kube-scheduler skips prioritize: its node
         return outcome
 
     def prioritize(self, args: ExtenderArgs) -> PrioritizeOutcome:
@@ -257,12 +257,13 @@ class Extender:
         """
         demand = self.demand(args.pod)
         config = self.config
-        view = self.view(args, demand)
+        # fgd_cpu places every pod on each GPU's free milli (share_fit, fgd_fit).
+        view = self.view(args, demand, per_gpu=config.share_policy == "fgd_cpu")
         outcome = prioritize_scores(view, demand, args.pod, config.weights, config.locality, config.share_policy)
         if outcome.scores is not None:
             top = np.flatnonzero(outcome.scores.score == MAX_EXTENDER_PRIORITY)
             if top.size == 1:
-                self._assume(view, int(top[0]), demand)
+                self._assume(view, int(top[0]), demand, args.pod)
         return outcome
 
     def preempt(self, args: ExtenderPreemptionArgs) -> PreemptOutcome:
@@ -329,13 +330,21 @@ class Extender:
         """
         return node_view(self._cluster(), args, demand, self.readings, per_gpu=per_gpu)
 
-    def _assumes(self, demand: PodDemand) -> bool:
-        return self.config.assume and demand.gpus > 0
-
-    def _assume(self, view: NodeView, row: int, demand: PodDemand) -> None:
-        """Record that ``demand`` takes its GPUs on ``view``'s node ``row``: what the ledger's bind would
-        choose there (the tightest GPU for a share, the lowest-index free ones for whole GPUs)."""
-        if not self._assumes(demand) or not demand.uid:
+    def _assume(self, view: NodeView, row: int, demand: PodDemand, pod: Any) -> None:
+        """Record that the pod takes its GPUs on ``view``'s node ``row`` (what the ledger's bind would
+        choose there: the tightest GPU for a share, the lowest-index free ones for whole GPUs), and its
+        CPU, which fgd_cpu reads; a pod without GPUs, its CPU only."""
+        if not self.config.assume or not demand.uid:
+            return
+        spec = pod.get("spec") if isinstance(pod, Mapping) else None
+        try:
+            cpu = effective_cpu_milli(spec) if isinstance(spec, Mapping) else 0
+        except InvalidPodError:  # prioritize says so; the assumption is only the GPUs then
+            cpu = 0
+        node = view.table.names[row]
+        if not demand.gpus:
+            if cpu and self.config.share_policy == "fgd_cpu":
+                self.readings.observe(node, None, demand.uid, cpu)
             return
         free = view.free_milli_at(row).astype(np.int64)
         need = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
@@ -344,7 +353,7 @@ class Extender:
             return
         for gpu, milli in pairs:
             free[gpu] -= milli
-        self.readings.observe(view.table.names[row], free.tolist(), demand.uid)
+        self.readings.observe(node, free.tolist(), demand.uid, cpu)
 
     def state(self) -> ClusterState | None:
         """The cluster state this extender decides from now (may raise, as the source does)."""

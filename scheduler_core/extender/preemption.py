@@ -2,7 +2,7 @@
 
 kube-scheduler proposes, per candidate node, the lower-priority pods whose eviction would make the pod
 fit by its own accounting. It cannot see what the extender owns: shares of a GPU
-(``gpu-scheduler.io/gpu-milli`` is ``ignoredByScheduler``), which GPU each share sits on, and the model
+(it ignores ``gpu-scheduler.io/gpu-milli``), which GPU each share sits on, and the model
 and memory annotations. Per candidate node this module:
 
 - drops the node when the pod can never run there (the filter's unresolvable reasons: model, memory,
@@ -12,6 +12,9 @@ and memory annotations. Per candidate node this module:
   next cycle);
 - keeps the node only when the GPUs the victims free, added to what is free now, fit the pod;
 - never returns a node with no victims.
+
+A pod that requests no GPU needs only what kube-scheduler counts (CPU, memory): its proposal stands,
+victims and all, on every node the cluster state knows.
 
 What a victim holds comes from the GPU ledger by pod UID, else from the victim Pod object when
 kube-scheduler sent full objects (its ``gpu-scheduler.io/assigned-gpus`` annotation, or its
@@ -168,6 +171,9 @@ def decide(
             continue
         if node not in free_milli:
             dropped[node] = "node is not in the cluster state"
+            continue
+        if not demand.gpus and candidate.uids:
+            kept[node] = MetaVictims(candidate.uids, candidate.num_pdb_violations)
             continue
         chosen = [(uid, frees) for uid, frees in zip(candidate.uids, candidate.frees, strict=True) if not frees.nothing]
         if not chosen:

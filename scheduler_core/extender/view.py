@@ -26,7 +26,7 @@ from scheduler_core.scoring.locality import LocalitySettings, locality_scores, p
 from scheduler_core.scoring.share_fit import Fragmentation
 from scheduler_core.state.allocation import UNKNOWN_CPU
 from scheduler_core.state.cluster import ClusterState, values_at
-from scheduler_core.state.readings import Observed, Readings, apply_readings
+from scheduler_core.state.readings import Observed, Readings, apply_readings, assumed_cpu
 
 FreeMilli = npt.NDArray[np.int32] | None
 
@@ -240,13 +240,18 @@ def all_free(table: NodeTable, width: int | None = None) -> npt.NDArray[np.int32
 def fragmentation_inputs(view: NodeView, pod: Any) -> Fragmentation | None:
     """Free CPU, GPU model and the typical shapes per row of ``view``, from the cluster state; None
     when the state carries no CPU or shapes. A node the state lacks counts as of unknown model with
-    no CPU limit."""
+    no CPU limit. The CPU that this instance's own decisions take and the state may not count yet
+    (:func:`~scheduler_core.state.readings.assumed_cpu`) is taken off."""
     state = view.state
     if state is None or state.free_cpu is None or not state.shapes:
         return None
     rows = view.state_rows
     assert rows is not None  # set whenever state is
     cpu = values_at(state.free_cpu, rows, UNKNOWN_CPU)
+    if view.pending:
+        at = view.table.rows_of([r.node for r in view.pending]).tolist()
+        taken = assumed_cpu(at, view.pending, view.table.n_nodes, state.generated_at)
+        cpu = np.maximum(cpu - taken, 0)
     model_id = values_at(state.table.model_id, rows, -1).astype(np.int64)
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     pod_cpu = effective_cpu_milli(spec) if isinstance(spec, Mapping) else 0

@@ -14,7 +14,8 @@ SCHEDULER_NAME = "gpu-scheduler"
 # Extended resources.
 GPU_RESOURCE = "nvidia.com/gpu"
 MILLI_RESOURCE = "gpu-scheduler.io/gpu-milli"
-"""Fractional GPUs, 1000 per GPU: a managed extender resource with ``ignoredByScheduler: true``."""
+"""Fractional GPUs, 1000 per GPU: kube-scheduler ignores it (NodeResourcesFit's ``ignoredResources`` in
+the generated profile), and the extender's bind accounts it."""
 
 # Node labels the node-state refresher writes (from EC2 instance-type data).
 LABEL_MODEL = "gpu.nvidia.com/model"

@@ -70,8 +70,8 @@ class PodDemand:
 
     @property
     def counted_by_scheduler(self) -> bool:
-        """The pod asks for whole ``nvidia.com/gpu``, which kube-scheduler counts itself (a managed
-        resource with ``ignoredByScheduler: false``): the extender never refuses a node for its count."""
+        """The pod asks for whole ``nvidia.com/gpu``, which kube-scheduler counts itself (an extended
+        resource it does not ignore): the extender never refuses a node for its count."""
         return self.gpus > 0 and not self.milli_managed
 
 

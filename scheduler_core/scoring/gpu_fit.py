@@ -217,8 +217,8 @@ def filter_nodes(
     demand : PodDemand
     check_free : bool or ndarray of shape (n_nodes,), bool
         Where to make the last check (everywhere, nowhere, or at the rows marked). Where
-        kube-scheduler counts the GPUs itself (``nvidia.com/gpu``, managed with
-        ``ignoredByScheduler: false``) its count, which includes the pods it has just placed, is
+        kube-scheduler counts the GPUs itself (``nvidia.com/gpu``, which it does not
+        ignore) its count, which includes the pods it has just placed, is
         fresher than any state the extender has, and it already dropped the nodes without room; it
         cannot see the GPUs that shares hold, though. Static facts (model, memory, GPU count) always
         filter.
@@ -254,10 +254,17 @@ def score_nodes(
     ``utilization score = 1 - clip(utilization, 0, 1)``.
     ``raw = (w_fit * fit + w_util * utilization score) / (w_fit + w_util)``, then
     :func:`normalize_scores`. Nodes outside ``feasible`` (default: those with enough free GPUs)
-    score 0, and a pod that requests no GPU scores 0 everywhere: the extender has no opinion.
+    score 0. A pod that requests no GPU is scored by ``fit`` alone (the CPU-only placement of
+    :func:`~scheduler_core.scoring.share_fit.fgd_fit`), and 0 everywhere without one: the
+    extender has no opinion.
 
     With ``locality`` (shape (n_nodes,), in [0, 1]; see :mod:`scheduler_core.scoring.locality`) it joins the
-    weighted mean with weight ``w_locality``; for a pod that requests no GPU it is the whole score.
+    weighted mean with weight ``w_locality``.
+
+    The top score is left to one node (:func:`_break_top_tie`), except for a pod that requests no
+    GPU scored by ``fit``: its best level is every node where it strands nothing, and kube-scheduler's
+    plugins choose among them (cutting all but one to the next level would tie them with the nodes it
+    would cost a little).
 
     Parameters
     ----------
@@ -266,8 +273,8 @@ def score_nodes(
         Mean GPU utilisation per node in [0, 1]; NaN means unknown and counts as 0.
     feasible : array-like of shape (n_nodes,), bool, optional
     fit : array-like of shape (n_nodes,), float in [0, 1], optional
-        Replaces the best-fit term: a share of a GPU is placed by a sharing policy instead
-        (:mod:`scheduler_core.scoring.share_fit`).
+        Replaces the best-fit term: a share of a GPU, or a pod that requests no GPU, is placed by a
+        sharing policy instead (:mod:`scheduler_core.scoring.share_fit`).
 
     Examples
     --------
@@ -281,7 +288,8 @@ def score_nodes(
     local = None if locality is None else _node_column(table, locality, "locality", np.float64)
     fit_arr = None if fit is None else _node_column(table, fit, "fit", np.float64)
     result = _compute_scores(free_arr, util, mask, demand.gpus, (weights or ScoreWeights()).validated(), local, fit_arr)
-    _break_top_tie(result.score, table)
+    if demand.gpus or fit_arr is None:
+        _break_top_tie(result.score, table)
     return result
 
 
@@ -397,17 +405,22 @@ def _compute_scores(
     fit: npt.NDArray[np.float64] | None = None,
 ) -> ScoreResult:
     score = np.zeros(free.shape[0], dtype=np.int64)
-    rows = np.flatnonzero(feasible) if gpus > 0 or locality is not None else np.zeros(0, dtype=np.intp)
+    opinion = gpus > 0 or locality is not None or fit is not None
+    rows = np.flatnonzero(feasible) if opinion else np.zeros(0, dtype=np.intp)
     if rows.size == 0:
         empty = np.zeros(0)
         return ScoreResult(score, rows, empty, empty, empty)
     if gpus == 0:
-        # No GPU to fit: locality is the only opinion (NaN and out-of-range values clamped into [0, 1]).
-        assert locality is not None
-        only_local = np.fmin(np.fmax(locality[rows], 0.0), 1.0)
-        score[rows] = _compute_normalized(only_local, MAX_EXTENDER_PRIORITY)
+        # No GPU to fit: the CPU-only placement (fit) and locality are the only opinions (NaN and
+        # out-of-range values clamped into [0, 1]).
         zeros = np.zeros(rows.size)
-        return ScoreResult(score, rows, zeros, zeros, only_local, only_local)
+        fit_only = zeros if fit is None else np.fmin(np.fmax(fit[rows], 0.0), 1.0)
+        local_only = None if locality is None else np.fmin(np.fmax(locality[rows], 0.0), 1.0)
+        raw = fit_only if local_only is None else local_only
+        if fit is not None and local_only is not None and weights.fit + weights.locality > 0:
+            raw = (fit_only * weights.fit + local_only * weights.locality) / (weights.fit + weights.locality)
+        score[rows] = _compute_normalized(raw, MAX_EXTENDER_PRIORITY)
+        return ScoreResult(score, rows, fit_only, zeros, raw, local_only)
     # Work on the feasible rows only (the others score 0), in place to spare allocations.
     if fit is not None:
         fit_rows = fit[rows]

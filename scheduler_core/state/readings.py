@@ -18,7 +18,13 @@ the ledger, not this view, decides every bind.
 A reading may name the pod it is about (``uid``): the extender's own decisions (the node it predicts
 for a pod, the GPUs a bind took) are readings too. A live state forgets a pod's readings as soon as
 it shows the pod bound, wherever that is, or gone (:meth:`Readings.forget`): the watch confirms or
-drops each assumption.
+drops each assumption. Such a reading also carries the pod's CPU (``cpu``), which fgd_cpu takes off
+the node's free CPU until then (:func:`assumed_cpu`): the next pod is scored on the node as this one
+left it, not as the state last saw it. A reading about a pod without GPUs has no GPU figures
+(``free`` is None) and caps nothing. CPU is taken off, not capped, so a pod the state already counts
+would count twice: only the readings from :data:`CPU_MARGIN_S` before the state's stamp on count (a
+live state forgets the pods it shows, and a snapshot is stamped just after its listing).
+kube-scheduler checks CPU itself; this only steers FGD.
 """
 
 from __future__ import annotations
@@ -32,16 +38,20 @@ import numpy.typing as npt
 
 DEFAULT_MARGIN_S = 30.0
 DEFAULT_KEEP_S = 600.0
+CPU_MARGIN_S = 1.0
+"""A decision's CPU counts over a state stamped at most this long after it (see the module docstring)."""
 
 
 @dataclass(frozen=True)
 class Observed:
-    """The ledger showed ``free`` milli per GPU on ``node`` at ``at`` (Unix seconds)."""
+    """The ledger showed ``free`` milli per GPU on ``node`` at ``at`` (Unix seconds); None: no GPU figures
+    (a decision about a pod without GPUs)."""
 
     node: str
     at: float
-    free: tuple[int, ...]
+    free: tuple[int, ...] | None
     uid: str = ""  # the pod this reading is about, when it is one of the extender's own decisions
+    cpu: int = 0  # milli-cores that pod takes on the node (an own decision's; 0: none, or not known)
 
 
 class Readings(Protocol):
@@ -50,7 +60,7 @@ class Readings(Protocol):
 
     def pending(self, generated_at: float | None) -> list[Observed]: ...
 
-    def observe(self, node: str, free: Sequence[int], uid: str = "") -> None: ...
+    def observe(self, node: str, free: Sequence[int] | None, uid: str = "", cpu: int = 0) -> None: ...
 
     def forget(self, uids: Iterable[str]) -> None: ...
 
@@ -61,7 +71,7 @@ class NoReadings:
     def pending(self, generated_at: float | None) -> list[Observed]:
         return []
 
-    def observe(self, node: str, free: Sequence[int], uid: str = "") -> None:
+    def observe(self, node: str, free: Sequence[int] | None, uid: str = "", cpu: int = 0) -> None:
         return None
 
     def forget(self, uids: Iterable[str]) -> None:
@@ -100,10 +110,29 @@ def apply_readings(free: npt.NDArray[np.int32], rows: Sequence[int], seen: Seque
     out = free.copy()
     width = out.shape[1]
     for row, reading in zip(rows, seen, strict=True):
-        if row < 0:
+        if row < 0 or reading.free is None:
             continue
         cap = np.zeros(width, dtype=np.int32)
         count = min(width, len(reading.free))
         cap[:count] = reading.free[:count]
         np.minimum(out[row], cap, out=out[row])
     return out
+
+
+def assumed_cpu(
+    rows: Sequence[int], seen: Sequence[Observed], n_rows: int, generated_at: float | None = None
+) -> npt.NDArray[np.int64]:
+    """Milli-cores per row that the extender's own decisions among ``seen`` take and a state stamped
+    ``generated_at`` may not count yet (those from :data:`CPU_MARGIN_S` before it on; all without a
+    stamp); ``rows[i]`` is the row of ``seen[i]``'s node (-1: not among the rows).
+
+    >>> seen = [Observed("a", 9.5, None, "u1", 500), Observed("a", 11.0, (0,), "u2", 250), Observed("b", 11.0, (0,))]
+    >>> assumed_cpu([0, 0, 1], seen, 2).tolist(), assumed_cpu([0, 0, 1], seen, 2, generated_at=11.0).tolist()
+    ([750, 0], [250, 0])
+    """
+    since = -np.inf if generated_at is None else generated_at - CPU_MARGIN_S
+    taken = np.zeros(n_rows, dtype=np.int64)
+    for row, reading in zip(rows, seen, strict=True):
+        if row >= 0 and reading.uid and reading.cpu > 0 and reading.at >= since:
+            taken[row] += reading.cpu
+    return taken

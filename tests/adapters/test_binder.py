@@ -45,7 +45,9 @@ def make_binder(api: KubeApiDouble, ledger: LedgerStore, state: ClusterState | N
         client.retry = RetryPolicy(attempts=2, base_s=0.01, max_s=0.02, request_timeout_s=5.0)
         return client
 
-    return LedgerBinder(ledger, kube, lambda: state, LedgerReadings())
+    binder = LedgerBinder(ledger, kube, lambda: state, LedgerReadings())
+    assert binder.kube is not None  # made now: a bind's 2.5 s are for the bind, not for importing the client
+    return binder
 
 
 def pending(api: KubeApiDouble, name: str, gpus: int = 0, milli: int = 0) -> ExtenderBindingArgs:
@@ -176,9 +178,18 @@ def test_a_gone_or_replaced_pod_is_refused(api: KubeApiDouble, ledger: LedgerSto
 
 
 def test_a_pod_without_gpus_is_bound_without_the_ledger(api: KubeApiDouble, ledger: LedgerStore) -> None:
-    outcome = make_binder(api, ledger).bind(pending(api, "cpu"))  # the extender's admit refuses it first
+    binder = make_binder(api, ledger)
+    outcome = binder.bind(pending(api, "cpu"))
     assert outcome.error == "" and pod_on(api, "cpu") == ("t4-0", None)
     assert ledger.read("t4-0", 4).version == 0
+    # What it takes there is its CPU (make_pod asks 1 core), for fgd_cpu until the state shows it; no GPU figures.
+    assert [(r.node, r.free, r.cpu) for r in binder.readings.pending(None)] == [("t4-0", None, 1000)]
+
+
+def test_a_gpu_pods_bind_carries_its_cpu_with_the_gpus_left(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    binder = make_binder(api, ledger)
+    assert binder.bind(pending(api, "w", gpus=1)).error == ""
+    assert [(r.free, r.cpu) for r in binder.readings.pending(None)] == [((0, 1000, 1000, 1000), 1000)]
 
 
 def test_eight_threads_binding_2000_shares_never_overallocate(monkeypatch: pytest.MonkeyPatch) -> None:

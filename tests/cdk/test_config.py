@@ -26,6 +26,13 @@ def test_context_strings_from_the_command_line_are_parsed_by_field_type() -> Non
     assert not config.demo_vpc
 
 
+def test_the_extender_sees_every_pod_of_the_profile_unless_told_gpu_pods_only() -> None:
+    url = "https://x.example/prod"
+    assert DeployConfig.from_context({"clusterName": "prod"}).scheduler_options(url).gpu_pods_only is False
+    only = DeployConfig.from_context({"clusterName": "prod", "extenderGpuPodsOnly": "true"})
+    assert only.scheduler_options(url).gpu_pods_only is True
+
+
 def test_without_a_vpc_the_demo_network_is_used() -> None:
     assert DeployConfig.from_context({"clusterName": "prod"}).demo_vpc
 

@@ -69,7 +69,8 @@ def frontend(cluster: ControlPlane) -> Iterator[list[str]]:
 
     cluster.add_nodes([make_node(f"node-{i}", CATALOGUE[0], "us-east-1a") for i in range(2)])
     cluster.start_controller_manager()
-    start_scheduler(cluster, "http://127.0.0.1:1")
+    # No extender answers here: with the GPU pods only calling it, these CPU-only replicas never ask.
+    start_scheduler(cluster, "http://127.0.0.1:1", "--gpu-pods-only")
     cluster.ensure_namespaces([NAMESPACE])
     cluster.api.request("POST", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", deployment(3))
     cluster.wait_for(lambda: len(bound(cluster)) == 3, 60, "three bound replicas")

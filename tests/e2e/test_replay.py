@@ -13,10 +13,10 @@ import pytest
 from gpu_scheduler.traces import openb_dir, synthetic_trace, write_trace
 from testing.control_plane import missing
 
-UNALLOCATED_TOLERANCE = 2.0
+UNALLOCATED_TOLERANCE = 1.0
 """Points of unallocated GPU % at 100 % arrived between the replay and simulate on the synthetic trace:
-whole-GPU pods are scored by gpu_fit in the product and by fgd_cpu in simulate, and kube-scheduler adds its
-own plugins (measured: 1.0 against 1.7)."""
+both place every pod by fgd_cpu, but kube-scheduler adds its own plugins and breaks the ties the
+extender leaves (a CPU-only pod's best nodes) its own way (measured: 1.0 against 1.67)."""
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -5,7 +5,7 @@ server, under ``gpu-scheduler scheduler-config --sharing``.
 serves every verb. Each test works in its own namespace and leaves the ledger empty behind it.
 
 Preemption is shown with whole GPUs: kube-scheduler finds victims with its own filter plugins, which
-do not count ``gpu-scheduler.io/gpu-milli`` (``ignoredByScheduler: true``), so for a share it finds
+do not count ``gpu-scheduler.io/gpu-milli`` (NodeResourcesFit ignores it), so for a share it finds
 nothing to evict and never asks the extender (docs/sharing.md, "preempt").
 """
 

@@ -64,9 +64,10 @@ def test_configuration_has_the_fields_the_issue_fixes() -> None:
         "enableHTTPS": True,
         "httpTimeout": "3s",
         "nodeCacheCapable": True,
-        "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
         "ignorable": False,
     }
+    # No managedResources: the extender is called for every pod of the profile, CPU-only ones too.
+    assert "managedResources" not in extender
 
 
 def test_a_loopback_sidecar_url_turns_https_off_and_any_other_plain_url_is_refused() -> None:
@@ -82,20 +83,37 @@ def test_full_nodes_and_the_plain_profile_are_options() -> None:
     assert config["profiles"] == [{"schedulerName": "gpu-scheduler"}]
 
 
+def _fit_args(config: dict[str, Any]) -> dict[str, Any]:
+    (profile,) = config["profiles"]
+    found = [c["args"] for c in profile.get("pluginConfig", []) if c["name"] == "NodeResourcesFit"]
+    return found[0] if found else {}
+
+
 def test_sharing_adds_bind_preempt_and_the_milli_resource_ignored_by_the_scheduler() -> None:
-    (extender,) = scheduler_configuration(SchedulerOptions(extender_url=URL, sharing=True, weight=9))["extenders"]
+    config = scheduler_configuration(SchedulerOptions(extender_url=URL, sharing=True, weight=9))
+    (extender,) = config["extenders"]
     assert extender["bindVerb"] == "bind" and extender["preemptVerb"] == "preempt"
     assert extender["weight"] == 9
-    assert extender["managedResources"] == [
+    # The extender accounts shares: kube-scheduler's NodeResourcesFit must not (nodes never advertise it).
+    assert _fit_args(config)["ignoredResources"] == [MILLI_RESOURCE]
+    assert "managedResources" not in extender
+
+
+def test_gpu_pods_only_restores_the_managed_resources() -> None:
+    config = scheduler_configuration(SchedulerOptions(extender_url=URL, sharing=True, gpu_pods_only=True))
+    assert config["extenders"][0]["managedResources"] == [
         {"name": "nvidia.com/gpu", "ignoredByScheduler": False},
         {"name": MILLI_RESOURCE, "ignoredByScheduler": True},
     ]
+    assert "ignoredResources" not in _fit_args(config)  # ignoredByScheduler says it
+    whole = scheduler_configuration(SchedulerOptions(extender_url=URL, gpu_pods_only=True))["extenders"][0]
+    assert whole["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}]
 
 
 def test_without_sharing_the_milli_resource_stays_counted_by_the_scheduler() -> None:
-    (extender,) = scheduler_configuration(SchedulerOptions(extender_url=URL))["extenders"]
-    assert MILLI_RESOURCE not in {r["name"] for r in extender["managedResources"]}
-    assert "bindVerb" not in extender
+    config = scheduler_configuration(SchedulerOptions(extender_url=URL))
+    assert "ignoredResources" not in _fit_args(config)
+    assert "bindVerb" not in config["extenders"][0]
 
 
 def _go_field(name: str) -> str:

@@ -75,10 +75,22 @@ def test_a_node_outside_the_pods_node_selector_is_refused(world: World) -> None:
     )
 
 
-def test_a_pod_that_requests_no_gpu_is_refused(world: World) -> None:
-    cpu_only = make_pod("cpu-only", 0)
-    world.api.load("pods", [cpu_only])
-    assert "requests neither nvidia.com/gpu nor gpu-scheduler.io/gpu-milli" in refused(world, cpu_only, "t4-0")
+def test_a_pod_that_requests_no_gpu_is_bound_with_nothing_recorded_and_only_where_it_may_go(world: World) -> None:
+    """The generated profile sends the extender CPU-only pods too, so binding them is its own verb now
+    (it refused them while the profile had managedResources). What it binds them with stays checked:
+    a forged assigned-gpus annotation claims nothing, and a taint or a nodeSelector still refuses."""
+    forged = make_pod("cpu-only", 0)
+    forged["metadata"]["annotations"] = {ASSIGNED_GPUS_ANNOTATION: "0:1000,1:1000,2:1000,3:1000"}
+    fenced = make_pod("cpu-only-zoned", 0)
+    fenced["spec"]["nodeSelector"] = {"topology.kubernetes.io/zone": "nowhere-1a"}
+    world.api.load("pods", [forged, fenced])
+    plain = make_pod("cpu-only-plain", 0)
+    world.api.load("pods", [plain])
+    assert "taints the pod does not tolerate" in refused(world, plain, "l40s-2")
+    assert "does not match the pod's nodeSelector" in refused(world, fenced, "t4-0")
+    assert world.bind(forged, "t4-0") == (200, {"Error": ""})
+    assert world.api.get("pods", "cpu-only", "default")["spec"]["nodeName"] == "t4-0"
+    assert world.ledger_used() == NOTHING_HELD
 
 
 def test_a_pod_that_names_a_gpu_at_zero_is_bound_and_records_nothing(world: World) -> None:

@@ -84,10 +84,15 @@ def test_real_pod_list_supplies_the_allocation_view():
     _, reply = call(Extender(cluster=lambda: state), "filter", request.read_bytes())
     assert reply["FailedNodes"] == {}
     assert [n["metadata"]["name"] for n in reply["Nodes"]["items"]] == ["gpu-node-0", "gpu-node-1", "gpu-node-2"]
-    # ... but the scores read the state: gpu-node-0 has no room in it, gpu-node-2 has exactly 2 free (best
-    # fit), gpu-node-1 would leave 2 GPUs idle.
+    # ... but the scores read the state: gpu-node-0 has no room in it, gpu-node-2 has exactly 2 free,
+    # gpu-node-1 would leave 2 GPUs idle. fgd_cpu (the default; the state has CPU and the pods' shapes)
+    # sees no fragmentation either way, and gives its tie to best fit (min-max scaled over the two, then
+    # blended with idle utilisation: 10 and 3); with another share policy whole GPUs go by best fit alone.
     status, scores = call(Extender(cluster=lambda: state), "prioritize", request.read_bytes())
     assert status == 200
+    assert {p["Host"]: p["Score"] for p in scores} == {"gpu-node-0": 0, "gpu-node-1": 3, "gpu-node-2": 10}
+    best_fit = Extender(ExtenderConfig(share_policy="gpu_packing"), cluster=lambda: state)
+    status, scores = call(best_fit, "prioritize", request.read_bytes())
     assert {p["Host"]: p["Score"] for p in scores} == {"gpu-node-0": 0, "gpu-node-1": 8, "gpu-node-2": 10}
 
 
@@ -331,6 +336,56 @@ def test_fgd_cpu_puts_a_share_on_gpus_that_cpu_has_stranded():
     assert sorted(packing.values()) == [9, 10] and packing == share_scores(state, policy="gpu_packing")
 
 
+def cpu_only_scores(policy="fgd_cpu", cpu="4"):
+    """A CPU-only pod asking ``cpu`` cores over four T4 nodes (4 GPUs, 47.81 cores each): t4-0 and t4-3
+    have every GPU taken, t4-1 is empty, and t4-2 has 3 GPUs free but 9.81 cores, just enough for the
+    typical pod (8 cores, 1 GPU)."""
+    full = [make_pod(f"{node}-{i}", 1, node_name=node, phase="Running") for node in ("t4-0", "t4-3") for i in range(4)]
+    for pod in full:
+        pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "8"
+    hungry = make_pod("hungry", 1, node_name="t4-2", phase="Running")
+    hungry["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "38"
+    state = ClusterState.from_objects(make_nodes("T4", "T4", "T4", "T4"), [*full, hungry])
+    pod = make_pod("batch", 0)
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = cpu
+    extender = Extender(ExtenderConfig(share_policy=policy), cluster=lambda: state)
+    names = ["t4-0", "t4-1", "t4-2", "t4-3"]
+    status, filtered = call(extender, "filter", body(pod, names=names))
+    assert status == 200 and filtered["NodeNames"] == names  # CPU and memory are kube-scheduler's to check
+    status, scores = call(extender, "prioritize", body(pod, names=names))
+    assert status == 200, scores
+    return {p["Host"]: p["Score"] for p in scores}
+
+
+def test_fgd_cpu_places_whole_gpus_where_they_strand_the_least():
+    """Whole GPUs by fgd_cpu, as simulate places them: t4-0's 3 free GPUs are stranded already (1.81
+    cores left), so using one of them costs nothing, where t4-1's last GPU is one the typical pods could
+    still use. Best fit (with another share policy) takes t4-1's, which fits exactly."""
+    state = cpu_starved_state()
+    pod = make_pod("p", 1)
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "500m"
+    request = body(pod, names=["t4-0", "t4-1"])
+    fgd = {p["Host"]: p["Score"] for p in call(Extender(cluster=lambda: state), "prioritize", request)[1]}
+    # FGD 73 against 50, scaled over the two to 1 and 0, blended 0.7 to 0.3 with idle GPUs (utilisation).
+    assert fgd == {"t4-0": 10, "t4-1": 3}
+    best_fit = Extender(ExtenderConfig(share_policy="gpu_packing"), cluster=lambda: state)
+    packing = {p["Host"]: p["Score"] for p in call(best_fit, "prioritize", request)[1]}
+    assert packing == {"t4-0": 8, "t4-1": 10}
+
+
+def test_fgd_cpu_sends_a_cpu_only_pod_where_its_cpu_strands_no_gpu():
+    scores = cpu_only_scores()
+    # Nodes with no free GPU first, both at the top (kube-scheduler's plugins choose between them); then
+    # the empty node, where 4 cores change nothing; last the node whose free GPUs the pod would strand.
+    assert scores["t4-0"] == scores["t4-3"] == 10
+    assert 10 > scores["t4-1"] > scores["t4-2"]
+    # A pod small enough to leave t4-2 room for the typical pod strands nothing there either.
+    small = cpu_only_scores(cpu="1")
+    assert small["t4-1"] == small["t4-2"] < 10
+    # The other policies have no opinion on a pod without GPUs: 0 everywhere, as before.
+    assert set(cpu_only_scores(policy="gpu_packing").values()) == {0}
+
+
 def test_fgd_cpu_without_cpu_in_the_state_places_shares_as_gpu_packing_does():
     state = cpu_starved_state()
     blind = ClusterState(state.table, state.used_gpus, state.utilization, free_milli=state.free_milli)
@@ -502,6 +557,38 @@ def test_a_share_is_assumed_on_the_tightest_gpu_as_the_ledger_would_choose():
     _, reply = call(extender, "filter", body(_with_uid(make_pod("p", 0, milli=300), "u-3"), names=["t4-0"]))
     assert reply["NodeNames"] == ["t4-0"]
     assert [(r.free[:4], r.uid) for r in readings.pending(None)] == [((100, 1000, 1000, 1000), "u-3")]
+
+
+def test_an_assumed_pods_cpu_counts_for_the_next_pod_before_the_state_shows_it():
+    """fgd_cpu reads each node's free CPU. Pod 1 (1 GPU, 30 cores) goes to t4-0, where the typical pod
+    (8 cores, 1 GPU) still fits after it; the state does not show it yet. Pod 2 (1 GPU, 5 cores) would
+    then leave t4-0 4.81 cores and one GPU nobody typical can use: with pod 1's CPU assumed, t4-1 is
+    the better node. Without the assumption the two look alike."""
+    from adapters.ledger_readings import LedgerReadings
+
+    typical = [make_pod(f"t{i}", 1, node_name=node, phase="Running") for i, node in enumerate(["t4-0", "t4-1", "t4-1"])]
+    for pod in typical:
+        pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "8"
+    state = ClusterState.from_objects(make_nodes("T4", "T4"), typical)
+
+    def pod(name, cpu):
+        made = _with_uid(make_pod(name, 1), f"u-{name}")
+        made["spec"]["containers"][0]["resources"]["requests"]["cpu"] = cpu
+        return made
+
+    names = ["t4-0", "t4-1"]
+    readings = LedgerReadings()
+    extender = Extender(cluster=lambda: state, readings=readings)
+    first = {p["Host"]: p["Score"] for p in call(extender, "prioritize", body(pod("one", "30"), names=names))[1]}
+    assert first["t4-0"] == 10 > first["t4-1"]
+    assert [(r.node, r.cpu) for r in readings.pending(None)] == [("t4-0", 30_000)]
+    second = {p["Host"]: p["Score"] for p in call(extender, "prioritize", body(pod("two", "5"), names=names))[1]}
+    assert second["t4-1"] == 10 and second["t4-0"] < 9
+    # The GPUs alone assumed (pod 1 holding no CPU): a tie, which the fixed order breaks.
+    gpus_only = LedgerReadings()
+    gpus_only.observe("t4-0", readings.pending(None)[0].free, "u-one")
+    blind = Extender(cluster=lambda: state, readings=gpus_only)
+    assert sorted(p["Score"] for p in call(blind, "prioritize", body(pod("two", "5"), names=names))[1]) == [9, 10]
 
 
 def test_without_assume_nothing_is_laid_over_the_state():

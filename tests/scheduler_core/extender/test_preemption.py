@@ -112,6 +112,22 @@ def test_victims_holding_no_gpu_are_dropped_and_a_node_with_none_left_is_never_r
     assert outcome.dropped == {"m": "no victim holds a GPU here"}
 
 
+def test_a_cpu_only_pods_proposal_stands_on_the_nodes_the_state_knows() -> None:
+    """What a pod without GPUs needs is CPU and memory, kube-scheduler's count: every victim stays,
+    GPU holders or not, and only a node the state lacks (or one with no victims) is dropped."""
+    proposals = [
+        Candidate("n", ("cpu-only", "gpu"), (Frees(), Frees(pairs=((2, 1000),))), num_pdb_violations=1),
+        Candidate("m", ("cpu-only",), (Frees(),)),
+        Candidate("elsewhere", ("x",), (Frees(),)),
+        Candidate("empty", (), ()),
+    ]
+    outcome = decide(PodDemand(), proposals, {"n": FREE["n"], "m": FREE["n"], "empty": FREE["n"]}, {})
+    assert {node: victims.uids for node, victims in outcome.kept.items()} == {"n": ("cpu-only", "gpu"),
+                                                                               "m": ("cpu-only",)}  # fmt: skip
+    assert outcome.kept["n"].num_pdb_violations == 1
+    assert outcome.dropped == {"elsewhere": "node is not in the cluster state", "empty": "no victim holds a GPU here"}
+
+
 def test_too_little_freed_drops_the_node() -> None:
     outcome = decide(PodDemand(gpus=3), [Candidate("n", ("a",), (Frees(pairs=((2, 1000),)),))], FREE, {})
     assert outcome.kept == {} and "does not free enough" in outcome.dropped["n"]
