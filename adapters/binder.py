@@ -56,7 +56,7 @@ from scheduler_core.extender.preemption import Holdings
 from scheduler_core.extender.wire import ExtenderBindingArgs
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, MILLI_PER_GPU
 from scheduler_core.k8s.nodes import NodeTable
-from scheduler_core.k8s.pods import effective_cpu_milli, pod_demand
+from scheduler_core.k8s.pods import assumed_cpu_milli, pod_demand
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.ledger import Demand
 
@@ -201,7 +201,7 @@ class LedgerBinder:
             gpu_count = self._gpu_count(args.node, node)
         except InvalidPodError as exc:
             return failed("invalid_pod", str(exc))
-        cpu = _cpu_of(spec)
+        cpu = assumed_cpu_milli(pod)
         if demand.gpus == 0:  # no GPU: nothing to record in the ledger, only the CPU it takes here
             bound = self._post_binding(args, pod_key, None)
             if not bound.error and cpu:
@@ -428,11 +428,3 @@ def ledger_binder(
     dynamodb = session.client("dynamodb", config=Config(**BIND_DYNAMODB))
     binder = LedgerBinder(LedgerStore(table, dynamodb), kube, cluster, readings)
     return binder
-
-
-def _cpu_of(spec: Mapping[str, Any]) -> int:
-    """The pod's CPU request in milli-cores, 0 when it cannot be read (kube-scheduler has read it)."""
-    try:
-        return effective_cpu_milli(spec)
-    except InvalidPodError:
-        return 0

@@ -249,7 +249,7 @@ def _drain(
         pod["metadata"].setdefault("labels", {}).update(labels or {})
     cluster.create_pods(pods, workers=8)
     watch = BindWatch(cluster.api, NAMESPACE)
-    poller = _VersionPoller(metrics) if metrics else None
+    poller = VersionPoller(metrics) if metrics else None
     try:
         config = _config(url, knobs, sharing=sharing)
         if stock:
@@ -326,7 +326,7 @@ def _stop_serve(product: Processes) -> None:
     product.stop("refresher")
 
 
-class _VersionPoller:
+class VersionPoller:
     """Polls serve's ``/metrics`` for the pods' resourceVersion its published state includes."""
 
     def __init__(self, url: str, every_s: float = 0.02) -> None:

@@ -146,7 +146,7 @@ def run(
     from tqdm import tqdm
 
     from adapters.gpu_ledger import create_table
-    from bench.e2e import _VersionPoller
+    from bench.e2e import VersionPoller
     from testing.control_plane import BindWatch, ControlPlane, generated_scheduler_config, missing
     from testing.moto import aws_env, dynamodb_client, moto_server
     from testing.product import Processes
@@ -174,7 +174,7 @@ def run(
             )
             plane.start_scheduler(generated_scheduler_config(["--url", url, "--sharing", *config_args]))
             watch = BindWatch(plane.api, NAMESPACE)
-            poller = _VersionPoller(url)
+            poller = VersionPoller(url)
             try:
                 steps = tqdm(arrivals, desc="replay", unit="pod", disable=not progress, mininterval=1.0)
                 for step, index in enumerate(steps):

@@ -40,7 +40,7 @@ from scheduler_core.extender.wire import (
     error_body,
 )
 from scheduler_core.k8s.names import MILLI_PER_GPU, PEERS_ANNOTATION
-from scheduler_core.k8s.pods import PodDemand, effective_cpu_milli, pod_demand
+from scheduler_core.k8s.pods import PodDemand, assumed_cpu_milli, pod_demand
 from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, ScoreWeights
 from scheduler_core.scoring.locality import LocalitySettings
 from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
@@ -336,11 +336,7 @@ class Extender:
         CPU, which fgd_cpu reads; a pod without GPUs, its CPU only."""
         if not self.config.assume or not demand.uid:
             return
-        spec = pod.get("spec") if isinstance(pod, Mapping) else None
-        try:
-            cpu = effective_cpu_milli(spec) if isinstance(spec, Mapping) else 0
-        except InvalidPodError:  # prioritize says so; the assumption is only the GPUs then
-            cpu = 0
+        cpu = assumed_cpu_milli(pod)
         node = view.table.names[row]
         if not demand.gpus:
             if cpu and self.config.share_policy == "fgd_cpu":

@@ -185,6 +185,25 @@ def effective_cpu_milli(spec: Mapping[str, Any]) -> int:
     return cpu
 
 
+def assumed_cpu_milli(pod: Any) -> int:
+    """:func:`effective_cpu_milli` of a Pod object, or 0 when it has no readable CPU request: for an
+    assumption the extender makes about its own decision, where kube-scheduler has read the request
+    already (prioritize reports a malformed one itself).
+
+    >>> assumed_cpu_milli({"spec": {"containers": [{"resources": {"requests": {"cpu": "2"}}}]}})
+    2000
+    >>> assumed_cpu_milli({"spec": {"containers": [{"resources": {"requests": {"cpu": "half"}}}]}})
+    0
+    """
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return 0
+    try:
+        return effective_cpu_milli(spec)
+    except InvalidPodError:
+        return 0
+
+
 def requests_with_cpu(spec: Mapping[str, Any], resources: tuple[str, ...]) -> tuple[list[int], int, str]:
     """:func:`effective_requests` of ``resources`` and :func:`effective_cpu_milli`, in one pass over the
     containers (the refresher reads every pod). A bad CPU quantity does not void the others: the CPU
