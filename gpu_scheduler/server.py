@@ -274,24 +274,26 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
         return True
 
     def do_POST(self) -> None:
+        verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
         limit = self.server.extender.config.max_body_bytes
         raw_length = self.headers.get("Content-Length")
         length = plain_int(raw_length.strip()) if raw_length is not None else None
         if length is None:
             self.close_connection = True
-            self._reply(400, encode_json({"Error": "a Content-Length header with the body size is required"}))
+            self._reply(
+                400, encode_json({"Error": "a Content-Length header with the body size is required"}), verb=verb
+            )
             return
         if length > limit:
             # Do not read (or keep) a body we will refuse; close so the unread bytes go with it.
             self.close_connection = True
-            self._reply(400, encode_json({"Error": f"request body is {length} bytes; the limit is {limit}"}))
+            self._reply(400, encode_json({"Error": f"request body is {length} bytes; the limit is {limit}"}), verb=verb)
             return
         body = self.rfile.read(length)
         self.server.disarm(self.connection)  # what follows is the extender's time, not the client's
         if len(body) != length:  # the client went, or the reaper cut it off: nobody to answer
             self.close_connection = True
             return
-        verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
         started = time.perf_counter()
         try:
             status, payload = self.server.extender.handle(verb, body)
@@ -299,8 +301,7 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
             log.exception("internal error on %s (%d bytes)", self.path, length)
             status, payload = 500, encode_json({"Error": "internal error in the extender; see its log"})
         log.debug("%s %s -> %d in %.2f ms", self.command, self.path, status, 1000 * (time.perf_counter() - started))
-        self._reply(status, payload)
-        self.server.count(verb, status)
+        self._reply(status, payload, verb=verb)
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0].rstrip("/")
@@ -323,7 +324,12 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
         finally:
             self.server.disarm(self.connection)
 
-    def _reply(self, status: int, payload: bytes, content_type: str = "application/json") -> None:
+    def _reply(
+        self, status: int, payload: bytes, content_type: str = "application/json", verb: str | None = None
+    ) -> None:
+        """Write the reply; with ``verb``, count it first, so that ``/metrics`` read after it includes it."""
+        if verb is not None:
+            self.server.count(verb, status)
         head = (
             f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
             f"Content-Type: {content_type}\r\n"

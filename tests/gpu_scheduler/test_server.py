@@ -109,6 +109,9 @@ def test_metrics_count_replies_by_verb_and_status(server_for):
         post(port, "/filter", payload)
     post(port, "/filter", "{not json")
     post(port, "/../../etc/passwd", payload)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:  # refused before its body is read
+        sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(1024).startswith(b"HTTP/1.1 400")
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     conn.request("GET", "/metrics")
     response = conn.getresponse()
@@ -116,7 +119,7 @@ def test_metrics_count_replies_by_verb_and_status(server_for):
     lines = set(response.read().decode().splitlines())
     assert lines == {
         'gpu_scheduler_extender_requests_total{verb="filter",status="200"} 2',
-        'gpu_scheduler_extender_requests_total{verb="filter",status="400"} 1',
+        'gpu_scheduler_extender_requests_total{verb="filter",status="400"} 2',
         'gpu_scheduler_extender_requests_total{verb="other",status="404"} 1',
     }
 
