@@ -106,6 +106,10 @@ def main() -> int:
     parser.add_argument(
         "--floor", action="store_true", help="only the GPU waste that packing each trace's shares must leave"
     )
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="take the runs already in --out (the same trace, policy, seed and tie order) and run only the rest",
+    )  # fmt: skip
     args = parser.parse_args()
     if not openb_dir().is_dir():
         raise SystemExit(f"{openb_dir()} is absent: the trace is research-use only and is not shipped here")
@@ -124,9 +128,15 @@ def main() -> int:
     orders: list[int | None] = list(range(args.tie_orders)) if args.tie_orders > 0 else [None]
     jobs = [(t, p, 42 + s, o) for t in traces for p in policies for s in range(args.seeds) for o in orders]
     runs: list[dict[str, Any]] = []
+    if args.resume:
+        try:
+            runs, jobs = reuse(args.out, jobs)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from exc
+        print(f"--resume: {len(runs)} runs taken from {args.out}, {len(jobs)} to run")
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for (*_, order), (trace, policy, seed, unalloc, seconds) in zip(
-            jobs, tqdm(pool.map(_run, *zip(*jobs, strict=True)), total=len(jobs)), strict=True
+            jobs, tqdm(pool.map(_run, *zip(*jobs, strict=True)) if jobs else [], total=len(jobs)), strict=True
         ):
             runs.append({"trace": trace, "policy": policy, "seed": seed, "tie_order": order,
                          "unalloc_100": unalloc, "seconds": seconds})  # fmt: skip
@@ -141,6 +151,32 @@ def main() -> int:
     print(text)
     print(f"wrote {args.out}, {args.out.with_suffix('.md')} and {args.out.with_suffix('.png')}")
     return 0
+
+
+Job = tuple[str, str, int, int | None]
+
+
+def reuse(path: Path, jobs: Sequence[Job]) -> tuple[list[dict[str, Any]], list[Job]]:
+    """``--resume``: the runs in ``path`` that are among ``jobs`` (by trace, policy, seed and tie order), and
+    the jobs still to run. Runs of other jobs are left out; a missing file reuses nothing.
+
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "q.json"
+    >>> _write(path, [{"trace": "default", "policy": "fgd", "seed": 42, "tie_order": 0, "unalloc_100": 4.7,
+    ...                "seconds": 1.0}])
+    >>> runs, todo = reuse(path, [("default", "fgd", 42, 0), ("default", "fgd", 42, 1)])
+    >>> [run["unalloc_100"] for run in runs], todo
+    ([4.7], [('default', 'fgd', 42, 1)])
+    """
+    if not path.is_file():
+        return [], list(jobs)
+    try:
+        stored = json.loads(path.read_text())["runs"]
+        done = {(run["trace"], run["policy"], run["seed"], run["tie_order"]): run for run in stored}
+    except (ValueError, KeyError, TypeError) as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"--resume: {path} is not the JSON that --out writes: {reason}") from exc
+    return [done[job] for job in jobs if job in done], [job for job in jobs if job not in done]
 
 
 def _write(path: Path, runs: list[dict[str, Any]]) -> None:

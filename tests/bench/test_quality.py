@@ -1,14 +1,15 @@
-"""The packing bounds behind ``python -m bench.quality --floor``."""
+"""``python -m bench.quality``: the packing bounds of ``--floor``, the tables, the paired comparison, ``--resume``."""
 
 from __future__ import annotations
 
 import itertools
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.quality import share_packing_bounds
+from bench.quality import reuse, share_packing_bounds
 
 
 def _optimum(items: list[int], capacity: int = 1000) -> int:
@@ -60,8 +61,6 @@ def test_table_and_plot_from_runs(tmp_path) -> None:
 
 
 def test_traces_are_picked_by_group_or_by_name() -> None:
-    import pytest
-
     from bench.quality import pick_traces
 
     present = ["cpu0", "cpu250", "default", "gpuspec05"]
@@ -95,3 +94,12 @@ def test_the_paired_comparison_pairs_runs_by_seed_and_tie_order() -> None:
     assert "| default | 4.29 | fgd_cpu | 4.09 | -0.20 [-0.20, -0.20] (50 pairs) | better |" in paired_table(
         _runs({"fgd": fgd, "fgd_cpu": [v - 0.2 for v in fgd]}), ["fgd_cpu"], ["default"]
     )
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"runs": [{"trace": "default"}]}', "[1]"])
+def test_resume_names_the_file_it_cannot_read_and_keeps_it(tmp_path, text: str) -> None:
+    path = tmp_path / "quality.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"--resume: {path} is not the JSON that --out writes"):
+        reuse(path, [("default", "fgd", 42, 0)])
+    assert path.read_text() == text
