@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -108,9 +109,10 @@ def _handle(n_nodes: int, repeat: int, rng: np.random.Generator) -> dict[str, An
     return {"nodes": n_nodes, "request_bytes": len(body), **results}
 
 
-def _share_state(n_nodes: int, rng: np.random.Generator) -> ClusterState:
+def _share_state(n_nodes: int, rng: np.random.Generator, n_shapes: int = 57) -> ClusterState:
     """A synthetic cluster in the middle of a shared workload: GPUs whole, partly shared or busy, CPU
-    free per node, and 35 typical pod shapes (as many as openb's ``default`` keeps)."""
+    free per node, and ``n_shapes`` typical pod shapes (openb ``default`` keeps 57 as a cluster state
+    learns them, at ``LEARNED_COVERAGE``; 35 at the trace's 95 %), five in seven of them shares."""
     table = synthetic_table(n_nodes, rng)
     width = int(table.alloc_gpus.max())
     exists = np.arange(width)[None, :] < table.alloc_gpus[:, None]
@@ -118,8 +120,8 @@ def _share_state(n_nodes: int, rng: np.random.Generator) -> ClusterState:
     used = (table.alloc_gpus - (free == 1000).sum(axis=1)).astype(np.int32)
     shapes = tuple(
         ((int(rng.integers(1, 33)) * 1000, *gpu, ""), int(rng.integers(1, 500)))
-        for gpu in [(int(m), 1) for m in rng.choice([100, 190, 250, 500, 810], 25)]
-        + [(1000, int(n)) for n in rng.choice([1, 2, 4, 8], 10)]
+        for gpu in [(int(m), 1) for m in rng.choice([100, 190, 250, 500, 810], n_shapes * 5 // 7)]
+        + [(1000, int(n)) for n in rng.choice([1, 2, 4, 8], n_shapes - n_shapes * 5 // 7)]
     )
     return ClusterState(
         table, used, rng.random(n_nodes), free_milli=free,
@@ -131,25 +133,34 @@ PRIORITIZE_PODS = {"share 500": ("share", 0, 500), "1 GPU": ("whole", 1, 0), "no
 """The pods ``share_prioritize`` times: a 500-milli share, one whole GPU, and a pod without GPUs."""
 
 
-def _share_prioritize(n_nodes: int, names: list[int], repeat: int, rng: np.random.Generator) -> dict[str, Any]:
+def _share_prioritize(
+    n_nodes: int, names: list[int], repeat: int, rng: np.random.Generator, shapes: Sequence[int] = (57,)
+) -> dict[str, Any]:
     """``prioritize`` by each share policy, side by side on the same requests, for each of
     :data:`PRIORITIZE_PODS` (``fgd_cpu`` places all three; the others only the share: best fit for the
-    whole GPU, no opinion on the pod without GPUs)."""
-    state = _share_state(n_nodes, rng)
-    extenders = {policy: Extender(ExtenderConfig(share_policy=policy), lambda: state) for policy in SHARE_POLICIES}
+    whole GPU, no opinion on the pod without GPUs), over a state with each count of typical ``shapes``."""
     rows = []
-    for count in names:
-        picked = rng.choice(np.array(state.table.names), size=min(count, n_nodes), replace=False).tolist()
-        for kind, (name, gpus, milli) in PRIORITIZE_PODS.items():
-            body = json.dumps({"Pod": make_pod(name, gpus, milli=milli), "Nodes": None, "NodeNames": picked}).encode()
-            row: dict[str, Any] = {"pod": kind, "names": len(picked)}
-            for policy, extender in extenders.items():
-                status, _ = extender.handle("prioritize", body)
-                assert status == 200, status
-                row[policy] = time_us(partial(extender.handle, "prioritize", body), max(5, repeat // 4))
-            row["fgd_cpu_over_gpu_packing_p50"] = round(row["fgd_cpu"]["p50_us"] / row["gpu_packing"]["p50_us"], 2)
-            rows.append(row)
-    return {"snapshot_nodes": n_nodes, "shapes": len(state.shapes), "by_names": rows}
+    for n_shapes in shapes:
+        state = _share_state(n_nodes, rng, n_shapes)
+
+        def source(state: ClusterState = state) -> ClusterState:
+            return state
+
+        extenders = {policy: Extender(ExtenderConfig(share_policy=policy), source) for policy in SHARE_POLICIES}
+        for count in names:
+            picked = rng.choice(np.array(state.table.names), size=min(count, n_nodes), replace=False).tolist()
+            for kind, (name, gpus, milli) in PRIORITIZE_PODS.items():
+                pod = make_pod(name, gpus, milli=milli)
+                body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": picked}).encode()
+                row: dict[str, Any] = {"pod": kind, "names": len(picked), "shapes": n_shapes}
+                for policy, extender in extenders.items():
+                    status, _ = extender.handle("prioritize", body)
+                    assert status == 200, status
+                    row[policy] = time_us(partial(extender.handle, "prioritize", body), max(5, repeat // 4))
+                fgd, packing = row["fgd_cpu"]["p50_us"], row["gpu_packing"]["p50_us"]
+                row["fgd_cpu_over_gpu_packing_p50"] = round(fgd / packing, 2)
+                rows.append(row)
+    return {"snapshot_nodes": n_nodes, "by_names": rows}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -160,7 +171,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "demand": {"gpus": DEMAND.gpus, "models": sorted(DEMAND.models or ()), "min_memory_mib": DEMAND.min_memory_mib},
         "core": _core([_CoreCase.build(n, rng) for n in args.nodes], args.repeat),
         "handle_full_nodes": [_handle(n, args.repeat, rng) for n in args.payload_nodes],
-        "share_prioritize": _share_prioritize(max(args.share_names), args.share_names, args.repeat, rng)
+        "share_prioritize": _share_prioritize(
+            max(args.share_names), args.share_names, args.repeat, rng, args.share_shapes
+        )
         if args.share_names
         else None,
         "lambda_names_only": (
