@@ -133,7 +133,6 @@ def test_a_bad_cpu_quantity_still_counts_the_pods_gpus_and_a_node_without_cpu_is
     ]
 
 
-
 def test_the_learned_shapes_keep_a_rare_shape_that_the_traces_coverage_would_cut():
     """A state learns the workload from the pods placed so far, and FGD must keep room for the big pods
     among the rare shapes: 2 of 100 still count, 1 of 100 does not."""
