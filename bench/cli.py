@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--share-names", type=int_list, default=[1000, 10000], help="names per share prioritize, by share policy"
     )
     ext.add_argument(
-        "--share-shapes", type=int_list, default=[57], help="typical pod shapes in the share prioritize's state"
+        "--share-shapes", type=int_list, default=[35], help="typical pod shapes in the share prioritize's state"
     )
     dc = suite("deletion-cost", _deletion_cost, "deletion-cost computation for many pods at once")
     dc.add_argument("--pods", type=int_list, default=[1000, 10000, 100000])

@@ -109,10 +109,10 @@ def _handle(n_nodes: int, repeat: int, rng: np.random.Generator) -> dict[str, An
     return {"nodes": n_nodes, "request_bytes": len(body), **results}
 
 
-def _share_state(n_nodes: int, rng: np.random.Generator, n_shapes: int = 57) -> ClusterState:
+def _share_state(n_nodes: int, rng: np.random.Generator, n_shapes: int = 35) -> ClusterState:
     """A synthetic cluster in the middle of a shared workload: GPUs whole, partly shared or busy, CPU
-    free per node, and ``n_shapes`` typical pod shapes (openb ``default`` keeps 57 as a cluster state
-    learns them, at ``LEARNED_COVERAGE``; 35 at the trace's 95 %), five in seven of them shares."""
+    free per node, and ``n_shapes`` typical pod shapes (openb ``default`` keeps 35 at 95 % coverage, 57
+    at 99 %), five in seven of them shares."""
     table = synthetic_table(n_nodes, rng)
     width = int(table.alloc_gpus.max())
     exists = np.arange(width)[None, :] < table.alloc_gpus[:, None]
@@ -134,7 +134,7 @@ PRIORITIZE_PODS = {"share 500": ("share", 0, 500), "1 GPU": ("whole", 1, 0), "no
 
 
 def _share_prioritize(
-    n_nodes: int, names: list[int], repeat: int, rng: np.random.Generator, shapes: Sequence[int] = (57,)
+    n_nodes: int, names: list[int], repeat: int, rng: np.random.Generator, shapes: Sequence[int] = (35,)
 ) -> dict[str, Any]:
     """``prioritize`` by each share policy, side by side on the same requests, for each of
     :data:`PRIORITIZE_PODS` (``fgd_cpu`` places all three; the others only the share: best fit for the

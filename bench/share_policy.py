@@ -33,7 +33,7 @@ import numpy.typing as npt
 from bench import check_choices
 from bench.policies import load
 from gpu_scheduler.traces import openb_dir
-from scheduler_core.sharing.model import LEARNED_COVERAGE, MAX_SHAPES, Task, Workload, keep_typical, shape_of, tightest
+from scheduler_core.sharing.model import MAX_SHAPES, Task, Workload, keep_typical, shape_of, tightest
 from scheduler_core.sharing.policies import Context, Scores, fgd_cpu, registry
 from scheduler_core.sharing.simulate import simulate
 
@@ -64,7 +64,7 @@ class SharesBy:
         placed so far, refreshed every ``REFRESH`` placements), capped as the snapshot caps them; and
         the bind takes the tightest GPU, not FGD's."""
         if self.live is None or len(self.placed) % REFRESH == 0:
-            shapes = keep_typical(Counter(map(shape_of, self.placed)), LEARNED_COVERAGE, limit=MAX_SHAPES)
+            shapes = keep_typical(Counter(map(shape_of, self.placed)), limit=MAX_SHAPES)
             self.live = Workload.from_shapes(shapes, ctx.cluster.models)
         scores, _ = _fgd_with(ctx, self.live, task, nodes)
         return scores, tightest(ctx.cluster.gpu_left[nodes], task.gpu_milli)

@@ -223,16 +223,7 @@ class Workload:
 
 
 MAX_SHAPES = 64
-"""The most shapes a snapshot carries: FGD's cost per decision grows with them (openb ``default``
-keeps 35 at :data:`COVERAGE`, 57 at :data:`LEARNED_COVERAGE`)."""
-
-LEARNED_COVERAGE = 0.99
-"""How much of the pods bound to GPU nodes the shapes a cluster state learns cover (the most common
-first, at most :data:`MAX_SHAPES`). More than the trace's :data:`COVERAGE`: a state learns the workload
-from the pods placed so far, and with 95 % the rarer shapes (the big pods among them) were missing
-from FGD's view while the cluster filled. In the simulator, on openb ``default``, seeds 42 and 1-9,
-learning at 99 % left 4.66 % of GPUs unallocated against 4.84 at 95 % (better on every seed), and
-4.74 for the whole trace's shapes at 95 % (``docs/research/fgd-fidelity.md#the-workload-a-state-learns``)."""
+"""The most shapes a snapshot carries: FGD's cost per decision grows with them (openb needs 35)."""
 
 
 def typical_shapes(tasks: Sequence[Task], coverage: float = COVERAGE) -> list[tuple[Shape, int]]:

@@ -62,8 +62,7 @@ class GpuUsage:
     shapes : Counter of Shape
         The pods bound to GPU nodes, DaemonSets' aside, by shape (CPU, GPU milli, GPUs, allowed
         models): the workload FGD scores against (:func:`scheduler_core.sharing.keep_typical` keeps
-        the common ones, :data:`~scheduler_core.sharing.model.LEARNED_COVERAGE`). CPU-only pods count,
-        as FGD counts its CPU-only tasks.
+        the common ones). CPU-only pods count, as FGD counts its CPU-only tasks.
     """
 
     used_milli: npt.NDArray[np.int32]

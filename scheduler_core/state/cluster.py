@@ -18,7 +18,7 @@ from scheduler_core.errors import InvalidArgsError
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.scoring.gpu_fit import free_gpus
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex, index_placements
-from scheduler_core.sharing.model import LEARNED_COVERAGE, MAX_SHAPES, Shape, Workload, keep_typical
+from scheduler_core.sharing.model import MAX_SHAPES, Shape, Workload, keep_typical
 from scheduler_core.state.allocation import PodUse, node_cpu_milli, pod_use, usage_of
 
 
@@ -145,7 +145,7 @@ class ClusterState:
             apps=apps,
             free_milli=usage.free_milli(table.alloc_gpus),
             free_cpu=facts.cpu_milli - usage.used_cpu,
-            shapes=tuple(keep_typical(usage.shapes, LEARNED_COVERAGE, limit=MAX_SHAPES)),
+            shapes=tuple(keep_typical(usage.shapes, limit=MAX_SHAPES)),
             whole_gpus=usage.whole_gpus.astype(np.int32),
         )
 

@@ -131,19 +131,3 @@ def test_a_bad_cpu_quantity_still_counts_the_pods_gpus_and_a_node_without_cpu_is
     assert list(facts.problems) == [
         "Nodes.items[0].status.allocatable.cpu: expected a Kubernetes quantity such as '2' or '40Gi', got 'many'"
     ]
-
-
-def test_the_learned_shapes_keep_a_rare_shape_that_the_traces_coverage_would_cut():
-    """A state learns the workload from the pods placed so far, and FGD must keep room for the big pods
-    among the rare shapes: 2 of 100 still count, 1 of 100 does not."""
-    from scheduler_core.sharing.model import keep_typical
-    from scheduler_core.state.cluster import ClusterState
-
-    def shapes(shares: int, big: int) -> tuple[tuple[tuple[int, int, int, str], int], ...]:
-        pods = [make_pod(f"s{i}", 0, milli=500, node_name="a100-0", phase="Running") for i in range(shares)]
-        pods += [make_pod(f"big{i}", 8, node_name="a100-1", phase="Running") for i in range(big)]
-        return ClusterState.from_objects(make_nodes("A100", "A100"), pods).shapes
-
-    assert shapes(98, 2) == (((1000, 500, 1, ""), 98), ((1000, 1000, 8, ""), 2))
-    assert keep_typical(dict(shapes(98, 2))) == [((1000, 500, 1, ""), 98)]  # the trace's 95 % cuts it
-    assert shapes(99, 1) == (((1000, 500, 1, ""), 99),)
