@@ -183,7 +183,8 @@ def run(
                     outcome = watch.outcome(name, OUTCOME_TIMEOUT_S)
                     if outcome is None or outcome[0] == "unschedulable":
                         counts["timed_out" if outcome is None else "unschedulable"] += 1
-                        reasons[_reason(outcome[1] if outcome else "no answer within the outcome timeout", task)] += 1
+                        message = outcome[1] if outcome else "no answer within the outcome timeout"
+                        reasons[failure_reason(message, task)] += 1
                         plane.delete_pod(NAMESPACE, name)  # dropped, as the simulator drops it
                         recorder.arrive(task, None)
                         continue
@@ -218,11 +219,18 @@ def _interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _reason(message: str, task: Task) -> str:
-    """A failed pod's kind and the scheduler's message with the numbers taken out, so that alike
-    failures count together: "share 300: N/N nodes are available: N Insufficient cpu."."""
+def failure_reason(message: str, task: Task) -> str:
+    """A failed pod's kind and the distinct reasons in the scheduler's message, numbers taken out and
+    sorted, so that alike failures count together: kube-scheduler lists a pod's reasons, each after
+    how many nodes gave it, in no fixed order, and adds what preemption found. A message in another
+    form is kept whole, numbers taken out."""
     kind = "cpu-only" if not task.num_gpu else f"share {task.gpu_milli}" if task.sharing else f"{task.num_gpu} GPU"
-    return f"{kind}: " + re.sub(r"\d+", "N", message)[:200]
+    _, found, listed = message.split(". preemption:")[0].partition("nodes are available: ")
+    if not found:
+        return f"{kind}: " + re.sub(r"\d+", "N", message)[:200]
+    parts = (re.sub(r"^\d+ ", "", part).rstrip(".") for part in re.split(r", (?=\d)", listed))
+    reasons = {re.sub(r"\d+", "N", part) for part in parts}
+    return f"{kind}: " + "; ".join(sorted(reasons))
 
 
 def _curves(result: SimResult, until: float) -> dict[str, Any]:

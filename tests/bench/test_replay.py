@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.replay import load, placed_gpus, trace_node, trace_pod
+from bench.replay import failure_reason, load, placed_gpus, trace_node, trace_pod
 from gpu_scheduler.traces import read_nodes, read_tasks, synthetic_trace, write_trace
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
@@ -74,3 +74,22 @@ def test_a_sample_is_a_seeded_fraction_and_the_whole_trace_is_what_simulate_read
     assert load(nodes_csv, pods_csv, sample=0.25, seed=43)[0] != a[0]
     with pytest.raises(InvalidArgsError, match="--sample: expected a fraction in"):
         load(nodes_csv, pods_csv, sample=0.0, seed=42)
+
+
+def test_failures_count_together_whatever_order_the_scheduler_lists_their_reasons_in():
+    share = Task(cpu=1000, mem=0, num_gpu=1, gpu_milli=810)
+    first = (
+        "0/1213 nodes are available: 3 Insufficient memory, 12 none of 8 GPUs has 810 milli free (the pod's share),"
+        " 7 3 of 8 GPUs free, pod needs 4. preemption: 0/1213 nodes are available: 1213 No preemption victims found."
+    )
+    again = (
+        "0/1213 nodes are available: 9 3 of 8 GPUs free, pod needs 4, 1 none of 4 GPUs has 810 milli free (the pod's"
+        " share), 2 none of 8 GPUs has 810 milli free (the pod's share), 5 Insufficient memory."
+    )
+    expected = (
+        "share 810: Insufficient memory; N of N GPUs free, pod needs N;"
+        " none of N GPUs has N milli free (the pod's share)"
+    )
+    assert failure_reason(first, share) == failure_reason(again, share) == expected
+    whole = Task(cpu=1000, mem=0, num_gpu=2, gpu_milli=1000)
+    assert failure_reason("no answer within 30 s", whole) == "2 GPU: no answer within N s"
