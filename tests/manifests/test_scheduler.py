@@ -44,12 +44,13 @@ def test_configuration_has_the_fields_the_issue_fixes() -> None:
     assert config["kind"] == "KubeSchedulerConfiguration"
     (profile,) = config["profiles"]
     assert profile["schedulerName"] == "gpu-scheduler"
-    # Ties the extender leaves go to the fullest node, GPUs weighted most: packing, not spreading.
+    # Ties the extender leaves go to the fullest node, GPUs included: packing, not spreading. The GPUs
+    # weigh no more than CPU and memory, or the packing outvotes the extender's ranking.
     (fit,) = profile["pluginConfig"]
     assert fit["name"] == "NodeResourcesFit"
     assert fit["args"]["scoringStrategy"]["type"] == "MostAllocated"
     weights = {r["name"]: r["weight"] for r in fit["args"]["scoringStrategy"]["resources"]}
-    assert weights["nvidia.com/gpu"] > max(weights["cpu"], weights["memory"])
+    assert weights == {"cpu": 1, "memory": 1, "nvidia.com/gpu": 1}
     assert config["percentageOfNodesToScore"] == 100
     assert config["leaderElection"]["leaderElect"] is True
     assert config["leaderElection"]["resourceName"] == "gpu-scheduler"
