@@ -63,6 +63,12 @@ def _share_policy(args: argparse.Namespace) -> dict[str, Any]:
     return run(_names(args.candidates), args.trace, args.seeds, args.jobs)
 
 
+def _kube_scores(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.kube_scores import run
+
+    return run(_names(args.traces) or None, args.seeds, args.weight, tuple(_names(args.plugins)), args.jobs)
+
+
 def _synth(args: argparse.Namespace) -> dict[str, Any]:
     from bench.synth import run
 
@@ -169,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     shp.add_argument("--trace", default="default", help="openb trace name (synthetic when ../shared lacks it)")
     shp.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")
     shp.add_argument("--jobs", type=int, default=2)
+    ks = suite("kube-scores", _kube_scores, "the FGD protocol decided by kube-scheduler's score arithmetic")
+    ks.add_argument("--traces", default="", help="comma list of openb traces (default: all; synthetic without them)")
+    ks.add_argument("--seeds", type=int, default=5, help="seeds 42, 43, ...")
+    ks.add_argument("--weight", type=int, default=None, help="the extender's weight (default: the profile's)")
+    ks.add_argument(
+        "--plugins", default="most_allocated,balanced_allocation", help="comma list of the score plugins that act"
+    )
+    ks.add_argument("--jobs", type=int, default=2)
     syn = suite("synth", _synth, "make synth: wall time and peak memory of the CDK app")
     syn.add_argument("--runs", type=int, default=3)
     syn.add_argument("--package-dir", type=Path, default=Path("build/lambda"), help="where make package wrote")
