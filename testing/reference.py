@@ -49,7 +49,8 @@ def reference_scores(
     locality: list[float] | None = None,
     names: Sequence[str] | None = None,
 ) -> list[int]:
-    """With ``names``, a tie at the top goes to the name whose CRC-32 is smallest; the rest drop to 9."""
+    """With ``names``, a tie at the top goes to the name whose CRC-32 is smallest; every other score
+    above 1 drops one."""
     if gpus == 0 and locality is None:
         return [0] * len(free)
     raw = []
@@ -71,7 +72,7 @@ def reference_scores(
     top = [row for row, score in enumerate(scores) if score == MAX_EXTENDER_PRIORITY]
     if names is not None and len(top) > 1:
         winner = min(top, key=lambda row: zlib.crc32(names[row].encode()))
-        scores = [score - 1 if row in top and row != winner else score for row, score in enumerate(scores)]
+        scores = [score - 1 if row != winner and score > 1 else score for row, score in enumerate(scores)]
     return scores
 
 

@@ -375,13 +375,14 @@ def test_fgd_cpu_places_whole_gpus_where_they_strand_the_least():
 
 def test_fgd_cpu_sends_a_cpu_only_pod_where_its_cpu_strands_no_gpu():
     scores = cpu_only_scores()
-    # Nodes with no free GPU first, both at the top (kube-scheduler's plugins choose between them); then
-    # the empty node, where 4 cores change nothing; last the node whose free GPUs the pod would strand.
-    assert scores["t4-0"] == scores["t4-3"] == 10
-    assert 10 > scores["t4-1"] > scores["t4-2"]
+    # Nodes with no free GPU first: one of the two at the top (the tie goes by NodeTable.tie_rank, as
+    # for GPU pods, so that pods of every kind consolidate on the same nodes), the other next; then the
+    # empty node, where 4 cores change nothing; last the node whose free GPUs the pod would strand.
+    assert (scores["t4-3"], scores["t4-0"]) == (10, 9)
+    assert 9 > scores["t4-1"] > scores["t4-2"]
     # A pod small enough to leave t4-2 room for the typical pod strands nothing there either.
     small = cpu_only_scores(cpu="1")
-    assert small["t4-1"] == small["t4-2"] < 10
+    assert small["t4-1"] == small["t4-2"] < 9
     # The other policies have no opinion on a pod without GPUs: 0 everywhere, as before.
     assert set(cpu_only_scores(policy="gpu_packing").values()) == {0}
 
