@@ -300,7 +300,7 @@ def _break_top_tie(score: npt.NDArray[np.int64], table: NodeTable) -> None:
     the simulator, where one node order breaks every tie of a run. Pods without GPUs must take part:
     left to ``MostAllocated`` and chance, their CPU went elsewhere than the shares, and stranded the
     shares' GPUs (openb ``gpushare100``, modelled over 5 seeds by ``gpu-scheduler bench kube-scores``:
-    15.42 % of GPUs unallocated against 13.49; ``docs/benchmarks.md#kube-schedulers-arithmetic-in-the-simulator``).
+    15.41 % of GPUs unallocated against 13.49; ``docs/benchmarks.md#kube-schedulers-arithmetic-in-the-simulator``).
     Dropping only the tied ones to the next level would merge them with the nodes that were there.
 
     >>> table = NodeTable.from_columns(alloc_gpus=[8, 8, 8, 8], names=["a", "b", "c", "d"])

@@ -257,3 +257,22 @@ def test_normalized_scores_keep_the_order_within_the_proportional_bound(raw: lis
                 assert got[i] == got[j]  # ties stay ties
             elif a > b:
                 assert got[i] >= got[j]  # order never reversed
+
+
+def test_pods_of_every_kind_break_a_tie_toward_the_same_node():
+    """A share, whole GPUs and a CPU-only pod that the policy scores alike on several nodes all get the
+    same one of them at 10 (NodeTable.tie_rank), the other tied ones 9 and the rest one lower than
+    before: left to kube-scheduler, a CPU-only pod's tie went elsewhere than the shares', and its CPU
+    stranded their GPUs (docs/benchmarks.md, "kube-scheduler's arithmetic in the simulator")."""
+    table = NodeTable.from_columns(alloc_gpus=[8] * 5, names=[f"gpu-node-{i}" for i in range(5)])
+    fit = np.array([1.0, 1.0, 1.0, 0.5, 0.0])
+    free = np.full(5, 8)
+    util = np.zeros(5)
+    winners = set()
+    for demand in (PodDemand(gpus=1, share=250), PodDemand(gpus=2), PodDemand(gpus=0)):
+        score = score_nodes(table, free, util, demand, fit=fit).score
+        assert np.count_nonzero(score == 10) == 1
+        winners.add(int(np.argmax(score)))
+        others = [i for i in range(3) if i != int(np.argmax(score))]
+        assert score[others].tolist() == [9, 9] and 1 <= score[3] < 9
+    assert len(winners) == 1
