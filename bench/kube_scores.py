@@ -177,19 +177,14 @@ class KubeScheduler:
         return total, gpus
 
 
-def _trace(trace: str, openb: Path) -> tuple[str, list[str], Cluster, list[Task]]:
+def _trace(trace: str, openb: Path) -> tuple[list[str], Cluster, list[Task]]:
     """The trace's node names (the replay's), nodes and tasks; a synthetic openb-like trace without ``openb``."""
     if not openb.is_dir():
         cluster, tasks = synthetic_trace(300, 2500, np.random.default_rng(0))
-        names = [f"node-{i:05d}" for i in range(cluster.n_nodes)]
-        return f"synthetic, openb-like (300 nodes; {openb} is absent)", names, cluster, tasks
+        return [f"node-{i:05d}" for i in range(cluster.n_nodes)], cluster, tasks
     from bench.replay import load
 
-    pods = openb / f"openb_pod_list_{trace}.csv"
-    if not pods.is_file():
-        raise ValueError(f"--traces: {trace!r} is not in {openb}; choose from {', '.join(openb_traces(openb))}")
-    names, cluster, tasks = load(openb / "openb_node_list_gpu_node.csv", pods, sample=1.0, seed=0)
-    return f"openb {trace}", names, cluster, tasks
+    return load(openb / "openb_node_list_gpu_node.csv", openb / f"openb_pod_list_{trace}.csv", sample=1.0, seed=0)
 
 
 def one_seed(
@@ -205,7 +200,7 @@ def one_seed(
 
 
 def _one(trace: str, seed: int, weight: int, plugins: tuple[str, ...], openb: Path) -> tuple[str, int, float, float]:
-    _, names, cluster, tasks = _trace(trace, openb)
+    names, cluster, tasks = _trace(trace, openb)
     return trace, seed, *one_seed(names, cluster, tasks, seed, weight, plugins)
 
 
@@ -222,8 +217,12 @@ def run(
     check_choices(plugins, PLUGINS, "--plugins")
     openb = openb or openb_dir()
     weight = SchedulerOptions(extender_url="http://127.0.0.1:1").weight if weight is None else weight
-    traces = (traces or openb_traces(openb)) if openb.is_dir() else ["synthetic"]
-    labels = {trace: _trace(trace, openb)[0] for trace in traces}  # fails fast on a name openb lacks
+    if openb.is_dir():
+        traces = traces or openb_traces(openb)
+        check_choices(traces, openb_traces(openb), "--traces")
+        labels = {trace: f"openb {trace}" for trace in traces}
+    else:
+        traces, labels = ["synthetic"], {"synthetic": f"synthetic, openb-like (300 nodes; {openb} is absent)"}
     work = [(trace, 42 + s, weight, plugins, openb) for trace in traces for s in range(seeds)]
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         runs = list(pool.map(_one, *zip(*work, strict=True)))

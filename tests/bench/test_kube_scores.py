@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.kube_scores import KubeScheduler, balanced_allocation, most_allocated, one_seed, profile_weights
+from bench.kube_scores import KubeScheduler, balanced_allocation, most_allocated, one_seed, profile_weights, run
 from gpu_scheduler.traces import synthetic_trace
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.sharing.model import Task, Workload
@@ -83,6 +83,14 @@ def test_bad_arguments_are_refused_with_the_flag_named() -> None:
         KubeScheduler(table, cluster, 5, ("image_locality",))
     with pytest.raises(ValueError, match="--weight"):
         KubeScheduler(table, cluster, -1)
+
+
+def test_a_trace_the_openb_folder_lacks_is_refused_before_any_run(tmp_path) -> None:
+    (tmp_path / "openb_pod_list_default.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+    with pytest.raises(ValueError, match="--traces: unknown nope; choose from default"):
+        run(["nope"], seeds=1, openb=tmp_path)
+    with pytest.raises(ValueError, match="--seeds"):
+        run(["default"], seeds=0, openb=tmp_path)
 
 
 def test_one_seed_reports_simulate_and_the_model_on_the_same_trace() -> None:
