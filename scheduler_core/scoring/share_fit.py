@@ -32,6 +32,7 @@ from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.sharing.model import Cluster, Task, Workload
 from scheduler_core.sharing.policies import Context, Scorer, registry
+from scheduler_core.sharing.policies.fgd import state_fragmentation
 
 SHARE_POLICIES = ("fgd_cpu", "gpu_packing", "bestfit", "dotprod")
 DEFAULT_SHARE_POLICY = "fgd_cpu"
@@ -131,13 +132,15 @@ def fgd_fit(
 
     One policy for every pod, as ``simulate`` runs it: on openb ``default`` through the real
     kube-scheduler, whole GPUs by best fit left 5.4 % of GPUs unallocated where FGD left 4.7
-    (``docs/scheduling.md#one-policy-for-every-pod``). FGD's ties for whole GPUs go to best fit (the
-    fewest GPUs left free): where a placement fragments nothing anywhere, FGD alone has no preference,
-    and kube-scheduler's PodTopologySpread would spread a Service's pods over empty nodes (in
-    ``simulate`` this tie rule is as good as the shuffled node order: 4.73 against 4.70 on ``default``,
-    seeds 42, 1 and 2). The CPU a pod takes on a node can leave that node's free GPUs unusable for the
-    typical pods: FGD counts that as fragmentation, and ``fgd_cpu`` sends a pod without GPUs, among the
-    nodes where it changes nothing, to those with no free GPU milli.
+    (``docs/scheduling.md#one-policy-for-every-pod``). Where FGD scores every feasible node alike for
+    whole GPUs (a placement fragments nothing anywhere: early on, or one pod shape), best fit decides
+    (the fewest GPUs left free): FGD alone would have no preference, and kube-scheduler's
+    PodTopologySpread would spread a Service's pods over empty nodes. Only then: best fit among FGD's
+    tied top nodes put the ``gpuspec`` traces 0.4-0.6 points above ``simulate``, where the node order
+    breaks that tie (``docs/benchmarks.md#the-gpuspec-gap-best-fit-among-fgds-ties``). The CPU a pod
+    takes on a node can leave that node's free GPUs unusable for the typical pods: FGD counts that as
+    fragmentation, and ``fgd_cpu`` sends a pod without GPUs, among the nodes where it changes nothing,
+    to those with no free GPU milli.
 
     >>> from scheduler_core.sharing.model import Workload
     >>> shapes = Workload.from_shapes([((8000, 1000, 1, ""), 1)], ("A100", ""))
@@ -167,7 +170,8 @@ def _policy_fit(
 ) -> npt.NDArray[np.float64]:
     """The scorer ``policy``'s scores for a task of ``num_gpu`` x ``milli`` on the ``feasible`` rows,
     min-max scaled to [0, 1] (0 elsewhere; 1 everywhere when they all tie); with ``best_fit_ties``,
-    equal scores rank by the whole GPUs the task leaves free, fewer first."""
+    when the policy scores every row alike, they rank by the whole GPUs the task leaves free, fewer
+    first."""
     fit = np.zeros(free_milli.shape[0], dtype=np.float64)
     rows = np.flatnonzero(feasible)
     if rows.size == 0:
@@ -178,11 +182,11 @@ def _policy_fit(
     if policy == "fgd_cpu":
         assert fragmentation is not None  # effective_policy falls back without it
         cpu, model_id, workload = fragmentation.cpu_left[rows], fragmentation.model_id[rows], fragmentation.workload
-        frag, pod_cpu = workload.fragmentation(left, cpu, model_id), fragmentation.pod_cpu
+        frag, pod_cpu = state_fragmentation(workload, left, cpu, model_id), fragmentation.pod_cpu
     cluster = Cluster(cpu, zeros, left, gpu_count[rows].astype(np.int64), model_id, ())
     context = Context(cluster, workload, frag, np.random.default_rng(0))
     scores, _gpus = share_policy(policy)(context, Task(pod_cpu, 0, num_gpu, milli), np.arange(rows.size))
-    if best_fit_ties:
+    if best_fit_ties and scores.min() == scores.max():
         left_free = np.count_nonzero(left >= MILLI_PER_GPU, axis=1) - num_gpu
         scores = scores * _TIE_LEVELS + (_TIE_LEVELS - 1 - np.clip(left_free, 0, _TIE_LEVELS - 1))
     low, high = int(scores.min()), int(scores.max())

@@ -44,12 +44,26 @@ def deltas(
         order = np.lexsort((np.broadcast_to(np.arange(after.shape[1]), after.shape), room), axis=1)
         take = order[:, : task.num_gpu]
         np.subtract.at(after, (np.repeat(rows, task.num_gpu), take.ravel()), task.gpu_milli)
-    models = cluster.model_id[nodes]
-    # Many candidates share a state (empty nodes of one type, early on): evaluate each state once.
-    state = np.column_stack([models, cpu_after, np.sort(after, axis=1)])
-    unique, inverse = unique_rows(state)
-    frag_after = workload.fragmentation(unique[:, 2:], unique[:, 1], unique[:, 0])[inverse]
+    frag_after = state_fragmentation(workload, after, cpu_after, cluster.model_id[nodes])
     return ctx.frag[nodes] - frag_after, np.full(rows.shape[0], -1, dtype=np.int64), rows
+
+
+def state_fragmentation(
+    workload: Workload,
+    gpu_left: npt.NDArray[np.int64],
+    cpu_left: npt.NDArray[np.int64],
+    model_id: npt.NDArray[np.int64],
+) -> npt.NDArray[np.float64]:
+    """:meth:`Workload.fragmentation` per row, each distinct (model, CPU, free milli in any GPU order)
+    evaluated once: many rows share a state (empty nodes of one type, early on).
+
+    >>> w = Workload(np.array([0]), np.array([500]), np.array([1]), np.array([1.0]), np.array([[True]]))
+    >>> state_fragmentation(w, np.array([[300, 1000], [1000, 300]]), np.array([8000, 8000]), np.array([0, 0])).tolist()
+    [300.0, 300.0]
+    """
+    unique, inverse = unique_rows(np.column_stack([model_id, cpu_left, np.sort(gpu_left, axis=1)]))
+    result: npt.NDArray[np.float64] = workload.fragmentation(unique[:, 2:], unique[:, 1], unique[:, 0])[inverse]
+    return result
 
 
 def _share_options(

@@ -13,7 +13,7 @@ from scheduler_core.errors import InvalidArgsError
 from scheduler_core.sharing.model import Cluster, Task, Workload, whole_gpus
 from scheduler_core.sharing.policies import Context, registry
 from scheduler_core.sharing.policies.base import no_gpu
-from scheduler_core.sharing.policies.fgd import deltas
+from scheduler_core.sharing.policies.fgd import deltas, state_fragmentation
 from scheduler_core.sharing.simulate import TIES, simulate, tune_order, until
 from tests.conftest import SHARED, context, two_nodes, workload
 
@@ -92,6 +92,28 @@ def test_fgd_deltas_equal_a_loop_reference() -> None:
                 left[None], np.array([cluster.cpu_left[node] - task.cpu]), cluster.model_id[[node]]
             )
             assert d[k] == pytest.approx(ctx.frag[node] - after[0]), (task, node)
+
+
+def test_state_fragmentation_equals_fragmentation_row_by_row_whatever_the_gpu_order() -> None:
+    rng = np.random.default_rng(7)
+    cluster, tasks = synthetic_trace(40, 300, rng)
+    work = Workload.typical(tasks, cluster.models)
+    for task in tasks[:120]:  # some nodes partly used, most still alike
+        nodes = np.nonzero(cluster.feasible(task))[0]
+        if nodes.size and task.num_gpu:
+            node = int(rng.choice(nodes))
+            gpus = (
+                [int(np.argmax(cluster.gpu_left[node]))] if task.sharing else whole_gpus(cluster.gpu_left[node], task)
+            )
+            cluster.place(node, task, gpus)
+    # Each node twice: once as it is and once with its GPUs in another order (the same state).
+    left = np.vstack([cluster.gpu_left, rng.permuted(cluster.gpu_left, axis=1)])
+    cpu, models = np.tile(cluster.cpu_left, 2), np.tile(cluster.model_id, 2)
+    found = state_fragmentation(work, left, cpu, models)
+    assert found.tolist() == pytest.approx(
+        [work.fragmentation(left[[i]], cpu[[i]], models[[i]])[0] for i in range(len(cpu))]
+    )
+    assert found[: len(cluster.cpu_left)].tolist() == found[len(cluster.cpu_left) :].tolist()
 
 
 def test_baseline_scores_on_hand_built_nodes() -> None:
