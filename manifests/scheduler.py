@@ -34,8 +34,9 @@ Choices that matter (DESIGN sections 4 and 8):
 from __future__ import annotations
 
 import hashlib
+import re
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,30 @@ CONFIG_PATH = "/etc/kubernetes/gpu-scheduler"
 SECURE_PORT = 10259
 CONFIG_HASH_ANNOTATION = "gpu-scheduler.io/config-sha256"
 _LABELS = {"app.kubernetes.io/name": SCHEDULER_NAME, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
+
+
+def feature_gates(version: str) -> dict[str, bool]:
+    """The feature gates the second kube-scheduler runs with, by its version (``v1.33.5``, the image's
+    tag; any other text gets none).
+
+    1.33 turns ``SchedulerAsyncPreemption`` on (beta): a preemptor whose second cycle runs before the
+    scheduler's cache sees its victim gone starts a redundant preemption that emits no event, and
+    waits up to five minutes for the unschedulable flush (kubernetes/kubernetes#141694; through the
+    real 1.33.3 here, one preemption in three). Synchronous preemption does not race: it is turned back
+    on for 1.33, where the gate exists and is not locked.
+
+    >>> feature_gates("v1.33.5"), feature_gates("v1.34.1"), feature_gates("latest")
+    ({'SchedulerAsyncPreemption': False}, {}, {})
+    """
+    found = re.fullmatch(r"v?(\d+)\.(\d+)\.\d+(?:[-+].*)?", version)
+    if found and (int(found[1]), int(found[2])) == (1, 33):
+        return {"SchedulerAsyncPreemption": False}
+    return {}
+
+
+def feature_gate_flags(gates: Mapping[str, bool]) -> list[str]:
+    """``--feature-gates=A=false,B=true`` for ``gates``, sorted; nothing for none."""
+    return [f"--feature-gates={','.join(f'{k}={str(v).lower()}' for k, v in sorted(gates.items()))}"] if gates else []
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,6 +308,7 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
             # probe paths are already anonymous by default.
             "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
             "--v=2",
+            *feature_gate_flags(feature_gates(options.image.rpartition(":")[2])),
         ],
         "ports": [{"name": "https", "containerPort": SECURE_PORT}],
         "livenessProbe": probe | {"initialDelaySeconds": 15, "periodSeconds": 10, "failureThreshold": 3},

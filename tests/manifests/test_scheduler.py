@@ -146,6 +146,18 @@ def test_the_configmap_carries_the_same_configuration_and_the_pods_roll_when_it_
     assert config_hash(plain) != config_hash(scheduler_manifests(SchedulerOptions(extender_url=URL, weight=6)))
 
 
+@pytest.mark.parametrize(
+    ("tag", "gates"),
+    [("v1.33.5", ["--feature-gates=SchedulerAsyncPreemption=false"]), ("v1.34.1", []), ("latest", [])],
+    ids=["1.33 preempts synchronously (kubernetes#141694)", "1.34 keeps its defaults", "an unversioned tag too"],
+)
+def test_the_scheduler_gets_the_feature_gates_of_its_image_version(tag: str, gates: list[str]) -> None:
+    docs = scheduler_manifests(SchedulerOptions(extender_url=URL, image=f"registry.k8s.io/kube-scheduler:{tag}"))
+    (deployment,) = _by_kind(docs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert [flag for flag in container["command"] if flag.startswith("--feature-gates")] == gates
+
+
 def test_deployment_mounts_the_config_probes_the_secure_port_and_the_pdb_selects_its_pods() -> None:
     docs = scheduler_manifests(SchedulerOptions(extender_url=URL, image="registry.k8s.io/kube-scheduler:v1.34.1"))
     (deployment,) = _by_kind(docs, "Deployment")
