@@ -203,10 +203,9 @@ class LedgerBinder:
             return failed("invalid_pod", str(exc))
         cpu = assumed_cpu_milli(pod)
         if demand.gpus == 0:  # no GPU: nothing to record in the ledger, only the CPU it takes here
-            bound = self._post_binding(args, pod_key, None)
-            if not bound.error and cpu:
+            if cpu:
                 self.readings.observe(args.node, None, args.pod_uid, cpu)
-            return bound
+            return self._observed_binding(args, pod_key, None)
         ledger_demand = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
         try:
             held = self._record(args.node, gpu_count, args.pod_uid, ledger_demand)
@@ -219,10 +218,20 @@ class LedgerBinder:
             return failed("busy", str(exc))
         except LedgerStoreError as exc:
             return failed("ledger_error", str(exc))
+        # Other instances' binds there, and this one (its CPU as well, which fgd_cpu reads).
+        self.readings.observe(args.node, held.free, args.pod_uid, cpu)
+        return self._observed_binding(args, pod_key, held, gpu_count)
+
+    def _observed_binding(
+        self, args: ExtenderBindingArgs, pod_key: str, held: Assigned | None, gpu_count: int = 0
+    ) -> BindOutcome:
+        """:meth:`_post_binding`, the bind's reading about the pod taken back if it fails. The reading is
+        made before the Binding is posted: a live state forgets it when its watch shows the pod bound,
+        and a reading made after that event would cap the node for ``margin_s`` with a share that may
+        be gone by then."""
         bound = self._post_binding(args, pod_key, held, gpu_count)
-        if not bound.error:
-            # Other instances' binds there, and this one (its CPU as well, which fgd_cpu reads).
-            self.readings.observe(args.node, held.free, args.pod_uid, cpu)
+        if bound.error:
+            self.readings.forget([args.pod_uid])
         return bound
 
     def _record(self, node: str, gpu_count: int, uid: str, demand: Demand) -> Assigned:

@@ -51,6 +51,15 @@ class LedgerReadings:
         with self._lock:
             self._seen = [seen for seen in self._seen if seen.uid not in gone]
 
+    def forget_nodes(self, nodes: Iterable[str], before: float) -> None:
+        """Drop the ledger's readings (those about no pod) of these nodes made before ``before`` (Unix
+        seconds): a state shows a pod gone from each since, so they count a share that is free now."""
+        stale = set(nodes)
+        if not stale:
+            return
+        with self._lock:
+            self._seen = [seen for seen in self._seen if seen.uid or seen.node not in stale or seen.at >= before]
+
     def pending(self, generated_at: float | None) -> list[Observed]:
         """Readings the state stamped ``generated_at`` may not reflect, oldest first; older ones are
         forgotten (:func:`scheduler_core.state.readings.still_pending`)."""

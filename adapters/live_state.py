@@ -14,6 +14,11 @@ What it also does with each rebuild:
 - a share pod that is gone or finished is handed to ``on_gone(node, uid)``, which frees its share in the
   GPU ledger (``serve`` passes the binder's release) within seconds instead of at the next reconcile.
 
+:meth:`LiveState.catch_up` lets filter wait for a change that frees capacity (a pod gone, a node
+changed) to be in the state before it refuses a node for what is in use: kube-scheduler 1.33 retries
+a pod that the extender refused the moment such an event reaches its own informer, and a refusal
+from a state a few milliseconds older would leave the pod waiting for some later event.
+
 Lag, the time from an event's arrival to the state that includes it, is kept for :meth:`stats`
 (``/metrics``). It does not include the API server's own delivery time.
 """
@@ -288,9 +293,16 @@ class LiveState(ClusterMirror):
         self._uses: dict[str, PodUse] = {}  # each pod read once, when its event arrives
         self._facts: NodeFacts | None = None  # the nodes read once, again only when one changes
         self._changed: dict[str, float] = {}  # pod UID -> when its latest event arrived (monotonic)
+        self._freed_on: set[str] = set()  # nodes a pod left since the last rebuild took the changes
         self._state: ClusterState | None = None
+        # Events counted as they arrive; the latest that may free capacity, and the count the published
+        # state includes (catch_up compares them).
+        self._received = 0
+        self._freeing = 0
+        self._published = 0
         self.lag_s: deque[float] = deque(maxlen=20_000)
         self.counters["rebuilds"] = 0
+        self.counters["catch_ups"] = 0
         self.published_versions = {"nodes": "", "pods": ""}  # what the latest published state includes
         self.last_rebuild_ms = 0.0
         self._next_at = 0.0
@@ -320,6 +332,18 @@ class LiveState(ClusterMirror):
             )
         return state
 
+    def catch_up(self, timeout_s: float) -> bool:
+        """Wait, at most ``timeout_s``, until the published state includes every change received so far
+        that may free capacity (a pod deleted or finished, a node added or changed, a new list). True
+        when it waited for one and it is in now; False when there was none, or the wait timed out."""
+        with self._wake:
+            target = self._freeing
+            if target <= self._published:
+                return False
+            self.counters["catch_ups"] += 1
+            caught = self._wake.wait_for(lambda: self._published >= target or self._stop.is_set(), timeout=timeout_s)
+            return bool(caught) and self._published >= target
+
     def stats(self) -> dict[str, Any]:
         """Counters, the watch positions, and the lag over the recent events (seconds)."""
         state = self._state
@@ -336,7 +360,10 @@ class LiveState(ClusterMirror):
     # -- changes ------------------------------------------------------------------------------
     def _listed(self, kind: str, fresh: dict[str, dict[str, Any]], previous: dict[str, dict[str, Any]]) -> None:
         super()._listed(kind, fresh, previous)
+        self._received += 1
+        self._freeing = self._received
         if kind == "pods":
+            self._freed_on.update(_node_of(pod) for uid, pod in previous.items() if uid not in fresh)
             self._changed.update(dict.fromkeys(fresh, self._monotonic()))
             self._uses = {uid: pod_use(pod) for uid, pod in fresh.items()}
         else:
@@ -344,11 +371,15 @@ class LiveState(ClusterMirror):
 
     def _changed_one(self, kind: str, event: str, key: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         super()._changed_one(kind, event, key, obj, old)
+        self._received += 1
+        if kind == "nodes" or event == "DELETED":  # what may free capacity; a bind only takes some
+            self._freeing = self._received
         if kind == "nodes":
             self._facts = None
             return
         if event == "DELETED":
             self._uses.pop(key, None)
+            self._freed_on.add(_node_of(old or obj))
         else:
             self._uses[key] = pod_use(obj)
         self._changed[key] = self._monotonic()
@@ -367,8 +398,10 @@ class LiveState(ClusterMirror):
                 nodes = list(self._objects["nodes"].values()) if self._facts is None else None
                 uses = list(self._uses.values())
                 changed, self._changed = self._changed, {}
+                freed_on, self._freed_on = self._freed_on, set()
                 self._dirty_since = None
                 versions = dict(self.versions)
+                received = self._received
             if nodes is not None:
                 facts = NodeFacts.of(nodes)
                 with self._wake:
@@ -377,16 +410,23 @@ class LiveState(ClusterMirror):
             else:
                 assert self._facts is not None
                 facts = self._facts
-            if self._rebuild(facts, uses, changed):
-                self.published_versions = versions
+            if self._rebuild(facts, uses, changed, freed_on - {""}):
+                with self._wake:
+                    self.published_versions = versions
+                    self._published = received
+                    self._wake.notify_all()
 
-    def _rebuild(self, facts: NodeFacts, uses: list[PodUse], changed: dict[str, float]) -> bool:
+    def _rebuild(self, facts: NodeFacts, uses: list[PodUse], changed: dict[str, float], freed_on: set[str]) -> bool:
         started_wall, started = self._wall(), self._monotonic()
         try:
             state = ClusterState.from_uses(facts, uses, label_keys=self.label_keys)
         except Exception:  # one bad object must not freeze the state: keep the last good one
             log.exception("rebuilding the live state failed; keeping the previous one")
             return False
+        if self.readings is not None and freed_on:
+            # The ledger's counts on those nodes include what is free now; dropped before the state that
+            # shows it is published, so no filter sees the new state under the old cap.
+            self.readings.forget_nodes(freed_on, started_wall)
         self._state = replace(state, generated_at=started_wall)
         done = self._monotonic()
         self.last_rebuild_ms = 1000 * (done - started)
@@ -420,6 +460,11 @@ def lag_quantiles(lags: Iterable[float]) -> dict[str, float]:
         "lag_p99_s": round(quantile(0.99), 4),
         "lag_max_s": round(ordered[-1], 4) if ordered else 0.0,
     }
+
+
+def _node_of(pod: dict[str, Any]) -> str:
+    node = (pod.get("spec") or {}).get("nodeName")
+    return node if isinstance(node, str) else ""
 
 
 def _key(kind: str, obj: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from scheduler_core.extender.wire import (
 )
 from scheduler_core.k8s.names import MILLI_PER_GPU, PEERS_ANNOTATION
 from scheduler_core.k8s.pods import PodDemand, assumed_cpu_milli, pod_demand
-from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, ScoreWeights
+from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, FilterResult, ScoreWeights
 from scheduler_core.scoring.locality import LocalitySettings
 from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 from scheduler_core.state.cluster import ClusterState
@@ -58,6 +58,20 @@ nodes, at least 100); past this a request is not from it, and is refused before 
 ClusterSource = Callable[[], ClusterState | None]
 """Returns the current cluster state, or ``None`` when none is configured. May raise
 :class:`ClusterStateUnavailableError` (for example when a snapshot is too old)."""
+
+CATCH_UP_S = 0.25
+"""How long filter waits, before it refuses a node for what is in use there, for a source that has
+received a change which may free capacity but not yet built it into its state (well inside the
+generated ``httpTimeout`` of 3 s)."""
+
+
+@runtime_checkable
+class CatchingUp(Protocol):
+    """A :data:`ClusterSource` that knows when changes it has received are not in its state yet
+    (``adapters.live_state.LiveState``): ``catch_up(timeout_s)`` waits for those that may free
+    capacity, and says whether it waited for one that is in the state now."""
+
+    def catch_up(self, timeout_s: float) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -243,9 +257,24 @@ class Extender:
             kind = exc.kind if isinstance(exc, ClusterStateUnavailableError) else "invalid_pod"
             return FilterOutcome(args.names_only, [], error=str(exc), error_kind=kind)
         outcome = filter_verdict(view, demand, args.nodes)
+        if outcome.result is not None and self._refreshed_for(outcome.result):
+            outcome = filter_verdict(self.view(args, demand), demand, args.nodes)
         if outcome.result is not None and len(kept := np.flatnonzero(outcome.result.feasible)) == 1:
             self._assume(view, int(kept[0]), demand, args.pod)  # kube-scheduler skips prioritize: its node
         return outcome
+
+    def _refreshed_for(self, result: FilterResult) -> bool:
+        """Whether a refusal of some node for what is in use there (``FailedNodes``: GPUs or milli
+        taken, which a deletion frees) met a source behind on a change that may free capacity, and the
+        source has caught up: then filter decides again. kube-scheduler 1.33 retries a pod the extender
+        refused on any cluster event, at once when its queue is empty, so it can ask before the source
+        has seen the deletion that freed the node; refused again, the pod would wait for another event."""
+        source = self._cluster
+        if not isinstance(source, CatchingUp):
+            return False
+        if not np.any(~result.feasible & ~result.unresolvable):
+            return False
+        return source.catch_up(CATCH_UP_S)
 
     def prioritize(self, args: ExtenderArgs) -> PrioritizeOutcome:
         """Score every node of ``args``; nodes that would not pass the filter score 0.

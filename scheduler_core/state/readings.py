@@ -18,13 +18,17 @@ the ledger, not this view, decides every bind.
 A reading may name the pod it is about (``uid``): the extender's own decisions (the node it predicts
 for a pod, the GPUs a bind took) are readings too. A live state forgets a pod's readings as soon as
 it shows the pod bound, wherever that is, or gone (:meth:`Readings.forget`): the watch confirms or
-drops each assumption. Such a reading also carries the pod's CPU (``cpu``), which fgd_cpu takes off
+drops each assumption. A decision also carries the pod's CPU (``cpu``), which fgd_cpu takes off
 the node's free CPU until then (:func:`assumed_cpu`): the next pod is scored on the node as this one
 left it, not as the state last saw it. A reading about a pod without GPUs has no GPU figures
 (``free`` is None) and caps nothing. CPU is taken off, not capped, so a pod the state already counts
 would count twice: only the readings from :data:`CPU_MARGIN_S` before the state's stamp on count (a
 live state forgets the pods it shows, and a snapshot is stamped just after its listing).
 kube-scheduler checks CPU itself; this only steers FGD.
+
+A live state that shows a pod gone from a node also drops the ledger's own readings of that node
+(those about no pod) from before (:meth:`Readings.forget_nodes`): they count the gone pod's share,
+and would refuse the node for up to ``margin_s`` after the share is free.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ class Readings(Protocol):
 
     def forget(self, uids: Iterable[str]) -> None: ...
 
+    def forget_nodes(self, nodes: Iterable[str], before: float) -> None: ...
+
 
 class NoReadings:
     """Nothing laid over the state, and nothing kept."""
@@ -75,6 +81,9 @@ class NoReadings:
         return None
 
     def forget(self, uids: Iterable[str]) -> None:
+        return None
+
+    def forget_nodes(self, nodes: Iterable[str], before: float) -> None:
         return None
 
 

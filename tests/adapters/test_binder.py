@@ -91,11 +91,30 @@ def test_a_retried_bind_is_answered_the_same_and_writes_nothing(api: KubeApiDoub
 
 def test_a_refused_binding_rolls_the_ledger_back(api: KubeApiDouble, ledger: LedgerStore) -> None:
     api.fail_next("POST", r"/pods/a/binding", 403)  # the API server refused it: nothing landed
-    outcome = make_binder(api, ledger).bind(pending(api, "a", milli=300))
+    binder = make_binder(api, ledger)
+    outcome = binder.bind(pending(api, "a", milli=300))
     assert "posting the Binding" in outcome.error and outcome.error_kind == "kube_error" and outcome.rolled_back
     assert ledger.read("t4-0", 4).used == (0, 0, 0, 0)
     assert ledger.read("t4-0", 4).assignments == {}
     assert pod_on(api, "a") == (None, None)
+    assert binder.readings.pending(None) == []  # nor does the filter think it bound
+
+
+def test_the_binds_reading_is_made_before_the_binding_so_the_watch_of_it_can_forget_it(
+    api: KubeApiDouble, ledger: LedgerStore
+) -> None:
+    binder = make_binder(api, ledger)
+    args = pending(api, "a", milli=300)
+    seen_at_binding: list[list[str]] = []
+    post = binder.kube.bind_pod
+
+    def bind_pod(*a: Any, **kw: Any) -> Any:
+        seen_at_binding.append([r.uid for r in binder.readings.pending(None)])
+        return post(*a, **kw)
+
+    binder.kube.bind_pod = bind_pod  # type: ignore[method-assign]
+    assert binder.bind(args).error == ""
+    assert seen_at_binding == [[args.pod_uid]]  # a live state's forget() of it can only come later
 
 
 def test_a_binding_that_may_have_landed_keeps_its_gpus(api: KubeApiDouble, ledger: LedgerStore) -> None:

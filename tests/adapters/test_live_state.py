@@ -126,6 +126,42 @@ def test_a_gone_or_finished_share_is_handed_to_the_ledger(kube: ScriptedKube) ->
         live.close()
 
 
+def test_catch_up_waits_for_a_deletion_received_but_not_yet_built_and_not_for_a_bind(kube: ScriptedKube) -> None:
+    live = LiveState(lambda: kube, min_interval_s=1.0).start()  # rebuilds at least 1 s apart
+    try:
+        assert live.wait_synced(5)
+        _until(lambda: live.catch_up(0.0) is False)  # the first state holds everything listed
+        assert live.catch_up(1.0) is False  # nothing received since
+        kube.push("pods", ("ADDED", _bound("bound", "t4-1", gpus=1, rv=102)))
+        _until(lambda: live.stats()["events"] == 1)
+        assert live.catch_up(1.0) is False  # a bind takes capacity; no refusal waits for it
+        kube.push("pods", ("DELETED", _bound("w", "a100-0", gpus=3, rv=103)))
+        _until(lambda: live.stats()["events"] == 2)
+        assert live().free_gpus.tolist()[0] == 5  # received, not built yet
+        assert live.catch_up(0.001) is False  # not in time
+        assert live.catch_up(3.0) is True
+        assert live().free_gpus.tolist() == [8, 3]
+        assert live.catch_up(1.0) is False and live.stats()["catch_ups"] == 2
+    finally:
+        live.close()
+
+
+def test_a_deletion_drops_the_ledgers_earlier_readings_of_its_node_but_not_the_pods_own(kube: ScriptedKube) -> None:
+    readings = LedgerReadings(margin_s=60)
+    live = LiveState(lambda: kube, readings=readings, min_interval_s=0.0).start()
+    try:
+        assert live.wait_synced(5)
+        readings.observe("a100-0", (0, 0, 0, 0, 0, 0, 0, 0))  # a bind refused for room: the ledger's count
+        readings.observe("t4-1", (0, 0, 0, 0))
+        readings.observe("a100-0", (0,) * 8, "uid-of-a-pod-not-shown-yet")  # the extender's own decision
+        kube.push("pods", ("DELETED", _bound("w", "a100-0", gpus=3, rv=102)))
+        _until(lambda: live().free_gpus.tolist()[0] == 8)
+        left = [(r.node, r.uid) for r in readings.pending(None)]
+        assert left == [("t4-1", ""), ("a100-0", "uid-of-a-pod-not-shown-yet")]
+    finally:
+        live.close()
+
+
 def test_a_410_lists_again_and_shares_gone_meanwhile_are_released(kube: ScriptedKube) -> None:
     released: list[tuple[str, str]] = []
     share = _bound("s", "t4-1", gpus=0, milli=500, assigned="0:500")

@@ -142,6 +142,10 @@ def test_a_burst_of_shares_packs_with_no_gpu_over_1000_milli_and_the_ledger_equa
 def test_a_share_that_fits_only_after_a_deletion_binds_within_10_s(
     cluster: ControlPlane, serve_url: str, namespace: str
 ):
+    # kube-scheduler 1.33 retries the refused pod the moment the deletion reaches its informer, before
+    # serve's state is rebuilt: filter waits for the deletion to be in its state (LiveState.catch_up)
+    # instead of refusing again, after which the pod would wait for some later event (1.33.3 without
+    # the wait: 10 to 15 s here, and in a quiet cluster up to the 5-minute flush).
     # l40s-0 is the only L40S node: eight half-GPU shares fill its four GPUs.
     cluster.create_pods([share(f"half-{i}", 500, "L40S", namespace) for i in range(8)])
     wait_until(lambda: all_bound(cluster, namespace, 8), 60, "the eight halves to bind")

@@ -600,3 +600,51 @@ def test_without_assume_nothing_is_laid_over_the_state():
     extender = Extender(ExtenderConfig(assume=False), cluster=lambda: state, readings=readings)
     call(extender, "filter", body(_with_uid(make_pod("p", 1), "u-4"), names=["t4-0"]))
     assert readings.pending(None) == []
+
+
+class CatchingUpSource:
+    """A cluster source behind on a deletion: ``catch_up`` brings the state in which it is, and says
+    so (``adapters.live_state.LiveState`` does this on its watch)."""
+
+    def __init__(self, before: ClusterState, after: ClusterState, *, behind: bool = True) -> None:
+        self.states, self.behind, self.waited = [before, after], behind, []
+
+    def __call__(self) -> ClusterState:
+        return self.states[0]
+
+    def catch_up(self, timeout_s: float) -> bool:
+        self.waited.append(timeout_s)
+        if not self.behind:
+            return False
+        self.states.pop(0)
+        self.behind = False
+        return True
+
+
+def halves_on_t4(count: int) -> ClusterState:
+    """t4-0 (4 GPUs) holding ``count`` half-GPU shares, two a GPU."""
+    shares = []
+    for i in range(count):
+        pod = make_pod(f"half-{i}", 0, milli=500, node_name="t4-0", phase="Running")
+        pod["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = f"{i // 2}:500"
+        shares.append(pod)
+    return ClusterState.from_objects(make_nodes("T4"), shares)
+
+
+def test_filter_refusing_a_node_for_shares_in_use_decides_again_once_a_lagging_source_caught_up():
+    full, freed = halves_on_t4(8), halves_on_t4(7)
+    source = CatchingUpSource(full, freed)
+    status, reply = call(Extender(cluster=source), "filter", body(make_pod("p", 0, milli=500), names=["t4-0"]))
+    assert status == 200 and reply["NodeNames"] == ["t4-0"] and source.waited == [0.25]
+    # Nothing pending: the refusal stands, after one question.
+    source = CatchingUpSource(full, freed, behind=False)
+    status, reply = call(Extender(cluster=source), "filter", body(make_pod("p", 0, milli=500), names=["t4-0"]))
+    assert reply["NodeNames"] == [] and "500 milli free" in reply["FailedNodes"]["t4-0"] and source.waited == [0.25]
+
+
+def test_filter_does_not_wait_on_a_refusal_no_deletion_can_change():
+    # The wrong model is unresolvable: no freed GPU makes it fit, so the source is not asked.
+    state = ClusterState.from_objects(make_nodes("T4"), [])
+    source = CatchingUpSource(state, state)
+    _, reply = call(Extender(cluster=source), "filter", body(make_pod("p", 1, models="A100"), names=["t4-0"]))
+    assert "t4-0" in reply["FailedAndUnresolvableNodes"] and source.waited == []
