@@ -1,10 +1,14 @@
 """A real Kubernetes control plane on loopback, with no kubelets: etcd, kube-apiserver, kube-scheduler and,
 when asked, kube-controller-manager.
 
-The binaries are the ones in ``../shared/k8s/`` (unpacked once into ``build/k8s/``), or those in
-``$KUBE_BIN_DIR``; etcd is Debian's ``etcd-server``. :func:`missing` says, in one line, what is absent
-and where to get it, for tests to skip with. ``../shared/k8s/README.md`` gives the flags a cluster
-with no kubelets needs; they are the ones used here.
+No Kubernetes binary is kept in any repository. The harness takes kube-apiserver, kube-scheduler and
+kube-controller-manager of one version from ``$KUBE_BIN_DIR`` where it is set, else from the machine's
+cache folder (:func:`machine_folder`: ``${XDG_CACHE_HOME:-~/.cache}/eks-gpu-scheduler/kubernetes``,
+the binaries themselves or one subfolder per version, the newest taken); etcd is Debian's
+``etcd-server``. :func:`missing` says, in one line, what is absent, for tests to skip with. The version
+is read from the binaries (:class:`KubeBinaries`): it decides the scheduler configuration's API version
+and whether DRA's feature gate is turned on. ``../shared/k8s/README.md`` gives the flags a cluster with
+no kubelets needs; they are the ones used here.
 
 Every process runs in its own session with its log in the work folder, and is stopped by PID (TERM,
 then KILL), on error too. Fake nodes are created Ready, with their not-ready taint removed; nothing
@@ -16,12 +20,12 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
-import tarfile
 import threading
 import time
 import urllib.parse
@@ -29,19 +33,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from manifests.scheduler import feature_gate_flags, feature_gates
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_K8S = REPO.parent / "shared" / "k8s"
-CACHE = REPO / "build" / "k8s"
 BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
 TOKEN = "e2e-admin-token"
-SCHEDULER_API = "kubescheduler.config.k8s.io/v1beta3"
-"""The config API these binaries take: ``v1`` is not registered at their commit (``../shared/k8s/README.md``)."""
 
 
 def stop_group(process: subprocess.Popen[bytes]) -> None:
@@ -75,40 +79,117 @@ def serve_in_thread(
     return server
 
 
-def kube_bin_dir() -> Path | None:
-    """Where kube-apiserver, kube-scheduler and kube-controller-manager are: ``$KUBE_BIN_DIR``, else
-    ``build/k8s/`` (unpacked there from ``../shared/k8s/`` on first use); None when neither has them."""
+def machine_folder() -> Path:
+    """The machine-level folder the harness looks in when ``$KUBE_BIN_DIR`` is unset: outside every
+    checkout, so that each clone on the machine (CI's included) finds the same control plane."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "eks-gpu-scheduler" / "kubernetes"
+
+
+_VERSION = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$")
+
+
+@dataclass(frozen=True)
+class KubeBinaries:
+    """kube-apiserver, kube-scheduler and kube-controller-manager of one version in ``folder``, as their
+    ``--version`` reports it (``v1.33.3``; ``v0.0.0-master+89aaf7c…`` for the captures' 1.25 pre-release
+    built without version stamps)."""
+
+    folder: Path
+    version: str
+
+    @property
+    def release(self) -> tuple[int, int, int, str]:
+        """(major, minor, patch, pre-release); an unstamped build (``v0.0.0-…``) or an unreadable
+        version is (0, 0, 0, "")."""
+        found = _VERSION.match(self.version)
+        if found is None:
+            return (0, 0, 0, "")
+        return (int(found[1]), int(found[2]), int(found[3]), found[4] or "")
+
+    @property
+    def scheduler_api(self) -> str:
+        """The ``KubeSchedulerConfiguration`` API these binaries take: ``v1`` from 1.25.0 (``v1beta3``
+        is gone from 1.29); ``v1beta3`` before, the captures' pre-release and unstamped builds
+        included."""
+        major, minor, _patch, pre = self.release
+        released_v1 = (major, minor) > (1, 25) or ((major, minor) == (1, 25) and not pre)
+        return "kubescheduler.config.k8s.io/" + ("v1" if released_v1 else "v1beta3")
+
+    @property
+    def dra(self) -> tuple[str, tuple[str, ...], dict[str, bool]] | None:
+        """Dynamic Resource Allocation where these binaries have it: (the ``resource.k8s.io`` version
+        served, kube-apiserver's extra flags, the feature gates kube-scheduler needs). 1.33 serves
+        ``v1beta2`` behind the ``DynamicResourceAllocation`` gate (off by default); from 1.34 it is GA,
+        ``v1`` and on by default. None before 1.33, whose alpha and beta shapes the product does not
+        read."""
+        major, minor = self.release[:2]
+        if (major, minor) >= (1, 34):
+            return ("resource.k8s.io/v1", (), {})
+        if (major, minor) == (1, 33):
+            gate = {"DynamicResourceAllocation": True}
+            runtime = "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
+            return ("resource.k8s.io/v1beta2", (*feature_gate_flags(gate), runtime), gate)
+        return None
+
+    @property
+    def scheduler_gates(self) -> dict[str, bool]:
+        """kube-scheduler's feature gates: those the product's Deployment sets for this version
+        (:func:`manifests.scheduler.feature_gates`), and DRA's."""
+        return feature_gates(self.version) | (self.dra[2] if self.dra else {})
+
+
+def read_binaries(folder: Path) -> KubeBinaries | str:
+    """The binaries in ``folder`` and their version, or why they cannot be used (one line)."""
+    absent = [name for name in BINARIES if not (folder / name).is_file()]
+    if absent:
+        return f"{folder} has no {', '.join(absent)}"
+    stamp = tuple((folder / name).stat().st_mtime_ns for name in BINARIES)
+    return _read_versions(folder, stamp)
+
+
+@lru_cache(maxsize=8)
+def _read_versions(folder: Path, _stamp: tuple[int, ...]) -> KubeBinaries | str:
+    versions = {}
+    for name in BINARIES:
+        try:
+            done = subprocess.run([str(folder / name), "--version"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{folder / name} does not run here: {exc}"
+        words = done.stdout.split()
+        if done.returncode != 0 or len(words) != 2 or words[0] != "Kubernetes":
+            return f"{folder / name} --version printed {(done.stdout + done.stderr).strip()[:120]!r}"
+        versions[name] = words[1]
+    if len(set(versions.values())) != 1:
+        return f"{folder} holds binaries of different versions: {versions}"
+    return KubeBinaries(folder, versions["kube-apiserver"])
+
+
+def find_binaries() -> KubeBinaries | str:
+    """``$KUBE_BIN_DIR`` where it is set; else :func:`machine_folder`, its binaries or, of its
+    subfolders that hold all three, the newest version. Why none can be used, in one line, otherwise."""
     explicit = os.environ.get("KUBE_BIN_DIR")
     if explicit:
-        folder = Path(explicit)
-        return folder if all((folder / name).is_file() for name in BINARIES) else None
-    if all((CACHE / name).is_file() for name in BINARIES):
-        return CACHE
-    archives = sorted(SHARED_K8S.glob("kubernetes-*-linux-amd64.tar.xz"))
-    if not archives:
-        return None
-    CACHE.mkdir(parents=True, exist_ok=True)
-    partial = CACHE / ".unpacking"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    with tarfile.open(archives[-1]) as archive:
-        archive.extractall(partial, filter="data")
-    for name in BINARIES:
-        found = next(partial.rglob(name), None)
-        if found is None:
-            return None
-        os.replace(found, CACHE / name)  # each binary appears whole or not at all
-    shutil.rmtree(partial, ignore_errors=True)
-    return CACHE
+        found = read_binaries(Path(explicit))
+        return found if isinstance(found, KubeBinaries) else f"$KUBE_BIN_DIR: {found}"
+    home = machine_folder()
+    candidates = [home, *(sorted(p for p in home.iterdir() if p.is_dir()) if home.is_dir() else [])]
+    usable = [found for folder in candidates if isinstance(found := read_binaries(folder), KubeBinaries)]
+    if not usable:
+        return (
+            f"no Kubernetes control plane: $KUBE_BIN_DIR is unset and {home} holds none "
+            f"(kube-apiserver, kube-scheduler, kube-controller-manager of one version; {SHARED_K8S / 'README.md'})"
+        )
+    return max(
+        usable, key=lambda b: (*b.release[:3], not b.release[3], b.release[3])
+    )  # a release over its pre-releases
 
 
 def missing() -> str:
     """Why a control plane cannot start here, in one line; "" when it can."""
-    if kube_bin_dir() is None:
-        return (
-            f"no Kubernetes binaries: ../shared/k8s/ has none and $KUBE_BIN_DIR is unset "
-            f"(see {SHARED_K8S / 'README.md'}: kube-apiserver, kube-scheduler, kube-controller-manager)"
-        )
+    found = find_binaries()
+    if isinstance(found, str):
+        return found
     if shutil.which("etcd") is None:
         return "etcd is not installed: apt-get install -y etcd-server (make test installs it as root)"
     if shutil.which("openssl") is None:
@@ -219,7 +300,7 @@ class ControlPlane:
     controller-manager on demand. Use as a context manager: everything it started is stopped on exit."""
 
     workdir: Path
-    bin_dir: Path | None = None
+    binaries: KubeBinaries | None = None
     processes: dict[str, _Process] = field(default_factory=dict)
     url: str = ""
     kubeconfig: Path = field(default_factory=Path)
@@ -277,8 +358,9 @@ class ControlPlane:
         reason = missing()
         if reason:
             raise RuntimeError(reason)
-        self.bin_dir = self.bin_dir or kube_bin_dir()
-        assert self.bin_dir is not None
+        found = self.binaries or find_binaries()
+        assert isinstance(found, KubeBinaries)
+        self.binaries = found
         self.workdir.mkdir(parents=True, exist_ok=True)
         etcd_port, peer_port, metrics_port, api_port = (free_port() for _ in range(4))
         etcd = shutil.which("etcd")
@@ -301,13 +383,14 @@ class ControlPlane:
         tokens.write_text(f"{TOKEN},admin,admin-uid,system:masters\n")
         self._spawn(
             "kube-apiserver",
-            [str(self.bin_dir / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            [str(found.folder / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
              "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
              f"--cert-dir={self.workdir / 'certs'}", f"--service-account-key-file={pub}",
              f"--service-account-signing-key-file={key}",
              "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
              f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
-             "--service-cluster-ip-range=10.0.0.0/24", "--disable-admission-plugins=ServiceAccount"],
+             "--service-cluster-ip-range=10.0.0.0/24", "--disable-admission-plugins=ServiceAccount",
+             *(found.dra[1] if found.dra else ())],
         )  # fmt: skip
         self.url = f"https://127.0.0.1:{api_port}"
         self.api = KubeRest(self.url, TOKEN)
@@ -325,19 +408,22 @@ class ControlPlane:
     # -- the scheduler and the controller-manager ---------------------------------------------
     def start_scheduler(self, config: Mapping[str, Any], *, name: str = "kube-scheduler") -> None:
         """Run kube-scheduler with ``config`` (a KubeSchedulerConfiguration as the product generates it):
-        only its ``apiVersion`` is rewritten for these binaries, and its client is pointed at this cluster."""
-        assert self.bin_dir is not None
+        only its ``apiVersion`` is set to the one these binaries take (``v1`` as generated, from 1.25.0),
+        and its client is pointed at this cluster. It gets the feature gates the product's Deployment
+        gives this version, and DRA's."""
+        assert self.binaries is not None
         document = dict(config)
-        document["apiVersion"] = SCHEDULER_API
+        document["apiVersion"] = self.binaries.scheduler_api
         document["clientConnection"] = {**document.get("clientConnection", {}), "kubeconfig": str(self.kubeconfig)}
         path = self.workdir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(document))
         port = free_port()
         self._spawn(
             name,
-            [str(self.bin_dir / "kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
+            [str(self.binaries.folder / "kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
              f"--secure-port={port}", f"--authentication-kubeconfig={self.kubeconfig}",
-             f"--authorization-kubeconfig={self.kubeconfig}", "-v=2"],
+             f"--authorization-kubeconfig={self.kubeconfig}", "-v=2",
+             *feature_gate_flags(self.binaries.scheduler_gates)],
         )  # fmt: skip
         health = KubeRest(f"https://127.0.0.1:{port}", TOKEN)
         self._wait(name, lambda: health.raw("GET", "/healthz")[0] == 200, timeout_s=60)
@@ -347,10 +433,10 @@ class ControlPlane:
 
     def start_controller_manager(self) -> None:
         """The ReplicaSet and Deployment controllers, for deletion-cost scale-downs."""
-        assert self.bin_dir is not None
+        assert self.binaries is not None
         self._spawn(
             "kube-controller-manager",
-            [str(self.bin_dir / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
+            [str(self.binaries.folder / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
              "--controllers=replicaset,deployment", "--leader-elect=false", "--bind-address=127.0.0.1",
              "--secure-port=0", "--use-service-account-credentials=false"],
         )  # fmt: skip

@@ -12,8 +12,8 @@ each case can name; with ``fgd_cpu`` (the default) FGD places them, which ``test
 against ``simulate`` through the same scheduler.
 
 Sidecars here are a second app container: restartable init containers (``restartPolicy: Always``)
-need Kubernetes 1.28, and these binaries are 1.25, whose API server drops the field
-(``tests/scheduler_core/k8s/test_pods.py`` covers them).
+need Kubernetes 1.28, and the captures' 1.25 API server drops the field; the suite runs on both, so
+``tests/scheduler_core/k8s/test_pods.py`` covers them.
 """
 
 from __future__ import annotations
