@@ -1,31 +1,49 @@
 """Parsing the pod annotations the scheduler owns: ``gpu-scheduler.io/peers`` and ``gpu-scheduler.io/assigned-gpus``.
 
 Each parser raises :class:`~scheduler_core.errors.InvalidPodError` naming the annotation, the part
-at fault and the value that arrived.
+at fault and the value that arrived (cut to 64 characters). Anyone who may create a pod writes these
+values, so every parser bounds what it reads before it reads it: the length of the value, the nesting of
+JSON and the digits of a number. Nothing else escapes: no ``RecursionError`` from deep JSON, no
+``OverflowError`` from a 4,000-digit weight, no reply that echoes a megabyte.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, MILLI_PER_GPU, PEERS_ANNOTATION, SCHEDULER_NAME
-from scheduler_core.k8s.quantity import plain_int
+from scheduler_core.k8s.quantity import plain_int, shown
 
 Pairs = tuple[tuple[int, int], ...]
 """``((gpu index, milli), ...)``, sorted by index: what one pod holds on one node."""
 
 MAX_PEERS = 32
 MAX_PEER_WEIGHT = 1000.0
+MAX_PEERS_CHARS = 16384
+"""Longest ``peers`` value read. The longest 32 selectors (a 317-character label key, a 63-character
+value) with weights take about 13,500 characters in the JSON list form."""
+MAX_PEERS_JSON_DEPTH = 2
+"""A list of objects, the deepest form :func:`parse_peers` takes. :func:`json.loads` recurses once per
+level and raises ``RecursionError`` near 1,000, so the depth is counted before it runs."""
+MAX_WEIGHT_CHARS = 32
+"""Longest weight read; ``float`` of a 4,000-digit JSON integer raises ``OverflowError``."""
+MAX_ASSIGNED_GPUS_CHARS = 4096
+"""Longest ``assigned-gpus`` value read: 400 ``index:milli`` pairs, far past any node's GPUs."""
 
 # Label key (optional DNS prefix + name) and label value, as the API server validates them.
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME}$")
 LABEL_VALUE = re.compile(rf"^({_NAME})?$")
+# A weight: ASCII decimal digits, an optional fraction and exponent (the JSON number grammar, unsigned).
+# float() alone also takes "1_000", "١٢" (Arabic-Indic digits), "inf" and "nan".
+_WEIGHT = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# One JSON string (its closing quote optional, so an unterminated one ends the scan instead of
+# backtracking) or one bracket: what :func:`_json_depth` counts.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -46,52 +64,118 @@ def parse_peers(value: object) -> tuple[Peer, ...]:
 
     Compact form: ``key=value[:weight]`` items separated by commas; JSON: a list of
     ``{"selector": "key=value", "weight": 3}`` or an object ``{"key=value": 3}``. Weights are
-    positive numbers up to 1000 (default 1). Raises :class:`InvalidPodError` naming the part at fault.
+    positive numbers up to 1000 (default 1). The value is at most :data:`MAX_PEERS_CHARS` long, its
+    JSON nests at most :data:`MAX_PEERS_JSON_DEPTH` deep, a weight has at most
+    :data:`MAX_WEIGHT_CHARS` characters. Raises :class:`InvalidPodError` naming the part at fault.
 
     >>> [(p.selector, p.weight) for p in parse_peers("app=feature-store:3, app=redis")]
     [('app=feature-store', 3.0), ('app=redis', 1.0)]
+    >>> parse_peers('{"app=a": ' + "9" * 4000 + "}")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    scheduler_core.errors.InvalidPodError: ...: weight 999...9... (4000 characters) of 'app=a' must be a number in ...
+    >>> parse_peers("[" * 100000)
+    Traceback (most recent call last):
+    ...
+    scheduler_core.errors.InvalidPodError: annotation gpu-scheduler.io/peers: 100000 characters; at most 16384
     """
     where = f"annotation {PEERS_ANNOTATION}"
     if not isinstance(value, str) or not value.strip():
-        raise InvalidPodError(f"{where}: expected selectors such as 'app=feature-store:3,app=redis:1', got {value!r}")
+        raise InvalidPodError(
+            f"{where}: expected selectors such as 'app=feature-store:3,app=redis:1', got {shown(value)}"
+        )
+    if len(value) > MAX_PEERS_CHARS:
+        raise InvalidPodError(f"{where}: {len(value)} characters; at most {MAX_PEERS_CHARS}")
     text = value.strip()
-    items: list[tuple[str, object]] = []
+    items: list[tuple[object, object]] = []
     if text[0] in "[{":
-        try:
-            document = json.loads(text)
-        except ValueError as exc:
-            raise InvalidPodError(f"{where}: not valid JSON: {exc}") from exc
+        document = _peers_json(text, where)
         if isinstance(document, dict):
             items = list(document.items())
         elif isinstance(document, list) and all(isinstance(d, dict) for d in document):
-            items = [(d.get("selector"), d.get("weight", 1)) for d in document]
+            items = [(d.get("selector"), d.get("weight", "1")) for d in document]
         else:
             raise InvalidPodError(f"{where}: JSON must be an object or a list of objects with 'selector'")
     else:
         for part in text.split(","):
             selector, _, weight = part.strip().partition(":")
-            items.append((selector, weight if weight else 1))
+            items.append((selector, weight if weight else "1"))
     if len(items) > MAX_PEERS:
         raise InvalidPodError(f"{where}: at most {MAX_PEERS} peers, got {len(items)}")
     return tuple(_peer(selector, weight, where) for selector, weight in items)
 
 
+class _JsonNumber(str):
+    """A JSON number (or ``NaN``/``Infinity``) kept as its text, so :func:`_peer` reads it with the
+    bounds a weight written as a string has; shown without quotes, as JSON has it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        text = str.__str__(self)
+        return text if len(text) <= 64 else f"{text[:61]}... ({len(text)} characters)"
+
+
+def _peers_json(text: str, where: str) -> object:
+    """``text`` decoded, with numbers as :class:`_JsonNumber`: ``int`` would refuse one past 4,300
+    digits and ``float`` overflow on it; the weight's own bounds apply instead."""
+    depth = _json_depth(text)
+    if depth > MAX_PEERS_JSON_DEPTH:
+        raise InvalidPodError(f"{where}: JSON nested {depth} deep; at most {MAX_PEERS_JSON_DEPTH} (a list of objects)")
+    try:
+        return json.loads(text, parse_int=_JsonNumber, parse_float=_JsonNumber, parse_constant=_JsonNumber)
+    except ValueError as exc:
+        raise InvalidPodError(f"{where}: not valid JSON: {exc}") from exc
+
+
+def _json_depth(text: str) -> int:
+    """Deepest nesting of ``[`` and ``{`` outside JSON strings, in one linear scan.
+
+    >>> _json_depth('[{"selector": "a=[b]"}]'), _json_depth("[" * 5000)
+    (2, 5000)
+    """
+    depth = deepest = 0
+    for token in _JSON_TOKEN.findall(text):
+        if token == "[" or token == "{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token == "]" or token == "}":
+            depth -= 1
+    return deepest
+
+
 def _peer(selector: object, weight: object, where: str) -> Peer:
     if not isinstance(selector, str) or "=" not in selector:
-        raise InvalidPodError(f"{where}: {selector!r} is not a key=value selector")
+        raise InvalidPodError(f"{where}: {shown(selector)} is not a key=value selector")
     key, _, value = selector.strip().partition("=")
-    if not LABEL_KEY.match(key):
-        raise InvalidPodError(f"{where}: {key!r} in {selector!r} is not a label key")
-    if not value or not LABEL_VALUE.match(value):
-        raise InvalidPodError(f"{where}: {value!r} in {selector!r} is not a label value")
-    try:
-        number = float(weight) if isinstance(weight, str | int | float) and not isinstance(weight, bool) else math.nan
-    except ValueError:
-        number = math.nan
+    if not LABEL_KEY.fullmatch(key):  # fullmatch: ``$`` alone admits a trailing newline
+        raise InvalidPodError(f"{where}: {shown(key)} in {shown(selector)} is not a label key")
+    if not value or not LABEL_VALUE.fullmatch(value):
+        raise InvalidPodError(f"{where}: {shown(value)} in {shown(selector)} is not a label value")
+    number = _weight(weight)
     if not (0.0 < number <= MAX_PEER_WEIGHT):
         limit = f"(0, {MAX_PEER_WEIGHT:g}]"
-        raise InvalidPodError(f"{where}: weight {weight!r} of {selector!r} must be a number in {limit}")
+        shown_weight = repr(weight) if isinstance(weight, _JsonNumber) else shown(weight)
+        raise InvalidPodError(f"{where}: weight {shown_weight} of {selector!r} must be a number in {limit}")
     return Peer(key, value, number)
+
+
+def _weight(weight: object) -> float:
+    """A weight's value, or NaN when it is not one: a string (or JSON number) of at most
+    :data:`MAX_WEIGHT_CHARS` characters in :data:`_WEIGHT`'s grammar. ``float`` of such a string never
+    raises; past the float range it is ``inf``, which the caller's range refuses.
+
+    >>> _weight("2.5"), _weight(" 3 "), _weight("1e400")
+    (2.5, 3.0, inf)
+    >>> [_weight(w) for w in ("1_000", "١٢", "nan", "-1", "9" * 40, [1], True)]
+    [nan, nan, nan, nan, nan, nan, nan]
+    """
+    if not isinstance(weight, str):
+        return float("nan")
+    text = weight.strip()
+    if len(text) > MAX_WEIGHT_CHARS or not _WEIGHT.fullmatch(text):
+        return float("nan")
+    return float(text)
 
 
 def trusted_assigned_gpus(value: object, scheduler_name: object, gpus: int, milli: int) -> Pairs:
@@ -134,16 +218,19 @@ def parse_assigned_gpus(value: object) -> tuple[tuple[int, int], ...]:
     Raises
     ------
     InvalidPodError
-        The value is not such a list, an index is negative, or a milli amount is not in 1..1000.
+        The value is not such a list (of at most :data:`MAX_ASSIGNED_GPUS_CHARS` characters, each
+        number at most 4 ASCII digits), or a milli amount is not in 1..1000.
 
     >>> parse_assigned_gpus("0:500, 3:1000")
     ((0, 500), (3, 1000))
     >>> format_assigned_gpus(((3, 250), (1, 250)))
     '1:250,3:250'
     """
-    where = f"annotation {ASSIGNED_GPUS_ANNOTATION}={value!r}"
+    where = f"annotation {ASSIGNED_GPUS_ANNOTATION}={shown(value)}"
     if not isinstance(value, str) or not value.strip():
         raise InvalidPodError(f"{where}: expected index:milli pairs such as '0:500'")
+    if len(value) > MAX_ASSIGNED_GPUS_CHARS:
+        raise InvalidPodError(f"{where}: {len(value)} characters; at most {MAX_ASSIGNED_GPUS_CHARS}")
     pairs: dict[int, int] = {}
     for part in value.split(","):
         index_text, sep, milli_text = part.strip().partition(":")

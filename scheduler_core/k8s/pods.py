@@ -26,9 +26,14 @@ from scheduler_core.k8s.names import (
     PEERS_ANNOTATION,
     TERMINAL_PHASES,
 )
-from scheduler_core.k8s.quantity import MIB, parse_quantity, parse_whole_count, plain_int, unitless
+from scheduler_core.k8s.quantity import MIB, parse_quantity, parse_whole_count, plain_int, shown, unitless
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
+MAX_MODELS_CHARS = 1024
+"""Longest ``gpu.nvidia.com/model`` value read: 16 model names of a full label value's 63 characters."""
+MAX_MEMORY_CHARS = 64
+"""Longest ``gpu.nvidia.com/memory`` value read (a quantity's own bound,
+:data:`~scheduler_core.k8s.quantity.MAX_QUANTITY_CHARS`)."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +86,10 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
     Raises
     ------
     InvalidPodError
-        If a GPU quantity or a GPU annotation is invalid. The message names the field and the
-        value that arrived.
+        If a GPU quantity or a GPU annotation is invalid, or longer than the product reads
+        (:data:`MAX_MODELS_CHARS`, :data:`MAX_MEMORY_CHARS`, and for ``gpu-scheduler.io/peers`` and
+        quantities their parsers' bounds). The message names the field and the value that arrived, cut
+        to 64 characters.
 
     Examples
     --------
@@ -268,10 +275,11 @@ def cpu_milli(value: object, what: str) -> int:
     except ValueError as exc:
         raise InvalidPodError(f"{what}: {exc}") from exc
     if quantity < 0:
-        raise InvalidPodError(f"{what}: must not be negative, got {value!r}")
+        raise InvalidPodError(f"{what}: must not be negative, got {shown(value)}")
+    # At most 64 characters (parse_quantity's bound), so times 1000 stays far inside Decimal's range.
     milli = int((quantity * 1000).to_integral_value(rounding="ROUND_CEILING"))
     if milli > _INT32_MAX:
-        raise InvalidPodError(f"{what}: {value!r} is out of range")
+        raise InvalidPodError(f"{what}: {shown(value)} is out of range")
     return milli
 
 
@@ -358,45 +366,69 @@ def _container_counts(
 
 
 def parse_models(value: object) -> frozenset[str] | None:
+    """The allowed models of annotation ``gpu.nvidia.com/model``, a comma list of at most
+    :data:`MAX_MODELS_CHARS` characters, normalised (:func:`~scheduler_core.k8s.gpu_models.normalize_model`);
+    None when the annotation is absent.
+
+    >>> sorted(parse_models("a100, NVIDIA-H100-80GB-HBM3"))
+    ['A100', 'H100']
+    >>> parse_models("A100," * 1000)
+    Traceback (most recent call last):
+    ...
+    scheduler_core.errors.InvalidPodError: annotation gpu.nvidia.com/model: 5000 characters; at most 1024
+    """
     if value is None:
         return None
+    where = f"annotation {LABEL_MODEL}"
     if not isinstance(value, str) or not value.strip():
-        raise InvalidPodError(f"annotation {LABEL_MODEL}: expected a comma list of GPU models, got {value!r}")
+        raise InvalidPodError(f"{where}: expected a comma list of GPU models, got {shown(value)}")
+    if len(value) > MAX_MODELS_CHARS:
+        raise InvalidPodError(f"{where}: {len(value)} characters; at most {MAX_MODELS_CHARS}")
     models = set()
     for item in value.split(","):
         model = normalize_model(item)
         if model is None:
-            raise InvalidPodError(f"annotation {LABEL_MODEL}: {item.strip()!r} is not a GPU model name (in {value!r})")
+            raise InvalidPodError(f"{where}: {shown(item.strip())} is not a GPU model name (in {shown(value)})")
         models.add(model)
     return frozenset(models)
 
 
 def _parse_memory_mib(value: object) -> int:
     """MiB per GPU: a plain integer is MiB; a quantity with a unit is bytes (``40Gi``, ``48G``). A plain
-    number that is not an integer (``40960.5``) is neither, and is refused.
+    number that is not an integer (``40960.5``) is neither, and is refused; so is a value longer than
+    :data:`MAX_MEMORY_CHARS`, a negative one, and one past int32 MiB.
 
     >>> _parse_memory_mib("40960"), _parse_memory_mib("40Gi")
     (40960, 40960)
+    >>> _parse_memory_mib("9" * 19)
+    Traceback (most recent call last):
+    ...
+    scheduler_core.errors.InvalidPodError: annotation gpu.nvidia.com/memory: '9999999999999999999' is out of range
     """
     if value is None:
         return 0
+    where = f"annotation {LABEL_MEMORY}"
     expected = "expected MiB per GPU as an integer or a quantity such as 40Gi"
     if not isinstance(value, str):
-        raise InvalidPodError(f"annotation {LABEL_MEMORY}: {expected}, got {value!r}")
+        raise InvalidPodError(f"{where}: {expected}, got {shown(value)}")
+    if len(value) > MAX_MEMORY_CHARS:
+        raise InvalidPodError(f"{where}: {len(value)} characters; at most {MAX_MEMORY_CHARS}")
     text = value.strip()
     plain = plain_int(text)
-    if plain is None and unitless(text):
-        raise InvalidPodError(
-            f"annotation {LABEL_MEMORY}: a number without a unit is MiB and must be an integer, got {value!r}"
-        )
     try:
-        quantity = Decimal(plain) * MIB if plain is not None else parse_quantity(text)
+        quantity = Decimal(plain) if plain is not None else parse_quantity(text)
     except ValueError as exc:
-        raise InvalidPodError(f"annotation {LABEL_MEMORY}: {expected}, got {value!r}") from exc
+        raise InvalidPodError(f"{where}: {expected}, got {shown(value)}") from exc
+    if unitless(text):
+        # A bare number is MiB written in digits, as before: "40960.5", "40960.0" and "+40960" are refused.
+        if not text.removeprefix("-").isdigit():
+            raise InvalidPodError(f"{where}: a number without a unit is MiB and must be an integer, got {shown(value)}")
+        quantity *= MIB
     if quantity < 0:
-        raise InvalidPodError(f"annotation {LABEL_MEMORY}: must not be negative, got {value!r}")
-    # A minimum: round up, so "40G" (38146.97 MiB) never admits a GPU with 38146 MiB.
+        raise InvalidPodError(f"{where}: must not be negative, got {shown(value)}")
+    # A minimum: round up, so "40G" (38146.97 MiB) never admits a GPU with 38146 MiB. At most 64
+    # characters, with an exponent of at most 30: the quotient stays far inside Decimal's range.
     mib = int((quantity / MIB).to_integral_value(rounding="ROUND_CEILING"))
     if mib > _INT32_MAX:
-        raise InvalidPodError(f"annotation {LABEL_MEMORY}: {value!r} is out of range")
+        raise InvalidPodError(f"{where}: {shown(value)} is out of range")
     return mib

@@ -9,7 +9,10 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-_QUANTITY = re.compile(r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE]([+-]?\d+))?$")
+# re.ASCII: ``\d`` would match "١٢" (Arabic-Indic digits), which Decimal reads as 12 and the API server refuses.
+_QUANTITY = re.compile(
+    r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE]([+-]?\d+))?$", re.ASCII
+)
 _MULTIPLIER: dict[str, Decimal] = {
     "": Decimal(1),
     "n": Decimal("1e-9"),
@@ -30,6 +33,11 @@ _MULTIPLIER: dict[str, Decimal] = {
 }
 # Larger than any real quantity of GPUs or bytes; keeps "1e999999" from building a huge Decimal.
 _MAX_EXPONENT = 30
+MAX_QUANTITY_CHARS = 64
+"""The longest quantity read, sign and suffix included: an int64 has 19 digits and a nano-scale fraction
+9 decimals, so no real quantity comes near. A longer one is out of range; it would otherwise build a
+Decimal of any size, and a million digits times 1000 overflows Decimal's exponent range."""
+_MAX_INT_BITS = 212  # a JSON integer of more than 64 digits (log2(10**64) = 212.6)
 MIB = 2**20
 MAX_COUNT = 2**31 - 1
 """The largest count a quantity may give (int32, as the arrays hold them)."""
@@ -46,7 +54,8 @@ def parse_quantity(value: object) -> Decimal:
     Raises
     ------
     ValueError
-        If ``value`` is not a quantity. The message quotes what arrived.
+        If ``value`` is not a quantity (ASCII digits only), or is longer than
+        :data:`MAX_QUANTITY_CHARS`. The message quotes what arrived, cut to 64 characters.
 
     Examples
     --------
@@ -54,19 +63,28 @@ def parse_quantity(value: object) -> Decimal:
     True
     >>> parse_quantity("500m")
     Decimal('0.500')
+    >>> parse_quantity("9" * 5000)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: '999...9... (5000 characters) is out of range: at most 64 characters
     """
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise ValueError(f"expected a quantity string, got {type(value).__name__} {_shown(value)}")
+        raise ValueError(f"expected a quantity string, got {type(value).__name__} {shown(value)}")
     if isinstance(value, int):
+        if value.bit_length() > _MAX_INT_BITS:
+            raise ValueError(f"{shown(value)} is out of range: at most {MAX_QUANTITY_CHARS} digits")
         return Decimal(value)
-    match = _QUANTITY.match(value.strip())
+    text = value.strip()
+    match = _QUANTITY.match(text)  # linear in the length: no repetition nests in the grammar
     if match is None:
-        raise ValueError(f"expected a Kubernetes quantity such as '2' or '40Gi', got {_shown(value)}")
+        raise ValueError(f"expected a Kubernetes quantity such as '2' or '40Gi', got {shown(value)}")
+    if len(text) > MAX_QUANTITY_CHARS:
+        raise ValueError(f"{shown(value)} is out of range: at most {MAX_QUANTITY_CHARS} characters")
     sign, number, suffix, exponent = match.groups()
     result = Decimal(number)
     if exponent is not None:
         if abs(int(exponent)) > _MAX_EXPONENT:
-            raise ValueError(f"quantity exponent out of range in {_shown(value)}")
+            raise ValueError(f"quantity exponent out of range in {shown(value)}")
         result = result.scaleb(int(exponent))
     else:
         result *= _MULTIPLIER[suffix or ""]
@@ -110,13 +128,25 @@ def parse_whole_count(value: object, *, what: str) -> int:
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from exc
     if quantity < 0 or quantity != quantity.to_integral_value():
-        raise ValueError(f"{what}: must be a non-negative whole number, got {_shown(value)}")
+        raise ValueError(f"{what}: must be a non-negative whole number, got {shown(value)}")
     if quantity > MAX_COUNT:
-        raise ValueError(f"{what}: {_shown(value)} is out of range (at most {MAX_COUNT})")
+        raise ValueError(f"{what}: {shown(value)} is out of range (at most {MAX_COUNT})")
     return int(quantity)
 
 
-def _shown(value: object, limit: int = 64) -> str:
-    """``value`` for an error message, cut to ``limit`` characters (a hostile value can be megabytes)."""
+def shown(value: object, limit: int = 64) -> str:
+    """``value`` for an error message, cut to ``limit`` characters: a hostile value can be megabytes, and
+    ``repr`` of an integer past 4,300 digits raises. Long strings are cut before ``repr`` is taken.
+
+    >>> shown("9" * 5000)
+    "'99999999999999999999999999999999999999999999999999999999999999... (5000 characters)"
+    >>> shown(10**5000)
+    'an integer of 5001 digits'
+    """
+    if type(value) is int and value.bit_length() > _MAX_INT_BITS:
+        # bit_length * log10(2) is the digit count within one: enough to say how large, without repr.
+        return f"an integer of {int(value.bit_length() * 0.30103) + 1} digits"
+    if isinstance(value, str) and len(value) > limit:
+        return f"{repr(value[:limit])[: limit - 1]}... ({len(value)} characters)"
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

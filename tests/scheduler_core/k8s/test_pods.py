@@ -2,8 +2,17 @@ import numpy as np
 import pytest
 
 from scheduler_core.errors import InvalidPodError
+from scheduler_core.k8s.names import LABEL_MEMORY, LABEL_MODEL
 from scheduler_core.k8s.nodes import NodeTable
-from scheduler_core.k8s.pods import effective_cpu_milli, effective_gpu_request, pod_demand
+from scheduler_core.k8s.pods import (
+    MAX_MEMORY_CHARS,
+    MAX_MODELS_CHARS,
+    effective_cpu_milli,
+    effective_gpu_request,
+    parse_models,
+    pod_demand,
+    requests_with_cpu,
+)
 from scheduler_core.state.allocation import gpu_usage
 from tests.conftest import make_nodes, make_pod
 
@@ -68,6 +77,8 @@ def test_effective_request_follows_kube_scheduler(spec, expected):
         pytest.param("0.5", "non-negative whole number, got '0.5'", id="fractional"),
         pytest.param("two", "quantity", id="garbage"),
         pytest.param(["1"], "quantity string", id="wrong JSON type"),
+        pytest.param("١٢", "expected a Kubernetes quantity", id="Arabic-Indic digits, which Decimal reads as 12"),
+        pytest.param("." + "0" * 5000 + "1", "out of range: at most 64 characters", id="5,000 decimals"),
     ],
 )
 def test_invalid_gpu_quantity_is_a_pod_error_naming_the_container(value, message):
@@ -107,6 +118,10 @@ def test_memory_annotation_units(memory, mib):
         pytest.param({"gpu.nvidia.com/model": "A100,,H100"}, "'' is not a GPU model name", id="empty model item"),
         pytest.param({"gpu.nvidia.com/model": "A1@0"}, "'A1@0' is not a GPU model name", id="bad model characters"),
         pytest.param({"gpu.nvidia.com/model": " "}, "expected a comma list", id="blank model"),
+        pytest.param({"gpu.nvidia.com/memory": "-1"}, "must not be negative, got '-1'", id="negative MiB"),
+        pytest.param({"gpu.nvidia.com/memory": "9" * 19}, "'9{19}' is out of range", id="19 digits of MiB"),
+        pytest.param({"gpu.nvidia.com/memory": "١٢Gi"}, "expected MiB .* got '١٢Gi'", id="Arabic-Indic digits"),
+        pytest.param({"gpu.nvidia.com/memory": "١٢"}, "expected MiB .* got '١٢'", id="Arabic-Indic MiB"),
     ],
 )
 def test_garbage_annotations_are_pod_errors_naming_annotation_and_value(annotations, message):
@@ -114,6 +129,47 @@ def test_garbage_annotations_are_pod_errors_naming_annotation_and_value(annotati
     pod["metadata"]["annotations"] = annotations
     with pytest.raises(InvalidPodError, match=message):
         pod_demand(pod)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "message"),
+    [
+        pytest.param({LABEL_MODEL: "x" * 1_000_000}, f"1000000 characters; at most {MAX_MODELS_CHARS}", id="models"),
+        pytest.param({LABEL_MODEL: "A100," * 300}, "1500 characters", id="300 models"),
+        pytest.param({LABEL_MEMORY: "9" * 5000}, f"5000 characters; at most {MAX_MEMORY_CHARS}", id="memory digits"),
+        pytest.param({LABEL_MEMORY: "0." + "0" * 10_000 + "1Ei"}, "10005 characters", id="memory decimals"),
+        pytest.param({LABEL_MEMORY: "40Gi" + " " * 100}, "104 characters", id="memory padded with spaces"),
+    ],
+)
+def test_annotations_past_their_length_are_refused_without_echoing_them(annotations, message):
+    pod = make_pod("p", 1)
+    pod["metadata"]["annotations"] = annotations
+    with pytest.raises(InvalidPodError) as raised:
+        pod_demand(pod)
+    error = str(raised.value)
+    assert error.startswith(f"annotation {next(iter(annotations))}: ") and message in error
+    assert len(error) < 200
+
+
+def test_a_bad_model_in_a_long_list_is_quoted_cut():
+    value = "A100," * 200 + "A1@0"
+    with pytest.raises(
+        InvalidPodError, match=r"'A1@0' is not a GPU model name \(in 'A100,A100.*\.\.\. \(1004 characters\)\)"
+    ):
+        parse_models(value)
+
+
+def test_a_bound_pod_with_a_million_digit_cpu_is_one_problem_not_a_failed_cluster_read():
+    """Every pod of the cluster is read for the state; a million digits used to raise decimal.Overflow
+    there, and no state was built at all."""
+    table = NodeTable.from_nodes(make_nodes("A100"))
+    hostile = make_pod("hostile", 1, node_name="a100-0", phase="Running")
+    hostile["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "4" * 1_000_000
+    (gpus,), cpu, problem = requests_with_cpu(hostile["spec"], ("nvidia.com/gpu",))
+    assert (gpus, cpu) == (1, 0) and problem.startswith("containers[0].resources.requests.cpu: '444")
+    assert "(1000000 characters) is out of range" in problem and len(problem) < 200
+    usage = gpu_usage(table, [hostile, make_pod("ok", 2, node_name="a100-0", phase="Running")], 8)
+    assert usage.whole_gpus.tolist() == [3] and len(usage.problems) == 1
 
 
 def test_pods_using_gpus_are_counted_per_node_and_terminal_ones_are_not():
@@ -179,6 +235,26 @@ def test_effective_cpu_follows_kube_scheduler(spec, expected):
         ({"containers": [{"resources": {"requests": {"cpu": "lots"}}}]}, r"containers\[0\].resources.requests.cpu"),
         ({"containers": [{"resources": {"limits": {"cpu": "-1"}}}]}, "must not be negative"),
         ({"containers": [], "overhead": {"cpu": "1x"}}, "spec.overhead.cpu"),
+        pytest.param(
+            {"containers": [{"resources": {"requests": {"cpu": "4" * 1_000_000}}}]},
+            r"containers\[0\].resources.requests.cpu: '4+\.\.\. \(1000000 characters\) is out of range",
+            id="a million digits, which overflowed Decimal times 1000",
+        ),
+        pytest.param(
+            {"containers": [], "overhead": {"cpu": "4" * 1_000_000}},
+            r"spec.overhead.cpu: .* is out of range",
+            id="a million digits of overhead",
+        ),
+        pytest.param(
+            {"containers": [{"resources": {"limits": {"cpu": 10**5000}}}]},
+            r"limits.cpu: an integer of 5001 digits is out of range",
+            id="a 5,000-digit integer, whose repr raised ValueError",
+        ),
+        pytest.param(
+            {"containers": [{"resources": {"requests": {"cpu": "٢"}}}]},
+            r"requests.cpu: expected a Kubernetes quantity",
+            id="an Arabic-Indic digit",
+        ),
     ],
 )
 def test_an_invalid_cpu_quantity_is_a_pod_error_naming_the_field(spec, message):
