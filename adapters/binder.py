@@ -3,11 +3,13 @@
 One bind (DESIGN section 5):
 
 1. GET the pod. A pod that is gone, or re-created under the same name (another UID), fails the
-   bind. A pod already bound to this node with its annotation in place is a retried bind: success,
-   nothing written (kube-scheduler retries a bind whose answer it did not get in ``httpTimeout``).
+   bind, with one answer for both (:data:`NO_SUCH_POD`): bind tells nobody which pods exist. A pod
+   already bound to this node with its annotation in place is a retried bind: success, nothing
+   written (kube-scheduler retries a bind whose answer it did not get in ``httpTimeout``).
    Then GET the node, and ask the extender whether the bind is its to make at all
-   (:mod:`scheduler_core.extender.admission`: the profile, a managed resource, the node in the state,
-   its static filter and taints); a refusal writes nothing.
+   (:mod:`scheduler_core.extender.admission`: the profile, the node in the state, its static filter,
+   the pod's nodeSelector and required node affinity, taints, and the pod's CPU, memory and pod slot
+   against the node's allocatable); a refusal writes nothing.
 2. Record its GPUs in the node's ledger item: a conditional write on the item's version, idempotent
    per pod UID; a lost race re-reads and chooses again, with jitter, while the bind's budget lasts
    (``LedgerStore.assign``). Binds to one node from this instance take turns (a lock per node), so
@@ -25,6 +27,11 @@ success; bound elsewhere, or unbound after a refusal (a 4xx, or nothing sent), r
 entry again, so that a failed bind holds no GPUs, and kube-scheduler retries the pod. Unbound after a
 timeout or a 5xx, or unreadable, keeps the entry for the reconcile: that Binding may still commit,
 and releasing the GPUs it uses would let another pod take them.
+
+A failed bind's ``Error`` reaches kube-scheduler and, from there, the pod's events, which its tenant
+reads: it names the step that failed and the cause in a few fixed words ("the GPU ledger write failed:
+throttled, try again", "posting the Binding failed: HTTP 403 Forbidden"), never the table, an ARN, the
+API server's or DynamoDB's own text, or another pod's details. Those go to the log.
 
 Idempotency comes from the ledger keyed by pod UID and the pod's own state, not from a separate
 idempotency table: a repeat finds the same assignment and writes nothing new.
@@ -44,7 +51,10 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
 
 from adapters.gpu_ledger import Assigned, LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
 from adapters.kube import POOL_SIZE, DeadlineReachedError, KubeApiError, KubeClient, RetryPolicy
@@ -174,13 +184,18 @@ class LedgerBinder:
         try:
             pod = self.kube.get_pod(args.pod_namespace, args.pod_name)
         except KubeApiError as exc:
-            return failed("pod_gone" if exc.status == 404 else "kube_error", f"reading the pod: {exc}")
+            if exc.status == 404:
+                log.info("bind %s to %s: no such pod (%s)", pod_key, args.node, exc)
+                return failed("pod_gone", NO_SUCH_POD)
+            return failed("kube_error", self._logged(pod_key, args.node, "reading the pod failed", exc))
         except DeadlineReachedError as exc:
-            return failed("kube_error", str(exc))
+            return failed("kube_error", self._logged(pod_key, args.node, "reading the pod failed", exc))
         metadata = pod.get("metadata") or {}
         if metadata.get("uid") != args.pod_uid:
-            # Never echo the pod's real UID: it is what a forged bind would need next.
-            return failed("pod_gone", "the pod's UID is not the one asked for (deleted and re-created?)")
+            # The same answer as for a pod that does not exist, so that bind tells nobody which pods do;
+            # and never the pod's real UID, which is what a forged bind would need next.
+            log.info("bind %s to %s: the pod's UID is not %s", pod_key, args.node, args.pod_uid)
+            return failed("pod_gone", NO_SUCH_POD)
         spec = pod.get("spec") or {}
         assigned = (metadata.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION, "")
         if spec.get("nodeName"):
@@ -190,9 +205,10 @@ class LedgerBinder:
         try:
             node = self.node_of(args.node) or self.kube.get_node(args.node)
         except KubeApiError as exc:
-            return failed("node_unknown" if exc.status == 404 else "kube_error", f"reading the node: {exc}")
+            kind = "node_unknown" if exc.status == 404 else "kube_error"
+            return failed(kind, self._logged(pod_key, args.node, "reading the node failed", exc))
         except DeadlineReachedError as exc:
-            return failed("kube_error", str(exc))
+            return failed("kube_error", self._logged(pod_key, args.node, "reading the node failed", exc))
         refusal = admit(pod, node)
         if refusal:
             return failed("refused", refusal)
@@ -211,16 +227,27 @@ class LedgerBinder:
             held = self._record(args.node, gpu_count, args.pod_uid, ledger_demand)
         except NoRoomError as exc:
             self.readings.observe(args.node, exc.free)  # the snapshot was stale here: the next filter knows
-            return failed("no_room", str(exc))
+            return failed("no_room", self._logged(pod_key, args.node, "no room in the GPU ledger", exc))
         except LedgerConflictError as exc:
-            return failed("conflict", str(exc), conflicts=exc.conflicts)
+            cause = self._logged(pod_key, args.node, "the GPU ledger write failed", exc)
+            return failed("conflict", cause, conflicts=exc.conflicts)
         except _BusyError as exc:
-            return failed("busy", str(exc))
+            return failed("busy", self._logged(pod_key, args.node, "the GPU ledger write failed", exc))
         except LedgerStoreError as exc:
-            return failed("ledger_error", str(exc))
+            return failed("ledger_error", self._logged(pod_key, args.node, "the GPU ledger write failed", exc))
         # Other instances' binds there, and this one (its CPU as well, which fgd_cpu reads).
         self.readings.observe(args.node, held.free, args.pod_uid, cpu)
         return self._observed_binding(args, pod_key, held, gpu_count)
+
+    @staticmethod
+    def _logged(pod_key: str, node: str, step: str, exc: Exception) -> str:
+        """``step: cause`` for the bind's answer, which reaches kube-scheduler and the pod's events: the
+        cause in a few fixed words (:func:`_short`), never the table, an ARN, the API server's or
+        DynamoDB's own text, or another pod's details. The whole of ``exc`` goes to the log (a lost race
+        or a full node, routine under load, at INFO)."""
+        routine = isinstance(exc, NoRoomError | LedgerConflictError | _BusyError)
+        log.log(logging.INFO if routine else logging.WARNING, "bind %s to %s: %s: %s", pod_key, node, step, exc)
+        return f"{step}: {_short(exc)}"
 
     def _observed_binding(
         self, args: ExtenderBindingArgs, pod_key: str, held: Assigned | None, gpu_count: int = 0
@@ -318,8 +345,9 @@ class LedgerBinder:
             where = self._bound_to(args)
             if where != args.node:
                 conflict = bool(where) or (isinstance(exc, KubeApiError) and exc.status == 409)
-                # A 409 names the node the pod went to: not the caller's to learn.
-                cause = "another bind placed the pod first" if conflict else str(exc)
+                log.warning("bind %s to %s: posting the Binding failed: %s", pod_key, args.node, exc)
+                # A 409 names the node the pod went to: not the caller's to learn; nor is the API's own text.
+                cause = "another bind placed the pod first" if conflict else _short(exc)
                 rolled = False
                 # Unbound now is not unbound for good: a Binding whose request timed out or got a 5xx may
                 # still commit after the read. Only a refusal, or nothing sent, gives the GPUs back.
@@ -327,7 +355,7 @@ class LedgerBinder:
                     cause += "; whether the Binding landed is unknown, so its GPUs stay recorded until the reconcile"
                 else:
                     rolled = held is not None and not held.already and self._roll_back(args, gpu_count)
-                message = f"bind {pod_key} to {args.node}: posting the Binding: {cause}"
+                message = f"bind {pod_key} to {args.node}: posting the Binding failed: {cause}"
                 kind = "already_bound" if conflict else "kube_error"
                 return BindOutcome(
                     pod_key, args.node, message, kind, annotation, conflicts, already, rolled_back=rolled
@@ -399,7 +427,10 @@ class LedgerBinder:
         try:
             items = self.ledger.read_many(nodes)
         except LedgerStoreError as exc:
-            raise ClusterStateUnavailableError(f"preempt: {exc}", kind="ledger_error") from exc
+            log.warning("preempt: reading the GPU ledger failed: %s", exc)
+            raise ClusterStateUnavailableError(
+                f"preempt: reading the GPU ledger failed: {_ledger_cause(exc)}", kind="ledger_error"
+            ) from exc
         return {node: dict(item.assignments) for node, item in items.items()}
 
 
@@ -411,6 +442,49 @@ def _refused(exc: KubeApiError | DeadlineReachedError) -> bool:
         cause = exc.__cause__
         return cause is None or (isinstance(cause, KubeApiError) and _refused(cause))
     return 400 <= exc.status < 500
+
+
+NO_SUCH_POD = "no pod with that namespace, name and UID"
+"""The answer for a pod that does not exist and for one whose UID is another: the same, so that bind is
+no oracle for which pods exist in which namespace."""
+_THROTTLED = frozenset(
+    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded", "LimitExceededException"}
+)
+
+
+def _short(exc: Exception) -> str:
+    """What went wrong, in words a tenant may read (see :meth:`LedgerBinder._logged`)."""
+    if isinstance(exc, DeadlineReachedError):
+        return "the bind ran out of time; kube-scheduler will retry the pod"
+    if isinstance(exc, KubeApiError):
+        if exc.status == 0:
+            return "the API server could not be reached"
+        try:
+            phrase = HTTPStatus(exc.status).phrase
+        except ValueError:
+            phrase = "error"
+        return f"HTTP {exc.status} {phrase}"
+    if isinstance(exc, NoRoomError):
+        return "the pod's GPUs do not fit in what this node has free; kube-scheduler will retry the pod"
+    if isinstance(exc, LedgerConflictError):
+        return f"{exc.conflicts} conflicting writes by other binds to this node; kube-scheduler will retry the pod"
+    if isinstance(exc, _BusyError):
+        return "other binds to this node held it for the bind's whole budget; kube-scheduler will retry the pod"
+    if isinstance(exc, LedgerStoreError):
+        return _ledger_cause(exc)
+    return "internal error; see the extender's log"
+
+
+def _ledger_cause(exc: LedgerStoreError) -> str:
+    """A DynamoDB failure in fixed words: throttled, unreachable, or otherwise (the log has the rest)."""
+    cause = exc.__cause__
+    if isinstance(cause, ClientError):
+        if cause.response.get("Error", {}).get("Code") in _THROTTLED:
+            return "throttled, try again"
+        return "DynamoDB refused the request; see the extender's log"
+    if isinstance(cause, BotoCoreError):
+        return "DynamoDB did not answer in time, try again"
+    return "the node's ledger item could not be read; see the extender's log"
 
 
 def ledger_binder(

@@ -7,9 +7,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from scheduler_core.state.readings import DEFAULT_KEEP_S, DEFAULT_MARGIN_S, Observed, still_pending
+from scheduler_core.state.readings import (
+    ASSUMED_TTL_S,
+    DEFAULT_KEEP_S,
+    DEFAULT_MARGIN_S,
+    MAX_ASSUMED,
+    Observed,
+    still_pending,
+)
 
 
 class LedgerReadings:
@@ -33,15 +41,28 @@ class LedgerReadings:
         self._clock = clock
         self._lock = threading.Lock()
         self._seen: list[Observed] = []
+        self._assumed: OrderedDict[str, Observed] = OrderedDict()  # by pod UID, oldest first
 
     def observe(self, node: str, free: Sequence[int] | None, uid: str = "", cpu: int = 0) -> None:
-        """``node`` has ``free`` milli per GPU now (the ledger says so, or ``uid``'s placement leaves that;
-        None: no GPU figures), and ``uid`` takes ``cpu`` milli-cores there."""
+        """The ledger says ``node`` has ``free`` milli per GPU now (after ``uid``'s bind, when it names a
+        pod; None: no GPU figures), and ``uid`` takes ``cpu`` milli-cores there."""
         with self._lock:
-            if uid:  # the latest decision about a pod replaces the earlier ones
+            if uid:  # the latest word about a pod replaces the earlier ones
                 self._seen = [seen for seen in self._seen if seen.uid != uid]
-            figures = None if free is None else tuple(int(v) for v in free)
-            self._seen.append(Observed(node, self._clock(), figures, uid, int(cpu)))
+                self._assumed.pop(uid, None)
+            self._seen.append(Observed(node, self._clock(), _figures(free), uid, int(cpu)))
+
+    def assume(self, node: str, free: Sequence[int] | None, uid: str, cpu: int = 0) -> None:
+        """A prediction about ``uid``, a pod named in a request (see
+        :class:`~scheduler_core.state.readings.Readings`): kept :data:`ASSUMED_TTL_S`, the oldest of more
+        than :data:`MAX_ASSUMED` dropped, seen by prioritize only. Constant time, whatever is kept."""
+        if not uid:
+            return
+        with self._lock:
+            self._assumed.pop(uid, None)
+            self._assumed[uid] = Observed(node, self._clock(), _figures(free), uid, int(cpu))
+            while len(self._assumed) > MAX_ASSUMED:
+                self._assumed.popitem(last=False)
 
     def forget(self, uids: Iterable[str]) -> None:
         """Drop the readings about these pods: the state shows them now."""
@@ -50,6 +71,8 @@ class LedgerReadings:
             return
         with self._lock:
             self._seen = [seen for seen in self._seen if seen.uid not in gone]
+            for uid in gone & self._assumed.keys():
+                del self._assumed[uid]
 
     def forget_nodes(self, nodes: Iterable[str], before: float) -> None:
         """Drop the ledger's readings (those about no pod) of these nodes made before ``before`` (Unix
@@ -60,11 +83,21 @@ class LedgerReadings:
         with self._lock:
             self._seen = [seen for seen in self._seen if seen.uid or seen.node not in stale or seen.at >= before]
 
-    def pending(self, generated_at: float | None) -> list[Observed]:
+    def pending(self, generated_at: float | None, *, assumed: bool = False) -> list[Observed]:
         """Readings the state stamped ``generated_at`` may not reflect, oldest first; older ones are
-        forgotten (:func:`scheduler_core.state.readings.still_pending`)."""
+        forgotten (:func:`scheduler_core.state.readings.still_pending`). With ``assumed``, the
+        predictions of the last :data:`ASSUMED_TTL_S` too (they are the newest)."""
         with self._lock:
-            if not self._seen:
-                return []
-            self._seen = still_pending(self._seen, generated_at, self._clock(), self.margin_s, self.keep_s)
-            return list(self._seen)
+            if self._assumed:
+                expired = self._clock() - ASSUMED_TTL_S
+                while self._assumed and next(iter(self._assumed.values())).at < expired:
+                    self._assumed.popitem(last=False)
+            if self._seen:
+                self._seen = still_pending(self._seen, generated_at, self._clock(), self.margin_s, self.keep_s)
+            if not assumed or not self._assumed:
+                return list(self._seen)
+            return sorted([*self._seen, *self._assumed.values()], key=lambda seen: seen.at)
+
+
+def _figures(free: Sequence[int] | None) -> tuple[int, ...] | None:
+    return None if free is None else tuple(int(v) for v in free)

@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -50,6 +50,9 @@ REBUILD_SPACING = 4.0
 """A rebuild that took T seconds waits ``REBUILD_SPACING x T`` after it, and at least ``min_interval_s``:
 rebuilding takes at most a fifth of a core however fast events come, and filter and prioritize (which
 see this instance's own decisions at once, through the readings) keep the rest."""
+DELETION_WAIT_S = 0.05
+"""How long :meth:`LiveState.catch_up` waits for the deletion of a terminating pod to arrive, when none
+has: kube-scheduler's watch and this one get it within a millisecond or two of each other here."""
 BOUND_NON_TERMINAL = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 """The pods that hold resources on a node: what the node-state refresher lists, and what is watched."""
 
@@ -294,6 +297,7 @@ class LiveState(ClusterMirror):
         self._facts: NodeFacts | None = None  # the nodes read once, again only when one changes
         self._changed: dict[str, float] = {}  # pod UID -> when its latest event arrived (monotonic)
         self._freed_on: set[str] = set()  # nodes a pod left since the last rebuild took the changes
+        self._terminating: dict[str, set[str]] = {}  # node -> UIDs of its pods that have a deletionTimestamp
         self._state: ClusterState | None = None
         # Events counted as they arrive; the latest that may free capacity, and the count the published
         # state includes (catch_up compares them).
@@ -332,16 +336,28 @@ class LiveState(ClusterMirror):
             )
         return state
 
-    def catch_up(self, timeout_s: float) -> bool:
+    def catch_up(self, timeout_s: float, nodes: Collection[str] = ()) -> bool:
         """Wait, at most ``timeout_s``, until the published state includes every change received so far
-        that may free capacity (a pod deleted or finished, a node added or changed, a new list). True
-        when it waited for one and it is in now; False when there was none, or the wait timed out."""
+        that may free capacity (a pod deleted or finished, a node added or changed, a new list). Where
+        none is pending but one of ``nodes`` holds a terminating pod, first wait up to
+        :data:`DELETION_WAIT_S` for such a change to arrive: kube-scheduler's own watch may have had the
+        pod's deletion a moment before this one. True when it waited for a change and it is in now; False
+        when there was none, or the wait timed out."""
+        deadline = self._monotonic() + timeout_s
         with self._wake:
             target = self._freeing
             if target <= self._published:
-                return False
+                if not any(self._terminating.get(node) for node in nodes):
+                    return False
+                arrived = self._wake.wait_for(
+                    lambda: self._freeing > target or self._stop.is_set(), timeout=min(timeout_s, DELETION_WAIT_S)
+                )
+                if not arrived or self._stop.is_set():
+                    return False
+                target = self._freeing
             self.counters["catch_ups"] += 1
-            caught = self._wake.wait_for(lambda: self._published >= target or self._stop.is_set(), timeout=timeout_s)
+            left = max(0.0, deadline - self._monotonic())
+            caught = self._wake.wait_for(lambda: self._published >= target or self._stop.is_set(), timeout=left)
             return bool(caught) and self._published >= target
 
     def stats(self) -> dict[str, Any]:
@@ -364,6 +380,10 @@ class LiveState(ClusterMirror):
         self._freeing = self._received
         if kind == "pods":
             self._freed_on.update(_node_of(pod) for uid, pod in previous.items() if uid not in fresh)
+            self._terminating = {}
+            for uid, pod in fresh.items():
+                if (pod.get("metadata") or {}).get("deletionTimestamp"):
+                    self._terminating.setdefault(_node_of(pod), set()).add(uid)
             self._changed.update(dict.fromkeys(fresh, self._monotonic()))
             self._uses = {uid: pod_use(pod) for uid, pod in fresh.items()}
         else:
@@ -377,9 +397,14 @@ class LiveState(ClusterMirror):
         if kind == "nodes":
             self._facts = None
             return
+        node = _node_of(old or obj)
+        if event == "DELETED" or not (obj.get("metadata") or {}).get("deletionTimestamp"):
+            self._terminating.get(node, set()).discard(key)
+        else:
+            self._terminating.setdefault(node, set()).add(key)
         if event == "DELETED":
             self._uses.pop(key, None)
-            self._freed_on.add(_node_of(old or obj))
+            self._freed_on.add(node)
         else:
             self._uses[key] = pod_use(obj)
         self._changed[key] = self._monotonic()

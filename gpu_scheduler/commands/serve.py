@@ -1,8 +1,14 @@
-"""``gpu-scheduler serve``: the extender as a local HTTP server (development, self-managed clusters, sidecar)."""
+"""``gpu-scheduler serve``: the extender as a local HTTP server (development, self-managed clusters, sidecar).
+
+It speaks plain HTTP with no authentication, as kube-scheduler's extender client expects of a sidecar.
+With ``--ledger-table`` it serves ``bind``, which writes the GPU ledger and posts Bindings, so it listens
+on loopback only, unless ``--insecure`` says the network keeps everyone else out (:func:`check_exposure`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 from pathlib import Path
@@ -21,7 +27,9 @@ shows (the watch forgets the others as soon as it shows them)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on; with --ledger-table, loopback unless --insecure"
+    )
     parser.add_argument("--port", type=int, default=8888, help="0 picks a free port (printed on stdout)")
     state = parser.add_mutually_exclusive_group()
     state.add_argument("--cluster", type=Path, help='JSON {"nodes": [v1 Node], "pods": [v1 Pod]} for GPU usage')
@@ -57,10 +65,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kube-token", default=os.environ.get("KUBE_TOKEN", ""), help="and its bearer token ($KUBE_TOKEN)"
     )
     sharing.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", ""), help="or a kubeconfig ($KUBECONFIG)")
+    sharing.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve bind and preempt on a --host that is not loopback: serve has no TLS and no authentication",
+    )
     add_scoring(parser)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens where this machine (or its pod: a sidecar shares the pod's network)
+    can reach it: ``localhost`` or a loopback address. Any other name counts as reachable from outside,
+    whatever it resolves to now.
+
+    >>> [is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "0.0.0.0", "::", "gpu-0")]
+    [True, True, True, True, True, False, False, False]
+    """
+    name = host.strip().removeprefix("[").removesuffix("]").rstrip(".").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(args: argparse.Namespace) -> None:
+    """Refuse to serve bind on a non-loopback ``--host`` without ``--insecure``; warn when it is given.
+
+    Raises
+    ------
+    UsageError
+        ``--ledger-table`` with a ``--host`` that is not loopback, and no ``--insecure``.
+    """
+    exposed = bool(args.ledger_table) and not is_loopback(args.host)
+    if exposed and not args.insecure:
+        raise UsageError(
+            f"--host {args.host} with --ledger-table: serve has no TLS and no authentication, so anyone who "
+            "reaches the port could ask it to bind pods and write the GPU ledger. Listen on loopback "
+            "(--host 127.0.0.1; a sidecar shares its pod's network), or pass --insecure if the network "
+            "itself keeps everyone else out"
+        )
+    if args.insecure:
+        log.warning(
+            "--insecure: serving on %s:%s without TLS or authentication%s",
+            args.host,
+            args.port,
+            "; anyone who reaches the port can ask it to bind pods" if args.ledger_table else "",
+        )
+
+
 def run(args: argparse.Namespace) -> int:
+    check_exposure(args)
     from adapters.ledger_readings import LedgerReadings
     from adapters.live_state import LiveState, prometheus_text
     from adapters.settings import ClusterAccess

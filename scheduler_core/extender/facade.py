@@ -20,14 +20,14 @@ and answers 500.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
-from scheduler_core.extender.admission import bind_refusal
+from scheduler_core.extender.admission import bind_refusal, room_refusal
 from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome, filter_verdict, prioritize_scores
 from scheduler_core.extender.preemption import Holdings, PreemptOutcome, candidates, decide_on_view, proposed_nodes
 from scheduler_core.extender.view import NodeView, node_view
@@ -68,10 +68,11 @@ generated ``httpTimeout`` of 3 s)."""
 @runtime_checkable
 class CatchingUp(Protocol):
     """A :data:`ClusterSource` that knows when changes it has received are not in its state yet
-    (``adapters.live_state.LiveState``): ``catch_up(timeout_s)`` waits for those that may free
-    capacity, and says whether it waited for one that is in the state now."""
+    (``adapters.live_state.LiveState``): ``catch_up(timeout_s, nodes)`` waits for those that may free
+    capacity (and, briefly, for the deletion of a terminating pod on one of ``nodes`` to arrive), and
+    says whether it waited for one that is in the state now."""
 
-    def catch_up(self, timeout_s: float) -> bool: ...
+    def catch_up(self, timeout_s: float, nodes: Collection[str] = ()) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -272,9 +273,11 @@ class Extender:
         source = self._cluster
         if not isinstance(source, CatchingUp):
             return False
-        if not np.any(~result.feasible & ~result.unresolvable):
+        refused = np.flatnonzero(~result.feasible & ~result.unresolvable)
+        if refused.size == 0:
             return False
-        return source.catch_up(CATCH_UP_S)
+        names = result.table.names
+        return source.catch_up(CATCH_UP_S, [names[row] for row in refused.tolist()])
 
     def prioritize(self, args: ExtenderArgs) -> PrioritizeOutcome:
         """Score every node of ``args``; nodes that would not pass the filter score 0.
@@ -287,7 +290,7 @@ class Extender:
         demand = self.demand(args.pod)
         config = self.config
         # fgd_cpu places every pod on each GPU's free milli (share_fit, fgd_fit).
-        view = self.view(args, demand, per_gpu=config.share_policy == "fgd_cpu")
+        view = self.view(args, demand, per_gpu=config.share_policy == "fgd_cpu", assumed=True)
         outcome = prioritize_scores(view, demand, args.pod, config.weights, config.locality, config.share_policy)
         if outcome.scores is not None:
             top = np.flatnonzero(outcome.scores.score == MAX_EXTENDER_PRIORITY)
@@ -319,17 +322,34 @@ class Extender:
     def admit(self, pod: Mapping[str, Any], node: Mapping[str, Any]) -> str:
         """:data:`Admit` on the current state (:func:`~scheduler_core.extender.admission.bind_refusal`).
         Without a cluster source the node object just read stands in for the state; a source that
-        fails (a stale snapshot, say) refuses the bind."""
+        fails (a stale snapshot, say) refuses the bind, naming only the failure's kind: the bind's answer
+        reaches the pod's events, and the source's own words (a bucket, a key, S3's text) are the
+        operator's, in filter's answer and the logs.
+
+        A source that follows the cluster as it changes (a watch: :class:`CatchingUp`) also refuses a
+        node whose bound pods leave too little CPU for the pod
+        (:func:`~scheduler_core.extender.admission.room_refusal`), after waiting, as filter does, for a
+        change it has received that may free room there. Any other source may be minutes old: what is in
+        use there may only score, never refuse (DESIGN section 5)."""
+        source = self._cluster
         try:
             demand = pod_demand(pod)
-            state = self._cluster()
+            state = source()
             if state is None:
                 state = ClusterState.from_objects([node])
+            refusal = bind_refusal(pod, node, demand, state)
+            if refusal or not isinstance(source, CatchingUp):
+                return refusal
+            refusal = room_refusal(pod, node, state)
+            if refusal and source.catch_up(CATCH_UP_S, [(node.get("metadata") or {}).get("name", "")]):
+                refusal = room_refusal(pod, node, source() or state)
         except InvalidPodError as exc:
             return str(exc)
-        except (ClusterStateUnavailableError, InvalidArgsError) as exc:
-            return f"no cluster state to check the node against: {exc}"
-        return bind_refusal(pod, node, demand, state)
+        except ClusterStateUnavailableError as exc:
+            return f"no cluster state to check the node against ({exc.kind}); kube-scheduler will retry the pod"
+        except InvalidArgsError:
+            return "no cluster state to check the node against (invalid); kube-scheduler will retry the pod"
+        return refusal
 
     def demand(self, pod: Any) -> PodDemand:
         """The pod's demand, with its peers' label keys checked against the indexed ones.
@@ -349,15 +369,16 @@ class Extender:
                 )
         return demand
 
-    def view(self, args: ExtenderArgs, demand: PodDemand, *, per_gpu: bool = False) -> NodeView:
-        """The request's nodes as filter and prioritize see them (:func:`~scheduler_core.extender.view.node_view`).
+    def view(self, args: ExtenderArgs, demand: PodDemand, *, per_gpu: bool = False, assumed: bool = False) -> NodeView:
+        """The request's nodes as filter and prioritize see them (:func:`~scheduler_core.extender.view.node_view`);
+        ``assumed`` (prioritize) lays this instance's predictions over them too.
 
         Raises
         ------
         ClusterStateUnavailableError
             The cluster source has no usable state, or the request names nodes and there is none.
         """
-        return node_view(self._cluster(), args, demand, self.readings, per_gpu=per_gpu)
+        return node_view(self._cluster(), args, demand, self.readings, per_gpu=per_gpu, assumed=assumed)
 
     def _assume(self, view: NodeView, row: int, demand: PodDemand, pod: Any) -> None:
         """Record that the pod takes its GPUs on ``view``'s node ``row`` (what the ledger's bind would
@@ -369,7 +390,7 @@ class Extender:
         node = view.table.names[row]
         if not demand.gpus:
             if cpu and self.config.share_policy == "fgd_cpu":
-                self.readings.observe(node, None, demand.uid, cpu)
+                self.readings.assume(node, None, demand.uid, cpu)
             return
         free = view.free_milli_at(row).astype(np.int64)
         need = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
@@ -378,7 +399,7 @@ class Extender:
             return
         for gpu, milli in pairs:
             free[gpu] -= milli
-        self.readings.observe(node, free.tolist(), demand.uid, cpu)
+        self.readings.assume(node, free.tolist(), demand.uid, cpu)
 
     def state(self) -> ClusterState | None:
         """The cluster state this extender decides from now (may raise, as the source does)."""

@@ -93,11 +93,18 @@ class NodeView:
 
 
 def node_view(
-    state: ClusterState | None, args: ExtenderArgs, demand: PodDemand, readings: Readings, *, per_gpu: bool = False
+    state: ClusterState | None,
+    args: ExtenderArgs,
+    demand: PodDemand,
+    readings: Readings,
+    *,
+    per_gpu: bool = False,
+    assumed: bool = False,
 ) -> NodeView:
     """The request's nodes with their free GPUs; per GPU (``free_milli``) only where it is needed: a
     share, ledger readings to apply, or ``per_gpu`` (preempt). A whole-GPU pod otherwise reads the
-    state's cached free-GPU counts.
+    state's cached free-GPU counts. ``assumed`` lays the extender's own predictions over it too
+    (prioritize's view: they may move a score, never refuse a node).
 
     Raises
     ------
@@ -112,7 +119,7 @@ def node_view(
         rows = state.table.rows_of(table.names)
         used, utilization = state.usage_at(rows)
         view = NodeView(table, free_gpus(table, used), utilization, [], state, rows, names_form=False)
-        return _with_milli(view, state, rows, demand, readings, per_gpu)
+        return _with_milli(view, state, rows, demand, readings.pending(state.generated_at, assumed=assumed), per_gpu)
     if state is None:
         raise ClusterStateUnavailableError(
             "NodeNames (nodeCacheCapable: true) needs cluster state and this extender has none: "
@@ -120,7 +127,7 @@ def node_view(
         )
     table, rows, unknown = _names_rows(state, args.node_names or [])
     view = NodeView(table, state.free_gpus[rows], state.utilization[rows], unknown, state, rows)
-    return _with_milli(view, state, rows, demand, readings, per_gpu)
+    return _with_milli(view, state, rows, demand, readings.pending(state.generated_at, assumed=assumed), per_gpu)
 
 
 _LAST_NAMES: weakref.WeakKeyDictionary[ClusterState, tuple[tuple[str, ...], NodeTable, npt.NDArray[np.intp], list[str]]]
@@ -155,10 +162,9 @@ def _with_milli(
     state: ClusterState,
     rows: npt.NDArray[np.intp],
     demand: PodDemand,
-    readings: Readings,
+    pending: list[Observed],
     force: bool,
 ) -> NodeView:
-    pending = readings.pending(state.generated_at)
     if not (force or demand.share or pending):
         return view
     if not (force or demand.share):

@@ -58,13 +58,29 @@ class Observed:
     cpu: int = 0  # milli-cores that pod takes on the node (an own decision's; 0: none, or not known)
 
 
+ASSUMED_TTL_S = 3.0
+"""How long a prediction made by filter or prioritize counts: kube-scheduler's ``httpTimeout`` in the
+generated profile. A pod that has not bound by then was not placed there (or is in the state)."""
+MAX_ASSUMED = 4096
+"""Predictions kept at most, the oldest dropped first: one per pod in flight, and a request body that
+names pods that do not exist cannot grow them without bound."""
+
+
 class Readings(Protocol):
     """What the extender laid over its state: readings a state stamped ``generated_at`` may not reflect
-    (oldest first), new ones, and the ones a live state now shows."""
+    (oldest first), new ones, and the ones a live state now shows.
 
-    def pending(self, generated_at: float | None) -> list[Observed]: ...
+    ``observe`` records what the ledger said (a bind's, or a bind refused for room): a fact that may
+    refuse a node. ``assume`` records a prediction filter or prioritize made about a pod named in a
+    request, which nothing has checked: it expires within :data:`ASSUMED_TTL_S`, at most
+    :data:`MAX_ASSUMED` are kept, and only prioritize sees it (``pending(..., assumed=True)``), so it
+    can move a score but never refuse a node (DESIGN section 5: only binds change shared state)."""
+
+    def pending(self, generated_at: float | None, *, assumed: bool = False) -> list[Observed]: ...
 
     def observe(self, node: str, free: Sequence[int] | None, uid: str = "", cpu: int = 0) -> None: ...
+
+    def assume(self, node: str, free: Sequence[int] | None, uid: str, cpu: int = 0) -> None: ...
 
     def forget(self, uids: Iterable[str]) -> None: ...
 
@@ -74,10 +90,13 @@ class Readings(Protocol):
 class NoReadings:
     """Nothing laid over the state, and nothing kept."""
 
-    def pending(self, generated_at: float | None) -> list[Observed]:
+    def pending(self, generated_at: float | None, *, assumed: bool = False) -> list[Observed]:
         return []
 
     def observe(self, node: str, free: Sequence[int] | None, uid: str = "", cpu: int = 0) -> None:
+        return None
+
+    def assume(self, node: str, free: Sequence[int] | None, uid: str, cpu: int = 0) -> None:
         return None
 
     def forget(self, uids: Iterable[str]) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, EndpointConnectionError
 
 from adapters.binder import LedgerBinder
 from adapters.gpu_ledger import LedgerStore
@@ -89,11 +89,16 @@ def test_a_retried_bind_is_answered_the_same_and_writes_nothing(api: KubeApiDoub
     assert len(api.writes()) == writes and ledger.read("t4-0", 4).version == version
 
 
-def test_a_refused_binding_rolls_the_ledger_back(api: KubeApiDouble, ledger: LedgerStore) -> None:
+def test_a_refused_binding_rolls_the_ledger_back(
+    api: KubeApiDouble, ledger: LedgerStore, caplog: pytest.LogCaptureFixture
+) -> None:
     api.fail_next("POST", r"/pods/a/binding", 403)  # the API server refused it: nothing landed
     binder = make_binder(api, ledger)
     outcome = binder.bind(pending(api, "a", milli=300))
-    assert "posting the Binding" in outcome.error and outcome.error_kind == "kube_error" and outcome.rolled_back
+    # The step and the status, in fixed words; the API server's own text only in the log.
+    assert outcome.error == "bind default/a to t4-0: posting the Binding failed: HTTP 403 Forbidden"
+    assert outcome.error_kind == "kube_error" and outcome.rolled_back
+    assert "injected fault 403" in caplog.text
     assert ledger.read("t4-0", 4).used == (0, 0, 0, 0)
     assert ledger.read("t4-0", 4).assignments == {}
     assert pod_on(api, "a") == (None, None)
@@ -158,10 +163,58 @@ class ThrottledClient:
         raise ClientError({"Error": error}, "PutItem")
 
 
-def test_a_throttled_ledger_fails_the_bind_before_anything_is_written(api: KubeApiDouble, ledger: LedgerStore) -> None:
+def test_a_throttled_ledger_fails_the_bind_before_anything_is_written(
+    api: KubeApiDouble, ledger: LedgerStore, caplog: pytest.LogCaptureFixture
+) -> None:
     throttled = LedgerStore(TABLE, ThrottledClient(ledger.client))
     outcome = make_binder(api, throttled).bind(pending(api, "a", milli=300))
-    assert outcome.error_kind == "ledger_error" and "ProvisionedThroughputExceeded" in outcome.error
+    assert outcome.error_kind == "ledger_error"
+    assert outcome.error == "bind default/a to t4-0: the GPU ledger write failed: throttled, try again"
+    assert pod_on(api, "a") == (None, None) and api.writes() == []
+    # The table and DynamoDB's own words are the operator's: in the log, not in the answer.
+    assert f"the GPU ledger {TABLE}: writing t4-0: ProvisionedThroughputExceededException" in caplog.text
+
+
+class FailingClient(ThrottledClient):
+    """A real DynamoDB client whose writes fail with ``error``."""
+
+    def __init__(self, client: Any, error: Exception) -> None:
+        super().__init__(client)
+        self.error = error
+
+    def put_item(self, **_: Any) -> Any:
+        raise self.error
+
+
+ARN = f"arn:aws:dynamodb:us-east-1:123456789012:table/{TABLE}"
+
+
+@pytest.mark.parametrize(
+    ("error", "cause"),
+    [
+        pytest.param(
+            ClientError({"Error": {"Code": "AccessDeniedException", "Message": f"not authorized on {ARN}"}}, "PutItem"),
+            "DynamoDB refused the request; see the extender's log",
+            id="a refusal names neither the table nor its ARN",
+        ),
+        pytest.param(
+            EndpointConnectionError(endpoint_url=f"https://dynamodb.us-east-1.amazonaws.com/{TABLE}"),
+            "DynamoDB did not answer in time, try again",
+            id="an unreachable ledger names neither its endpoint nor the table",
+        ),
+    ],
+)
+def test_a_failed_ledger_write_names_the_step_and_the_log_the_rest(
+    api: KubeApiDouble, ledger: LedgerStore, caplog: pytest.LogCaptureFixture, error: Exception, cause: str
+) -> None:
+    failing = LedgerStore(TABLE, FailingClient(ledger.client, error))
+    outcome = make_binder(api, failing).bind(pending(api, "a", milli=300))
+    assert (outcome.error_kind, outcome.error) == (
+        "ledger_error",
+        f"bind default/a to t4-0: the GPU ledger write failed: {cause}",
+    )
+    assert TABLE not in outcome.error and "arn:" not in outcome.error
+    assert TABLE in caplog.text
     assert pod_on(api, "a") == (None, None) and api.writes() == []
 
 
@@ -186,14 +239,18 @@ def test_a_missing_ledger_item_is_created_by_the_first_bind(api: KubeApiDouble, 
     assert outcome.error == "" and ledger.read("t4-0", 4).version == 1
 
 
-def test_a_gone_or_replaced_pod_is_refused(api: KubeApiDouble, ledger: LedgerStore) -> None:
+def test_a_gone_or_replaced_pod_is_refused_with_one_answer_for_both(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    """A bind is no oracle for which pods exist: a pod that does not exist and a pod whose UID is another
+    get the same answer, and neither carries the real UID."""
     binder = make_binder(api, ledger)
-    gone = binder.bind(ExtenderBindingArgs("nope", "default", "uid-x", "t4-0"))
-    assert gone.error_kind == "pod_gone" and "404" in gone.error
-    args = pending(api, "a", milli=250)
-    replaced = binder.bind(ExtenderBindingArgs(args.pod_name, "default", "an-older-uid", "t4-0"))
-    assert replaced.error_kind == "pod_gone" and "UID" in replaced.error
-    assert ledger.read("t4-0", 4).version == 0
+    pending(api, "a", milli=250)
+    replaced = binder.bind(ExtenderBindingArgs("a", "default", "an-older-uid", "t4-0"))
+    gone = binder.bind(ExtenderBindingArgs("a", "elsewhere", "an-older-uid", "t4-0"))
+    assert (gone.error_kind, replaced.error_kind) == ("pod_gone", "pod_gone")
+    assert replaced.error == "bind default/a to t4-0: no pod with that namespace, name and UID"
+    assert gone.error == replaced.error.replace("default/", "elsewhere/")
+    assert "uid-default-a" not in replaced.error
+    assert ledger.read("t4-0", 4).version == 0 and api.writes() == []
 
 
 def test_a_pod_without_gpus_is_bound_without_the_ledger(api: KubeApiDouble, ledger: LedgerStore) -> None:
@@ -262,7 +319,7 @@ def test_a_bind_that_waits_past_its_budget_for_the_node_writes_nothing(api: Kube
         waiting.start()
         waiting.join(timeout=10)
         assert not waiting.is_alive(), "the bind waited for the node past its budget"
-    assert outcomes[0].error_kind == "busy" and "held it for the bind's 0.8 s" in outcomes[0].error
+    assert outcomes[0].error_kind == "busy" and "held it for the bind's whole budget" in outcomes[0].error
     assert ledger.read("t4-0", 4).version == 0 and pod_on(api, "queued") == (None, None)
 
 

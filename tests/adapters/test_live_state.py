@@ -146,6 +146,25 @@ def test_catch_up_waits_for_a_deletion_received_but_not_yet_built_and_not_for_a_
         live.close()
 
 
+def test_catch_up_waits_briefly_for_the_deletion_of_a_terminating_pod_on_a_refused_node(kube: ScriptedKube) -> None:
+    live = LiveState(lambda: kube, min_interval_s=0.0).start()
+    try:
+        assert live.wait_synced(5)
+        terminating = _bound("w", "a100-0", gpus=3, rv=102)
+        terminating["metadata"]["deletionTimestamp"] = "2026-12-04T00:00:00Z"
+        kube.push("pods", ("MODIFIED", terminating))
+        _until(lambda: live.stats()["events"] == 1 and live.catch_up(0.0) is False)
+        assert live.catch_up(1.0, ["t4-1"]) is False  # nothing terminates there: no wait
+        started = time.monotonic()
+        assert live.catch_up(1.0, ["a100-0"]) is False  # its deletion does not come: a short wait, then no
+        assert 0.04 <= time.monotonic() - started < 0.5
+        threading.Timer(0.01, kube.push, ("pods", ("DELETED", terminating))).start()
+        assert live.catch_up(1.0, ["a100-0"]) is True  # it came: the state has it now
+        assert live().free_gpus.tolist() == [8, 4]
+    finally:
+        live.close()
+
+
 def test_a_deletion_drops_the_ledgers_earlier_readings_of_its_node_but_not_the_pods_own(kube: ScriptedKube) -> None:
     readings = LedgerReadings(margin_s=60)
     live = LiveState(lambda: kube, readings=readings, min_interval_s=0.0).start()

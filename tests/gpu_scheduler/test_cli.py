@@ -324,3 +324,51 @@ def test_bench_and_demo_refuse_bad_arguments_naming_them(tmp_path, capsys, argv,
     assert message in err
     if "--trace" in message:
         assert "choose from default" in err
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """``serve``'s HTTP server replaced by a recorder: the command runs up to the point of serving."""
+    import gpu_scheduler.server
+
+    calls = []
+    monkeypatch.setattr(gpu_scheduler.server, "serve", lambda extender, host, port, **_: calls.append((host, extender)))
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # the ledger's client is made, never called
+    return calls
+
+
+SHARING = ["--ledger-table", "gpu-ledger", "--kube-url", "http://127.0.0.1:1", "--kube-token", "t", "--port", "0"]
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.3.7", "gpu-scheduler.internal"])
+def test_serve_refuses_bind_on_a_reachable_host_without_insecure(served, capsys, host):
+    assert main(["serve", "--host", host, *SHARING]) == 2
+    err = capsys.readouterr().err
+    assert f"--host {host} with --ledger-table" in err
+    assert "no TLS and no authentication" in err and "anyone who reaches the port could ask it to bind pods" in err
+    assert "--insecure" in err
+    assert served == [], "it must not serve"
+
+
+def test_serve_binds_on_a_reachable_host_with_insecure_and_warns(served, caplog):
+    assert main(["serve", "--host", "0.0.0.0", "--insecure", *SHARING]) == 0
+    ((host, extender),) = served
+    assert host == "0.0.0.0" and "bind" in extender.verbs
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING" and "--insecure" in r.getMessage()]
+    assert "without TLS or authentication" in warning.getMessage()
+    assert "anyone who reaches the port can ask it to bind pods" in warning.getMessage()
+
+
+@pytest.mark.parametrize(
+    ("argv", "verbs"),
+    [
+        pytest.param(["--host", "127.0.0.1", *SHARING], ("bind",), id="loopback with a ledger"),
+        pytest.param(["--host", "::1", *SHARING], ("bind",), id="IPv6 loopback with a ledger"),
+        pytest.param(["--host", "0.0.0.0", "--port", "0"], (), id="a reachable host without a ledger serves no bind"),
+    ],
+)
+def test_serve_needs_no_insecure_where_nobody_else_can_bind(served, caplog, argv, verbs):
+    assert main(["serve", *argv]) == 0
+    ((_, extender),) = served
+    assert all(verb in extender.verbs for verb in verbs) and ("bind" in extender.verbs) == bool(verbs)
+    assert not [r for r in caplog.records if "--insecure" in r.getMessage()]

@@ -1,5 +1,6 @@
 import json
 import re
+from collections.abc import Collection
 
 import numpy as np
 import pytest
@@ -524,7 +525,9 @@ def test_the_only_node_a_filter_keeps_takes_the_pod_at_once_in_the_extenders_vie
     extender = Extender(cluster=lambda: state, readings=readings)
     _, reply = call(extender, "filter", body(_with_uid(make_pod("p", 3, models="T4"), "u-1"), names=["a100-0", "t4-1"]))
     assert reply["NodeNames"] == ["t4-1"]
-    assert [(r.node, r.free[:4], r.uid) for r in readings.pending(None)] == [("t4-1", (0, 0, 0, 1000), "u-1")]
+    assert [(r.node, r.free[:4], r.uid) for r in readings.pending(None, assumed=True)] == [
+        ("t4-1", (0, 0, 0, 1000), "u-1")
+    ]
     _, scores = call(extender, "prioritize", body(make_pod("q", 1), names=["a100-0", "t4-1"]))
     assert {p["Host"]: p["Score"] for p in scores}["t4-1"] == 10  # one GPU left there: the best fit now
 
@@ -541,7 +544,9 @@ def test_prioritizes_one_best_node_is_assumed_and_a_tie_always_goes_to_the_same_
     assert first == again  # every instance breaks the tie the same way
     winner = next(p["Host"] for p in first if p["Score"] == 10)
     assert sorted(p["Score"] for p in first) == [9, 9, 10]
-    assert [(r.node, r.free[:3], r.uid) for r in readings.pending(None)] == [(winner, (0, 0, 1000), "u-1")]
+    assert [(r.node, r.free[:3], r.uid) for r in readings.pending(None, assumed=True)] == [
+        (winner, (0, 0, 1000), "u-1")
+    ]
     # The next pod packs onto the assumed node: 6 GPUs left there, a better fit than 8.
     second = call(extender, "prioritize", body(_with_uid(make_pod("q", 2), "u-2"), names=names))[1]
     assert next(p["Host"] for p in second if p["Score"] == 10) == winner
@@ -557,7 +562,7 @@ def test_a_share_is_assumed_on_the_tightest_gpu_as_the_ledger_would_choose():
     extender = Extender(ExtenderConfig(share_policy="gpu_packing"), cluster=lambda: state, readings=readings)
     _, reply = call(extender, "filter", body(_with_uid(make_pod("p", 0, milli=300), "u-3"), names=["t4-0"]))
     assert reply["NodeNames"] == ["t4-0"]
-    assert [(r.free[:4], r.uid) for r in readings.pending(None)] == [((100, 1000, 1000, 1000), "u-3")]
+    assert [(r.free[:4], r.uid) for r in readings.pending(None, assumed=True)] == [((100, 1000, 1000, 1000), "u-3")]
 
 
 def test_an_assumed_pods_cpu_counts_for_the_next_pod_before_the_state_shows_it():
@@ -582,12 +587,12 @@ def test_an_assumed_pods_cpu_counts_for_the_next_pod_before_the_state_shows_it()
     extender = Extender(cluster=lambda: state, readings=readings)
     first = {p["Host"]: p["Score"] for p in call(extender, "prioritize", body(pod("one", "30"), names=names))[1]}
     assert first["t4-0"] == 10 > first["t4-1"]
-    assert [(r.node, r.cpu) for r in readings.pending(None)] == [("t4-0", 30_000)]
+    assert [(r.node, r.cpu) for r in readings.pending(None, assumed=True)] == [("t4-0", 30_000)]
     second = {p["Host"]: p["Score"] for p in call(extender, "prioritize", body(pod("two", "5"), names=names))[1]}
     assert second["t4-1"] == 10 and second["t4-0"] < 9
     # The GPUs alone assumed (pod 1 holding no CPU): a tie, which the fixed order breaks.
     gpus_only = LedgerReadings()
-    gpus_only.observe("t4-0", readings.pending(None)[0].free, "u-one")
+    gpus_only.observe("t4-0", readings.pending(None, assumed=True)[0].free, "u-one")
     blind = Extender(cluster=lambda: state, readings=gpus_only)
     assert sorted(p["Score"] for p in call(blind, "prioritize", body(pod("two", "5"), names=names))[1]) == [9, 10]
 
@@ -599,7 +604,7 @@ def test_without_assume_nothing_is_laid_over_the_state():
     readings = LedgerReadings()
     extender = Extender(ExtenderConfig(assume=False), cluster=lambda: state, readings=readings)
     call(extender, "filter", body(_with_uid(make_pod("p", 1), "u-4"), names=["t4-0"]))
-    assert readings.pending(None) == []
+    assert readings.pending(None, assumed=True) == []
 
 
 class CatchingUpSource:
@@ -612,8 +617,9 @@ class CatchingUpSource:
     def __call__(self) -> ClusterState:
         return self.states[0]
 
-    def catch_up(self, timeout_s: float) -> bool:
+    def catch_up(self, timeout_s: float, nodes: Collection[str] = ()) -> bool:
         self.waited.append(timeout_s)
+        self.nodes = list(nodes)
         if not self.behind:
             return False
         self.states.pop(0)
@@ -636,6 +642,7 @@ def test_filter_refusing_a_node_for_shares_in_use_decides_again_once_a_lagging_s
     source = CatchingUpSource(full, freed)
     status, reply = call(Extender(cluster=source), "filter", body(make_pod("p", 0, milli=500), names=["t4-0"]))
     assert status == 200 and reply["NodeNames"] == ["t4-0"] and source.waited == [0.25]
+    assert source.nodes == ["t4-0"]  # the nodes refused for use: a deletion may be on its way to one
     # Nothing pending: the refusal stands, after one question.
     source = CatchingUpSource(full, freed, behind=False)
     status, reply = call(Extender(cluster=source), "filter", body(make_pod("p", 0, milli=500), names=["t4-0"]))
@@ -648,3 +655,27 @@ def test_filter_does_not_wait_on_a_refusal_no_deletion_can_change():
     source = CatchingUpSource(state, state)
     _, reply = call(Extender(cluster=source), "filter", body(make_pod("p", 1, models="A100"), names=["t4-0"]))
     assert "t4-0" in reply["FailedAndUnresolvableNodes"] and source.waited == []
+
+
+def test_filter_never_refuses_a_node_for_what_a_request_predicted_and_prioritize_forgets_it_in_time():
+    """A request body is input from the network: four filter calls for invented 999-milli pods on an
+    empty T4 used to make a real 250-milli pod fail there. Predictions move prioritize's scores only,
+    for at most ASSUMED_TTL_S, and at most MAX_ASSUMED are kept."""
+    from adapters.ledger_readings import LedgerReadings
+    from scheduler_core.state.readings import ASSUMED_TTL_S, MAX_ASSUMED
+
+    now = [1000.0]
+    state = ClusterState.from_objects(make_nodes("T4"))
+    readings = LedgerReadings(clock=lambda: now[0])
+    extender = Extender(ExtenderConfig(share_policy="gpu_packing"), cluster=lambda: state, readings=readings)
+    for i in range(4):
+        call(extender, "filter", body(_with_uid(make_pod(f"ghost-{i}", 0, milli=999), f"ghost-{i}"), names=["t4-0"]))
+    assert len(readings.pending(None, assumed=True)) == 4 and readings.pending(None) == []
+    _, reply = call(extender, "filter", body(_with_uid(make_pod("real", 0, milli=250), "real"), names=["t4-0"]))
+    assert reply["NodeNames"] == ["t4-0"], reply
+    now[0] += ASSUMED_TTL_S + 0.1
+    assert readings.pending(None, assumed=True) == []
+    for i in range(MAX_ASSUMED + 50):
+        readings.assume("t4-0", None, f"cpu-only-{i}", 100_000_000)
+    kept = readings.pending(None, assumed=True)
+    assert len(kept) == MAX_ASSUMED and kept[0].uid == "cpu-only-50"  # the oldest went first

@@ -24,7 +24,7 @@ class Fixed:
     def __init__(self, seen: list[Observed]) -> None:
         self.seen = seen
 
-    def pending(self, generated_at: float | None) -> list[Observed]:
+    def pending(self, generated_at: float | None, *, assumed: bool = False) -> list[Observed]:
         return list(self.seen)
 
 
