@@ -155,7 +155,7 @@ def run_instances(*, instances: int = 8, nodes: int = 100, pods: int = 2000, tim
             ledger = LedgerStore(table, dynamodb_client(endpoint))
             create_table(ledger.client, table)
             cluster.add_nodes([make_node(f"share-{i:04d}", A100, _zone(i)) for i in range(nodes)])
-            args = ["--watch", "--kubeconfig", str(cluster.kubeconfig), "--ledger-table", table]
+            args = ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler")), "--ledger-table", table]
             urls = [product.serve(f"serve-{i}", args, env) for i in range(instances)]
             proxy = RoundRobinServer(urls)
             try:
@@ -309,13 +309,14 @@ def _start_serve(
     if knobs.state == "snapshot" or ledger:
         product.refresher(
             "refresher",
-            ["node-state", "--kubeconfig", str(cluster.kubeconfig), "--snapshot", str(snapshot), "--every",
-             knobs.refresh, "--no-ec2", *(["--ledger-table", ledger] if ledger else [])], env,
+            ["node-state", "--kubeconfig", str(cluster.kubeconfig_of("node-state")), "--snapshot", str(snapshot),
+             "--every", knobs.refresh, "--no-ec2", *(["--ledger-table", ledger] if ledger else [])], env,
         )  # fmt: skip
         _wait(snapshot.exists, 120, "the first snapshot")
     args = ["--watch"] if knobs.state == "live" else ["--snapshot", str(snapshot), "--refresh-s", "1"]
     if knobs.state == "live" or ledger:
-        args += ["--kubeconfig", str(cluster.kubeconfig)]
+        # Beside kube-scheduler in its pod, with its ServiceAccount; on a snapshot, as the extender Lambda.
+        args += ["--kubeconfig", str(cluster.kubeconfig_of("scheduler" if knobs.state == "live" else "extender"))]
     if ledger:
         args += ["--ledger-table", ledger]
     return product.serve("serve", args, env)

@@ -170,7 +170,16 @@ def run(
             plane.add_nodes([trace_node(name, cluster, row) for row, name in enumerate(names)], workers=8)
             plane.ensure_namespaces([NAMESPACE])
             url = product.serve(
-                "serve", ["--watch", "--kubeconfig", str(plane.kubeconfig), "--ledger-table", TABLE, *serve_args], env
+                "serve",
+                [
+                    "--watch",
+                    "--kubeconfig",
+                    str(plane.kubeconfig_of("scheduler")),
+                    "--ledger-table",
+                    TABLE,
+                    *serve_args,
+                ],
+                env,
             )
             plane.start_scheduler(generated_scheduler_config(["--url", url, "--sharing", *config_args]))
             watch = BindWatch(plane.api, NAMESPACE)

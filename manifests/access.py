@@ -8,22 +8,28 @@ calls each function makes (``adapters/kube.py``, ``adapters/binder.py`` and the 
 | identity | group | verbs |
 |---|---|---|
 | extender, only with sharing | ``gpu-scheduler:extender`` | pods get, nodes get, pods/binding create |
-| node-state refresher | ``gpu-scheduler:node-state`` | nodes list/patch, pods list |
+| node-state refresher | ``gpu-scheduler:node-state`` | nodes list/watch/patch, pods list/watch |
 | deletion-cost refresher | ``gpu-scheduler:deletion-cost`` | pods list/get/patch |
 
-Nobody gets ``events``, ``watch`` or any write on a resource it does not own. ``get`` adds nothing to a
-``list`` on the same resource (a list returns every object); the deletion-cost refresher uses it to
-re-read one pod after a 409. The extender's bind reads the pod and its node, then posts a Binding that
-carries ``gpu-scheduler.io/assigned-gpus`` (the API server copies a Binding's annotations onto the pod),
-so it needs no pod patch at all.
+Nobody gets ``events`` or any write on a resource it does not own; only the node-state refresher
+watches (its watch mode, ``WATCH_S``, on by default: the snapshot a second after each change).
+``get`` adds nothing to a ``list`` on the same resource (a list returns every object); the
+deletion-cost refresher uses it to re-read one pod after a 409. The extender's bind reads the pod and
+its node, then posts a Binding that carries ``gpu-scheduler.io/assigned-gpus`` (the API server copies
+a Binding's annotations onto the pod), so it needs no pod patch at all.
 
 RBAC cannot say *which* label or annotation a patch may touch. ``admission_policies`` can: four
 ``ValidatingAdmissionPolicy`` objects (``admissionregistration.k8s.io/v1``, GA in Kubernetes 1.30):
 
 - the node-state group may change only the ``gpu.nvidia.com/model|memory|count`` node labels;
 - the deletion-cost group may change only the ``controller.kubernetes.io/pod-deletion-cost`` annotation;
+- for both, everything else in the object stays as it was: the other labels and annotations, the
+  ``spec``, ``ownerReferences`` (an owner that does not exist makes the garbage collector delete the
+  object) and ``finalizers`` (one nobody removes keeps it from ever being deleted);
 - the extender group's Bindings may carry only the ``assigned-gpus`` annotation;
-- nobody else may set, change or remove ``assigned-gpus`` on a pod or in a Binding.
+- nobody else may set, change or remove ``assigned-gpus`` on a pod (``pods/status`` included) or in a
+  Binding, but the second scheduler's ServiceAccount, in whose pod ``gpu-scheduler serve`` runs as a
+  sidecar and binds.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from scheduler_core.k8s.names import (
 )
 
 _LABELS = {"app.kubernetes.io/name": SCHEDULER_NAME, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
+DEFAULT_SCHEDULER_ACCOUNT = f"system:serviceaccount:kube-system:{SCHEDULER_NAME}"
 RBAC = "rbac.authorization.k8s.io"
 ADMISSION = "admissionregistration.k8s.io/v1"
 NODE_LABELS = (LABEL_MODEL, LABEL_MEMORY, LABEL_COUNT)
@@ -75,8 +82,9 @@ EXTENDER = LambdaIdentity(
 NODE_STATE = LambdaIdentity(
     name="node-state",
     group="gpu-scheduler:node-state",
-    # Lists for the snapshot and the reconcile; a merge patch of the GPU labels on nodes that changed.
-    rules=(_rule("nodes", "list", "patch"), _rule("pods", "list")),
+    # Lists for the snapshot and the reconcile, then a watch of both (WATCH_S); a merge patch of the GPU
+    # labels on nodes that changed.
+    rules=(_rule("nodes", "list", "watch", "patch"), _rule("pods", "list", "watch")),
 )
 DELETION_COST = LambdaIdentity(
     name="deletion-cost",
@@ -121,6 +129,16 @@ def lambda_rbac(*, sharing: bool) -> list[dict[str, Any]]:
 # ---- admission policies ---------------------------------------------------------------------------
 def _cel_list(values: Sequence[str]) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+FROZEN_LISTS = ("ownerReferences", "finalizers")
+"""Metadata lists no identity may change: the garbage collector deletes an object whose owner does not
+exist, and a finalizer nobody removes keeps one from ever going."""
+
+
+def _list(obj: str, field: str) -> str:
+    """``obj.metadata.field``, or an empty list where the object has none."""
+    return f"has({obj}.metadata.{field}) ? {obj}.metadata.{field} : []"
 
 
 def _map(obj: str, field: str) -> str:
@@ -192,6 +210,14 @@ def _own_writes_only(
                 "message": f"{identity.group} may not change spec",
                 "reason": "Forbidden",
             },
+            *(
+                {
+                    "expression": f"({_list('object', field)}) == ({_list('oldObject', field)})",
+                    "message": f"{identity.group} may not change metadata.{field}",
+                    "reason": "Forbidden",
+                }
+                for field in FROZEN_LISTS
+            ),
         ],
     }
 
@@ -205,8 +231,10 @@ def _assigned(obj: str, *, when: str = "") -> str:
     return f"{guard}has({annotations}) && {key} in {annotations} ? [{annotations}[{key}]] : []"
 
 
-def admission_policies(*, sharing: bool) -> list[dict[str, Any]]:
-    """The ValidatingAdmissionPolicies and their bindings (Kubernetes 1.30 or newer), in apply order."""
+def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDULER_ACCOUNT) -> list[dict[str, Any]]:
+    """The ValidatingAdmissionPolicies and their bindings (Kubernetes 1.30 or newer), in apply order.
+    ``scheduler_account`` is the second scheduler's ServiceAccount as a user name, which may write
+    ``assigned-gpus`` (``gpu-scheduler serve`` as a sidecar in its pod binds with it)."""
     docs = _policy(
         f"{SCHEDULER_NAME}-node-state-labels",
         _own_writes_only(NODE_STATE, "nodes", "labels", NODE_LABELS, frozen="annotations"),
@@ -235,9 +263,16 @@ def admission_policies(*, sharing: bool) -> list[dict[str, Any]]:
         f"{SCHEDULER_NAME}-assigned-gpus",
         {
             "matchConstraints": {
-                "resourceRules": [_rules("pods", "CREATE", "UPDATE"), _rules("pods/binding", "CREATE")]
+                "resourceRules": [
+                    _rules("pods", "CREATE", "UPDATE"),
+                    _rules("pods/status", "UPDATE"),
+                    _rules("pods/binding", "CREATE"),
+                ]
             },
-            "matchConditions": [{"name": "not-the-extender", "expression": f"!({_in_group(EXTENDER.group)})"}],
+            "matchConditions": [
+                {"name": "not-the-extender", "expression": f"!({_in_group(EXTENDER.group)})"},
+                {"name": "not-the-scheduler", "expression": f"request.userInfo.username != '{scheduler_account}'"},
+            ],
             "variables": [
                 {"name": "assigned", "expression": _assigned("object")},
                 # oldObject is null on CREATE: only read on UPDATE (&& short-circuits).

@@ -376,22 +376,22 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
 
 
 def scraper_rbac() -> list[dict[str, Any]]:
-    """What the AMP managed scraper needs to discover and scrape pods, bound to the user its access entry
-    names (``aps-collector-user``, as the AMP documentation sets it up)."""
+    """What the AMP managed scraper reads, bound to the user its access entry names (``aps-collector-user``,
+    as the AMP documentation sets it up).
+
+    Its scrape configuration (``cdk/prometheus.py``) finds every target with ``kubernetes_sd_configs`` of
+    role ``pod`` and nothing else: Prometheus lists and watches pods, and scrapes them by IP. No job reads
+    nodes, services, endpoints or the API server's ``/metrics`` (the second scheduler serves its own
+    ``/metrics`` anonymously), so none is granted. A ClusterRole, because the namespaces are deploy-time
+    choices this module does not know; the scrape itself asks only for the exporters' own.
+    """
     name = "gpu-scheduler-aps-collector"
     return [
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
             "metadata": _meta(name),
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["nodes", "nodes/metrics", "services", "endpoints", "pods"],
-                    "verbs": ["get", "list", "watch"],
-                },
-                {"nonResourceURLs": ["/metrics"], "verbs": ["get"]},
-            ],
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -407,7 +407,8 @@ def all_manifests(options: SchedulerOptions, *, admission_policy: bool = True) -
     """The Lambdas' and the scraper's RBAC, the Lambdas' admission policies (Kubernetes 1.30 or newer;
     ``admission_policy=False`` leaves them out) and the second scheduler: everything ``gpu-scheduler.yaml``
     holds."""
-    policies = admission_policies(sharing=options.sharing) if admission_policy else []
+    account = f"system:serviceaccount:{options.namespace}:{SCHEDULER_NAME}"
+    policies = admission_policies(sharing=options.sharing, scheduler_account=account) if admission_policy else []
     return [*lambda_rbac(sharing=options.sharing), *scraper_rbac(), *policies, *scheduler_manifests(options)]
 
 

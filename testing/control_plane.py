@@ -40,12 +40,68 @@ from typing import Any
 
 import yaml
 
-from manifests.scheduler import feature_gate_flags, feature_gates
+from manifests.access import EXTENDER
+from manifests.access import identities as lambda_identities
+from manifests.scheduler import SCHEDULER_NAME, feature_gate_flags, feature_gates
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_K8S = REPO.parent / "shared" / "k8s"
 BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
+SCHEDULER_NAMESPACE = "kube-system"
+"""Where ``gpu-scheduler scheduler-config`` puts the second scheduler by default."""
 TOKEN = "e2e-admin-token"
+ADMIN_GROUPS = ("system:masters", EXTENDER.group)
+"""The harness's own user (the test's hands: nodes, pods, namespaces): an administrator, also in the
+extender's group so that fixtures may create pods that already hold ``assigned-gpus`` (the product's
+admission policy lets only that group write it; no product component runs as this user)."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A user the API server knows by a static token: what one component of the product (or of
+    Kubernetes) is in a real cluster."""
+
+    name: str
+    user: str
+    groups: tuple[str, ...]
+
+    @property
+    def token(self) -> str:
+        return f"e2e-{self.name}-token"
+
+
+def identities() -> dict[str, Identity]:
+    """Each component's identity, as the product deploys it (``manifests/access.py``,
+    ``manifests/scheduler.py``): the second kube-scheduler and ``gpu-scheduler serve`` beside it in its
+    pod (the ``gpu-scheduler`` ServiceAccount) and the three Lambdas (their EKS access entries' groups);
+    and ``tenant``, a user of no product group, whom a test grants what it probes with.
+    Not the product's: kube-controller-manager runs as the harness's administrator, as the cluster's
+    own controllers would hold every right they use."""
+    account = f"system:serviceaccount:{SCHEDULER_NAMESPACE}:{SCHEDULER_NAME}"
+    found = {
+        "scheduler": Identity(
+            "scheduler", account, ("system:serviceaccounts", f"system:serviceaccounts:{SCHEDULER_NAMESPACE}")
+        ),
+    }
+    # Someone who may edit pods and nothing of the product's: what a tenant's controller can be.
+    found["tenant"] = Identity("tenant", "e2e-tenant", ("e2e-tenants",))
+    for lambda_identity in lambda_identities(sharing=True):
+        found[lambda_identity.name] = Identity(
+            lambda_identity.name, f"eks-gpu-scheduler-{lambda_identity.name}", (lambda_identity.group,)
+        )
+    return found
+
+
+ACCESS_KINDS = {
+    "ServiceAccount": "/api/v1/namespaces/{namespace}/serviceaccounts",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+    "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+}
+"""Where each kind of the product's access-control documents is created."""
 
 
 def stop_group(process: subprocess.Popen[bytes]) -> None:
@@ -380,7 +436,9 @@ class ControlPlane:
             ["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(pub)], check=True, capture_output=True
         )
         tokens = self.workdir / "tokens.csv"
-        tokens.write_text(f"{TOKEN},admin,admin-uid,system:masters\n")
+        lines = [f'{TOKEN},admin,admin-uid,"{",".join(ADMIN_GROUPS)}"']
+        lines += [f'{i.token},{i.user},{i.name}-uid,"{",".join(i.groups)}"' for i in identities().values()]
+        tokens.write_text("\n".join(lines) + "\n")
         self._spawn(
             "kube-apiserver",
             [str(found.folder / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
@@ -404,6 +462,50 @@ class ControlPlane:
         self._wait("kube-apiserver", ready, timeout_s=90)
         self.kubeconfig = self.workdir / "kubeconfig"
         self.kubeconfig.write_text(yaml.safe_dump(kubeconfig(self.url, TOKEN)))
+        for identity in identities().values():
+            (self.workdir / f"kubeconfig-{identity.name}").write_text(
+                yaml.safe_dump(kubeconfig(self.url, identity.token))
+            )
+        self.apply_access(generated_manifests(["--url", "https://unused.invalid/extender", "--sharing"]))
+
+    # -- who is who ---------------------------------------------------------------------------
+    def kubeconfig_of(self, identity: str) -> Path:
+        """A kubeconfig with the token of ``identity`` (one of :func:`identities`): what that component
+        uses in the suite, so that it can do only what the product grants it."""
+        if identity not in identities():
+            raise KeyError(f"no identity {identity!r}; the harness has {', '.join(identities())}")
+        return self.workdir / f"kubeconfig-{identity}"
+
+    def api_as(self, identity: str) -> KubeRest:
+        """The harness's client, as ``identity``."""
+        return KubeRest(self.url, identities()[identity].token)
+
+    def apply_access(self, documents: Iterable[Mapping[str, Any]]) -> list[str]:
+        """Create (or replace) the access-control documents among ``documents`` as the product generates
+        them: ServiceAccounts, RBAC, and the admission policies where this API server serves them (1.30 and
+        later). The names applied, ``Kind/name``."""
+        served_vap = self.binaries is not None and self.binaries.release[:2] >= (1, 30)
+        applied = []
+        for document in documents:
+            kind = str(document.get("kind"))
+            if kind not in ACCESS_KINDS or (kind.startswith("ValidatingAdmission") and not served_vap):
+                continue
+            metadata = document["metadata"]
+            path = ACCESS_KINDS[kind].format(namespace=metadata.get("namespace", "default"))
+            if "{namespace}" in ACCESS_KINDS[kind]:
+                self.ensure_namespaces([metadata.get("namespace", "default")])
+            status, _ = self.api.raw("POST", path, json.dumps(document).encode(), "application/json")
+            if status == 409:  # there already: the document as generated now replaces it
+                current = self.api.get(f"{path}/{metadata['name']}")
+                replaced = {
+                    **document,
+                    "metadata": {**metadata, "resourceVersion": current["metadata"]["resourceVersion"]},
+                }
+                self.api.request("PUT", f"{path}/{metadata['name']}", replaced)
+            elif status not in (200, 201):
+                raise KubeError(status, _, f"creating {kind}/{metadata['name']}")
+            applied.append(f"{kind}/{metadata['name']}")
+        return applied
 
     # -- the scheduler and the controller-manager ---------------------------------------------
     def start_scheduler(self, config: Mapping[str, Any], *, name: str = "kube-scheduler") -> None:
@@ -414,15 +516,16 @@ class ControlPlane:
         assert self.binaries is not None
         document = dict(config)
         document["apiVersion"] = self.binaries.scheduler_api
-        document["clientConnection"] = {**document.get("clientConnection", {}), "kubeconfig": str(self.kubeconfig)}
+        account = self.kubeconfig_of("scheduler")
+        document["clientConnection"] = {**document.get("clientConnection", {}), "kubeconfig": str(account)}
         path = self.workdir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(document))
         port = free_port()
         self._spawn(
             name,
             [str(self.binaries.folder / "kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
-             f"--secure-port={port}", f"--authentication-kubeconfig={self.kubeconfig}",
-             f"--authorization-kubeconfig={self.kubeconfig}", "-v=2",
+             f"--secure-port={port}", f"--authentication-kubeconfig={account}",
+             f"--authorization-kubeconfig={account}", "-v=2",
              *feature_gate_flags(self.binaries.scheduler_gates)],
         )  # fmt: skip
         health = KubeRest(f"https://127.0.0.1:{port}", TOKEN)
@@ -659,9 +762,8 @@ class BindWatch:
         self._thread.join(timeout=10)
 
 
-def generated_scheduler_config(argv: Sequence[str]) -> dict[str, Any]:
-    """The KubeSchedulerConfiguration inside what ``gpu-scheduler scheduler-config ARGV`` writes: the
-    ConfigMap the product deploys, exactly."""
+def generated_manifests(argv: Sequence[str]) -> list[dict[str, Any]]:
+    """Every document ``gpu-scheduler scheduler-config ARGV`` writes: what the product deploys, exactly."""
     import contextlib
     import io
 
@@ -672,8 +774,14 @@ def generated_scheduler_config(argv: Sequence[str]) -> dict[str, Any]:
         code = main(["scheduler-config", *argv])
     if code != 0:
         raise RuntimeError(f"gpu-scheduler scheduler-config {' '.join(argv)} exited with {code}")
-    for document in yaml.safe_load_all(out.getvalue()):
-        if document and document.get("kind") == "ConfigMap" and document["metadata"]["name"].endswith("-config"):
+    return [document for document in yaml.safe_load_all(out.getvalue()) if document]
+
+
+def generated_scheduler_config(argv: Sequence[str]) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration inside what ``gpu-scheduler scheduler-config ARGV`` writes: the
+    ConfigMap the product deploys, exactly."""
+    for document in generated_manifests(argv):
+        if document.get("kind") == "ConfigMap" and document["metadata"]["name"].endswith("-config"):
             (text,) = document["data"].values()
             config: dict[str, Any] = yaml.safe_load(text)
             return config

@@ -44,7 +44,8 @@ class Schedule:
     ) -> None:
         self.product = product
         self.argv = ["node-state", "--once", "--no-ec2", *(["--watch", f"{watch_s}s"] if watch_s else []),
-                     "--kubeconfig", str(cluster.kubeconfig), "--snapshot", snapshot_uri, *extra]  # fmt: skip
+                     "--kubeconfig", str(cluster.kubeconfig_of("node-state")),
+                     "--snapshot", snapshot_uri, *extra]  # fmt: skip
         self.env, self.period_s, self.count = env, period_s, count
         self.names: list[str] = []
         self._stop = threading.Event()

@@ -142,7 +142,8 @@ def bench_commands(text: str) -> list[str]:
 def test_every_generated_block_in_docs_is_what_tools_docs_writes() -> None:
     assert tools_docs.stale(DOCS) == []
     held = {name for page in tools_docs.pages(DOCS) for name, _ in tools_docs.blocks_in(page.read_text())}
-    expected = {"extender-settings", "node-state-settings", "deletion-cost-settings", "metric-catalogue"}
+    expected = {"extender-settings", "node-state-settings", "deletion-cost-settings", "metric-catalogue",
+                "kubernetes-identities", "admission-policies"}  # fmt: skip
     assert held == set(tools_docs.BLOCKS) == expected
 
 
@@ -237,3 +238,25 @@ def test_the_bench_command_check_finds_commands_and_skips_placeholders() -> None
         "`gpu-scheduler bench SUITE`"
     )
     assert bench_commands(text) == ["extender --json", "synth --runs 3"]
+
+
+def test_the_security_pages_limits_are_the_codes() -> None:
+    """docs/security.md promises limits a reviewer will hold the code to: each figure it gives is the
+    constant the code uses."""
+    from scheduler_core.k8s import annotations, pods, quantity
+    from scheduler_core.state.readings import ASSUMED_TTL_S, MAX_ASSUMED
+
+    text = " ".join((DOCS / "security.md").read_text().split())
+    promised = [
+        f"at most {MAX_ASSUMED:,} of them",
+        f"each dropped {ASSUMED_TTL_S:g} s after it was made",
+        f"`gpu-scheduler.io/peers`: at most {annotations.MAX_PEERS_CHARS:,} characters",
+        f"JSON nested at most {annotations.MAX_PEERS_JSON_DEPTH} deep",
+        f"at most {annotations.MAX_PEERS} peers",
+        f"weights of at most {annotations.MAX_WEIGHT_CHARS} ASCII characters",
+        f"`gpu-scheduler.io/assigned-gpus`: at most {annotations.MAX_ASSIGNED_GPUS_CHARS:,} characters",
+        f"`gpu.nvidia.com/model`: at most {pods.MAX_MODELS_CHARS:,} characters",
+        f"`gpu.nvidia.com/memory` and every resource quantity: at most {quantity.MAX_QUANTITY_CHARS} characters",
+    ]
+    assert pods.MAX_MEMORY_CHARS == quantity.MAX_QUANTITY_CHARS  # the page gives them as one figure
+    assert [phrase for phrase in promised if phrase not in text] == []

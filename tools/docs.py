@@ -50,7 +50,37 @@ def _metric_catalogue() -> str:
     return markdown_table()
 
 
+def _kubernetes_identities() -> str:
+    from manifests.access import identities
+
+    rows = ["| Lambda | Kubernetes group | may |", "|---|---|---|"]
+    for identity in identities(sharing=True):
+        verbs = "; ".join(f"{', '.join(rule['resources'])}: {', '.join(rule['verbs'])}" for rule in identity.rules)
+        rows.append(f"| {identity.name} | `{identity.group}` | {verbs} |")
+    return "\n".join(rows)
+
+
+def _admission_policies() -> str:
+    from manifests.access import admission_policies
+
+    rows = ["| policy | applies to | requests | refuses, in its own words |", "|---|---|---|---|"]
+    for doc in admission_policies(sharing=True):
+        if doc["kind"] != "ValidatingAdmissionPolicy":
+            continue
+        spec = doc["spec"]
+        requests = "; ".join(
+            f"{', '.join(rule['operations'])} {', '.join(rule['resources'])}"
+            for rule in spec["matchConstraints"]["resourceRules"]
+        )
+        who = " and ".join(f"`{condition['expression']}`" for condition in spec["matchConditions"])
+        refused = "; ".join(validation["message"] for validation in spec["validations"])
+        rows.append(f"| `{doc['metadata']['name']}` | {who} | {requests} | {refused} |")
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "kubernetes-identities": _kubernetes_identities,
+    "admission-policies": _admission_policies,
     "extender-settings": _extender_settings,
     "node-state-settings": _node_state_settings,
     "deletion-cost-settings": _deletion_cost_settings,

@@ -110,7 +110,9 @@ def _granted(docs: list[dict[str, Any]], group: str) -> set[tuple[str, str]]:
 def test_each_group_may_do_only_what_its_function_calls() -> None:
     docs = lambda_rbac(sharing=True)
     assert _granted(docs, EXTENDER.group) == {("pods", "get"), ("nodes", "get"), ("pods/binding", "create")}
-    assert _granted(docs, NODE_STATE.group) == {("nodes", "list"), ("nodes", "patch"), ("pods", "list")}
+    assert _granted(docs, NODE_STATE.group) == {
+        ("nodes", "list"), ("nodes", "watch"), ("nodes", "patch"), ("pods", "list"), ("pods", "watch")
+    }  # fmt: skip
     assert _granted(docs, DELETION_COST.group) == {("pods", "list"), ("pods", "get"), ("pods", "patch")}
     assert not any(resource == "events" for group in (EXTENDER, NODE_STATE, DELETION_COST)
                    for resource, _ in _granted(docs, group.group))  # fmt: skip
@@ -173,9 +175,13 @@ def test_nobody_but_the_extender_may_touch_the_assigned_gpus_annotation() -> Non
         rules = guard["matchConstraints"]["resourceRules"]
         assert [(r["resources"], r["operations"]) for r in rules] == [
             (["pods"], ["CREATE", "UPDATE"]),
+            (["pods/status"], ["UPDATE"]),
             (["pods/binding"], ["CREATE"]),
         ]
-        assert guard["matchConditions"][0]["expression"] == "!('gpu-scheduler:extender' in request.userInfo.groups)"
+        assert [c["expression"] for c in guard["matchConditions"]] == [
+            "!('gpu-scheduler:extender' in request.userInfo.groups)",
+            "request.userInfo.username != 'system:serviceaccount:kube-system:gpu-scheduler'",
+        ]
         assert ASSIGNED_GPUS_ANNOTATION in _expressions(guard)
         # oldObject is null on CREATE: it is read only behind the UPDATE check.
         (old,) = [v["expression"] for v in guard["variables"] if v["name"] == "oldAssigned"]

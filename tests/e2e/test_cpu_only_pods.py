@@ -39,7 +39,7 @@ def serve_url(cluster: ControlPlane, product: Processes) -> str:
     cluster.ensure_namespaces([NAMESPACE])
     busy = [make_pod(f"gpu-{i}", 1, namespace=NAMESPACE, node_name="t4-busy") for i in range(4)]
     cluster.create_pods([*busy, cpu_pod("hog", "40", "150Gi", node_name="t4-thin")])
-    return product.serve("serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig)])
+    return product.serve("serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler"))])
 
 
 def place(cluster: ControlPlane, name: str) -> str:

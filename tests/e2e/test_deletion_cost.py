@@ -102,7 +102,7 @@ def prometheus(frontend: list[str], tmp_path_factory: pytest.TempPathFactory) ->
 def refresh_once(cluster: ControlPlane, prometheus: str, config: Path) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "gpu_scheduler", "refresh", "deletion-cost", "--once", "--kubeconfig",
-         str(cluster.kubeconfig), "--prometheus", prometheus, "--config", str(config)],
+         str(cluster.kubeconfig_of("deletion-cost")), "--prometheus", prometheus, "--config", str(config)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

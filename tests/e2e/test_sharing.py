@@ -69,7 +69,7 @@ def serve_url(
 ) -> Iterator[str]:
     cluster.add_nodes(NODES)
     url = product.serve(
-        "serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig), "--ledger-table", TABLE], moto_env
+        "serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler")), "--ledger-table", TABLE], moto_env
     )
     config = start_scheduler(cluster, url, "--sharing")
     (extender,) = config["extenders"]
@@ -236,27 +236,29 @@ def test_two_concurrent_binds_of_one_pod_leave_one_placement_and_its_annotation(
 ):
     import threading
 
-    for trial in range(5):
-        pod = share(f"raced-{trial}", 250, "A100", namespace)
-        # No node has 100,000 CPUs: kube-scheduler leaves the pod alone (the bind checks GPU facts only).
-        pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "100000"
-        cluster.create_pods([pod])
-        live = cluster.pod(namespace, pod["metadata"]["name"])
-        replies: dict[str, dict[str, Any]] = {}
+    cluster.stop_scheduler()  # only the two /bind calls may place these pods (bind checks what kube-scheduler does)
+    try:
+        for trial in range(5):
+            pod = share(f"raced-{trial}", 250, "A100", namespace)
+            cluster.create_pods([pod])
+            live = cluster.pod(namespace, pod["metadata"]["name"])
+            replies: dict[str, dict[str, Any]] = {}
 
-        def bind(node: str, live: dict[str, Any] = live, replies: dict[str, Any] = replies) -> None:
-            replies[node] = bind_request(serve_url, live, node)
+            def bind(node: str, live: dict[str, Any] = live, replies: dict[str, Any] = replies) -> None:
+                replies[node] = bind_request(serve_url, live, node)
 
-        threads = [threading.Thread(target=bind, args=(node,)) for node in ("a100-0", "a100-1")]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        stored = cluster.pod(namespace, pod["metadata"]["name"])
-        node = stored["spec"]["nodeName"]
-        assert [n for n, reply in replies.items() if reply["Error"] == ""] == [node], replies
-        uid = stored["metadata"]["uid"]
-        holders = {item.node: dict(item.assignments)[uid] for item in ledger.scan() if uid in item.assignments}
-        assert list(holders) == [node]  # the losing bind released its entry
-        annotation = stored["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"]
-        assert annotation == ",".join(f"{gpu}:{milli}" for gpu, milli in holders[node])
+            threads = [threading.Thread(target=bind, args=(node,)) for node in ("a100-0", "a100-1")]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            stored = cluster.pod(namespace, pod["metadata"]["name"])
+            node = stored["spec"]["nodeName"]
+            assert [n for n, reply in replies.items() if reply["Error"] == ""] == [node], replies
+            uid = stored["metadata"]["uid"]
+            holders = {item.node: dict(item.assignments)[uid] for item in ledger.scan() if uid in item.assignments}
+            assert list(holders) == [node]  # the losing bind released its entry
+            annotation = stored["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"]
+            assert annotation == ",".join(f"{gpu}:{milli}" for gpu, milli in holders[node])
+    finally:
+        start_scheduler(cluster, serve_url, "--sharing")  # as the module's fixture left it

@@ -50,7 +50,7 @@ def test_at_the_default_weight_the_gpu_policy_packs_what_topology_spread_would_s
     cluster.ensure_namespaces([NAMESPACE])
     service = {"metadata": {"name": "trainer"}, "spec": {"selector": {"app": "trainer"}, "ports": [{"port": 80}]}}
     cluster.api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/services", service, ok=(201,))
-    url = product.serve("serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig)])
+    url = product.serve("serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler"))])
     config = generated_scheduler_config(["--url", url])
     assert config["extenders"][0]["weight"] == 5
     packed = drain(cluster, config)

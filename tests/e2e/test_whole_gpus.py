@@ -127,7 +127,9 @@ NAMESPACE = {False: "names", True: "full-nodes"}
 def serve_url(cluster: ControlPlane, product: Processes) -> str:
     cluster.add_nodes(NODES)
     cluster.create_pods(RUNNING)
-    return product.serve("serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig), "--share-policy", "gpu_packing"])
+    return product.serve(
+        "serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler")), "--share-policy", "gpu_packing"]
+    )
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["node-names", "full-nodes"])

@@ -10,15 +10,18 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from cdk.prometheus import scrape_configuration
 from gpu_scheduler.cli import main
 from manifests.access import DELETION_COST, EXTENDER, NODE_STATE, lambda_rbac
 from manifests.scheduler import (
     CONFIG_HASH_ANNOTATION,
+    SCRAPER_USER,
     SchedulerOptions,
     all_manifests,
     render_yaml,
     scheduler_configuration,
     scheduler_manifests,
+    scraper_rbac,
 )
 from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.names import MILLI_RESOURCE
@@ -203,11 +206,91 @@ def test_each_lambda_group_may_do_exactly_what_its_function_calls() -> None:
                                     for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
     assert granted == {
         EXTENDER.group: {("", "pods", "get"), ("", "nodes", "get"), ("", "pods/binding", "create")},
-        NODE_STATE.group: {("", "nodes", "list"), ("", "nodes", "patch"), ("", "pods", "list")},
+        NODE_STATE.group: {
+            ("", "nodes", "list"),
+            ("", "nodes", "watch"),
+            ("", "nodes", "patch"),
+            ("", "pods", "list"),
+            ("", "pods", "watch"),
+        },
         DELETION_COST.group: {("", "pods", "get"), ("", "pods", "list"), ("", "pods", "patch")},
     }
     assert EXTENDER.group not in {d["subjects"][0]["name"] for d in lambda_rbac(sharing=False)
                                   if d["kind"] == "ClusterRoleBinding"}  # fmt: skip
+
+
+# What Prometheus's Kubernetes service discovery lists and watches for each role (one informer per kind,
+# prometheus/discovery/kubernetes), as (API group, resource).
+SD_ROLE_READS = {
+    "pod": {("", "pods")},
+    "node": {("", "nodes")},
+    "service": {("", "services")},
+    "endpoints": {("", "endpoints"), ("", "services"), ("", "pods")},
+    "endpointslice": {("discovery.k8s.io", "endpointslices"), ("", "services"), ("", "pods")},
+    "ingress": {("networking.k8s.io", "ingresses")},
+}
+CREDENTIALS = ("authorization", "bearer_token", "bearer_token_file", "oauth2")
+
+
+def _scrape_needs(config: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(API group or ``nonResourceURL``, resource or path, verb) that a Prometheus scrape configuration reads
+    from the API server with the scraper's identity."""
+    needs = set()
+    for job in config["scrape_configs"]:
+        for sd in job.get("kubernetes_sd_configs", []):
+            kinds = set(SD_ROLE_READS[sd["role"]])
+            if sd.get("attach_metadata", {}).get("node"):
+                kinds.add(("", "nodes"))
+            needs |= {(group, resource, verb) for group, resource in kinds for verb in ("list", "watch")}
+        # A job that presents the scraper's credentials is authorised by its target: the API server (or a
+        # component delegating to it) then needs RBAC on the path. Without credentials, nothing is asked.
+        if any(key in job for key in CREDENTIALS):
+            needs.add(("nonResourceURL", job.get("metrics_path", "/metrics"), "get"))
+    return needs
+
+
+def _rules_grant(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    granted = set()
+    for rule in rules:
+        if "nonResourceURLs" in rule:
+            granted |= {("nonResourceURL", url, verb) for url in rule["nonResourceURLs"] for verb in rule["verbs"]}
+        else:
+            granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return granted
+
+
+@pytest.mark.parametrize(
+    ("dcgm", "ksm"),
+    [("gpu-operator", "kube-system"), ("nvidia-gpu", "monitoring")],
+    ids=["default namespaces", "other exporter namespaces"],
+)
+def test_the_scraper_may_read_exactly_what_its_scrape_configuration_reads(dcgm: str, ksm: str) -> None:
+    needs = _scrape_needs(scrape_configuration(dcgm_namespace=dcgm, ksm_namespace=ksm))
+    assert needs, "the scrape configuration discovers its targets through the API"
+    docs = scraper_rbac()
+    (role,) = _by_kind(docs, "ClusterRole")
+    assert _rules_grant(role["rules"]) == needs
+    (binding,) = _by_kind(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SCRAPER_USER}]
+    # What the CLI and the stack apply is this RBAC, not another copy.
+    applied = [d for d in all_manifests(SchedulerOptions(extender_url=URL)) if d["metadata"]["name"] ==
+               role["metadata"]["name"]]  # fmt: skip
+    assert applied == docs
+
+
+def test_the_scrape_needs_follow_the_discovery_roles_and_credentials() -> None:
+    """The derivation above, on configurations that would need more: it must not pass by reading nothing."""
+    wider = {
+        "scrape_configs": [
+            {"job_name": "a", "kubernetes_sd_configs": [{"role": "endpoints", "attach_metadata": {"node": True}}]},
+            {"job_name": "apiserver", "kubernetes_sd_configs": [{"role": "node"}], "bearer_token_file": "/t"},
+        ]
+    }
+    assert _scrape_needs(wider) == {
+        (g, r, v) for g, r in [("", "endpoints"), ("", "services"), ("", "pods"), ("", "nodes")]
+        for v in ("list", "watch")
+    } | {("nonResourceURL", "/metrics", "get")}  # fmt: skip
 
 
 @pytest.mark.parametrize("sharing", [False, True], ids=["whole GPUs", "sharing"])

@@ -1,0 +1,192 @@
+"""Every component as the identity the product deploys for it, through the real API server.
+
+The harness (``testing.control_plane``) gives each component a token of its own and applies the
+product's RBAC and admission policies as ``gpu-scheduler scheduler-config`` generates them; the rest of
+the suite runs ``serve``, the refreshers and kube-scheduler with those tokens. Here:
+
+- the API server's own authorizer grants each Lambda group exactly the verbs of ``manifests/access.py``
+  (SelfSubjectAccessReview over every resource and verb those roles could name);
+- taking one verb away (``watch`` from the node-state refresher) makes the real refresher fail at it;
+- on 1.30 and later the generated ValidatingAdmissionPolicies refuse, through the API server, every
+  write an identity may not make (another label or annotation, a finalizer, an ownerReference, the
+  ``assigned-gpus`` annotation through ``pods/status``), and let each one's own write through. Before
+  1.30 (the captures' 1.25) the policies are not served, and the harness applies none.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from manifests.access import DELETION_COST, EXTENDER, NODE_STATE, LambdaIdentity
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, DELETION_COST_ANNOTATION, LABEL_MODEL
+from testing.control_plane import ControlPlane, KubeRest, generated_manifests, identities
+
+NAMESPACE = "identities"
+A100 = next(shape for shape in CATALOGUE if shape.model == "A100")
+RESOURCES = ("pods", "pods/binding", "pods/status", "pods/eviction", "nodes", "nodes/status", "events", "secrets",
+             "configmaps", "namespaces", "serviceaccounts")  # fmt: skip
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+
+
+def policies_served(cluster: ControlPlane) -> bool:
+    assert cluster.binaries is not None
+    return cluster.binaries.release[:2] >= (1, 30)
+
+
+def allowed(api: KubeRest, resource: str, verb: str) -> bool:
+    """What the API server's authorizer answers ``api``'s user for ``verb`` on ``resource``."""
+    name, _, sub = resource.partition("/")
+    attributes = {"verb": verb, "resource": name, "namespace": NAMESPACE if name != "nodes" else ""}
+    if sub:
+        attributes["subresource"] = sub
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+              "spec": {"resourceAttributes": attributes}}  # fmt: skip
+    answer = api.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+    return bool(answer["status"]["allowed"])
+
+
+@pytest.mark.parametrize("identity", [EXTENDER, NODE_STATE, DELETION_COST], ids=lambda i: i.name)
+def test_each_lambda_identity_is_granted_exactly_its_functions_verbs(cluster: ControlPlane, identity: LambdaIdentity):
+    expected = {(r, v) for rule in identity.rules for r in rule["resources"] for v in rule["verbs"]}
+    api = cluster.api_as(identity.name)
+    granted = {(r, v) for r in RESOURCES for v in VERBS if allowed(api, r, v)}
+    assert granted == expected
+
+
+def node_state_watch(cluster: ControlPlane, tmp_path: Path) -> dict[str, Any]:
+    """One node-state run that watches for 2 s as its own identity, a node labelled meanwhile; its report."""
+    snapshot = tmp_path / "snapshot.npz"
+    refresher = subprocess.Popen(
+        [sys.executable, "-m", "gpu_scheduler", "refresh", "node-state", "--once", "--no-ec2", "--watch", "2s",
+         "--kubeconfig", str(cluster.kubeconfig_of("node-state")), "--snapshot", str(snapshot)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(1.0)
+    cluster.api.patch("/api/v1/nodes/a100-watched", {"metadata": {"labels": {"touched": str(time.time_ns())}}})
+    out, err = refresher.communicate(timeout=60)
+    assert refresher.returncode == 0, err
+    report: dict[str, Any] = json.loads(out.splitlines()[-1])
+    return report
+
+
+def test_taking_watch_from_the_node_state_role_fails_its_watch(cluster: ControlPlane, tmp_path: Path):
+    cluster.add_nodes([make_node("a100-watched", A100, "us-east-1a")])
+    documents = generated_manifests(["--url", "https://unused.invalid/extender", "--sharing"])
+    (role,) = [d for d in documents if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-node-state")]
+    assert node_state_watch(cluster, tmp_path)["watch"]["watch_errors"] == 0  # as the product grants it
+    without_watch = {**role, "rules": [{**r, "verbs": [v for v in r["verbs"] if v != "watch"]} for r in role["rules"]]}
+    try:
+        cluster.apply_access([without_watch])
+        api = cluster.api_as("node-state")
+        cluster.wait_for(lambda: not allowed(api, "nodes", "watch"), 10, "the role without watch to take effect")
+        report = node_state_watch(cluster, tmp_path)
+        assert report["watch"]["watch_errors"] > 0 and report["watch"]["publishes"] == 0, report["watch"]
+    finally:
+        cluster.apply_access([role])
+
+
+# ---- admission policies ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tenant(cluster: ControlPlane) -> KubeRest:
+    """The tenant user, allowed to edit pods (and their status) in the test's namespace."""
+    cluster.ensure_namespaces([NAMESPACE])
+    rules = [{"apiGroups": [""], "resources": ["pods", "pods/status"], "verbs": ["get", "create", "update", "patch"]}]
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "pod-editor", "namespace": NAMESPACE}, "rules": rules}  # fmt: skip
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "pod-editor", "namespace": NAMESPACE},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-editor"},
+               "subjects": [{"kind": "User", "name": identities()["tenant"].user}]}  # fmt: skip
+    cluster.apply_access([role, binding])
+    return cluster.api_as("tenant")
+
+
+def patch_as(api: KubeRest, path: str, body: Any) -> tuple[int, str]:
+    """The status and message of a merge patch as ``api``'s user. A policy's refusal is a 403 whose
+    message names the policy (RBAC's names no policy)."""
+    status, raw = api.raw("PATCH", path, json.dumps(body).encode(), "application/merge-patch+json")
+    return status, (json.loads(raw).get("message", "") if raw else "")
+
+
+@pytest.fixture(scope="module")
+def policies(cluster: ControlPlane, tenant: KubeRest) -> bool:
+    """Whether this API server enforces the product's admission policies, once they are in force (they
+    load within a second or so of being created): a tenant's pod that claims GPUs is refused then."""
+    if not policies_served(cluster):
+        return False
+    forged = make_pod("probe", 0, namespace=NAMESPACE)
+    forged["metadata"]["annotations"][ASSIGNED_GPUS_ANNOTATION] = "0:1000"
+    for attempt in range(40):
+        forged["metadata"]["name"] = f"probe-{attempt}"
+        status, raw = tenant.raw("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", json.dumps(forged).encode(),
+                                 "application/json")  # fmt: skip
+        if status == 403 and b"ValidatingAdmissionPolicy" in raw:
+            return True
+        time.sleep(0.5)
+    raise AssertionError("the admission policies were not in force 20 s after they were created")
+
+
+OWNER = {"apiVersion": "v1", "kind": "ConfigMap", "name": "missing", "uid": "00000000-0000-0000-0000-000000000000"}
+FORBIDDEN = {
+    "another label": {"metadata": {"labels": {"team": "x"}}},
+    "an annotation": {"metadata": {"annotations": {"note": "x"}}},
+    "a finalizer": {"metadata": {"finalizers": ["example.com/hold"]}},
+    "an ownerReference": {"metadata": {"ownerReferences": [OWNER]}},
+}
+
+
+@pytest.mark.parametrize("change", sorted(FORBIDDEN))
+def test_the_node_state_identity_may_change_only_the_gpu_labels_of_a_node(
+    cluster: ControlPlane, policies: bool, change: str
+):
+    name = f"a100-{change.replace(' ', '-').lower()}"
+    cluster.add_nodes([make_node(name, A100, "us-east-1a")])
+    api, path = cluster.api_as("node-state"), f"/api/v1/nodes/{name}"
+    status, message = patch_as(api, path, FORBIDDEN[change])
+    if not policies:  # 1.25: no policies; RBAC alone lets the patch through
+        assert status == 200
+        return
+    assert status == 403 and "gpu-scheduler-node-state-labels" in message, (status, message)
+    assert "gpu-scheduler:node-state may" in message
+    assert patch_as(api, path, {"metadata": {"labels": {LABEL_MODEL: "A100"}}})[0] == 200
+
+
+@pytest.mark.parametrize("change", sorted(FORBIDDEN))
+def test_the_deletion_cost_identity_may_change_only_the_cost_annotation(
+    cluster: ControlPlane, policies: bool, change: str
+):
+    name = f"costed-{change.replace(' ', '-').lower()}"
+    cluster.create_pods([make_pod(name, 0, namespace=NAMESPACE)])
+    api, path = cluster.api_as("deletion-cost"), f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
+    status, message = patch_as(api, path, FORBIDDEN[change])
+    if not policies:
+        assert status == 200
+        return
+    assert status == 403 and "gpu-scheduler-deletion-cost-annotation" in message, (status, message)
+    assert "gpu-scheduler:deletion-cost may" in message
+    assert patch_as(api, path, {"metadata": {"annotations": {DELETION_COST_ANNOTATION: "10"}}})[0] == 200
+
+
+def test_a_tenant_may_not_write_assigned_gpus_through_the_pod_or_its_status(
+    cluster: ControlPlane, tenant: KubeRest, policies: bool
+):
+    cluster.create_pods([make_pod("tenants", 0, namespace=NAMESPACE)])
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/tenants"
+    forged = {"metadata": {"annotations": {ASSIGNED_GPUS_ANNOTATION: "0:1000"}}}
+    answers = [patch_as(tenant, path, forged), patch_as(tenant, f"{path}/status", forged)]
+    if not policies:
+        assert [status for status, _ in answers] == [200, 200]
+        return
+    for status, message in answers:
+        assert status == 403 and "only the gpu-scheduler extender" in message, (status, message)
+    assert patch_as(tenant, path, {"metadata": {"annotations": {"note": "mine"}}})[0] == 200  # the rest is theirs
+    stored = cluster.pod(NAMESPACE, "tenants")["metadata"]["annotations"]
+    assert ASSIGNED_GPUS_ANNOTATION not in stored and stored["note"] == "mine"

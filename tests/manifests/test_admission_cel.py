@@ -1,0 +1,150 @@
+"""The generated admission policies, evaluated by a real CEL evaluator (cel-python) as the API server
+evaluates a ValidatingAdmissionPolicy: the match constraints and conditions, then the variables in
+order, then every validation. Each identity's own write passes; every other change to the object it
+writes is refused. ``tests/e2e/test_identities.py`` sends the same writes through a real 1.33 API
+server."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import celpy
+import pytest
+
+from manifests.access import DEFAULT_SCHEDULER_ACCOUNT, DELETION_COST, EXTENDER, NODE_STATE, admission_policies
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, DELETION_COST_ANNOTATION, LABEL_MODEL
+
+ENV = celpy.Environment()
+
+
+def policies() -> dict[str, dict[str, Any]]:
+    docs = admission_policies(sharing=True)
+    return {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+
+
+def evaluate(expression: str, activation: dict[str, Any]) -> Any:
+    program = ENV.program(ENV.compile(expression))
+    return program.evaluate({key: celpy.json_to_cel(value) for key, value in activation.items()})
+
+
+def denials(*, resource: str, operation: str, user: str, groups: list[str], obj: Any, old: Any = None) -> list[str]:
+    """The messages of every policy that refuses this request (empty: admitted)."""
+    request = {"operation": operation, "userInfo": {"username": user, "groups": groups}}
+    found = []
+    for spec in policies().values():
+        rules = spec["matchConstraints"]["resourceRules"]
+        if not any(resource in rule["resources"] and operation in rule["operations"] for rule in rules):
+            continue
+        activation: dict[str, Any] = {"request": request, "object": obj, "oldObject": old}
+        if not all(evaluate(c["expression"], activation) for c in spec.get("matchConditions", [])):
+            continue
+        variables: dict[str, Any] = {}
+        for variable in spec.get("variables", []):
+            value = evaluate(variable["expression"], {**activation, "variables": variables})
+            variables[variable["name"]] = _plain(value)
+        activation["variables"] = variables
+        found += [v["message"] for v in spec["validations"] if not evaluate(v["expression"], activation)]
+    return found
+
+
+def _plain(value: Any) -> Any:
+    """A CEL value back as JSON-like Python, to be passed in again as a variable."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return str(value) if isinstance(value, str) else value
+
+
+NODE = {
+    "metadata": {"name": "n", "labels": {LABEL_MODEL: "A100", "team": "ml"}, "annotations": {"a": "1"}},
+    "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]},
+}
+POD = {
+    "metadata": {"name": "p", "namespace": "ns", "labels": {"app": "x"}, "annotations": {"a": "1"}},
+    "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+}
+OWNER = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "00000000-0000-0000-0000-000000000000"}
+
+
+def changed(obj: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    new = copy.deepcopy(obj)
+    where = new
+    for key in path[:-1]:
+        where = where.setdefault(key, {})
+    where[path[-1]] = value
+    return new
+
+
+FOREIGN_CHANGES = {
+    "another label": (("metadata", "labels"), {"team": "ml", LABEL_MODEL: "A100", "extra": "x"}),
+    "an annotation": (("metadata", "annotations"), {"a": "2"}),
+    "a finalizer": (("metadata", "finalizers"), ["example.com/hold"]),
+    "an ownerReference": (("metadata", "ownerReferences"), [OWNER]),
+    "the spec": (("spec",), {"unschedulable": True}),
+}
+
+
+def as_node_state(new: dict[str, Any]) -> list[str]:
+    return denials(resource="nodes", operation="UPDATE", user="ns", groups=[NODE_STATE.group], obj=new, old=NODE)
+
+
+def test_the_node_state_identity_may_change_its_gpu_labels() -> None:
+    assert as_node_state(changed(NODE, ("metadata", "labels", LABEL_MODEL), "H100")) == []
+
+
+@pytest.mark.parametrize("change", sorted(FOREIGN_CHANGES))
+def test_the_node_state_identity_may_change_nothing_else_of_a_node(change: str) -> None:
+    path, value = FOREIGN_CHANGES[change]
+    if path == ("metadata", "labels"):
+        value = {**NODE["metadata"]["labels"], "extra": "x"}
+    assert as_node_state(changed(NODE, path, value)) != []
+
+
+def as_deletion_cost(new: dict[str, Any]) -> list[str]:
+    return denials(resource="pods", operation="UPDATE", user="dc", groups=[DELETION_COST.group], obj=new, old=POD)
+
+
+def test_the_deletion_cost_identity_may_write_the_cost() -> None:
+    assert as_deletion_cost(changed(POD, ("metadata", "annotations", DELETION_COST_ANNOTATION), "100")) == []
+
+
+@pytest.mark.parametrize("change", sorted(FOREIGN_CHANGES))
+def test_the_deletion_cost_identity_may_change_nothing_else_of_a_pod(change: str) -> None:
+    path, value = FOREIGN_CHANGES[change]
+    assert as_deletion_cost(changed(POD, path, value)) != []
+
+
+ASSIGNED = changed(POD, ("metadata", "annotations", ASSIGNED_GPUS_ANNOTATION), "0:250")
+
+
+@pytest.mark.parametrize(
+    ("resource", "operation", "obj", "old"),
+    [
+        ("pods", "CREATE", ASSIGNED, None),
+        ("pods", "UPDATE", ASSIGNED, POD),
+        ("pods/status", "UPDATE", ASSIGNED, POD),
+        ("pods", "UPDATE", POD, ASSIGNED),
+        ("pods/binding", "CREATE", {"metadata": {"annotations": {ASSIGNED_GPUS_ANNOTATION: "0:250"}}}, None),
+    ],
+    ids=["created with it", "set on the pod", "set through pods/status", "removed", "in a Binding"],
+)
+def test_nobody_else_may_write_assigned_gpus(resource: str, operation: str, obj: Any, old: Any) -> None:
+    kwargs = {"resource": resource, "operation": operation, "obj": obj, "old": old}
+    assert denials(user="tenant", groups=["system:authenticated"], **kwargs) != []
+    assert denials(user="x", groups=[DELETION_COST.group], **kwargs) != []
+    # The extender's group and the second scheduler's ServiceAccount (serve as its sidecar) may.
+    assert denials(user="ext", groups=[EXTENDER.group], **kwargs) == []
+    assert denials(user=DEFAULT_SCHEDULER_ACCOUNT, groups=["system:serviceaccounts"], **kwargs) == []
+
+
+def test_a_tenant_keeps_every_other_write_to_its_pod() -> None:
+    kept = changed(ASSIGNED, ("metadata", "annotations", "note"), "mine")
+    assert denials(resource="pods", operation="UPDATE", user="t", groups=[], obj=kept, old=ASSIGNED) == []
+
+
+def test_the_extenders_bindings_carry_only_assigned_gpus() -> None:
+    binding = {"metadata": {"annotations": {ASSIGNED_GPUS_ANNOTATION: "0:250", "other": "x"}}}
+    found = denials(resource="pods/binding", operation="CREATE", user="e", groups=[EXTENDER.group], obj=binding)
+    assert found == [f"{EXTENDER.group} Bindings may carry no annotation but {ASSIGNED_GPUS_ANNOTATION}"]
