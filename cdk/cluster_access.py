@@ -28,7 +28,7 @@ class KubernetesIdentity:
 
 class ClusterAccess(Construct):
     """Attributes: ``entries`` (one ``CfnAccessEntry`` per identity), and ``manifest``/``kubectl``/
-    ``kubectl_logs`` when manifests are applied.
+    ``kubectl_access_entry``/``kubectl_logs`` when manifests are applied (None and empty otherwise).
 
     - Each of ``identities`` gets a STANDARD access entry in its own group and no access policy: what the
       group may do is exactly its ClusterRole in ``manifests.access``. A function that never calls
@@ -38,6 +38,12 @@ class ClusterAccess(Construct):
       with ``AmazonEKSClusterAdminPolicy``. The cluster needs access entries enabled (authentication mode
       ``API`` or ``API_AND_CONFIG_MAP``) and an API endpoint the provider can reach. The provider's
       functions get log groups with ``log_retention`` (by default Lambda would make ones kept for ever).
+    - That entry is not deploy-time only: it is a resource of the stack, and stays (cluster-admin) for as
+      long as the stack is deployed with manifests, between deploys too. CloudFormation cannot drop it
+      after the first apply, because each later update of the manifests, and deleting the stack (which
+      deletes what was applied), runs kubectl with the same role. Whoever may invoke the provider's
+      functions, or pass its role to a function, acts as cluster-admin. Without ``manifests`` there is no
+      provider and no such entry: the documents are applied by hand.
     """
 
     def __init__(
@@ -64,6 +70,7 @@ class ClusterAccess(Construct):
         }
         self.manifest: eks.KubernetesManifest | None = None
         self.kubectl: eks.KubectlProvider | None = None
+        self.kubectl_access_entry: eks.CfnAccessEntry | None = None
         self.kubectl_logs: list[logs.LogGroup] = []
         if not manifests:
             return
@@ -78,7 +85,7 @@ class ClusterAccess(Construct):
         cluster = eks.Cluster.from_cluster_attributes(
             self, "Cluster", cluster_name=cluster_name, kubectl_provider=self.kubectl
         )
-        admin = eks.CfnAccessEntry(
+        self.kubectl_access_entry = admin = eks.CfnAccessEntry(
             self,
             "KubectlAccessEntry",
             cluster_name=cluster_name,

@@ -12,6 +12,7 @@ its context key, and synth stops with all of them at once.
 | ``schedulerSecurityGroupId`` | (required with ``vpcId``) | the scheduler pods' SG: the only source the API admits |
 | ``routeTableIds`` | (required with ``vpcId``) | the private subnets' route tables, for the gateway endpoints |
 | ``existingVpcEndpoints`` | (none) | services whose endpoints the VPC has (``s3``, ``eks``...): not created |
+| ``vpcEndpointPrivateDns`` | false | private DNS on the service endpoints it creates (VPC-wide); off: URLs to Lambdas |
 | ``executeApiEndpointId`` | (create one) | import an ``execute-api`` endpoint (its SG and policy stay its owner's) |
 | ``executeApiPrivateDns`` | false | private DNS on the created ``execute-api`` endpoint (VPC-wide takeover) |
 | ``lambdaArchitecture`` | arm64 | ``arm64`` or ``x86_64``; ``make package LAMBDA_ARCH=...`` must match |
@@ -48,7 +49,7 @@ from typing import Any
 
 from adapters.settings import parse_bool
 from cdk.functions import RETENTION_NAMES
-from cdk.network import GATEWAY_SERVICES, SERVICES
+from cdk.network import GATEWAY_SERVICES, INTERFACE_SERVICES, SERVICES
 from cdk.prometheus import DCGM_NAMESPACE, KSM_NAMESPACE
 from manifests.scheduler import DEFAULT_IMAGE, SchedulerOptions
 from scheduler_core.deletion_cost.policy import CostConfig
@@ -73,6 +74,7 @@ class DeployConfig:
     cluster_security_group_id: str = ""
     scheduler_security_group_id: str = ""
     existing_vpc_endpoints: tuple[str, ...] = ()
+    vpc_endpoint_private_dns: bool = False
     execute_api_endpoint_id: str = ""
     execute_api_private_dns: bool = False
     lambda_architecture: str = "arm64"
@@ -277,6 +279,11 @@ class DeployConfig:
         if self.execute_api_endpoint_id and self.execute_api_private_dns:
             found.append(
                 "executeApiPrivateDns: applies only to the endpoint this stack creates, not executeApiEndpointId"
+            )
+        if self.vpc_endpoint_private_dns and not any(s in INTERFACE_SERVICES for s in self.vpc_endpoints):
+            found.append(
+                "vpcEndpointPrivateDns: applies only to the interface endpoints this stack creates, and "
+                f"existingVpcEndpoints lists all of them ({', '.join(INTERFACE_SERVICES)})"
             )
         unknown = [s for s in self.existing_vpc_endpoints if s not in SERVICES]
         if unknown:

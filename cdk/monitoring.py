@@ -67,7 +67,9 @@ class Monitoring(Construct):
 
     ``alarm_topic_arn`` imports a topic; otherwise one is created, encrypted with its own KMS key that
     CloudWatch may use, with ``alarm_email`` subscribed if given. ``amp_workspace_id`` imports a workspace;
-    otherwise one is created.
+    otherwise one is created. ``amp_endpoint_url`` (``https://`` and a host) replaces AMP's regional
+    hostname in ``query_url``: an ``aps-workspaces`` interface endpoint's own name, when its private DNS
+    is off.
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class Monitoring(Construct):
         alarm_email: str = "",
         alarm_topic_arn: str = "",
         amp_workspace_id: str = "",
+        amp_endpoint_url: str = "",
     ) -> None:
         super().__init__(scope, construct_id)
         self.topic_key: kms.Key | None = None
@@ -114,7 +117,8 @@ class Monitoring(Construct):
             workspace = aps.CfnWorkspace(self, "Prometheus", alias=f"gpu-scheduler-{cluster_name}")
             self.workspace_id = workspace.attr_workspace_id
         self.workspace_arn = f"arn:{Aws.PARTITION}:aps:{Aws.REGION}:{Aws.ACCOUNT_ID}:workspace/{self.workspace_id}"
-        self.query_url = f"https://aps-workspaces.{Aws.REGION}.{Aws.URL_SUFFIX}/workspaces/{self.workspace_id}"
+        amp = amp_endpoint_url or f"https://aps-workspaces.{Aws.REGION}.{Aws.URL_SUFFIX}"
+        self.query_url = f"{amp}/workspaces/{self.workspace_id}"
 
     def observe(self, watched: Watched) -> None:
         """The CloudWatch dashboard and the alarms on the extender, the refreshers and the ledger.

@@ -1,21 +1,31 @@
 """The network the Lambdas run in: the cluster's VPC (or a demo VPC), their security group, and the VPC
 endpoints through which they reach AWS without a NAT or a public cluster endpoint.
 
-What each endpoint serves (the Lambdas' calls, ``adapters/``):
+What each endpoint serves (the Lambdas' calls, ``adapters/``), and how a Lambda reaches it while the
+endpoint's private DNS is off (the default, ``vpcEndpointPrivateDns``):
 
-| service | type | used by |
-|---|---|---|
-| ``s3`` | gateway | the snapshot: node-state writes it, the extender reads it |
-| ``dynamodb`` | gateway | the GPU ledger (only with sharing) |
-| ``eks`` | interface | ``eks:DescribeCluster``: the cluster API's address and CA |
-| ``ec2`` | interface | ``ec2:DescribeInstanceTypes``: GPU facts of nodes without GFD labels |
-| ``ssm`` | interface | the deletion-cost workload config |
-| ``aps-workspaces`` | interface | PromQL queries to Amazon Managed Prometheus |
-| ``sts``, ``logs``, ``monitoring``, ``xray`` | interface | STS, CloudWatch Logs, CloudWatch, X-Ray for the SDKs |
+| service | type | used by | reached with private DNS off through |
+|---|---|---|---|
+| ``s3`` | gateway | the snapshot: node-state writes it, the extender reads it | the route tables |
+| ``dynamodb`` | gateway | the GPU ledger (only with sharing) | the route tables |
+| ``eks`` | interface | ``eks:DescribeCluster``: the cluster API's address and CA | ``AWS_ENDPOINT_URL_EKS`` |
+| ``ec2`` | interface | ``ec2:DescribeInstanceTypes``: GPU facts of unlabelled nodes | ``AWS_ENDPOINT_URL_EC2`` |
+| ``ssm`` | interface | the deletion-cost workload config (Powertools' SSM provider) | ``AWS_ENDPOINT_URL_SSM`` |
+| ``aps-workspaces`` | interface | PromQL queries to Amazon Managed Prometheus | the host of ``AMP_QUERY_URL`` |
+| ``sts``, ``logs``, ``monitoring``, ``xray`` | interface | nothing the Lambdas call (below) | (no variable) |
 
-The EKS token is a presigned ``sts:GetCallerIdentity`` URL made in the function (the API server calls STS,
-not the Lambda), and Lambda itself delivers the functions' logs, EMF metrics and traces. A VPC that
-already has one of these endpoints names it in ``existingVpcEndpoints``, and the stack creates the rest.
+boto3 and Powertools make their clients without an ``endpoint_url``, so botocore (1.31 and newer; the
+Lambda runtime's, and 1.44 in ``requirements.lock``) takes each service's from ``AWS_ENDPOINT_URL_<ID>``.
+The AMP client is plain HTTPS signed with SigV4, so its URL names the endpoint instead.
+
+The EKS token is a presigned ``sts:GetCallerIdentity`` URL made in the function: the API server calls STS,
+not the Lambda, and it accepts only STS's own hostnames in that URL. So there is deliberately no
+``AWS_ENDPOINT_URL_STS``: it would put the endpoint's name into every token and the API server would
+refuse them all. Lambda itself delivers the functions' logs and EMF metrics (stdout), and its X-Ray
+daemon the traces. Those four endpoints therefore serve the Lambdas nothing; they are kept for what
+resolves the services' default names to them when private DNS is on. A VPC that already has one of
+these endpoints names it in ``existingVpcEndpoints``, and the stack creates the rest (the Lambdas then
+use that endpoint's private DNS, or the VPC's own route to the service).
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aws_cdk import Aws
+from aws_cdk import Aws, Fn
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -32,6 +42,9 @@ GATEWAY_SERVICES = ("s3", "dynamodb")
 INTERFACE_SERVICES = ("eks", "ec2", "ssm", "aps-workspaces", "sts", "logs", "monitoring", "xray")
 SERVICES = GATEWAY_SERVICES + INTERFACE_SERVICES
 HTTPS = ec2.Port.tcp(443)
+SDK_ENDPOINT_VARIABLES = {"eks": "AWS_ENDPOINT_URL_EKS", "ec2": "AWS_ENDPOINT_URL_EC2", "ssm": "AWS_ENDPOINT_URL_SSM"}
+"""The botocore variable that points a service's clients at its endpoint, for the services the Lambdas call
+through boto3 (never STS: see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -52,14 +65,21 @@ class SchedulerNetwork(Construct):
       cluster's and the scheduler pods' security groups.
     - The Lambdas' security group allows HTTPS out and nothing in. The cluster security group, which the
       cluster API's network interfaces carry, gets one rule admitting it on 443.
-    - ``services`` get endpoints: gateways on the route tables, interface endpoints (private DNS on, so the
-      SDKs' default hostnames resolve to them) in the subnets. Their security group admits 443 from the
-      Lambdas and from the cluster security group: once private DNS points a service at the endpoint, the
-      cluster's own pods and nodes reach it there too.
+    - ``services`` get endpoints: gateways on the route tables, interface endpoints in the subnets.
+    - ``private_dns`` False (the default): the interface endpoints change nothing else in the VPC. The
+      Lambdas are given each endpoint's own hostname (``endpoint_urls``, ``sdk_environment``), and the
+      endpoints' security group admits 443 from the Lambdas only.
+    - ``private_dns`` True: the services' default hostnames resolve to the endpoints for the whole VPC.
+      The security group then also admits the cluster security group, so that the cluster's pods and
+      nodes reach those services there too; any other source in the VPC (a pod with its own security
+      group, another node group, an instance) is refused by it, and so loses those AWS APIs unless it
+      is admitted (``endpoint_security_group``).
 
     Attributes: ``vpc``, ``subnet_ids``, ``cluster_security_group_id``, ``scheduler_security_group_id``,
     ``lambda_security_group``, ``functions`` (a :class:`FunctionNetwork`), ``endpoint_security_group``
-    (None without interface endpoints), ``endpoints`` (``CfnVPCEndpoint`` by service).
+    (None without interface endpoints), ``endpoints`` (``CfnVPCEndpoint`` by service), ``private_dns``,
+    ``endpoint_urls`` (``https://`` and the endpoint's regional DNS name, by interface service; empty with
+    ``private_dns``).
     """
 
     def __init__(
@@ -73,9 +93,12 @@ class SchedulerNetwork(Construct):
         route_table_ids: Sequence[str] = (),
         cluster_security_group_id: str = "",
         scheduler_security_group_id: str = "",
+        private_dns: bool = False,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.private_dns = private_dns
+        self.endpoint_urls: dict[str, str] = {}
         if vpc_id:
             # Only IDs are used: no lookup, no availability zones needed (DESIGN section 8).
             self.vpc: ec2.IVpc = ec2.Vpc.from_vpc_attributes(self, "Vpc", vpc_id=vpc_id, availability_zones=["unused"])
@@ -154,24 +177,49 @@ class SchedulerNetwork(Construct):
             self,
             "EndpointSecurityGroup",
             vpc=self.vpc,
-            description="gpu-scheduler AWS service endpoints: 443 from the Lambdas and the cluster",
+            # One description for both settings: changing it would replace the group.
+            description="gpu-scheduler AWS service endpoints: 443 from the Lambdas (and the cluster with private DNS)",
             allow_all_outbound=False,
         )
         self.endpoint_security_group.add_ingress_rule(self.lambda_security_group, HTTPS, "gpu-scheduler Lambdas")
-        self.endpoint_security_group.add_ingress_rule(
-            ec2.Peer.security_group_id(self.cluster_security_group_id), HTTPS, "the cluster's pods and nodes"
-        )
+        if private_dns:
+            # Private DNS sends the cluster's own calls to these services here too: admit them.
+            self.endpoint_security_group.add_ingress_rule(
+                ec2.Peer.security_group_id(self.cluster_security_group_id), HTTPS, "the cluster's pods and nodes"
+            )
         for service in interfaces:
-            self.endpoints[service] = ec2.CfnVPCEndpoint(
+            endpoint = ec2.CfnVPCEndpoint(
                 self,
                 f"{_title(service)}Endpoint",
                 vpc_id=self.vpc.vpc_id,
                 service_name=f"com.amazonaws.{Aws.REGION}.{service}",
                 vpc_endpoint_type="Interface",
-                private_dns_enabled=True,
+                private_dns_enabled=private_dns,
                 subnet_ids=self.subnet_ids,
                 security_group_ids=[self.endpoint_security_group.security_group_id],
             )
+            self.endpoints[service] = endpoint
+            if not private_dns:
+                self.endpoint_urls[service] = f"https://{regional_dns_name(endpoint)}"
+
+    def sdk_environment(self, *services: str) -> dict[str, str]:
+        """``AWS_ENDPOINT_URL_<ID>`` for each of ``services`` this network made an endpoint for without
+        private DNS: what a function's boto3 clients need to reach them (empty with private DNS, or for a
+        service the VPC already has an endpoint for)."""
+        unknown = [s for s in services if s not in SDK_ENDPOINT_VARIABLES]
+        if unknown:
+            expected = ", ".join(SDK_ENDPOINT_VARIABLES)
+            raise ValueError(f"no SDK endpoint variable for {', '.join(unknown)}; expected some of {expected}")
+        return {SDK_ENDPOINT_VARIABLES[s]: self.endpoint_urls[s] for s in services if s in self.endpoint_urls}
+
+
+def regional_dns_name(endpoint: ec2.CfnVPCEndpoint) -> str:
+    """The endpoint's own regional hostname, ``vpce-<id>-<suffix>.<service>.<region>.vpce.amazonaws.com``.
+
+    ``DnsEntries`` lists ``<hosted zone>:<name>`` pairs which CloudFormation orders regional name first,
+    then the zonal ones, then the private DNS names (when on): the first entry's name is the one to use.
+    """
+    return str(Fn.select(1, Fn.split(":", Fn.select(0, endpoint.attr_dns_entries))))
 
 
 def _title(service: str) -> str:

@@ -49,6 +49,7 @@ class GpuSchedulerStack(Stack):
             route_table_ids=config.route_table_ids,
             cluster_security_group_id=config.cluster_security_group_id,
             scheduler_security_group_id=config.scheduler_security_group_id,
+            private_dns=config.vpc_endpoint_private_dns,
             log_retention=log_retention,
         )
         network = self.network
@@ -61,6 +62,8 @@ class GpuSchedulerStack(Stack):
             alarm_email=config.alarm_email,
             alarm_topic_arn=config.alarm_topic_arn,
             amp_workspace_id=config.amp_workspace_id,
+            # Without private DNS the queries go to the aps-workspaces endpoint by its own name.
+            amp_endpoint_url=network.endpoint_urls.get("aps-workspaces", ""),
         )
         cluster_arn = f"arn:{Aws.PARTITION}:eks:{Aws.REGION}:{Aws.ACCOUNT_ID}:cluster/{config.cluster_name}"
         deletion_cost_config = ssm.StringParameter(
@@ -85,6 +88,7 @@ class GpuSchedulerStack(Stack):
         if config.sharing:
             # bind writes the ledger and the Binding: the refreshers' kubernetes layer, loaded on the first bind.
             extender_environment |= {"LEDGER_TABLE": self.state.ledger.table_name, "CLUSTER_NAME": config.cluster_name}
+            extender_environment |= network.sdk_environment("eks")
             base = package.layers(self, "extender")
             extender_layers = [layer for layer in package.layers(self, "node_state") if layer not in base]
         self.extender = SchedulerFunction(
@@ -115,6 +119,7 @@ class GpuSchedulerStack(Stack):
                 "AMP_QUERY_URL": self.monitoring.query_url,
                 **({"LEDGER_TABLE": self.state.ledger.table_name} if config.sharing else {}),
                 **({"WATCH_S": str(config.watch_s)} if config.watch_s else {}),
+                **network.sdk_environment("eks", "ec2"),
             },
             memory_mib=1769,
             # Watching, a run lasts WATCH_S; DEADLINE_MARGIN_S (10 s) ends it before the timeout anyway.
@@ -136,6 +141,7 @@ class GpuSchedulerStack(Stack):
                 "CLUSTER_NAME": config.cluster_name,
                 "AMP_QUERY_URL": self.monitoring.query_url,
                 "DELETION_COST_CONFIG_PARAMETER": deletion_cost_config.parameter_name,
+                **network.sdk_environment("eks", "ssm"),
             },
             memory_mib=1024,
             timeout=Duration.seconds(60),  # two passes 30 s apart (PASSES, INTERVAL_S)
@@ -243,6 +249,14 @@ class GpuSchedulerStack(Stack):
             "security groups other than the cluster security group",
         )
         CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)
+        if self.access.kubectl is not None:
+            CfnOutput(
+                self,
+                "KubectlRoleArn",
+                value=self.access.kubectl.role.role_arn,
+                description="cluster-admin on the cluster for as long as the stack applies the manifests "
+                "(applyManifests): whoever may invoke the kubectl provider's functions, or pass this role, acts as it",
+            )
 
     def _grant(self, cluster_arn: str, deletion_cost_config: ssm.StringParameter) -> None:
         state = self.state
@@ -267,8 +281,12 @@ class GpuSchedulerStack(Stack):
                 ),
             ):
                 self.extender.role.add_to_policy(statement)
+            # Scan: the reconcile's view; PutItem: its conditional writes; GetItem: the watch's release of a
+            # deleted share pod's share (LedgerStore.release reads the item, then writes it conditionally).
             self.node_state.role.add_to_policy(
-                iam.PolicyStatement(actions=["dynamodb:Scan", "dynamodb:PutItem"], resources=[ledger])
+                iam.PolicyStatement(
+                    actions=["dynamodb:Scan", "dynamodb:GetItem", "dynamodb:PutItem"], resources=[ledger]
+                )
             )
         for statement in (
             read_snapshot,

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from cdk.config import DeployConfig
+from cdk.network import INTERFACE_SERVICES
 from scheduler_core.errors import ConfigError
 
 from .conftest import IMPORTED_NETWORK
@@ -40,6 +41,8 @@ def test_without_a_vpc_the_demo_network_is_used() -> None:
 def test_the_private_api_defaults_are_the_safe_ones() -> None:
     config = DeployConfig.from_context({"clusterName": "prod"})
     assert config.execute_api_private_dns is False and config.admission_policy is True
+    assert config.vpc_endpoint_private_dns is False
+    assert DeployConfig.from_context({"clusterName": "prod", "vpcEndpointPrivateDns": "true"}).vpc_endpoint_private_dns
     assert (config.dcgm_exporter_namespace, config.kube_state_metrics_namespace) == ("gpu-operator", "kube-system")
 
 
@@ -129,6 +132,12 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
             },
             "executeApiPrivateDns: applies only to the endpoint this stack creates",
         ),
+        ({"vpcEndpointPrivateDns": "sometimes"}, "vpcEndpointPrivateDns: expected true or false, got 'sometimes'"),
+        (
+            {"vpcEndpointPrivateDns": True, "existingVpcEndpoints": ",".join(INTERFACE_SERVICES)},
+            "vpcEndpointPrivateDns: applies only to the interface endpoints this stack creates, and "
+            "existingVpcEndpoints lists all of them",
+        ),
         ({"dcgmExporterNamespace": "GPU_Operator"}, "dcgmExporterNamespace: expected a Kubernetes namespace name"),
         ({"kubeStateMetricsNamespace": "-x"}, "kubeStateMetricsNamespace: expected a Kubernetes namespace name"),
         (
@@ -160,6 +169,8 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         "an imported api endpoint keeps its own security group",
         "an imported api endpoint id is checked",
         "private DNS cannot be set on an imported endpoint",
+        "service-endpoint private DNS is true or false",
+        "service-endpoint private DNS needs an endpoint this stack creates",
         "a namespace with capitals is refused",
         "a namespace starting with a dash is refused",
         "a watch shorter than the schedule would leave gaps",

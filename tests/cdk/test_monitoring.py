@@ -69,6 +69,14 @@ def test_an_imported_topic_and_workspace_create_nothing() -> None:
     assert monitoring.query_url.endswith("/workspaces/ws-0123abcd")
 
 
+def test_queries_go_to_amps_regional_host_or_to_the_endpoint_named() -> None:
+    regional, _ = _build(amp_workspace_id="ws-0123abcd")
+    assert regional.query_url.startswith("https://aps-workspaces.${Token[AWS.Region.")
+    endpoint = "https://vpce-0123456789abcdef0-ab12cd34.aps-workspaces.us-east-1.vpce.amazonaws.com"
+    named, _ = _build(amp_workspace_id="ws-0123abcd", amp_endpoint_url=endpoint)
+    assert named.query_url == f"{endpoint}/workspaces/ws-0123abcd"
+
+
 # The dashboard, alarms, scraper and rules, as the whole stack wires them.
 
 

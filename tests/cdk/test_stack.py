@@ -45,7 +45,7 @@ def _actions(pairs: set[tuple[str, str]]) -> set[str]:
 OURS = ("ExtenderFunction", "NodeStateFunction", "DeletionCostFunction")
 IMPORTED_ENDPOINT = {**{k: v for k, v in IMPORTED_NETWORK.items() if k != "schedulerSecurityGroupId"},
                      "executeApiEndpointId": "vpce-0eeeeeeeeeeeeeeee"}  # fmt: skip
-CONTEXTS = [{}, {"applyManifests": True, "sharing": True, **IMPORTED_NETWORK}, IMPORTED_ENDPOINT]
+CONTEXTS: list[dict[str, Any]] = [{}, {"applyManifests": True, "sharing": True, **IMPORTED_NETWORK}, IMPORTED_ENDPOINT]
 CONTEXT_IDS = ["demo VPC", "imported VPC, sharing, manifests applied", "imported execute-api endpoint"]
 
 
@@ -105,7 +105,7 @@ def test_sharing_grants_the_ledger_exactly_and_serves_bind_and_preempt(synth: Sy
     assert _actions(extender) == {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:BatchGetItem",
                                   "eks:DescribeCluster"}  # fmt: skip
     node_state = _granted(sharing, "NodeStateRole") - _granted(plain, "NodeStateRole")
-    assert node_state == {("dynamodb:Scan", ledger), ("dynamodb:PutItem", ledger)}
+    assert node_state == {("dynamodb:Scan", ledger), ("dynamodb:GetItem", ledger), ("dynamodb:PutItem", ledger)}
     functions = sharing.resources("AWS::Lambda::Function")
     env = _by_prefix(functions, "ExtenderFunction")["Properties"]["Environment"]["Variables"]
     assert env["LEDGER_TABLE"] == {"Ref": table[0]} and env["CLUSTER_NAME"] == "gpu-prod"
@@ -335,7 +335,9 @@ def test_the_vpc_gets_gateway_and_interface_endpoints_for_what_the_lambdas_call(
         assert endpoints[gateway]["VpcEndpointType"] == "Gateway"
         assert endpoints[gateway]["RouteTableIds"] == IMPORTED_NETWORK["routeTableIds"].split(",")
     for service in INTERFACE_SERVICES:
-        assert endpoints[service]["VpcEndpointType"] == "Interface" and endpoints[service]["PrivateDnsEnabled"]
+        assert endpoints[service]["VpcEndpointType"] == "Interface"
+        # Off by default: the services' names keep resolving as before for everything else in the VPC.
+        assert endpoints[service]["PrivateDnsEnabled"] is False
         assert endpoints[service]["SubnetIds"] == IMPORTED_NETWORK["subnetIds"].split(",")
     assert set(endpoints) == {"s3", "dynamodb", *INTERFACE_SERVICES, "execute-api"}
     # Without sharing nothing reads the ledger: no DynamoDB gateway.
@@ -347,10 +349,24 @@ def test_endpoints_the_vpc_already_has_are_not_created(synth: Synthesise) -> Non
     assert not {"s3", "sts", "logs"} & set(endpoints) and {"eks", "ec2", "xray"} <= set(endpoints)
 
 
-def test_the_service_endpoints_admit_the_lambdas_and_the_cluster_only(synth: Synthesise) -> None:
-    synthesised = synth(**IMPORTED_NETWORK)
+def test_private_dns_on_the_service_endpoints_comes_from_context(synth: Synthesise) -> None:
+    endpoints = _endpoint_services(synth(vpcEndpointPrivateDns=True, **IMPORTED_NETWORK))
+    assert {s: endpoints[s]["PrivateDnsEnabled"] for s in INTERFACE_SERVICES} == dict.fromkeys(INTERFACE_SERVICES, True)
+    assert endpoints["execute-api"]["PrivateDnsEnabled"] is False  # executeApiPrivateDns is its own setting
+
+
+@pytest.mark.parametrize(
+    ("context", "cluster_admitted"),
+    [({}, False), ({"vpcEndpointPrivateDns": True}, True)],
+    ids=["private DNS off: the Lambdas only", "private DNS on: and the cluster"],
+)
+def test_the_service_endpoints_admit_the_lambdas_and_with_private_dns_the_cluster(
+    synth: Synthesise, context: dict[str, Any], cluster_admitted: bool
+) -> None:
+    synthesised = synth(**context, **IMPORTED_NETWORK)
     inline = _ingress(synthesised, "gpu-scheduler AWS service endpoints")
-    assert [r["SourceSecurityGroupId"] for r in inline] == [IMPORTED_NETWORK["clusterSecurityGroupId"]]
+    expected = [IMPORTED_NETWORK["clusterSecurityGroupId"]] if cluster_admitted else []
+    assert [r["SourceSecurityGroupId"] for r in inline] == expected
     (lambda_sg,) = [
         k for k in synthesised.resources("AWS::EC2::SecurityGroup") if k.startswith("NetworkLambdaSecurityGroup")
     ]
@@ -490,3 +506,154 @@ def test_the_url_outputs_use_the_endpoint_specific_hostname(synth: Synthesise) -
     outputs = synthesised.template.find_outputs("*")
     assert joined(outputs["ExtenderUrl"]["Value"]) == host
     assert f"--url {host} " in joined(outputs["SchedulerConfigCommand"]["Value"])
+
+
+# ---- how the Lambdas reach the interface endpoints --------------------------------------------------
+REGION = "us-east-1"
+WORKSPACE = "ws-0123abcd"
+
+
+def _vpce(service: str) -> str:
+    """A stand-in for an interface endpoint's regional DNS name, as ``DnsEntries`` gives it."""
+    return f"vpce-0123456789abcdef0-ab12cd34.{service}.{REGION}.vpce.amazonaws.com"
+
+
+def _deployed(value: Any, attributes: dict[tuple[str, str], Any]) -> Any:
+    """``value`` as CloudFormation would resolve it, with stand-ins for the pseudo parameters and for
+    ``attributes`` (anything else becomes ``<LogicalId>`` or ``<LogicalId.Attribute>``)."""
+    if isinstance(value, str | int):
+        return value
+    if isinstance(value, list):
+        return [_deployed(v, attributes) for v in value]
+    ((function, argument),) = value.items()
+    if function == "Ref":
+        return {"AWS::Region": REGION, "AWS::URLSuffix": "amazonaws.com", "AWS::Partition": "aws"}.get(
+            argument, f"<{argument}>"
+        )
+    if function == "Fn::GetAtt":
+        return attributes.get(tuple(argument), f"<{'.'.join(argument)}>")
+    if function == "Fn::Join":
+        separator, parts = argument
+        return separator.join(str(_deployed(p, attributes)) for p in parts)
+    if function == "Fn::Select":
+        index, items = argument
+        return _deployed(items, attributes)[int(index)]
+    if function == "Fn::Split":
+        separator, text = argument
+        return str(_deployed(text, attributes)).split(separator)
+    raise AssertionError(f"no stand-in for {function}")
+
+
+def _deployed_environments(synthesised: Synth) -> dict[str, dict[str, str]]:
+    """Each of the three functions' environment variables once deployed: every interface endpoint's
+    ``DnsEntries`` is its regional name, then a zonal one (``<hosted zone>:<name>``), and a created
+    workspace's ID is :data:`WORKSPACE`."""
+    attributes: dict[tuple[str, str], Any] = {}
+    for logical_id, endpoint in synthesised.resources("AWS::EC2::VPCEndpoint").items():
+        service = joined(endpoint["Properties"]["ServiceName"]).rsplit(".", 1)[-1]
+        attributes[(logical_id, "DnsEntries")] = [f"Z7HUB22UULQXV:{_vpce(service)}",
+                                                  f"Z7HUB22UULQXV:{REGION}a-{_vpce(service)}"]  # fmt: skip
+    for logical_id in synthesised.resources("AWS::APS::Workspace"):
+        attributes[(logical_id, "WorkspaceId")] = WORKSPACE
+    functions = _functions(synthesised)
+    return {
+        name: {
+            key: _deployed(value, attributes)
+            for key, value in _by_prefix(functions, name)["Properties"]["Environment"]["Variables"].items()
+        }
+        for name in OURS
+    }
+
+
+def _endpoint_variables(environment: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environment.items() if k.startswith("AWS_ENDPOINT_URL")}
+
+
+def test_without_private_dns_each_function_gets_the_endpoints_of_exactly_the_services_it_calls(
+    synth: Synthesise,
+) -> None:
+    sharing = _deployed_environments(synth(**CONTEXTS[1]))
+    assert _endpoint_variables(sharing["NodeStateFunction"]) == {
+        "AWS_ENDPOINT_URL_EKS": f"https://{_vpce('eks')}", "AWS_ENDPOINT_URL_EC2": f"https://{_vpce('ec2')}"
+    }  # fmt: skip
+    assert _endpoint_variables(sharing["DeletionCostFunction"]) == {
+        "AWS_ENDPOINT_URL_EKS": f"https://{_vpce('eks')}", "AWS_ENDPOINT_URL_SSM": f"https://{_vpce('ssm')}"
+    }  # fmt: skip
+    # The extender calls EKS only for a bind's Kubernetes client, which only sharing has.
+    assert _endpoint_variables(sharing["ExtenderFunction"]) == {"AWS_ENDPOINT_URL_EKS": f"https://{_vpce('eks')}"}
+    assert _endpoint_variables(_deployed_environments(synth(**IMPORTED_NETWORK))["ExtenderFunction"]) == {}
+    for name in ("NodeStateFunction", "DeletionCostFunction"):
+        assert sharing[name]["AMP_QUERY_URL"] == f"https://{_vpce('aps-workspaces')}/workspaces/{WORKSPACE}", name
+
+
+def test_no_function_is_pointed_away_from_sts_whose_host_the_eks_token_must_keep(synth: Synthesise) -> None:
+    for environment in _deployed_environments(synth(**CONTEXTS[1])).values():
+        assert not {"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_STS"} & set(environment)
+
+
+def test_with_private_dns_or_an_existing_endpoint_the_functions_use_the_default_hostnames(
+    synth: Synthesise,
+) -> None:
+    default_amp = f"https://aps-workspaces.{REGION}.amazonaws.com/workspaces/{WORKSPACE}"
+    for name, environment in _deployed_environments(synth(vpcEndpointPrivateDns=True, **IMPORTED_NETWORK)).items():
+        assert _endpoint_variables(environment) == {}, name
+        assert environment.get("AMP_QUERY_URL", default_amp) == default_amp, name
+    existing = _deployed_environments(synth(existingVpcEndpoints="eks,aps-workspaces", **IMPORTED_NETWORK))
+    assert _endpoint_variables(existing["NodeStateFunction"]) == {"AWS_ENDPOINT_URL_EC2": f"https://{_vpce('ec2')}"}
+    assert existing["NodeStateFunction"]["AMP_QUERY_URL"] == default_amp
+
+
+def test_the_sdk_clients_the_functions_make_go_to_the_endpoints_and_the_eks_token_names_sts(
+    synth: Synthesise, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """botocore (``requirements.lock``) honours the variables for the clients ``adapters/`` and Powertools
+    make; STS keeps its own hostname, which the API server requires in the token's presigned URL."""
+    import base64
+    import os
+    import urllib.parse
+
+    import boto3
+    from aws_lambda_powertools.utilities.parameters import SSMProvider
+
+    from adapters.amp import PrometheusClient
+    from adapters.kube import TOKEN_PREFIX, EksTokenSource
+
+    environments = _deployed_environments(synth(**CONTEXTS[1]))
+    for variable in [v for v in os.environ if v.startswith("AWS_")]:
+        monkeypatch.delenv(variable)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    # What the Lambda runtime sets, then the two refreshers' own variables.
+    runtime = {"AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing"}  # fmt: skip
+    for variable, value in (runtime | environments["NodeStateFunction"] | environments["DeletionCostFunction"]).items():
+        monkeypatch.setenv(variable, value)
+    session = boto3.session.Session(region_name=REGION)  # as the handlers make it
+    assert session.client("eks").meta.endpoint_url == f"https://{_vpce('eks')}"
+    assert session.client("ec2").meta.endpoint_url == f"https://{_vpce('ec2')}"
+    assert SSMProvider().client.meta.endpoint_url == f"https://{_vpce('ssm')}"
+    token = EksTokenSource(session.client("sts"), "gpu-prod").token().removeprefix(TOKEN_PREFIX)
+    presigned = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    assert urllib.parse.urlsplit(presigned).hostname in (f"sts.{REGION}.amazonaws.com", "sts.amazonaws.com")
+    amp = PrometheusClient(os.environ["AMP_QUERY_URL"])
+    assert urllib.parse.urlsplit(amp.url).hostname == _vpce("aps-workspaces")
+
+
+# ---- the kubectl provider's cluster-admin entry -----------------------------------------------------
+def test_the_cluster_admin_entry_exists_only_with_apply_manifests_and_its_role_is_an_output(
+    synth: Synthesise,
+) -> None:
+    from aws_cdk.assertions import Match
+
+    admin = {"Properties": {"AccessPolicies": Match.any_value()}}
+    plain = synth(**IMPORTED_NETWORK).template
+    assert plain.find_resources("AWS::EKS::AccessEntry", admin) == {}
+    assert "KubectlRoleArn" not in plain.find_outputs("*")
+    applied = synth(**CONTEXTS[1]).template
+    (entry,) = applied.find_resources("AWS::EKS::AccessEntry", admin).values()
+    (policy,) = entry["Properties"]["AccessPolicies"]
+    assert joined(policy["PolicyArn"]).endswith("cluster-access-policy/AmazonEKSClusterAdminPolicy")
+    output = applied.find_outputs("KubectlRoleArn")["KubectlRoleArn"]
+    # The principal that holds cluster-admin for as long as the stack applies the manifests, named.
+    assert output["Value"] == entry["Properties"]["PrincipalArn"]
+    assert "cluster-admin" in output["Description"] and "for as long as the stack" in output["Description"]
