@@ -8,7 +8,7 @@ resource the request defaults to the limit, so a limit with no request counts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, TypeGuard
@@ -242,22 +242,41 @@ def _check_range(resources: tuple[str, ...], totals: list[int]) -> None:
 def _combine(spec: Mapping[str, Any], resources: tuple[str, ...], cpu_problems: list[str] | None) -> list[int]:
     """kube-scheduler's ``PodRequests`` of ``resources``, and of CPU (last) when ``cpu_problems`` is a
     list, which collects bad CPU quantities (counted 0) instead of raising."""
-    n = len(resources) + (cpu_problems is not None)
+    app = (
+        _container_counts(container, ("containers", i), resources, cpu_problems)
+        for i, container in enumerate(_container_list(spec, "containers"))
+    )
+    init = (
+        (container.get("restartPolicy") == "Always",
+         _container_counts(container, ("initContainers", i), resources, cpu_problems))
+        for i, container in enumerate(_container_list(spec, "initContainers"))
+    )  # fmt: skip
+    return combine_requests(app, init, len(resources) + (cpu_problems is not None))
+
+
+def combine_requests(app: Iterable[Sequence[int]], init: Iterable[tuple[bool, Sequence[int]]], n: int) -> list[int]:
+    """A pod's request of ``n`` resources from its containers' (kube-scheduler's ``PodRequests``): the
+    larger of the app containers' sum plus the restartable init containers' (sidecars, which run beside
+    them), and the peak while the init containers run in order (each with the sidecars started before
+    it). ``init`` gives each init container as (restartable, amounts).
+
+    >>> combine_requests([[1, 0]], [(False, [4, 1]), (True, [2, 2])], 2)
+    [4, 2]
+    """
     app_total = [0] * n
-    for i, container in enumerate(_container_list(spec, "containers")):
-        for k, amount in enumerate(_container_counts(container, ("containers", i), resources, cpu_problems)):
+    for amounts in app:
+        for k, amount in enumerate(amounts):
             app_total[k] += amount
     sidecars = [0] * n
     init_peak = [0] * n
-    for i, container in enumerate(_container_list(spec, "initContainers")):
-        restartable = container.get("restartPolicy") == "Always"
-        for k, amount in enumerate(_container_counts(container, ("initContainers", i), resources, cpu_problems)):
+    for restartable, amounts in init:
+        for k, amount in enumerate(amounts):
             if restartable:
                 sidecars[k] += amount
                 init_peak[k] = max(init_peak[k], sidecars[k])
             else:
                 init_peak[k] = max(init_peak[k], sidecars[k] + amount)
-    return [max(app + side, peak) for app, side, peak in zip(app_total, sidecars, init_peak, strict=True)]
+    return [max(total + side, peak) for total, side, peak in zip(app_total, sidecars, init_peak, strict=True)]
 
 
 def cpu_milli(value: object, what: str) -> int:

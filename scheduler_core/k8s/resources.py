@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.k8s.pods import cpu_milli
+from scheduler_core.k8s.pods import combine_requests, cpu_milli
 from scheduler_core.k8s.quantity import parse_quantity, parse_whole_count
 
 RESOURCES = ("cpu", "memory", "pods")
@@ -183,22 +183,13 @@ _FORMATS: tuple[Callable[[int], str], ...] = (_cores, _bytes, str)
 
 
 def _combine(spec: Mapping[str, Any]) -> list[int]:
-    """CPU and memory of the containers: ``max(app + sidecars, init peak)`` per resource."""
-    app = [0, 0]
-    for i, container in enumerate(_containers(spec, "containers")):
-        for k, amount in enumerate(_container_amounts(container, f"containers[{i}]")):
-            app[k] += amount
-    sidecars = [0, 0]
-    peak = [0, 0]
-    for i, container in enumerate(_containers(spec, "initContainers")):
-        restartable = container.get("restartPolicy") == "Always"
-        for k, amount in enumerate(_container_amounts(container, f"initContainers[{i}]")):
-            if restartable:
-                sidecars[k] += amount
-                peak[k] = max(peak[k], sidecars[k])
-            else:
-                peak[k] = max(peak[k], sidecars[k] + amount)
-    return [max(a + s, p) for a, s, p in zip(app, sidecars, peak, strict=True)]
+    """CPU and memory of the containers (:func:`~scheduler_core.k8s.pods.combine_requests`)."""
+    app = (_container_amounts(c, f"containers[{i}]") for i, c in enumerate(_containers(spec, "containers")))
+    init = (
+        (c.get("restartPolicy") == "Always", _container_amounts(c, f"initContainers[{i}]"))
+        for i, c in enumerate(_containers(spec, "initContainers"))
+    )
+    return combine_requests(app, init, 2)
 
 
 def _containers(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
