@@ -214,7 +214,9 @@ def test_a_409_to_the_binding_releases_the_ledger_entry_and_a_409_after_it_lande
         cluster.create_pods([gpu_pod("landed", namespace, milli=500)])
         assert cluster.wait_bound(namespace, "landed", timeout_s=60) in nodes
         assert cluster.failed_scheduling(namespace, "landed") == []
-        assert ("POST", f"/api/v1/namespaces/{namespace}/pods/landed/binding", 409) in proxy.seen
+        # The proxy records an answer after the API server has it: the pod can show bound a moment before.
+        landed = ("POST", f"/api/v1/namespaces/{namespace}/pods/landed/binding", 409)
+        cluster.wait_for(lambda: landed in proxy.seen, 10, "the proxy to record the Binding it answered 409")
         usage = share_usage(cluster.pods(namespace), ledger.scan())
         assert usage["ledger_equals_annotations"] and usage["bound_without_annotation"] == 0, usage
 
@@ -223,7 +225,8 @@ def test_a_409_to_the_binding_releases_the_ledger_entry_and_a_409_after_it_lande
         proxy.fault = lambda method, path: ("after", 500) if is_binding(method, path) else None
         cluster.create_pods([gpu_pod("landed-500", namespace, milli=500)])
         assert cluster.wait_bound(namespace, "landed-500", timeout_s=60) in nodes
-        assert ("POST", f"/api/v1/namespaces/{namespace}/pods/landed-500/binding", 500) in proxy.seen
+        landed_500 = ("POST", f"/api/v1/namespaces/{namespace}/pods/landed-500/binding", 500)
+        cluster.wait_for(lambda: landed_500 in proxy.seen, 10, "the proxy to record the Binding it answered 500")
         assert cluster.failed_scheduling(namespace, "landed-500") == []  # bound at the first bind, not a retry
         usage = share_usage(cluster.pods(namespace), ledger.scan())
         assert usage["ledger_equals_annotations"] and usage["gpus_over_1000_milli"] == 0, usage
