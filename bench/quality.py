@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from bench import check_choices, tried
+from bench import check_choices
 from gpu_scheduler.traces import openb_dir, openb_traces
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,8 +29,7 @@ POLICIES = {
     "random": "01-Random", "dotprod": "02-DotProd", "gpu_clustering": "03-GpuClustering",
     "gpu_packing": "04-GpuPacking", "bestfit": "05-BestFit", "fgd": "06-FGD", "fgd_cpu": "",
 }  # fmt: skip
-"""Each policy and its name in the released results ("": ours, which has none). ``--policies`` also takes
-the rules in :data:`bench.tried.RULES`, tried and not adopted."""
+"""Each policy and its name in the released results ("": ours, which has none)."""
 
 
 def _run(trace: str, policy: str, seed: int, tie_order: int | None = None) -> tuple[str, str, int, float, float]:
@@ -40,9 +39,8 @@ def _run(trace: str, policy: str, seed: int, tie_order: int | None = None) -> tu
 
     cluster = read_nodes(openb_dir() / "openb_node_list_gpu_node.csv")
     tasks = read_tasks(openb_dir() / f"openb_pod_list_{trace}.csv")
-    scorer = tried.RULES.get(policy, policy)
     result = simulate(
-        cluster, tasks, scorer, seed, workload=Workload.typical(tasks, cluster.models), tie_order=tie_order
+        cluster, tasks, policy, seed, workload=Workload.typical(tasks, cluster.models), tie_order=tie_order
     )
     return trace, policy, seed, result.at("unallocated_pct", 100), result.seconds
 
@@ -122,7 +120,7 @@ def main() -> int:
         return floor(traces)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     try:
-        check_choices(policies, [*POLICIES, *tried.RULES], "--policies")
+        check_choices(policies, list(POLICIES), "--policies")
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
     orders: list[int | None] = list(range(args.tie_orders)) if args.tie_orders > 0 else [None]
@@ -292,8 +290,8 @@ def paired_table(runs: list[dict[str, Any]], policies: list[str], traces: list[s
 
 
 def _kind(policy: str) -> str:
-    """How the table and the plot label a policy: released (published), ours, or tried (not adopted)."""
-    return "tried" if policy in tried.RULES else "released" if POLICIES[policy] else "ours"
+    """How the table and the plot label a policy: released (published) or ours."""
+    return "released" if POLICIES[policy] else "ours"
 
 
 def plot(
