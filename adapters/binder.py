@@ -45,6 +45,7 @@ filter and prioritize never load it.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
@@ -508,6 +509,7 @@ def ledger_binder(
         client.deadline, client.min_call_s = binder.deadline, 0.1
         return client
 
-    dynamodb = session.client("dynamodb", config=Config(**BIND_DYNAMODB))
+    # A copy: botocore rewrites the retries dict it is given (max_attempts into total_max_attempts).
+    dynamodb = session.client("dynamodb", config=Config(**copy.deepcopy(BIND_DYNAMODB)))
     binder = LedgerBinder(LedgerStore(table, dynamodb), kube, cluster, readings)
     return binder

@@ -4,13 +4,24 @@ The handlers' tests check that what each Lambda emits is exactly what is catalog
 dashboards and alarms (``cdk/monitoring.py``) name metrics only through this module, so a renamed metric
 cannot leave a dashboard silently empty. Every metric carries the ``service`` dimension (the Lambda's
 ``POWERTOOLS_SERVICE_NAME``); a few add one more, listed in ``dimensions``.
+
+``gpu-scheduler serve`` records the extender's metrics too, and exposes them on ``GET /metrics`` under
+the names :func:`prometheus_name` derives from the catalogue (``adapters/telemetry.py`` writes both forms):
+
+- the prefix ``gpu_scheduler_extender_``, then the CloudWatch name in snake case;
+- ``Count``: a counter, ``_total`` appended, increased by each value (what CloudWatch's ``Sum`` shows);
+- ``Milliseconds``: a histogram in milliseconds (``_bucket``, ``_sum``, ``_count``);
+- any other unit (``Seconds``): a gauge holding the last value;
+- the extra dimension becomes a label of the same name; ``service`` is left out (one process, one service).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 NAMESPACE = "GpuScheduler"
+PROMETHEUS_PREFIX = "gpu_scheduler_extender"
 EXTENDER = "gpu-scheduler-extender"
 NODE_STATE = "gpu-scheduler-node-state"
 DELETION_COST = "gpu-scheduler-deletion-cost"
@@ -31,19 +42,23 @@ class MetricSpec:
 
 
 CATALOGUE: tuple[MetricSpec, ...] = (
-    # The extender: one set per filter or prioritize call.
-    MetricSpec("FilterLatencyMs", EXTENDER, "Milliseconds", "filter handling time inside the Lambda"),
-    MetricSpec("PrioritizeLatencyMs", EXTENDER, "Milliseconds", "prioritize handling time inside the Lambda"),
+    # The extender, on Lambda and in `serve`: one set per filter or prioritize call.
+    MetricSpec("FilterLatencyMs", EXTENDER, "Milliseconds", "filter handling time inside the extender"),
+    MetricSpec("PrioritizeLatencyMs", EXTENDER, "Milliseconds", "prioritize handling time inside the extender"),
     MetricSpec("NodesIn", EXTENDER, "Count", "nodes kube-scheduler sent to filter"),
     MetricSpec("NodesFeasible", EXTENDER, "Count", "nodes that passed filter"),
     MetricSpec("SnapshotAgeSeconds", EXTENDER, "Seconds", "age of the snapshot the decision used"),
-    MetricSpec("BadRequests", EXTENDER, "Count", "requests answered 4xx (not JSON, wrong shape, too large)"),
+    MetricSpec("BadRequests", EXTENDER, "Count", "requests answered 4xx (not JSON, wrong shape, too large, no route)"),
     MetricSpec("InternalErrors", EXTENDER, "Count", "requests answered 500"),
     MetricSpec(
         "Unschedulable", EXTENDER, "Count", "filter calls with no feasible node, by the main reason", ("reason",)
     ),
     MetricSpec(
-        "RepliesCut", EXTENDER, "Count", "filter replies over 5 MB sent without their failure reasons", ("reason",)
+        "RepliesCut",
+        EXTENDER,
+        "Count",
+        "filter replies over Lambda's 5 MB sent without their failure reasons",
+        ("reason",),
     ),
     MetricSpec("SnapshotRefreshFailures", EXTENDER, "Count", "snapshot reloads that failed, by cause", ("reason",)),
     # The extender's bind and preempt verbs (GPU sharing).
@@ -92,6 +107,21 @@ CATALOGUE: tuple[MetricSpec, ...] = (
 )
 
 
+def prometheus_name(item: MetricSpec, prefix: str = PROMETHEUS_PREFIX) -> str:
+    """The Prometheus name of a catalogued metric (see the module docstring).
+
+    >>> prometheus_name(spec("FilterLatencyMs", EXTENDER)), prometheus_name(spec("Unschedulable", EXTENDER))
+    ('gpu_scheduler_extender_filter_latency_ms', 'gpu_scheduler_extender_unschedulable_total')
+    """
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", item.name).lower()
+    return f"{prefix}_{snake}" + ("_total" if item.unit == "Count" else "")
+
+
+def prometheus_type(item: MetricSpec) -> str:
+    """``counter``, ``histogram`` or ``gauge``, by the metric's unit."""
+    return {"Count": "counter", "Milliseconds": "histogram"}.get(item.unit, "gauge")
+
+
 def spec(name: str, service: str) -> MetricSpec:
     """The catalogued metric ``name`` of ``service``; KeyError names both when there is none."""
     for item in CATALOGUE:
@@ -116,10 +146,12 @@ def emitted(emf_documents: list[dict[str, object]]) -> set[tuple[str, str, tuple
 def markdown_table() -> str:
     """The catalogue as the table in ``docs/metrics.md`` (``python -m tools.docs`` writes it there, and a
     test keeps it identical)."""
-    rows = ["| service | metric | unit | dimensions | meaning |", "|---|---|---|---|---|"]
+    rows = ["| service | metric | unit | dimensions | meaning | `serve`'s `/metrics` |", "|---|---|---|---|---|---|"]
     for item in CATALOGUE:
         meaning = item.description + (f" (emitted once {item.planned} lands)" if item.planned else "")
-        rows.append(f"| {item.service} | `{item.name}` | {item.unit} | {', '.join(item.all_dimensions)} | {meaning} |")
+        served = f"`{prometheus_name(item)}` ({prometheus_type(item)})" if item.service == EXTENDER else "-"
+        dimensions = ", ".join(item.all_dimensions)
+        rows.append(f"| {item.service} | `{item.name}` | {item.unit} | {dimensions} | {meaning} | {served} |")
     return "\n".join(rows) + "\n"
 
 

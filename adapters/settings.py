@@ -1,16 +1,20 @@
 """Lambda settings from environment variables, read once into a frozen dataclass.
 
 Each setting is declared once, with :func:`setting`: its field, its environment variable, its default
-and its doc. :func:`load_settings` parses the variables by the fields' annotated types and collects
-every problem, so a bad deployment fails at start-up with one message that names each variable and
-value; :func:`settings_table` writes the reference table in ``docs/configuration.md`` from the same
-declaration (a test fails when the two drift).
+and its doc (and, where a command line or the CDK app sets it, its flag and its context key).
+:func:`load_settings` parses the variables by the fields' annotated types and collects every problem,
+so a bad deployment fails at start-up with one message that names each variable and value. From the
+same declaration, :func:`settings_table` writes the reference table in ``docs/configuration.md`` (a
+test fails when the two drift), :func:`add_flags` makes a command's flags (``gpu-scheduler serve``'s),
+and :func:`environment` the variables the CDK app gives a Lambda.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -35,15 +39,135 @@ def parse_bool(raw: str) -> bool:
 _PARSERS: dict[str, Callable[[str], Any]] = {"float": float, "int": int, "str": str, "bool": parse_bool}
 
 
-def setting(env: str, default: Any, doc: str, *, shown: str | None = None) -> Any:
+def setting(
+    env: str, default: Any, doc: str, *, shown: str | None = None, flag: str | None = None, context: str | None = None
+) -> Any:
     """A settings field read from ``env``; ``doc`` is its line in the reference table, where the default
-    reads ``shown`` when the value itself would not help (a long template, say)."""
-    return field(default=default, metadata={"env": env, "doc": doc, "shown": shown})
+    reads ``shown`` when the value itself would not help (a long template, say). ``flag`` is its
+    command-line flag where that is not the field's name (:func:`flag_name`); ``context`` its CDK context
+    key, for a setting the deployment passes on (:func:`environment`)."""
+    metadata = {"env": env, "doc": doc, "shown": shown, "flag": flag, "context": context}
+    return field(default=default, metadata=metadata)
+
+
+def _field(cls: type, name: str) -> Field[Any]:
+    return next(f for f in fields(cls) if f.name == name)
 
 
 def env_name(cls: type, name: str) -> str:
     """The environment variable of field ``name`` of settings class ``cls``."""
-    return str(next(f for f in fields(cls) if f.name == name).metadata["env"])
+    return str(_field(cls, name).metadata["env"])
+
+
+def flag_name(cls: type, name: str) -> str:
+    """The command-line flag of field ``name``: its declared ``flag``, else ``--`` and the name with dashes."""
+    return str(_field(cls, name).metadata.get("flag") or "--" + name.replace("_", "-"))
+
+
+def default_of(cls: type, name: str) -> Any:
+    """The declared default of field ``name`` of settings class ``cls``."""
+    return _field(cls, name).default
+
+
+def add_flags(
+    parser: Any, cls: type, names: Iterable[str], *, defaults: Mapping[str, Any] | None = None, from_env: bool = False
+) -> None:
+    """A flag for each field ``names`` of settings class ``cls`` on ``parser`` (or an argument group):
+    :func:`flag_name`, parsed by the field's annotated type, its doc and its default as the help.
+
+    The parsed value is None unless the flag is given (:func:`given`): the settings class keeps the one
+    default. ``defaults`` shows a command's own default, where it differs from the deployment's (it is the
+    command's to pass); ``from_env`` says in the help that the field's variable is read when it is unset.
+
+    >>> @dataclass
+    ... class S:
+    ...     max_age_s: float = setting("MAX_AGE_S", 180.0, "refuse older")
+    >>> parser = argparse.ArgumentParser()
+    >>> add_flags(parser, S, ["max_age_s"])
+    >>> given(parser.parse_args(["--max-age-s", "60"]), ["max_age_s"]), given(parser.parse_args([]), ["max_age_s"])
+    ({'max_age_s': 60.0}, {})
+    """
+    defaults = defaults or {}
+    for name in names:
+        f = _field(cls, name)
+        shown = str(defaults[name]) if name in defaults else _shown(f)
+        notes = ([] if shown == "(none)" else [f"default {shown}"]) + ([f"${f.metadata['env']}"] if from_env else [])
+        text = flags_named(cls, str(f.metadata["doc"])) + (f" ({'; '.join(notes)})" if notes else "")
+        text = text.replace("`", "").replace("%", "%%")  # Markdown in the docs; argparse formats %
+        if str(f.type) == "bool":
+            parser.add_argument(flag_name(cls, name), dest=name, action="store_true", default=None, help=text)
+        else:
+            parser.add_argument(flag_name(cls, name), dest=name, type=_flag_type(f), default=None, help=text)
+
+
+def _flag_type(f: Field[Any]) -> Callable[[str], Any]:
+    parse = _PARSERS[str(f.type)]
+
+    def convert(raw: str) -> Any:
+        try:
+            return parse(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {f.type}, got {raw!r}") from None
+
+    return convert
+
+
+def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+    """The fields ``names`` whose flag (:func:`add_flags`) was given, with their values."""
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def flags_named(cls: type, message: str, names: Iterable[str] | None = None) -> str:
+    """``message`` (a :class:`ConfigError`'s) with each field's environment variable replaced by its flag,
+    for a command line; only fields ``names`` when given.
+
+    >>> @dataclass
+    ... class S:
+    ...     max_age_s: float = setting("MAX_AGE_S", 180.0, "refuse older")
+    >>> flags_named(S, "MAX_AGE_S: must be a non-negative number of seconds, got -1")
+    '--max-age-s: must be a non-negative number of seconds, got -1'
+    """
+    wanted = set(names) if names is not None else None
+    return _renamed(
+        cls, message, {f.name: flag_name(cls, f.name) for f in fields(cls) if wanted is None or f.name in wanted}
+    )
+
+
+def context_named(cls: type, message: str) -> str:
+    """``message`` with the environment variable of each field that declares a CDK context key replaced by
+    that key (the CDK app's validation names what its user wrote)."""
+    return _renamed(cls, message, context_keys(cls))
+
+
+def _renamed(cls: type, message: str, new_names: Mapping[str, str]) -> str:
+    by_env = {env_name(cls, name): new for name, new in new_names.items()}
+    if not by_env:
+        return message
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(by_env, key=len, reverse=True))) + r")\b")
+    return pattern.sub(lambda match: by_env[match[1]], message)
+
+
+def environment(cls: type, source: object) -> dict[str, str]:
+    """The variables of settings class ``cls`` whose fields declare a ``context`` key, with the values of
+    the attributes of the same names on ``source`` (the CDK app's ``DeployConfig``): a Lambda's environment.
+
+    >>> @dataclass
+    ... class S:
+    ...     max_age_s: float = setting("MAX_AGE_S", 180.0, "refuse older", context="maxAgeS")
+    ...     other: str = setting("OTHER", "", "not the deployment's")
+    >>> environment(S, S(max_age_s=60))
+    {'MAX_AGE_S': '60'}
+    """
+    found = {}
+    for name in context_keys(cls):
+        value = getattr(source, name)
+        found[env_name(cls, name)] = str(value).lower() if isinstance(value, bool) else str(value)
+    return found
+
+
+def context_keys(cls: type) -> dict[str, str]:
+    """Field name to CDK context key, for the fields of ``cls`` that declare one."""
+    return {f.name: str(f.metadata["context"]) for f in fields(cls) if f.metadata.get("context")}
 
 
 def read_env(
@@ -124,7 +248,9 @@ class ClusterAccess:
     cluster_name: str = setting(
         "CLUSTER_NAME", "", "the EKS cluster: endpoint and CA from `DescribeCluster`, IAM token from STS"
     )
-    kube_api_url: str = setting("KUBE_API_URL", "", "instead of `CLUSTER_NAME`: an API server URL (local runs)")
+    kube_api_url: str = setting(
+        "KUBE_API_URL", "", "instead of `CLUSTER_NAME`: an API server URL (local runs)", flag="--kube-url"
+    )
     kube_token: str = setting("KUBE_TOKEN", "", "with `KUBE_API_URL`: its bearer token")
     kubeconfig: str = setting("KUBECONFIG", "", "instead of both: a kubeconfig file (local runs)")
     region: str = setting("AWS_REGION", "", "the AWS region (the Lambda runtime sets it)")

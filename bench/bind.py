@@ -126,13 +126,12 @@ def bind_all(
                 candidates = choose.sample(names[:hot], 3) + choose.sample(names, 5)
                 args = ExtenderArgs(pod=pod, node_names=candidates)
                 feasible = extender.filter(args).kept
-                ranked = sorted(
-                    extender.prioritize(ExtenderArgs(pod=pod, node_names=feasible)).reply, key=lambda h: -h.score
-                )
-                for host in ranked:
+                scored = extender.prioritize(ExtenderArgs(pod=pod, node_names=feasible))
+                by_score = sorted(zip(scored.values, scored.hosts, strict=True), key=lambda pair: -pair[0])
+                for _, host in by_score:
                     meta = pod["metadata"]
                     body = json.dumps(
-                        {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": host.host}
+                        {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": host}
                     ).encode()
                     started = time.perf_counter()
                     reply = extender.respond("bind", body)

@@ -22,7 +22,7 @@ from scheduler_core.extender.facade import Extender, ExtenderConfig
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
 from scheduler_core.scoring.gpu_fit import ScoreWeights, filter_nodes, score_nodes
-from scheduler_core.scoring.share_fit import SHARE_POLICIES
+from scheduler_core.scoring.policy import SHARE_POLICIES
 from scheduler_core.state.cluster import ClusterState
 from testing.reference import reference_reasons, reference_scores
 from testing.synthetic import synthetic_table

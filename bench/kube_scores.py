@@ -4,10 +4,9 @@
 per run. Through kube-scheduler (``gpu-scheduler replay``) the decision is made otherwise, and this
 benchmark makes it the same way in the simulator, in seconds instead of a replay's minutes:
 
-- the extender's 0..10 per node comes from the product's own functions, as ``prioritize_scores`` calls
-  them (:func:`~scheduler_core.scoring.share_fit.share_fit` or
-  :func:`~scheduler_core.scoring.share_fit.fgd_fit`, then
-  :func:`~scheduler_core.scoring.gpu_fit.score_nodes`; GPU utilisation unknown, as in the replay);
+- the extender's 0..10 per node comes from the product's share policy, as ``prioritize_scores`` calls
+  it (:meth:`~scheduler_core.scoring.policy.SharePolicy.preference`, then
+  :meth:`~scheduler_core.scoring.policy.SharePolicy.scores`; GPU utilisation unknown, as in the replay);
 - kube-scheduler adds ``10 x weight x`` that to its score plugins that tell the trace's nodes apart:
   NodeResourcesFit's ``MostAllocated``, with the resources and weights the generated profile gives it
   (:func:`most_allocated`), and NodeResourcesBalancedAllocation on CPU and memory
@@ -23,14 +22,14 @@ difference at 0.06 points on ``gpushare100``). On seed 42 it is within 0.3 point
 ``docs/benchmarks.md`` on the traces where the replay and ``simulate`` differ most (``gpushare100``,
 ``gpuspec25``, ``gpuspec33``, ``cpu250``).
 
-Reported per trace: the mean unallocated GPU % at 100 % arrived over the seeds, for ``simulate
---policy fgd_cpu`` and for this model, and each seed's pair.
+Reported per trace: the mean unallocated GPU % at 100 % arrived over the seeds, for ``simulate`` with
+the default share policy (``fgd_cpu``) and for this model, and each seed's pair.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +42,8 @@ from manifests.scheduler import GPU_RESOURCE, SchedulerOptions, profile
 from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
-from scheduler_core.scoring.gpu_fit import score_nodes
-from scheduler_core.scoring.share_fit import Fragmentation, fgd_fit, share_fit
+from scheduler_core.scoring.gpu_fit import ScoreWeights
+from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, Fragmentation, SharePolicy, share_policy
 from scheduler_core.sharing.model import Cluster, Task, Workload, tightest
 from scheduler_core.sharing.policies import Context, Scores
 from scheduler_core.sharing.simulate import simulate
@@ -120,6 +119,7 @@ class KubeScheduler:
     weight: int
     plugins: tuple[str, ...] = PLUGINS
     resource_weights: dict[str, int] | None = None
+    policy: SharePolicy = field(default_factory=lambda: share_policy(DEFAULT_SHARE_POLICY))
 
     def __post_init__(self) -> None:
         check_choices(self.plugins, PLUGINS, "--plugins")
@@ -134,16 +134,13 @@ class KubeScheduler:
         free_milli = cluster.gpu_left.astype(np.int32)
         gpu_count = cluster.gpu_count.astype(np.int32)
         fragmentation = Fragmentation(cluster.cpu_left, cluster.model_id.astype(np.int64), ctx.workload, task.cpu)
-        fit: npt.NDArray[np.float64] | None
-        if task.sharing:
-            demand = PodDemand(gpus=1, share=task.gpu_milli)
-            fit = share_fit(free_milli, gpu_count, task.gpu_milli, feasible, "fgd_cpu", fragmentation)
-        else:
-            demand = PodDemand(gpus=task.num_gpu)
-            fit = fgd_fit(free_milli, gpu_count, task.num_gpu, feasible, "fgd_cpu", fragmentation)
+        demand = PodDemand(gpus=1, share=task.gpu_milli) if task.sharing else PodDemand(gpus=task.num_gpu)
+        fit = self.policy.preference(free_milli, gpu_count, demand, feasible, fragmentation)
         whole_free = np.count_nonzero(cluster.gpu_left >= MILLI_PER_GPU, axis=1).astype(np.int32)
         unknown_utilisation = np.full(cluster.n_nodes, np.nan)
-        return score_nodes(self.table, whole_free, unknown_utilisation, demand, feasible=feasible, fit=fit).score
+        return self.policy.scores(
+            self.table, whole_free, unknown_utilisation, demand, ScoreWeights(), feasible, fit=fit
+        ).score
 
     def plugin_scores(self, cluster: Cluster, task: Task, nodes: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
         """The plugins' sum on ``nodes``, each plugin weighted 1 (the default profile's weight for both)."""
@@ -190,9 +187,9 @@ def _trace(trace: str, openb: Path) -> tuple[list[str], Cluster, list[Task]]:
 def one_seed(
     names: list[str], cluster: Cluster, tasks: list[Task], seed: int, weight: int, plugins: tuple[str, ...]
 ) -> tuple[float, float]:
-    """Unallocated GPU % at 100 % arrived, ``simulate --policy fgd_cpu`` and this model, for one seed."""
+    """Unallocated GPU % at 100 % arrived, ``simulate`` with the default share policy and this model, for one seed."""
     workload = Workload.typical(tasks, cluster.models)
-    simulated = simulate(cluster, tasks, "fgd_cpu", seed, workload=workload).at("unallocated_pct", 100)
+    simulated = simulate(cluster, tasks, DEFAULT_SHARE_POLICY, seed, workload=workload).at("unallocated_pct", 100)
     scorer = KubeScheduler(NodeTable.from_columns(alloc_gpus=cluster.gpu_count.tolist(), names=names), cluster, weight,
                            plugins)  # fmt: skip
     modelled = simulate(cluster, tasks, scorer, seed, workload=workload, tie="random").at("unallocated_pct", 100)

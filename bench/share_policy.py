@@ -9,7 +9,8 @@ and the shares placed by each candidate:
   a snapshot carries: each node's free CPU, and the shapes of the pods placed so far (refreshed
   every :data:`REFRESH` placements, at most ``MAX_SHAPES``), and the bind takes the tightest GPU;
 - ``fgd_cpu_blind``: FGD with the shapes' CPU set to 0, so that node CPU plays no part;
-- ``gpu_packing``, ``bestfit``, ``dotprod``: the policies that need only free GPU milli.
+- each other policy the extender offers (``gpu_packing``, ``bestfit``, ``dotprod``): they need only free
+  GPU milli.
 
 What it cannot model: kube-scheduler adds its own scores to the extender's, and breaks ties at
 random per decision, where the simulator, as the authors' does, gives them to the node that comes first
@@ -33,16 +34,20 @@ import numpy.typing as npt
 from bench import check_choices
 from bench.policies import load
 from gpu_scheduler.traces import openb_dir
+from scheduler_core.k8s.pods import PodDemand
+from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, SHARE_POLICIES, Fragmentation, share_policy
 from scheduler_core.sharing.model import MAX_SHAPES, Task, Workload, keep_typical, shape_of, tightest
-from scheduler_core.sharing.policies import Context, Scores, fgd_cpu, registry
+from scheduler_core.sharing.policies import Context, Scores, registry
 from scheduler_core.sharing.simulate import simulate
 
-CANDIDATES = ("fgd", "extender", "fgd_cpu_blind", "gpu_packing", "bestfit", "dotprod")
+CANDIDATES = ("fgd", "extender", "fgd_cpu_blind", *(p for p in SHARE_POLICIES if p != DEFAULT_SHARE_POLICY))
+"""FGD as the simulator runs it, the default policy as the extender runs it and blind to CPU, and each other
+policy the extender offers."""
 
 
 @dataclass
 class SharesBy:
-    """A scorer: shares by policy ``share``, every other task by ``fgd_cpu``."""
+    """A scorer: shares by policy ``share``, every other task by the default share policy (``fgd_cpu``)."""
 
     share: str
     placed: list[Task] = field(default_factory=list)
@@ -51,7 +56,7 @@ class SharesBy:
     def __call__(self, ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
         self.placed.append(task)  # every task scored has a feasible node, and is placed
         if not task.sharing:
-            return fgd_cpu.score(ctx, task, nodes)
+            return share_policy(DEFAULT_SHARE_POLICY).declared(ctx, task, nodes)
         if self.share == "extender":
             return self._as_extender(ctx, task, nodes)
         if self.share != "fgd_cpu_blind":
@@ -62,12 +67,21 @@ class SharesBy:
     def _as_extender(self, ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
         """What the extender knows: the shapes of the pods running when the snapshot was taken (here:
         placed so far, refreshed every ``REFRESH`` placements), capped as the snapshot caps them; and
-        the bind takes the tightest GPU, not FGD's."""
+        the bind takes the tightest GPU, not FGD's. The scores are the extender's policy's own
+        (:meth:`~scheduler_core.scoring.policy.SharePolicy.node_scores`), its fallback included."""
         if self.live is None or len(self.placed) % REFRESH == 0:
             shapes = keep_typical(Counter(map(shape_of, self.placed)), limit=MAX_SHAPES)
             self.live = Workload.from_shapes(shapes, ctx.cluster.models)
-        scores, _ = _fgd_with(ctx, self.live, task, nodes)
-        return scores, tightest(ctx.cluster.gpu_left[nodes], task.gpu_milli)
+        cluster = ctx.cluster
+        left = cluster.gpu_left[nodes].astype(np.int32)
+        model_id = cluster.model_id[nodes].astype(np.int64)
+        fragmentation = Fragmentation(cluster.cpu_left[nodes], model_id, self.live, task.cpu)
+        demand = PodDemand(gpus=1, share=task.gpu_milli)
+        everywhere = np.ones(nodes.shape[0], dtype=bool)
+        policy = share_policy(DEFAULT_SHARE_POLICY)
+        scores = policy.node_scores(left, cluster.gpu_count[nodes].astype(np.int32), demand, everywhere, fragmentation)
+        assert scores is not None  # every policy places shares
+        return scores, tightest(cluster.gpu_left[nodes], task.gpu_milli)
 
 
 REFRESH = 200
@@ -102,7 +116,7 @@ def run(
         "suite": "share-policy",
         "trace": name,
         "seeds": [42 + s for s in range(seeds)],
-        "others_by": "fgd_cpu",
+        "others_by": DEFAULT_SHARE_POLICY,
         "unallocated_gpu_pct_100": {
             share: round(float(np.mean([u for s, _, u in runs if s == share])), 3) for share in candidates
         },

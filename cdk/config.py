@@ -2,7 +2,9 @@
 
 Every key is optional except ``clusterName``. Values may come from ``cdk.json``, from ``cdk -c key=value``
 (strings, parsed here) or from ``CDK_CONTEXT_JSON`` (typed). Validation collects every problem, named by
-its context key, and synth stops with all of them at once.
+its context key, and synth stops with all of them at once. A key the extender's settings declare
+(``context=`` in ``lambdas/extender/config.py``) takes its default and its validation from there, and
+``cdk/stack.py`` passes it on as the extender's variable.
 
 | key | default | meaning |
 |---|---|---|
@@ -23,13 +25,13 @@ its context key, and synth stops with all of them at once.
 | ``applyManifests`` | false | apply the RBAC and the second scheduler through ``aws_eks_v2`` |
 | ``schedulerImage`` | upstream kube-scheduler | match the cluster's minor version |
 | ``sharing`` | false | fractional GPUs: the extender's bind and preempt verbs on the DynamoDB GPU ledger |
-| ``sharePolicy`` | fgd_cpu | ``fgd_cpu`` places every pod; ``gpu_packing``, ``bestfit``, ``dotprod``: shares only |
+| ``sharePolicy`` | ``SHARE_POLICY``'s | the extender's share policy (``SHARE_POLICY``: its default and its check) |
 | ``extenderWeight`` | 5 | the extender's weight in kube-scheduler |
 | ``extenderGpuPodsOnly`` | false | call the extender for GPU pods only (else for every pod of the profile) |
 | ``extenderReservedConcurrency`` | 20 | reserved concurrency of the extender function |
 | ``extenderProvisionedConcurrency`` | 0 | provisioned concurrency (0: none; >0 adds a ``live`` alias) |
 | ``apiRateLimit`` / ``apiBurstLimit`` | 500 / 1000 | stage throttling, requests per second |
-| ``maxSnapshotAgeS`` | 180 | the extender refuses an older snapshot (and the stale-snapshot alarm fires) |
+| ``maxSnapshotAgeS`` | ``MAX_SNAPSHOT_AGE_S``'s | the extender refuses an older snapshot; the stale-snapshot alarm |
 | ``ledgerConflictsAlarmPer5m`` | 50 | GPU-ledger conflicts in 5 minutes that count as a spike |
 | ``logRetentionDays`` | 30 | Lambda and API access logs |
 | ``deletionCostConfig`` | metrics policy | the deletion-cost workload config (JSON), stored in SSM |
@@ -47,14 +49,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from adapters.settings import parse_bool
+from adapters.settings import context_keys, context_named, default_of, parse_bool
 from cdk.functions import RETENTION_NAMES
 from cdk.network import GATEWAY_SERVICES, INTERFACE_SERVICES, SERVICES
 from cdk.prometheus import DCGM_NAMESPACE, KSM_NAMESPACE
+from lambdas.extender.config import ExtenderSettings
 from manifests.scheduler import DEFAULT_IMAGE, SchedulerOptions
 from scheduler_core.deletion_cost.policy import CostConfig
 from scheduler_core.errors import ConfigError
-from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 
 WATCH_OVERLAP_S = 15
 """How long a watching node-state run goes on after the next one has started: its cold start and first run."""
@@ -87,14 +89,14 @@ class DeployConfig:
     apply_manifests: bool = False
     scheduler_image: str = DEFAULT_IMAGE
     sharing: bool = False
-    share_policy: str = DEFAULT_SHARE_POLICY
+    share_policy: str = default_of(ExtenderSettings, "share_policy")  # declared with the extender's settings
     extender_weight: int = 5
     extender_gpu_pods_only: bool = False
     extender_reserved_concurrency: int = 20
     extender_provisioned_concurrency: int = 0
     api_rate_limit: int = 500
     api_burst_limit: int = 1000
-    max_snapshot_age_s: int = 180
+    max_snapshot_age_s: int = int(default_of(ExtenderSettings, "max_snapshot_age_s"))  # as share_policy
     ledger_conflicts_alarm_per_5m: int = 50
     log_retention_days: int = 30
     deletion_cost_config: Mapping[str, Any] = field(default_factory=lambda: DEFAULT_DELETION_COST_CONFIG)
@@ -161,6 +163,12 @@ class DeployConfig:
             raise ConfigError("; ".join(problems))
         return config
 
+    def _extender_problems(self) -> list[str]:
+        """The extender's own validation (``ExtenderSettings.problems``) of the keys the deployment passes
+        on to it (those whose settings declare a context key), named by those keys."""
+        passed = {name: getattr(self, name) for name in context_keys(ExtenderSettings)}
+        return [context_named(ExtenderSettings, problem) for problem in ExtenderSettings(**passed).problems()]
+
     def problems(self) -> list[str]:
         found = []
         if self.vpc_id and not _is_id(self.vpc_id, "vpc"):
@@ -185,8 +193,7 @@ class DeployConfig:
             found.append(f"alarmEmail: expected an e-mail address, got {self.alarm_email!r}")
         if self.amp_workspace_id and not self.amp_workspace_id.startswith("ws-"):
             found.append(f"ampWorkspaceId: expected ws-..., got {self.amp_workspace_id!r}")
-        if self.share_policy not in SHARE_POLICIES:
-            found.append(f"sharePolicy: expected one of {', '.join(SHARE_POLICIES)}, got {self.share_policy!r}")
+        found += self._extender_problems()
         if self.extender_reserved_concurrency < 1:
             found.append(f"extenderReservedConcurrency: expected >= 1, got {self.extender_reserved_concurrency}")
         if not 0 <= self.extender_provisioned_concurrency <= self.extender_reserved_concurrency:

@@ -12,6 +12,7 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from adapters.metric_catalogue import DELETION_COST, EXTENDER, NODE_STATE
+from adapters.settings import environment
 from cdk.cluster_access import ClusterAccess, KubernetesIdentity
 from cdk.config import DeployConfig
 from cdk.extender_api import ExtenderApi
@@ -21,6 +22,7 @@ from cdk.monitoring import Monitoring, Watched
 from cdk.network import SchedulerNetwork
 from cdk.refreshers import DeadLetterQueue, ScheduledRefresher
 from cdk.state import SchedulerState
+from lambdas.extender.config import ExtenderSettings
 from manifests import access as lambda_identities
 from manifests.scheduler import all_manifests
 from scheduler_core.extender.facade import SHARING_VERBS, VERBS
@@ -79,11 +81,8 @@ class GpuSchedulerStack(Stack):
             log_retention_days=config.log_retention_days,
             network=network.functions,
         )
-        extender_environment = {
-            "SNAPSHOT_URI": self.state.snapshot_uri,
-            "MAX_SNAPSHOT_AGE_S": str(config.max_snapshot_age_s),
-            "SHARE_POLICY": config.share_policy,
-        }
+        # The settings the deployment passes on (MAX_SNAPSHOT_AGE_S, SHARE_POLICY) are declared with the extender's.
+        extender_environment = {"SNAPSHOT_URI": self.state.snapshot_uri, **environment(ExtenderSettings, config)}
         extender_layers: list[lambda_.ILayerVersion] = []
         if config.sharing:
             # bind writes the ledger and the Binding: the refreshers' kubernetes layer, loaded on the first bind.

@@ -46,10 +46,11 @@ from gpu_scheduler.synthetic import demo_pod_stream, synthetic_cluster
 from gpu_scheduler.traces import openb_dir, synthetic_trace, write_trace
 from scheduler_core.k8s.pods import effective_gpu_request, pod_demand
 from scheduler_core.scoring.gpu_fit import filter_nodes
+from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.snapshot import build_snapshot, write_snapshot
 
-PLACEMENT_POLICIES = ("fgd", "fgd_cpu")
+PLACEMENT_POLICIES = ("fgd", DEFAULT_SHARE_POLICY)
 FGD_RELEASED_DEFAULT = 4.77
 """The authors' released mean for FGD on ``default`` at 100 % arrived (FGD_NOTES.md section 7)."""
 
@@ -348,7 +349,7 @@ def _format_placement(p: dict[str, Any]) -> str:
         f"  trace: {p['trace']}",
     ]
     for name, r in p["policies"].items():
-        label = f"{name} (ours)" if name == "fgd_cpu" else name
+        label = f"{name} (ours)" if name == DEFAULT_SHARE_POLICY else name
         lines.append(
             f"      {label:<15} unallocated GPUs {r['unallocated_gpu_pct_100']:5.2f} % at 100 % arrived, "
             f"{r['unallocated_gpu_pct_130']:5.2f} % at 130 %; {r['pods_failed']:.0f} tasks failed; "

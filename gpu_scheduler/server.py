@@ -1,4 +1,5 @@
-"""``gpu-scheduler serve``: the extender facade behind a threaded HTTP/1.1 server.
+"""``gpu-scheduler serve``: the extender service (``lambdas/extender/service.py``, the Lambda's too)
+behind a threaded HTTP/1.1 server, which only turns requests into its calls and its answers into replies.
 
 kube-scheduler calls an extender synchronously, once per pod, over a keep-alive connection, so the
 server:
@@ -6,7 +7,7 @@ server:
 - sets TCP_NODELAY on every connection (Python's default leaves Nagle on, and each small reply then
   waits ~40 ms for a delayed ACK: DESIGN section 8);
 - writes the status line, headers and body in one ``send``;
-- refuses a body over the limit from its ``Content-Length`` before reading it;
+- refuses a body over the limit from its ``Content-Length`` before reading it (the service's one rule);
 - gives each request :data:`REQUEST_TIMEOUT_S` to arrive whole once its first line is in, and an idle
   connection :data:`IDLE_TIMEOUT_S` (a reaper thread shuts the socket of one past its time, which a
   per-read timeout cannot do against a client that sends a byte at a time); serves at most
@@ -29,81 +30,13 @@ from collections import Counter
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
-from scheduler_core.errors import InvalidArgsError
-from scheduler_core.extender.facade import Extender
-from scheduler_core.extender.wire import decode_json, encode_json
+from lambdas.extender.service import ROUTED_VERBS, Answer, ExtenderService
+from scheduler_core.extender.wire import encode_json
 from scheduler_core.k8s.quantity import plain_int
-from scheduler_core.state.cluster import ClusterState
 
 log = logging.getLogger("gpu_scheduler.server")
-VERBS = frozenset({"filter", "prioritize", "bind", "preempt"})
-
-
-class ClusterFile:
-    """A cluster JSON file (``{"nodes": [...], "pods": [...]}``) re-read when it changes.
-
-    The file is stat'ed at most every ``refresh_s`` seconds and re-parsed when its size or mtime
-    changed. A file that fails to parse on reload keeps the previous state in service (and logs why),
-    so a half-written file never empties the cluster.
-    """
-
-    def __init__(
-        self, path: str | Path, *, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.path = Path(path)
-        self.refresh_s = refresh_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        # Stat before reading: a change made while we read shows up as a new stamp next time.
-        try:
-            self._stamp = self._stat()
-        except OSError as exc:
-            raise InvalidArgsError(f"cannot read cluster file {self.path}: {exc.strerror}") from exc
-        self._state = load_cluster_file(self.path)
-        self._checked_at = clock()
-
-    def _stat(self) -> tuple[int, int]:
-        stat = self.path.stat()
-        return stat.st_mtime_ns, stat.st_size
-
-    def __call__(self) -> ClusterState:
-        now = self._clock()
-        if now - self._checked_at < self.refresh_s:
-            return self._state
-        with self._lock:
-            if now - self._checked_at >= self.refresh_s:
-                self._checked_at = now
-                self._reload_if_changed()
-        return self._state
-
-    def _reload_if_changed(self) -> None:
-        try:
-            stamp = self._stat()
-            if stamp == self._stamp:
-                return
-            self._state = load_cluster_file(self.path)
-            self._stamp = stamp
-        except (OSError, InvalidArgsError) as exc:
-            log.warning("keeping the previous cluster state: %s", exc)
-
-
-def load_cluster_file(path: Path) -> ClusterState:
-    """Read and validate a cluster JSON file; problems are raised as :class:`InvalidArgsError`."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InvalidArgsError(f"cannot read cluster file {path}: {exc.strerror}") from exc
-    try:
-        state = ClusterState.from_document(decode_json(data))
-    except InvalidArgsError as exc:
-        raise InvalidArgsError(f"{path}: {exc}") from exc
-    for problem in state.problems:
-        log.warning("%s: %s", path, problem)
-    return state
-
 
 MAX_CONNECTIONS = 64
 """Open connections served at once; one more is answered 503 and closed. kube-scheduler keeps a few
@@ -121,15 +54,9 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(
-        self,
-        address: tuple[str, int],
-        extender: Extender,
-        metrics: Callable[[], str] | None = None,
-        *,
-        max_connections: int = MAX_CONNECTIONS,
+        self, address: tuple[str, int], service: ExtenderService, *, max_connections: int = MAX_CONNECTIONS
     ) -> None:
-        self.extender = extender
-        self.metrics = metrics
+        self.service = service
         self.requests: Counter[tuple[str, int]] = Counter()  # (verb, status) -> replies
         self._requests_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_connections)
@@ -188,15 +115,16 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
 
     def count(self, verb: str, status: int) -> None:
         with self._requests_lock:
-            self.requests[(verb if verb in VERBS else "other", status)] += 1
+            self.requests[(verb if verb in ROUTED_VERBS else "other", status)] += 1
 
     def metrics_text(self) -> str:
-        """``GET /metrics``: the replies by verb and status, then what ``metrics`` adds (the live state)."""
+        """``GET /metrics``: the replies by verb and status (this server's own count, 503s included), then
+        the service's metrics: the Lambda's EMF set under Prometheus names, and the live state's."""
         with self._requests_lock:
             counts = sorted(self.requests.items())
         lines = [f'gpu_scheduler_extender_requests_total{{verb="{verb}",status="{status}"}} {n}'
                  for (verb, status), n in counts]  # fmt: skip
-        return "\n".join(lines) + ("\n" if lines else "") + (self.metrics() if self.metrics is not None else "")
+        return "\n".join(lines) + ("\n" if lines else "") + self.service.metrics_text()
 
     @property
     def url(self) -> str:
@@ -274,43 +202,43 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
         return True
 
     def do_POST(self) -> None:
-        verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-        limit = self.server.extender.config.max_body_bytes
+        service = self.server.service
+        path = self.path.split("?", 1)[0]
+        verb = path.rstrip("/").rsplit("/", 1)[-1]  # any URL prefix: kube-scheduler POSTs <urlPrefix>/<verb>
         raw_length = self.headers.get("Content-Length")
         length = plain_int(raw_length.strip()) if raw_length is not None else None
-        if length is None:
+        refused: Answer | None = None
+        if verb not in ROUTED_VERBS:
+            refused = service.not_found("POST", path)
+        elif length is None:
+            refused = service.bad_request(verb, "a Content-Length header with the body size is required")
+        else:
+            refused = service.refuse_length(verb, length)
+        if refused is not None:
+            # Do not read (or keep) a body we will not use; close so the unread bytes go with it.
             self.close_connection = True
-            self._reply(
-                400, encode_json({"Error": "a Content-Length header with the body size is required"}), verb=verb
-            )
+            self._reply(refused, verb=verb)
             return
-        if length > limit:
-            # Do not read (or keep) a body we will refuse; close so the unread bytes go with it.
-            self.close_connection = True
-            self._reply(400, encode_json({"Error": f"request body is {length} bytes; the limit is {limit}"}), verb=verb)
-            return
+        assert length is not None  # refused above otherwise
         body = self.rfile.read(length)
         self.server.disarm(self.connection)  # what follows is the extender's time, not the client's
         if len(body) != length:  # the client went, or the reaper cut it off: nobody to answer
             self.close_connection = True
             return
         started = time.perf_counter()
-        try:
-            status, payload = self.server.extender.handle(verb, body)
-        except Exception:
-            log.exception("internal error on %s (%d bytes)", self.path, length)
-            status, payload = 500, encode_json({"Error": "internal error in the extender; see its log"})
-        log.debug("%s %s -> %d in %.2f ms", self.command, self.path, status, 1000 * (time.perf_counter() - started))
-        self._reply(status, payload, verb=verb)
+        answer = service.answer(verb, body, path=path)
+        log.debug("%s %s -> %d in %.2f ms", self.command, path, answer.status, 1000 * (time.perf_counter() - started))
+        self._reply(answer, verb=verb)
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0].rstrip("/")
-        if path == "/healthz":
-            self._reply(200, encode_json({"status": "ok"}))
-        elif path == "/metrics":
-            self._reply(200, self.server.metrics_text().encode(), content_type="text/plain; version=0.0.4")
+        path = self.path.split("?", 1)[0]
+        service = self.server.service
+        if path.rstrip("/") == "/healthz":
+            self._reply(Answer(200, encode_json(service.health())))
+        elif path.rstrip("/") == "/metrics":
+            self._reply(Answer(200, self.server.metrics_text().encode()), content_type="text/plain; version=0.0.4")
         else:
-            self._reply(404, encode_json({"Error": f"no such path {self.path[:64]!r}; GET /healthz or /metrics"}))
+            self._reply(service.not_found("GET", path))
 
     def handle(self) -> None:
         """``BaseHTTPRequestHandler.handle``, with the idle wait before each request bounded in all."""
@@ -324,10 +252,9 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
         finally:
             self.server.disarm(self.connection)
 
-    def _reply(
-        self, status: int, payload: bytes, content_type: str = "application/json", verb: str | None = None
-    ) -> None:
-        """Write the reply; with ``verb``, count it first, so that ``/metrics`` read after it includes it."""
+    def _reply(self, answer: Answer, content_type: str = "application/json", verb: str | None = None) -> None:
+        """Write the answer; with ``verb``, count it first, so that ``/metrics`` read after it includes it."""
+        status, payload = answer.status, answer.body
         if verb is not None:
             self.server.count(verb, status)
         head = (
@@ -342,20 +269,13 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
         log.debug("%s - %s", self.address_string(), format % args)
 
 
-def serve(
-    extender: Extender,
-    host: str,
-    port: int,
-    *,
-    ready: Callable[[str], None] | None = None,
-    metrics: Callable[[], str] | None = None,
-) -> None:
+def serve(service: ExtenderService, host: str, port: int, *, ready: Callable[[str], None] | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then stop accepting, close the socket and return. ``GET /metrics``
-    answers the replies by verb and status, and the Prometheus text ``metrics`` writes after them.
+    answers :meth:`ExtenderHTTPServer.metrics_text`.
 
     Handler threads are daemons: an idle keep-alive connection must not hold up the exit.
     """
-    server = ExtenderHTTPServer((host, port), extender, metrics)
+    server = ExtenderHTTPServer((host, port), service)
     stop = threading.Event()
 
     def _shutdown(signum: int, _frame: Any) -> None:

@@ -13,6 +13,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -78,7 +79,101 @@ def _admission_policies() -> str:
     return "\n".join(rows)
 
 
+EXAMPLE_EXTENDER_URL = "https://API_ID-VPCE_ID.execute-api.REGION.amazonaws.com/v1"
+"""The URL the generated examples carry: the placeholder of ``cdk.out/manifests/gpu-scheduler.yaml``."""
+
+
+def _scheduler_configuration() -> str:
+    from manifests.scheduler import SchedulerOptions, dump_yaml, scheduler_configuration
+
+    config = scheduler_configuration(SchedulerOptions(extender_url=EXAMPLE_EXTENDER_URL))
+    return f"```yaml\n{dump_yaml(config)}```"
+
+
+def _pods_reaching_the_extender() -> str:
+    """Per combination of ``--sharing`` and ``--gpu-pods-only``: which pods kube-scheduler sends the
+    extender (all of the profile's without ``managedResources``; with it, those that request one of
+    them), what the configuration lists, and the verbs."""
+    from manifests.scheduler import SchedulerOptions, extender_entry, profile
+
+    rows = [
+        "| `--sharing` | `--gpu-pods-only` | pods kube-scheduler sends the extender | `managedResources` "
+        "| NodeResourcesFit's `ignoredResources` | verbs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for sharing in (False, True):
+        for gpu_pods_only in (False, True):
+            options = SchedulerOptions(extender_url=EXAMPLE_EXTENDER_URL, sharing=sharing, gpu_pods_only=gpu_pods_only)
+            entry = extender_entry(options)
+            managed = entry.get("managedResources", [])
+            fit = [c["args"] for c in profile(options).get("pluginConfig", []) if c["name"] == "NodeResourcesFit"]
+            ignored = [name for args in fit for name in args.get("ignoredResources", [])]
+            pods = (
+                "those that request " + " or ".join(f"`{r['name']}`" for r in managed)
+                if managed
+                else "every pod of the profile, those that request no GPU included"
+            )
+            listed = ", ".join(
+                f"`{r['name']}` (`ignoredByScheduler: {str(r['ignoredByScheduler']).lower()}`)" for r in managed
+            )
+            verbs = ", ".join(
+                entry[key] for key in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb") if key in entry
+            )
+            rows.append(
+                f"| {'yes' if sharing else 'no'} | {'yes' if gpu_pods_only else 'no'} | {pods} | {listed or 'none'} "
+                f"| {', '.join(f'`{name}`' for name in ignored) or 'none'} | {verbs} |"
+            )
+    return "\n".join(rows)
+
+
+def _extender_timeouts() -> str:
+    """The time limits around one extender call, each read from the constant or default that sets it."""
+    import inspect
+
+    from adapters.binder import BIND_BUDGET_S, BIND_DYNAMODB, BIND_RETRY, BINDING_RESERVE_S, CONFIRM_S, LedgerBinder
+    from gpu_scheduler.server import IDLE_TIMEOUT_S, REQUEST_TIMEOUT_S
+    from lambdas.extender.service import SYNC_TIMEOUT_S
+    from manifests.scheduler import SchedulerOptions
+    from scheduler_core.extender.facade import CATCH_UP_S
+    from scheduler_core.state.readings import ASSUMED_TTL_S
+
+    ledger_budget_s = inspect.signature(LedgerBinder).parameters["ledger_budget_s"].default
+    http_timeout_s = SchedulerOptions(extender_url=EXAMPLE_EXTENDER_URL).http_timeout_s
+    retries = cast("dict[str, Any]", BIND_DYNAMODB["retries"])  # botocore's config dict, typed as object
+    dynamodb = (
+        f"{BIND_DYNAMODB['connect_timeout']:g} s to connect, {BIND_DYNAMODB['read_timeout']:g} s to read, "
+        f"{retries['max_attempts']} attempts"
+    )
+    rows = [
+        ("kube-scheduler waits for each call (`httpTimeout` in the generated configuration; "
+         "`gpu-scheduler scheduler-config --http-timeout-s`)", f"{http_timeout_s:g} s",
+         "`manifests.scheduler.SchedulerOptions`"),
+        ("a prediction of filter or prioritize counts (the extender's assumed pods)", f"{ASSUMED_TTL_S:g} s",
+         "`scheduler_core.state.readings.ASSUMED_TTL_S`"),
+        ("filter waits for the live state to build a change that may free capacity", f"{CATCH_UP_S:g} s",
+         "`scheduler_core.extender.facade.CATCH_UP_S`"),
+        ("one bind: its Kubernetes calls, retries and waits", f"{BIND_BUDGET_S:g} s",
+         "`adapters.binder.BIND_BUDGET_S`"),
+        ("the ledger's part of it, conflicts chosen again included", f"{ledger_budget_s:g} s",
+         "`adapters.binder.LedgerBinder`"),
+        ("kept for posting the Binding", f"{BINDING_RESERVE_S:g} s", "`adapters.binder.BINDING_RESERVE_S`"),
+        ("reading a failed Binding back, past the budget", f"{CONFIRM_S:g} s", "`adapters.binder.CONFIRM_S`"),
+        ("each Kubernetes call of a bind", f"{BIND_RETRY.request_timeout_s:g} s, {BIND_RETRY.attempts} attempts",
+         "`adapters.binder.BIND_RETRY`"),
+        ("each DynamoDB call of a bind", dynamodb, "`adapters.binder.BIND_DYNAMODB`"),
+        ("`serve`: a request's arrival, first line to end of body", f"{REQUEST_TIMEOUT_S:g} s",
+         "`gpu_scheduler.server.REQUEST_TIMEOUT_S`"),
+        ("`serve`: an idle keep-alive connection", f"{IDLE_TIMEOUT_S:g} s", "`gpu_scheduler.server.IDLE_TIMEOUT_S`"),
+        ("`serve --watch`: its first lists of nodes and pods, before it serves", f"{SYNC_TIMEOUT_S:g} s",
+         "`lambdas.extender.service.SYNC_TIMEOUT_S`"),
+    ]  # fmt: skip
+    return "\n".join(["| what | limit | set by |", "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "scheduler-configuration": _scheduler_configuration,
+    "pods-reaching-the-extender": _pods_reaching_the_extender,
+    "extender-timeouts": _extender_timeouts,
     "kubernetes-identities": _kubernetes_identities,
     "admission-policies": _admission_policies,
     "extender-settings": _extender_settings,

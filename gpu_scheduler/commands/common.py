@@ -1,15 +1,19 @@
-"""What several commands share: the usage error, JSON input files, and the score and locality flags."""
+"""What several commands share: the usage error, JSON input files, and the score and locality flags (derived
+from the extender's settings, :func:`add_scoring`)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scheduler_core.errors import InvalidArgsError
+from adapters.settings import add_flags, flags_named, given
+from lambdas.extender.config import ExtenderSettings
+from scheduler_core.errors import ConfigError, InvalidArgsError
 from scheduler_core.extender.wire import decode_json
 from scheduler_core.scoring.gpu_fit import ScoreWeights
-from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, LocalitySettings
+from scheduler_core.scoring.locality import LocalitySettings
 
 
 class UsageError(Exception):
@@ -52,33 +56,42 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+SCORING = (
+    "weight_fit",
+    "weight_utilization",
+    "weight_locality",
+    "locality_label_keys",
+    "locality_zone_alpha",
+    "locality_zone_values",
+    "locality_self_weight",
+)
+"""The extender settings (``lambdas.extender.config.ExtenderSettings``) that shape a score, as flags."""
+
+
 def add_scoring(parser: argparse.ArgumentParser) -> None:
-    """The score weights and the locality settings, as flags."""
-    parser.add_argument("--weight-fit", type=float, default=ScoreWeights.fit, help="best-fit weight (default 0.7)")
-    parser.add_argument(
-        "--weight-utilization", type=float, default=ScoreWeights.utilization, help="low-utilisation weight (0.3)"
-    )
-    parser.add_argument(
-        "--weight-locality", type=float, default=ScoreWeights.locality, help="network-locality weight (default 0.5)"
-    )
-    parser.add_argument(
-        "--locality-label-keys",
-        default=",".join(DEFAULT_LABEL_KEYS),
-        help="label keys peers may select on (default app,app.kubernetes.io/name)",
-    )
-    parser.add_argument("--zone-alpha", type=float, default=LocalitySettings.zone_alpha, help="same-zone value (0.5)")
-    parser.add_argument(
-        "--locality-self-weight",
-        type=float,
-        default=LocalitySettings.self_weight,
-        help="weight of a pod's own workload among its peers (1.0; 0 turns it off)",
-    )
+    """The score weights and the locality settings, as flags derived from their declarations."""
+    add_flags(parser, ExtenderSettings, SCORING)
+
+
+def extender_settings(
+    args: argparse.Namespace,
+    names: Sequence[str] = SCORING,
+    *,
+    environ: Mapping[str, str] | None = None,
+    values: Mapping[str, Any] | None = None,
+) -> ExtenderSettings:
+    """The extender settings: the flags ``names`` that were given (:func:`adapters.settings.add_flags`), over
+    ``values``, over the variables in ``environ`` (none by default), over the declared defaults;
+    :class:`UsageError` naming each bad flag."""
+    try:
+        return ExtenderSettings.from_env(environ or {}, **{**(values or {}), **given(args, names)})
+    except ConfigError as exc:
+        raise UsageError(flags_named(ExtenderSettings, str(exc))) from exc
 
 
 def weights(args: argparse.Namespace) -> ScoreWeights:
-    return ScoreWeights(fit=args.weight_fit, utilization=args.weight_utilization, locality=args.weight_locality)
+    return extender_settings(args).score_weights()
 
 
 def locality(args: argparse.Namespace) -> LocalitySettings:
-    keys = tuple(key.strip() for key in args.locality_label_keys.split(",") if key.strip())
-    return LocalitySettings(label_keys=keys, zone_alpha=args.zone_alpha, self_weight=args.locality_self_weight)
+    return extender_settings(args).locality_settings()

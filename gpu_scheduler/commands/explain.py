@@ -13,9 +13,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpu_scheduler.commands.common import UsageError, add_scoring, locality, read_json, weights
+from adapters.settings import add_flags
+from gpu_scheduler.commands.common import SCORING, UsageError, add_scoring, extender_settings, read_json
+from lambdas.extender.config import ExtenderSettings
 from scheduler_core.extender.explain import Explanation, NodeExplanation, explain
-from scheduler_core.extender.facade import Extender, ExtenderConfig
+from scheduler_core.extender.facade import Extender
 from scheduler_core.state.cluster import ClusterState
 
 HELP = "show per node why a pod passes or fails, and how it scores"
@@ -29,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", type=Path, help='and a cluster JSON file {"nodes": [...], "pods": [...]}')
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_scoring(parser)
+    add_flags(parser, ExtenderSettings, ["share_policy"])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         if not (args.pod and args.cluster):
             raise UsageError("give NAMESPACE/POD with --kubeconfig, or --pod FILE and --cluster FILE")
         pod, state = _files(args)
-    config = ExtenderConfig(weights=weights(args), locality=locality(args)).validated()
+    config = extender_settings(args, [*SCORING, "share_policy"]).extender_config()
     explanation = explain(Extender(config, cluster=lambda: state), pod)
     if args.json:
         print(json.dumps(explanation.to_json(), indent=2))
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _files(args: argparse.Namespace) -> tuple[dict[str, Any], ClusterState]:
-    from gpu_scheduler.server import load_cluster_file
+    from adapters.cluster_file import load_cluster_file
 
     pod = read_json(args.pod, "pod file")
     if not isinstance(pod, dict):
@@ -108,6 +111,8 @@ def table(explanation: Explanation) -> str:
 
 def _cells(r: NodeExplanation) -> tuple[str, ...]:
     verdict = "ok" if r.passed else ("never: " if r.unresolvable else "not now: ") + r.reason
+    if r.kube_scheduler:
+        verdict += f"; kube-scheduler's count of nvidia.com/gpu: {r.kube_scheduler}"
     return (
         r.node,
         r.zone or "-",

@@ -13,17 +13,34 @@ import logging
 import os
 from pathlib import Path
 
-from gpu_scheduler.commands.common import UsageError, add_scoring, locality, weights
-from scheduler_core.extender.facade import DEFAULT_MAX_BODY_BYTES, ClusterSource, Extender, ExtenderConfig
-from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
+from adapters.settings import add_flags, env_name, flags_named
+from gpu_scheduler.commands.common import SCORING, UsageError, add_scoring, extender_settings
+from lambdas.extender.config import ExtenderSettings
+from scheduler_core.errors import ConfigError
+from scheduler_core.extender.facade import DEFAULT_MAX_BODY_BYTES
 
 HELP = "run the extender as a local HTTP server"
 log = logging.getLogger("gpu_scheduler.serve")
-SYNC_TIMEOUT_S = 60.0
-"""How long ``--watch`` waits for its first lists of nodes and pods before it serves."""
-LIVE_MARGIN_S = 10.0
-"""How long a reading outlives a live state generated after it, for a pod whose bind the watch never
-shows (the watch forgets the others as soon as it shows them)."""
+SETTINGS = (
+    "snapshot_uri",
+    "snapshot_refresh_s",
+    "max_snapshot_age_s",
+    "max_body_bytes",
+    "share_policy",
+    *SCORING,
+    "ledger_table",
+    "cluster_name",
+    "kube_api_url",
+    "kube_token",
+    "kubeconfig",
+)
+"""The extender settings ``serve`` takes as flags (:func:`adapters.settings.add_flags`): the Lambda's,
+but for its metrics' names and AWS_REGION (boto3's own)."""
+FROM_ENV = ("snapshot_uri", "cluster_name", "kube_api_url", "kube_token", "kubeconfig")
+"""The settings whose variable ``serve`` reads when the flag is not given. The others come from flags only:
+a variable meant for the Lambda (``LEDGER_TABLE``, say) must not turn bind on in a process that sees it."""
+DEFAULTS = {"max_body_bytes": DEFAULT_MAX_BODY_BYTES}
+"""Where ``serve``'s default differs from the Lambda's: no 6 MB invocation limit on a plain HTTP server."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,44 +50,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8888, help="0 picks a free port (printed on stdout)")
     state = parser.add_mutually_exclusive_group()
     state.add_argument("--cluster", type=Path, help='JSON {"nodes": [v1 Node], "pods": [v1 Pod]} for GPU usage')
-    state.add_argument(
-        "--snapshot",
-        default=os.environ.get("SNAPSHOT_URI") or None,
-        help="cluster snapshot: s3://bucket/key, file:///path or a path (default: $SNAPSHOT_URI)",
-    )
+    add_flags(state, ExtenderSettings, ["snapshot_uri"], from_env=True)
     state.add_argument(
         "--watch",
         action="store_true",
         help="decide from the cluster as it is now: list and watch its nodes and pods (--kubeconfig or --kube-url)",
     )
-    parser.add_argument(
-        "--refresh-s", type=float, default=None, help="re-check the state this often (1 s; 10 s for S3)"
-    )
-    parser.add_argument("--max-snapshot-age-s", type=float, default=180.0, help="refuse an older snapshot")
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    parser.add_argument(
-        "--share-policy",
-        default=DEFAULT_SHARE_POLICY,
-        help=f"the pods' policy, one of {', '.join(SHARE_POLICIES)} (fgd_cpu: every pod; the others: shares)",
-    )
+    add_flags(parser, ExtenderSettings, ["snapshot_refresh_s", "max_snapshot_age_s", "max_body_bytes", "share_policy"],
+              defaults=DEFAULTS)  # fmt: skip
     sharing = parser.add_argument_group("GPU sharing: with --ledger-table, bind and preempt are served")
-    sharing.add_argument(
-        "--ledger-table", default="", help="the GPU ledger's DynamoDB table (boto3 honours AWS_ENDPOINT_URL_DYNAMODB)"
-    )
-    sharing.add_argument(
-        "--cluster-name", default=os.environ.get("CLUSTER_NAME", ""), help="the EKS cluster bind writes to"
-    )
-    sharing.add_argument("--kube-url", default=os.environ.get("KUBE_API_URL", ""), help="or an API URL ($KUBE_API_URL)")
-    sharing.add_argument(
-        "--kube-token", default=os.environ.get("KUBE_TOKEN", ""), help="and its bearer token ($KUBE_TOKEN)"
-    )
-    sharing.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", ""), help="or a kubeconfig ($KUBECONFIG)")
+    add_flags(sharing, ExtenderSettings, ["ledger_table"])
+    add_flags(sharing, ExtenderSettings, ["cluster_name", "kube_api_url", "kube_token", "kubeconfig"], from_env=True)
     sharing.add_argument(
         "--insecure",
         action="store_true",
         help="serve bind and preempt on a --host that is not loopback: serve has no TLS and no authentication",
     )
     add_scoring(parser)
+
+
+def settings(args: argparse.Namespace) -> ExtenderSettings:
+    """The extender settings of ``args``: the flags given, else the variables of :data:`FROM_ENV`, else
+    :data:`DEFAULTS`, else the declared defaults; :class:`UsageError` naming each bad flag."""
+    environ = {name: os.environ.get(name, "") for name in (env_name(ExtenderSettings, f) for f in FROM_ENV)}
+    return extender_settings(args, SETTINGS, environ=environ, values=DEFAULTS)
 
 
 def is_loopback(host: str) -> bool:
@@ -116,60 +119,18 @@ def check_exposure(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpu_scheduler.server import print_ready, serve
+    from lambdas.extender.service import build
+
     check_exposure(args)
-    from adapters.ledger_readings import LedgerReadings
-    from adapters.live_state import LiveState, prometheus_text
-    from adapters.settings import ClusterAccess
-    from gpu_scheduler.server import ClusterFile, print_ready, serve
-    from scheduler_core.state.readings import DEFAULT_MARGIN_S
-
-    config = ExtenderConfig(
-        weights=weights(args),
-        max_body_bytes=args.max_body_bytes,
-        locality=locality(args),
-        share_policy=args.share_policy,
-    ).validated()
-    cluster: ClusterSource | None = None
-    live = None
-    # With a live state, readings older than the state are dropped sooner: it catches up in milliseconds.
-    readings = LedgerReadings(margin_s=LIVE_MARGIN_S if args.watch else DEFAULT_MARGIN_S)
-    access = ClusterAccess(args.cluster_name, args.kube_url, args.kube_token, args.kubeconfig)
-    if args.watch:
-        if access.access_problems():
-            raise UsageError("--watch needs --kubeconfig, --kube-url or --cluster-name: the cluster to watch")
-        live = LiveState(lambda: access.connect(None), label_keys=config.locality.label_keys, readings=readings)
-        cluster = live
-    elif args.cluster:
-        cluster = ClusterFile(args.cluster, refresh_s=1.0 if args.refresh_s is None else args.refresh_s)
-    elif args.snapshot:
-        from adapters.snapshot_store import DEFAULT_REFRESH_S, SnapshotSource, open_store
-
-        try:
-            store = open_store(args.snapshot)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from exc
-        refresh_s = DEFAULT_REFRESH_S if args.refresh_s is None else args.refresh_s
-        cluster = SnapshotSource(store, refresh_s=refresh_s, max_age_s=args.max_snapshot_age_s)
-    accounting = None
-    if args.ledger_table:
-        from adapters.binder import ledger_binder
-
-        if access.access_problems():
-            raise UsageError("--ledger-table needs --cluster-name, --kube-url or --kubeconfig: bind writes to the API")
-        accounting = ledger_binder(args.ledger_table, access, cluster=cluster, readings=readings)
-        if live is not None:
-            live.on_gone, accounting.gone, accounting.node_of = accounting.release_pod, live.gone_on, live.node
-    metrics = None
-    if live is not None:
-        # Like an informer's cache sync: kube-scheduler parks a pod that got an error until the next cluster
-        # event, so serving before the first lists are in would strand the first pods for minutes.
-        if not live.start().wait_synced(SYNC_TIMEOUT_S):
-            log.warning("the live state is not listed after %.0f s; serving, and answering Error until it is",
-                        SYNC_TIMEOUT_S)  # fmt: skip
-        metrics = lambda: prometheus_text(live.stats())  # noqa: E731 - a one-line closure over the live state
+    config = settings(args)
     try:
-        serve(Extender(config, cluster, readings, accounting), args.host, args.port, ready=print_ready, metrics=metrics)
+        service = build(config, cluster_file=args.cluster, watch=args.watch, decision_level=logging.DEBUG)
+    except ConfigError as exc:
+        raise UsageError(flags_named(ExtenderSettings, str(exc))) from exc
+    try:
+        service.start()
+        serve(service, args.host, args.port, ready=print_ready)
     finally:
-        if live is not None:
-            live.close()
+        service.close()
     return 0

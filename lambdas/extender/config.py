@@ -1,7 +1,11 @@
-"""Extender Lambda settings: read once from the environment into a frozen dataclass.
+"""Extender settings: read once from the environment (the Lambda) or from flags (``gpu-scheduler serve``)
+into a frozen dataclass.
 
-Each field declares its variable and its doc (``adapters.settings.setting``); the reference table in
-``docs/configuration.md`` is generated from them.
+Each field is declared once, with ``adapters.settings.setting``: its variable, its default, its doc, and
+where they differ from the field's name its flag and its CDK context key. From that declaration come the
+reference table in ``docs/configuration.md``, ``serve``'s flags (and the score flags of ``explain``), and
+the CDK app's defaults, validation and Lambda environment for the keys it passes on (``cdk/config.py``,
+``cdk/stack.py``). :meth:`ExtenderSettings.problems` is the validation for all of them.
 """
 
 from __future__ import annotations
@@ -13,11 +17,11 @@ from typing import Any
 
 from adapters.metric_catalogue import EXTENDER, NAMESPACE
 from adapters.settings import ClusterAccess, env_name, load_settings, setting
-from adapters.snapshot_store import DEFAULT_REFRESH_S
+from adapters.snapshot_store import DEFAULT_MAX_AGE_S, DEFAULT_REFRESH_S
 from scheduler_core.extender.facade import ExtenderConfig
 from scheduler_core.scoring.gpu_fit import ScoreWeights
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, LocalitySettings
-from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
+from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 
 LAMBDA_MAX_BODY_BYTES = 6 * 2**20
 
@@ -25,36 +29,51 @@ LAMBDA_MAX_BODY_BYTES = 6 * 2**20
 @dataclass(frozen=True)
 class ExtenderSettings(ClusterAccess):
     snapshot_uri: str = setting(
-        "SNAPSHOT_URI", "", "`s3://bucket/key`, `file:///path` or a path; without it `NodeNames` is refused"
+        "SNAPSHOT_URI",
+        "",
+        "`s3://bucket/key`, `file:///path` or a path; without it `NodeNames` is refused",
+        flag="--snapshot",
     )
     snapshot_refresh_s: float = setting(
-        "SNAPSHOT_REFRESH_S", DEFAULT_REFRESH_S, "re-check the snapshot's ETag at most this often (304 if unchanged)"
+        "SNAPSHOT_REFRESH_S",
+        DEFAULT_REFRESH_S,
+        "re-check the snapshot's ETag at most this often (304 if unchanged)",
+        flag="--refresh-s",
     )
     max_snapshot_age_s: float = setting(
-        "MAX_SNAPSHOT_AGE_S", 180.0, "refuse (filter `Error`) a snapshot older than this"
+        "MAX_SNAPSHOT_AGE_S",
+        DEFAULT_MAX_AGE_S,
+        "refuse (filter `Error`) a snapshot older than this",
+        context="maxSnapshotAgeS",
     )
     max_body_bytes: int = setting(
         "MAX_BODY_BYTES", LAMBDA_MAX_BODY_BYTES, "largest request body (Lambda's own limit is 6 MB)"
     )
-    weight_fit: float = setting("SCORE_WEIGHT_FIT", 0.7, "best-fit weight")
-    weight_utilization: float = setting("SCORE_WEIGHT_UTILIZATION", 0.3, "low-utilisation weight")
+    weight_fit: float = setting("SCORE_WEIGHT_FIT", ScoreWeights.fit, "best-fit weight")
+    weight_utilization: float = setting("SCORE_WEIGHT_UTILIZATION", ScoreWeights.utilization, "low-utilisation weight")
     weight_locality: float = setting(
-        "SCORE_WEIGHT_LOCALITY", 0.5, "network-locality weight (pods with `gpu-scheduler.io/peers`)"
+        "SCORE_WEIGHT_LOCALITY", ScoreWeights.locality, "network-locality weight (pods with `gpu-scheduler.io/peers`)"
     )
     locality_label_keys: str = setting(
         "LOCALITY_LABEL_KEYS", ",".join(DEFAULT_LABEL_KEYS), "label keys peers may select on"
     )
     locality_zone_alpha: float = setting(
-        "LOCALITY_ZONE_ALPHA", 0.5, "value of a peer pod in the same zone, on another node"
+        "LOCALITY_ZONE_ALPHA",
+        LocalitySettings.zone_alpha,
+        "value of a peer pod in the same zone, on another node",
+        flag="--zone-alpha",
     )
     locality_zone_values: str = setting(
         "LOCALITY_ZONE_VALUES", "", "JSON `{zone: {zone: value}}` replacing the same-zone/other-zone steps"
     )
     locality_self_weight: float = setting(
-        "LOCALITY_SELF_WEIGHT", 1.0, "weight of a pod's own workload among its peers (0: off)"
+        "LOCALITY_SELF_WEIGHT", LocalitySettings.self_weight, "weight of a pod's own workload among its peers (0: off)"
     )
     share_policy: str = setting(
-        "SHARE_POLICY", DEFAULT_SHARE_POLICY, f"places pods: one of {', '.join(f'`{p}`' for p in SHARE_POLICIES)}"
+        "SHARE_POLICY",
+        DEFAULT_SHARE_POLICY,
+        f"places pods: one of {', '.join(f'`{p}`' for p in SHARE_POLICIES)}",
+        context="sharePolicy",
     )
     ledger_table: str = setting(
         "LEDGER_TABLE", "", "the GPU ledger's DynamoDB table; with it, `/bind` and `/preempt` are served"
@@ -88,34 +107,29 @@ class ExtenderSettings(ClusterAccess):
                 found.append(f"{env_name(cls, name)}: must be a non-negative number of seconds, got {value!r}")
         if "://" in self.snapshot_uri and not self.snapshot_uri.startswith(("s3://", "file://")):
             found.append(f"SNAPSHOT_URI: expected s3://bucket/key, file:///path or a path, got {self.snapshot_uri!r}")
-        # The core names fields by path (weights.fit, locality.zone_alpha...): name the variables instead.
-        renames = {
-            f"weights.{name}": env_name(type(self), f"weight_{name}") for name in ("fit", "utilization", "locality")
-        }
+        # The core checks its own settings and names them by path (weights.fit, locality.zone_alpha...):
+        # name the variables instead.
+        renames = {f"weights.{name}": f"weight_{name}" for name in ("fit", "utilization", "locality")}
         renames |= {
-            f"locality.{name}": env_name(cls, f"locality_{name}")
+            f"locality.{name}": f"locality_{name}"
             for name in ("label_keys", "zone_alpha", "zone_values", "self_weight")
         }
+        renames |= {"max_body_bytes": "max_body_bytes", "share_policy": "share_policy"}
         try:
-            problems = self._weights().problems() + self._locality().problems()
+            problems = self._config().problems()
         except ValueError as exc:
             problems = [f"locality.zone_values: {exc}"]
         for problem in problems:
-            for old, new in renames.items():
-                problem = problem.replace(old, new)
-            found.append(problem)
-        if not isinstance(self.max_body_bytes, int) or self.max_body_bytes <= 0:
-            found.append(f"MAX_BODY_BYTES: must be a positive integer, got {self.max_body_bytes!r}")
-        if self.share_policy not in SHARE_POLICIES:
-            found.append(f"SHARE_POLICY: expected one of {', '.join(SHARE_POLICIES)}, got {self.share_policy!r}")
+            path, sep, rest = problem.partition(":")
+            found.append(f"{env_name(cls, renames[path])}{sep}{rest}" if path in renames else problem)
         if self.ledger_table:
             found.extend(problem + " (bind needs the API)" for problem in self.access_problems())
         return found
 
-    def _weights(self) -> ScoreWeights:
+    def score_weights(self) -> ScoreWeights:
         return ScoreWeights(fit=self.weight_fit, utilization=self.weight_utilization, locality=self.weight_locality)
 
-    def _locality(self) -> LocalitySettings:
+    def locality_settings(self) -> LocalitySettings:
         """Raises ValueError when ``locality_zone_values`` is not a JSON object of objects."""
         zone_values = None
         if self.locality_zone_values:
@@ -131,10 +145,14 @@ class ExtenderSettings(ClusterAccess):
         )
 
     def extender_config(self) -> ExtenderConfig:
-        config = ExtenderConfig(
-            weights=self._weights(),
+        """The core's settings (checked when these were loaded: :meth:`problems`)."""
+        return self._config().validated()
+
+    def _config(self) -> ExtenderConfig:
+        """Raises ValueError as :meth:`locality_settings` does."""
+        return ExtenderConfig(
+            weights=self.score_weights(),
             max_body_bytes=self.max_body_bytes,
-            locality=self._locality(),
+            locality=self.locality_settings(),
             share_policy=self.share_policy,
         )
-        return config.validated()

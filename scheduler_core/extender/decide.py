@@ -10,14 +10,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.extender.view import NodeView, fragmentation_inputs, locality_inputs
-from scheduler_core.extender.wire import ExtenderFilterResult, HostPriority, encode_json, json_string
+from scheduler_core.extender.wire import encode_json, json_string
 from scheduler_core.k8s.pods import PodDemand
 from scheduler_core.scoring.gpu_fit import (
     MAX_EXTENDER_PRIORITY,
@@ -26,10 +25,9 @@ from scheduler_core.scoring.gpu_fit import (
     ScoreResult,
     ScoreWeights,
     filter_nodes,
-    score_nodes,
 )
 from scheduler_core.scoring.locality import LocalitySettings
-from scheduler_core.scoring.share_fit import fgd_fit, share_fit
+from scheduler_core.scoring.policy import SharePolicy
 
 UNKNOWN_NODE_REASON = "node is not in the cluster state"
 _SCORE_TAILS = tuple(f"{score}}}" for score in range(MAX_EXTENDER_PRIORITY + 1))
@@ -54,33 +52,26 @@ class FilterOutcome:
     error_kind: str = ""
     view: NodeView | None = None
 
-    @cached_property
-    def reply(self) -> ExtenderFilterResult:
-        failed: dict[str, str] = {} if self.result is None else self.result.failed
-        failed.update(dict.fromkeys(self.unknown, UNKNOWN_NODE_REASON))
-        return ExtenderFilterResult(
-            nodes=None if self.names_only else self.kept,
-            node_names=self.kept if self.names_only else None,
-            failed=failed,
-            failed_unresolvable={} if self.result is None else self.result.failed_unresolvable,
-            error=self.error,
-        )
-
     def to_json(self) -> bytes:
-        """``reply.to_wire()`` as JSON, written directly: each distinct reason is encoded once, and no
-        dict is built per failed node (tens of thousands per call with ``NodeNames``)."""
+        """The reply, kube-scheduler's ``ExtenderFilterResult``, as JSON: the one writer of it.
+
+        The keys are the Go field names. The form the request did not use is ``null`` (``Nodes`` is a
+        NodeList, ``{"metadata":{},"items":[...]}``, of the objects sent), the two failure maps are
+        objects, ``{}`` when empty, and ``Error`` is a string, ``""`` without one. Written directly:
+        each distinct reason is encoded once, and no dict is built per failed node (tens of thousands
+        per call with ``NodeNames``)."""
         if self.result is None:
-            return encode_json(self.reply.to_wire())
+            return self._envelope(_json_map([], [], (), extra=self.unknown), "{}")
         failed = _json_map(*self.result.failed_items(unresolvable=False), extra=self.unknown)
         return self._envelope(failed, _json_map(*self.result.failed_items(unresolvable=True)))
 
     def _envelope(self, failed: str, unresolvable: str) -> bytes:
-        """The reply with its kept nodes, around the two failure maps already written as JSON."""
+        """The reply with its kept nodes and its error, around the two failure maps written as JSON."""
         kept = encode_json(self.kept).decode()
         nodes, names = ("null", kept) if self.names_only else (f'{{"metadata":{{}},"items":{kept}}}', "null")
         return (
             f'{{"Nodes":{nodes},"NodeNames":{names},"FailedNodes":{failed},'
-            f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
+            f'"FailedAndUnresolvableNodes":{unresolvable},"Error":{json_string(self.error)}}}'
         ).encode()
 
     def to_json_within(self, max_bytes: int) -> bytes:
@@ -152,14 +143,12 @@ class PrioritizeOutcome:
     locality: npt.NDArray[np.float64] | None = None
     """Shape (n_nodes,): the locality component before any filter, for a pod with peers."""
 
-    @property
-    def reply(self) -> list[HostPriority]:
-        return [HostPriority(host, score) for host, score in zip(self.hosts, self.values, strict=True)]
-
     def to_json(self) -> bytes:
-        """The ``HostPriorityList`` as JSON, written directly: with 10,000s of hosts per call this is
-        about 4x faster than building dicts for ``json.dumps``; the known hosts' names come encoded once
-        per state (:attr:`~scheduler_core.k8s.nodes.NodeTable.json_names`)."""
+        """The reply, kube-scheduler's ``HostPriorityList``, as JSON (the one writer of it):
+        ``[{"Host": name, "Score": 0..10}, ...]``, one entry per host sent, in order. Written directly:
+        with 10,000s of hosts per call this is about 4x faster than building dicts for ``json.dumps``;
+        the known hosts' names come encoded once per state
+        (:attr:`~scheduler_core.k8s.nodes.NodeTable.json_names`)."""
         known = self.view.table.json_names if self.view is not None else ()
         hosts = [*known, *map(json_string, self.hosts[len(known) :])]
         tails = _SCORE_TAILS
@@ -188,7 +177,7 @@ def filter_verdict(view: NodeView, demand: PodDemand, nodes: Sequence[Any] | Non
     >>> node = {"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "2"}}}
     >>> args = ExtenderArgs(pod={}, nodes=[node])
     >>> demand = PodDemand(gpus=4)
-    >>> filter_verdict(node_view(None, args, demand, NoReadings()), demand, args.nodes).reply.failed_unresolvable
+    >>> filter_verdict(node_view(None, args, demand, NoReadings()), demand, args.nodes).result.failed_unresolvable
     {'n': '2 GPUs allocatable, pod needs 4'}
     """
     check_free: bool | npt.NDArray[np.bool_] = True
@@ -210,23 +199,19 @@ def prioritize_scores(
     pod: Any,
     weights: ScoreWeights,
     locality: LocalitySettings,
-    share_policy: str,
+    policy: SharePolicy,
 ) -> PrioritizeOutcome:
-    """Score every node of ``view``; nodes that would not pass the filter score 0, and so do the names
-    the cluster state lacks (they cannot be ranked, and they must not vanish from the reply)."""
+    """Score every node of ``view`` by ``policy`` (:meth:`SharePolicy.scores`); nodes that would not
+    pass the filter score 0, and so do the names the cluster state lacks (they cannot be ranked, and
+    they must not vanish from the reply)."""
     # Nodes this view has no room on score 0 (they are no better than stale here), but are never refused.
     feasible = filter_nodes(view.table, view.free, demand).feasible
     local = locality_inputs(view, demand, locality)
     fit = None
-    if view.free_milli is not None and (demand.share or share_policy == "fgd_cpu"):
-        fragmentation = fragmentation_inputs(view, pod) if share_policy == "fgd_cpu" else None
-        if demand.share:
-            fit = share_fit(view.free_milli, view.table.alloc_gpus, demand.share, feasible, share_policy, fragmentation)
-        else:
-            fit = fgd_fit(view.free_milli, view.table.alloc_gpus, demand.gpus, feasible, share_policy, fragmentation)
-    scores = score_nodes(
-        view.table, view.free, view.utilization, demand, weights, feasible=feasible, locality=local, fit=fit
-    )
+    if view.free_milli is not None and policy.places(demand):
+        fragmentation = fragmentation_inputs(view, pod) if policy.reads_cpu else None
+        fit = policy.preference(view.free_milli, view.table.alloc_gpus, demand, feasible, fragmentation)
+    scores = policy.scores(view.table, view.free, view.utilization, demand, weights, feasible, locality=local, fit=fit)
     hosts = [*view.table.names, *view.unknown]
     values = [*scores.score.tolist(), *([0] * len(view.unknown))]
     return PrioritizeOutcome(hosts, values, demand, scores, view, local)

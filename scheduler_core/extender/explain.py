@@ -3,7 +3,11 @@
 A formatter, never a second implementation: :func:`explain` asks the :class:`Extender` for its
 ``filter`` and ``prioritize`` on every node of its cluster state (the names form, as kube-scheduler
 sends it with ``nodeCacheCapable: true``) and lays the two outcomes side by side, so that "why is my
-pod Pending" gets the extender's own answer for whole GPUs, shares and locality alike.
+pod Pending" gets the extender's own answer for whole GPUs, shares and locality alike, under its own
+configuration (share policy, weights, locality). ``passed``, ``reason`` and ``score`` are exactly
+filter's and prioritize's; where the extender leaves the count of ``nvidia.com/gpu`` to kube-scheduler
+(whole GPUs on nodes without shares), ``kube_scheduler`` says what kube-scheduler's own count will
+refuse, beside the extender's verdict, never in it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ class NodeExplanation:
     passed: bool
     unresolvable: bool
     reason: str
+    kube_scheduler: str
+    """Why kube-scheduler's count of ``nvidia.com/gpu`` refuses the node, where the extender leaves
+    that count to it; "" otherwise."""
     fit: float
     utilization_score: float
     locality: float
@@ -101,14 +108,12 @@ def explanation_rows(verdict: FilterOutcome, scored: PrioritizeOutcome) -> list[
     if view is None or result is None or scores is None:  # an outcome with an error: no rows
         return []
     table = view.table
-    counted_here = result
+    messages = result.messages
+    theirs: dict[int, str] = {}
     if verdict.demand is not None and verdict.demand.counted_by_scheduler:
-        # The extender leaves this count to kube-scheduler's NodeResourcesFit; explain shows both.
-        result = filter_nodes(table, view.free, verdict.demand)
-    messages = {
-        row: text if counted_here.reason[row] != Reason.FITS else f"{text} (kube-scheduler's count of nvidia.com/gpu)"
-        for row, text in result.messages.items()
-    }
+        # The extender leaves this count to kube-scheduler's NodeResourcesFit: shown beside its verdict.
+        counted = filter_nodes(table, view.free, verdict.demand)
+        theirs = {row: text for row, text in counted.messages.items() if result.reason[row] == Reason.FITS}
     used = view.used
     local = scored.locality
     rows = [
@@ -124,6 +129,7 @@ def explanation_rows(verdict: FilterOutcome, scored: PrioritizeOutcome) -> list[
             passed=bool(result.reason[row] == Reason.FITS),
             unresolvable=bool(result.unresolvable[row]),
             reason=messages.get(row, ""),
+            kube_scheduler=theirs.get(row, ""),
             fit=round(float(scores.fit[row]), 4),
             utilization_score=round(float(scores.utilization[row]), 4),
             locality=round(float(local[row]), 4) if local is not None else 0.0,

@@ -1,8 +1,8 @@
 """The extender facade: ``handle(verb, body) -> (status, body)``, shared by every adapter.
 
-The local HTTP server and the Lambda handler only move bytes in and out; parsing, validation and
-the decision live here and in :mod:`scheduler_core.extender.decide`. Status codes follow DESIGN
-section 4:
+The extender service both transports share (``lambdas/extender/service.py``: the Lambda handler and
+``gpu-scheduler serve``) moves bytes in and out and records each answer; parsing, validation and the
+decision live here and in :mod:`scheduler_core.extender.decide`. Status codes follow DESIGN section 4:
 
 - 200 with a result, or 200 with ``Error`` for a semantic failure (an invalid pod annotation);
 - 400 with ``{"Error": ...}`` for a body that cannot be parsed, has the wrong shape or is too large;
@@ -14,7 +14,7 @@ section 4:
 :class:`Accounting`: the GPU ledger that records every bind. ``bind`` answers ``{"Error": ""}`` or
 ``{"Error": why}`` in a 200; ``preempt`` answers 503 when the cluster state is unavailable.
 
-Anything else is a genuine fault: :meth:`Extender.handle` lets it propagate, and the adapter logs it
+Anything else is a genuine fault: :meth:`Extender.handle` lets it propagate, and the service logs it
 and answers 500.
 """
 
@@ -43,7 +43,7 @@ from scheduler_core.k8s.names import MILLI_PER_GPU, PEERS_ANNOTATION
 from scheduler_core.k8s.pods import PodDemand, assumed_cpu_milli, pod_demand
 from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, FilterResult, ScoreWeights
 from scheduler_core.scoring.locality import LocalitySettings
-from scheduler_core.scoring.share_fit import DEFAULT_SHARE_POLICY, SHARE_POLICIES
+from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, SharePolicy, share_policy
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.ledger import Demand, choose_gpus
 from scheduler_core.state.readings import NoReadings, Readings
@@ -78,8 +78,8 @@ class CatchingUp(Protocol):
 @dataclass(frozen=True)
 class ExtenderConfig:
     """Settings of the extender core. ``max_body_bytes`` is the largest request accepted;
-    ``share_policy`` places shares of a GPU, and with ``fgd_cpu`` whole GPUs and pods without GPUs as
-    well (:mod:`scheduler_core.scoring.share_fit`); ``assume`` see below."""
+    ``share_policy`` names the policy that places pods (:attr:`policy`,
+    :mod:`scheduler_core.scoring.policy`); ``assume`` see below."""
 
     weights: ScoreWeights = field(default_factory=ScoreWeights)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -92,6 +92,15 @@ class ExtenderConfig:
 
     def validated(self) -> ExtenderConfig:
         """Return ``self``, or raise :class:`ConfigError` listing every problem."""
+        problems = self.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return self
+
+    def problems(self) -> list[str]:
+        """Every invalid field, named by its path (``weights.fit``, ``share_policy``...): the one check of
+        the extender's settings, which the Lambda's, ``serve``'s and the CDK app's validation name in their
+        own words."""
         problems = self.weights.problems("weights") + self.locality.problems("locality")
         if (
             isinstance(self.max_body_bytes, bool)
@@ -99,11 +108,16 @@ class ExtenderConfig:
             or self.max_body_bytes <= 0
         ):
             problems.append(f"max_body_bytes: must be a positive integer, got {self.max_body_bytes!r}")
-        if self.share_policy not in SHARE_POLICIES:
-            problems.append(f"share_policy: expected one of {', '.join(SHARE_POLICIES)}, got {self.share_policy!r}")
-        if problems:
-            raise ConfigError("; ".join(problems))
-        return self
+        try:
+            _ = self.policy
+        except ConfigError as exc:
+            problems.append(f"share_policy: {exc}")
+        return problems
+
+    @property
+    def policy(self) -> SharePolicy:
+        """The share policy named by ``share_policy``; :class:`ConfigError` for an unknown name."""
+        return share_policy(self.share_policy)
 
 
 @dataclass(frozen=True, eq=False)
@@ -208,15 +222,28 @@ class Extender:
         reply = self.respond(verb, body)
         return reply.status, reply.body
 
+    def refuse_size(self, length: int) -> Reply | None:
+        """The body limit, the one rule for every transport: a 400 for a body of ``length`` bytes over
+        ``config.max_body_bytes``, else None. :meth:`respond` applies it to the body; ``serve`` applies it
+        to ``Content-Length`` first, so that it never reads a body it would refuse.
+
+        >>> Extender(ExtenderConfig(max_body_bytes=10)).refuse_size(11).body
+        b'{"Error":"request body is 11 bytes; the limit is 10"}'
+        """
+        if length <= self.config.max_body_bytes:
+            return None
+        message = f"request body is {length} bytes; the limit is {self.config.max_body_bytes}"
+        return Reply(400, error_body(message), error_kind="too_large")
+
     def respond(self, verb: str, body: bytes) -> Reply:
         """:meth:`handle`, plus the decision and the error kind for an adapter's logs and metrics."""
         verb = verb.strip("/")
         if verb not in self.verbs:
             message = f"unknown verb {verb[:64]!r}: this extender serves {', '.join(self.verbs)}"
             return Reply(404, error_body(message), error_kind="unknown_verb")
-        if len(body) > self.config.max_body_bytes:
-            message = f"request body is {len(body)} bytes; the limit is {self.config.max_body_bytes}"
-            return Reply(400, error_body(message), error_kind="too_large")
+        refused = self.refuse_size(len(body))
+        if refused is not None:
+            return refused
         try:
             if verb == "bind":
                 assert self.accounting is not None  # checked with the verb
@@ -289,9 +316,9 @@ class Extender:
         """
         demand = self.demand(args.pod)
         config = self.config
-        # fgd_cpu places every pod on each GPU's free milli (share_fit, fgd_fit).
-        view = self.view(args, demand, per_gpu=config.share_policy == "fgd_cpu", assumed=True)
-        outcome = prioritize_scores(view, demand, args.pod, config.weights, config.locality, config.share_policy)
+        policy = config.policy
+        view = self.view(args, demand, per_gpu=policy.places(demand), assumed=True)
+        outcome = prioritize_scores(view, demand, args.pod, config.weights, config.locality, policy)
         if outcome.scores is not None:
             top = np.flatnonzero(outcome.scores.score == MAX_EXTENDER_PRIORITY)
             if top.size == 1:
@@ -383,13 +410,14 @@ class Extender:
     def _assume(self, view: NodeView, row: int, demand: PodDemand, pod: Any) -> None:
         """Record that the pod takes its GPUs on ``view``'s node ``row`` (what the ledger's bind would
         choose there: the tightest GPU for a share, the lowest-index free ones for whole GPUs), and its
-        CPU, which fgd_cpu reads; a pod without GPUs, its CPU only."""
+        CPU, which a policy that reads CPU needs; a pod without GPUs, its CPU only, where the policy
+        places such pods (:meth:`SharePolicy.assumes_cpu_only`)."""
         if not self.config.assume or not demand.uid:
             return
         cpu = assumed_cpu_milli(pod)
         node = view.table.names[row]
         if not demand.gpus:
-            if cpu and self.config.share_policy == "fgd_cpu":
+            if cpu and self.config.policy.assumes_cpu_only():
                 self.readings.assume(node, None, demand.uid, cpu)
             return
         free = view.free_milli_at(row).astype(np.int64)

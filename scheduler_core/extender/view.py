@@ -23,7 +23,7 @@ from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand, effective_cpu_milli
 from scheduler_core.scoring.gpu_fit import free_gpus
 from scheduler_core.scoring.locality import LocalitySettings, locality_scores, peer_placement
-from scheduler_core.scoring.share_fit import Fragmentation
+from scheduler_core.scoring.policy import Fragmentation
 from scheduler_core.state.allocation import UNKNOWN_CPU
 from scheduler_core.state.cluster import ClusterState, values_at
 from scheduler_core.state.readings import Observed, Readings, apply_readings, assumed_cpu

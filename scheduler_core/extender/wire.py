@@ -4,15 +4,19 @@ The Go structs have no json tags, so keys are the Go field names (``Pod``, ``Nod
 decoder matches keys case-insensitively, preferring an exact match, and so does :func:`_field`.
 Missing lists and maps arrive as ``null``. The embedded ``Pod`` and ``Node`` objects are ordinary
 Kubernetes objects with camelCase keys; they are kept as parsed JSON and read by
-:mod:`scheduler_core.k8s.pods` and :mod:`scheduler_core.k8s.nodes`. The JSON codecs are here too:
-the extender writes its large replies by hand (:mod:`scheduler_core.extender.decide`).
+:mod:`scheduler_core.k8s.pods` and :mod:`scheduler_core.k8s.nodes`.
+
+The requests are typed here. Each reply has one writer, the decision that carries it:
+``FilterOutcome.to_json`` and ``PrioritizeOutcome.to_json`` (:mod:`scheduler_core.extender.decide`,
+written directly: they are large), ``BindOutcome.to_json`` and ``PreemptOutcome.to_wire``. The JSON
+codecs they share are here.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from scheduler_core.errors import InvalidArgsError
@@ -141,67 +145,6 @@ class ExtenderArgs:
 
 
 @dataclass(frozen=True)
-class ExtenderFilterResult:
-    """Reply to ``filter``. ``nodes`` or ``node_names`` mirrors the request's form."""
-
-    nodes: list[Any] | None = None
-    node_names: list[str] | None = None
-    failed: Mapping[str, str] = field(default_factory=dict)
-    failed_unresolvable: Mapping[str, str] = field(default_factory=dict)
-    error: str = ""
-
-    def to_wire(self) -> WireObject:
-        return {
-            "Nodes": None if self.nodes is None else {"metadata": {}, "items": self.nodes},
-            "NodeNames": self.node_names,
-            "FailedNodes": dict(self.failed),
-            "FailedAndUnresolvableNodes": dict(self.failed_unresolvable),
-            "Error": self.error,
-        }
-
-    @classmethod
-    def from_wire(cls, obj: Any) -> ExtenderFilterResult:
-        body = _object(obj, "filter result")
-        raw_nodes = _field(body, "Nodes")
-        return cls(
-            nodes=None
-            if raw_nodes is None
-            else (_optional_list(_object(raw_nodes, "Nodes").get("items"), "Nodes.items") or []),
-            node_names=_optional_list(_field(body, "NodeNames"), "NodeNames"),
-            failed=dict(_field(body, "FailedNodes") or {}),
-            failed_unresolvable=dict(_field(body, "FailedAndUnresolvableNodes") or {}),
-            error=_string(_field(body, "Error"), "Error", required=False),
-        )
-
-
-@dataclass(frozen=True)
-class HostPriority:
-    """One entry of the ``prioritize`` reply (``HostPriorityList``)."""
-
-    host: str
-    score: int
-
-    def to_wire(self) -> WireObject:
-        return {"Host": self.host, "Score": self.score}
-
-    @classmethod
-    def list_to_wire(cls, priorities: list[HostPriority]) -> list[WireObject]:
-        return [priority.to_wire() for priority in priorities]
-
-    @classmethod
-    def list_from_wire(cls, obj: Any) -> list[HostPriority]:
-        items = _optional_list(obj, "HostPriorityList") or []
-        result = []
-        for i, item in enumerate(items):
-            entry = _object(item, f"HostPriorityList[{i}]")
-            score = _field(entry, "Score")
-            if isinstance(score, bool) or not isinstance(score, int):
-                raise InvalidArgsError(f"HostPriorityList[{i}].Score: expected an integer, got {_kind(score)}")
-            result.append(cls(host=_string(_field(entry, "Host"), f"HostPriorityList[{i}].Host"), score=score))
-        return result
-
-
-@dataclass(frozen=True)
 class ExtenderBindingArgs:
     """Body of ``bind``."""
 
@@ -222,16 +165,6 @@ class ExtenderBindingArgs:
 
     def to_wire(self) -> WireObject:
         return {"PodName": self.pod_name, "PodNamespace": self.pod_namespace, "PodUID": self.pod_uid, "Node": self.node}
-
-
-@dataclass(frozen=True)
-class ExtenderBindingResult:
-    """Reply to ``bind``: an empty ``Error`` means bound."""
-
-    error: str = ""
-
-    def to_wire(self) -> WireObject:
-        return {"Error": self.error}
 
 
 @dataclass(frozen=True)
@@ -309,13 +242,3 @@ class ExtenderPreemptionArgs:
                 )
                 meta[node] = MetaVictims(uids=uids, num_pdb_violations=_pdb_violations(entry, where))
         return cls(pod=_object(pod, "Pod"), node_name_to_victims=victims, node_name_to_meta_victims=meta)
-
-
-@dataclass(frozen=True)
-class ExtenderPreemptionResult:
-    """Reply to ``preempt``: the nodes (and victims) the extender accepts."""
-
-    node_name_to_meta_victims: Mapping[str, MetaVictims] = field(default_factory=dict)
-
-    def to_wire(self) -> WireObject:
-        return {"NodeNameToMetaVictims": {node: v.to_wire() for node, v in self.node_name_to_meta_victims.items()}}

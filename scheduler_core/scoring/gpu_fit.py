@@ -255,14 +255,14 @@ def score_nodes(
     ``raw = (w_fit * fit + w_util * utilization score) / (w_fit + w_util)``, then
     :func:`normalize_scores`. Nodes outside ``feasible`` (default: those with enough free GPUs)
     score 0. A pod that requests no GPU is scored by ``fit`` alone (the CPU-only placement of
-    :func:`~scheduler_core.scoring.share_fit.fgd_fit`), and 0 everywhere without one: the
+    :meth:`~scheduler_core.scoring.policy.SharePolicy.preference`), and 0 everywhere without one: the
     extender has no opinion.
 
     With ``locality`` (shape (n_nodes,), in [0, 1]; see :mod:`scheduler_core.scoring.locality`) it joins the
     weighted mean with weight ``w_locality``.
 
-    The top score is left to one node (:func:`_break_top_tie`), for every pod: a share, whole GPUs,
-    and a pod that requests no GPU scored by ``fit``.
+    Nodes may tie at the top here; the extender leaves the top to one node afterwards
+    (:func:`scheduler_core.scoring.policy.break_top_tie`, with the rest of the tie rules).
 
     Parameters
     ----------
@@ -272,7 +272,7 @@ def score_nodes(
     feasible : array-like of shape (n_nodes,), bool, optional
     fit : array-like of shape (n_nodes,), float in [0, 1], optional
         Replaces the best-fit term: a share of a GPU, or a pod that requests no GPU, is placed by a
-        sharing policy instead (:mod:`scheduler_core.scoring.share_fit`).
+        sharing policy instead (:mod:`scheduler_core.scoring.policy`).
 
     Examples
     --------
@@ -285,35 +285,7 @@ def score_nodes(
     mask = free_arr >= demand.gpus if feasible is None else _node_column(table, feasible, "feasible", np.bool_)
     local = None if locality is None else _node_column(table, locality, "locality", np.float64)
     fit_arr = None if fit is None else _node_column(table, fit, "fit", np.float64)
-    result = _compute_scores(free_arr, util, mask, demand.gpus, (weights or ScoreWeights()).validated(), local, fit_arr)
-    _break_top_tie(result.score, table)
-    return result
-
-
-def _break_top_tie(score: npt.NDArray[np.int64], table: NodeTable) -> None:
-    """Leave one node at the top score: the first of the tied ones in the table's fixed order
-    (:attr:`NodeTable.tie_rank`); every other node above 1 drops one point, in place, so the order
-    below the winner stays as it was (the tied ones are still above the rest).
-
-    kube-scheduler would break such a tie with its own plugins and then at random, per pod. Broken
-    here, it goes to the same node every time, for every kind of pod, so pods consolidate on it as in
-    the simulator, where one node order breaks every tie of a run. Pods without GPUs must take part:
-    left to ``MostAllocated`` and chance, their CPU went elsewhere than the shares, and stranded the
-    shares' GPUs (openb ``gpushare100``, modelled over 5 seeds by ``gpu-scheduler bench kube-scores``:
-    15.41 % of GPUs unallocated against 13.49; ``docs/benchmarks.md#kube-schedulers-arithmetic-in-the-simulator``).
-    Dropping only the tied ones to the next level would merge them with the nodes that were there.
-
-    >>> table = NodeTable.from_columns(alloc_gpus=[8, 8, 8, 8], names=["a", "b", "c", "d"])
-    >>> score = np.array([10, 10, 9, 1])
-    >>> _break_top_tie(score, table)
-    >>> dict(zip(table.names, score.tolist()))  # crc32: "b" ranks before "a"
-    {'a': 9, 'b': 10, 'c': 8, 'd': 1}
-    """
-    top = np.flatnonzero(score == MAX_EXTENDER_PRIORITY)
-    if top.size > 1:
-        winner = top[int(np.argmin(table.tie_rank[top]))]
-        np.subtract(score, 1, out=score, where=score > 1)
-        score[winner] = MAX_EXTENDER_PRIORITY
+    return _compute_scores(free_arr, util, mask, demand.gpus, (weights or ScoreWeights()).validated(), local, fit_arr)
 
 
 def normalize_scores(raw: npt.ArrayLike, max_score: int = MAX_EXTENDER_PRIORITY) -> npt.NDArray[np.int64]:

@@ -102,7 +102,7 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         ({"deletionCostConfig": {"workloads": []}}, "deletionCostConfig: workloads: expected a non-empty list"),
         ({"deletionCostConfig": "{not json"}, "deletionCostConfig: expected a JSON object"),
         ({"ampWorkspaceId": "prometheus"}, "ampWorkspaceId: expected ws-..., got 'prometheus'"),
-        ({"sharePolicy": "fgd"}, "sharePolicy: expected one of fgd_cpu, gpu_packing, bestfit, dotprod, got 'fgd'"),
+        ({"sharePolicy": "fgd"}, "sharePolicy: share policy 'fgd': expected one of fgd_cpu, gpu_packing, bestfit"),
         (
             {**IMPORTED_NETWORK, "schedulerSecurityGroupId": ""},
             "schedulerSecurityGroupId: required with vpcId (the scheduler pods' security group",
@@ -181,3 +181,19 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
 def test_invalid_values_name_their_key(context: dict[str, object], expected: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(expected)):
         DeployConfig.from_context({"clusterName": "prod", **context})
+
+
+def test_the_keys_passed_to_the_extender_take_its_declared_default_and_reach_its_environment() -> None:
+    from dataclasses import fields
+
+    from adapters.settings import context_keys, default_of, environment
+    from cdk.config import _camel
+    from lambdas.extender.config import ExtenderSettings
+
+    deploy_fields = {f.name: f for f in fields(DeployConfig)}
+    assert context_keys(ExtenderSettings) == {"max_snapshot_age_s": "maxSnapshotAgeS", "share_policy": "sharePolicy"}
+    for name, key in context_keys(ExtenderSettings).items():
+        assert _camel(name) == key  # the context key DeployConfig reads for its field of that name
+        assert deploy_fields[name].default == default_of(ExtenderSettings, name)
+    config = DeployConfig.from_context({"clusterName": "c", "sharePolicy": "bestfit", "maxSnapshotAgeS": "240"})
+    assert environment(ExtenderSettings, config) == {"MAX_SNAPSHOT_AGE_S": "240", "SHARE_POLICY": "bestfit"}

@@ -4,6 +4,10 @@ from unittest.mock import patch
 import pytest
 
 from gpu_scheduler.cli import build_parser, main
+from scheduler_core.extender.facade import Extender, ExtenderConfig
+from scheduler_core.scoring.gpu_fit import ScoreWeights
+from scheduler_core.scoring.policy import SHARE_POLICIES
+from scheduler_core.state.cluster import ClusterState
 from tests.conftest import make_nodes, make_pod
 
 
@@ -58,6 +62,31 @@ def test_explain_bad_input_exits_2_with_a_message(tmp_path, cluster_file, pod_te
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("policy", SHARE_POLICIES)
+def test_explain_scores_as_an_extender_configured_with_the_same_flags(tmp_path, policy, capsys):
+    """``explain --share-policy P --weight-...`` gives the scores prioritize gives with that configuration."""
+    nodes = make_nodes("A100", "A100", "T4", "T4")
+    bound = [make_pod("w", 3, node_name="a100-0", phase="Running"), make_pod("s", 0, node_name="t4-2", milli=600)]
+    bound[1]["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = "0:600"
+    (tmp_path / "cluster.json").write_text(json.dumps({"nodes": nodes, "pods": bound}))
+    state = ClusterState.from_objects(nodes, bound)
+    config = ExtenderConfig(share_policy=policy, weights=ScoreWeights(fit=0.9, utilization=0.1))
+    for pod in (make_pod("share", 0, milli=300), make_pod("whole", 1), make_pod("cpu", 0)):
+        (tmp_path / "pod.json").write_text(json.dumps(pod))
+        argv = ["explain", "--pod", str(tmp_path / "pod.json"), "--cluster", str(tmp_path / "cluster.json"), "--json",
+                "--share-policy", policy, "--weight-fit", "0.9", "--weight-utilization", "0.1"]  # fmt: skip
+        assert main(argv) == 0
+        rows = {row["node"]: row["score"] for row in json.loads(capsys.readouterr().out)["nodes"]}
+        body = json.dumps({"Pod": pod, "NodeNames": list(state.table.names)}).encode()
+        scored = json.loads(Extender(config, cluster=lambda: state).handle("prioritize", body)[1])
+        assert rows == {entry["Host"]: entry["Score"] for entry in scored}
+
+
+def test_explain_refuses_a_share_policy_the_extender_does_not_offer(pod_file, cluster_file, capsys):
+    assert main(["explain", "--pod", str(pod_file), "--cluster", str(cluster_file), "--share-policy", "fgd"]) == 2
+    assert "--share-policy: share policy 'fgd': expected one of" in capsys.readouterr().err
+
+
 def test_explain_missing_cluster_file_exits_2(tmp_path, pod_file, capsys):
     assert main(["explain", "--pod", str(pod_file), "--cluster", str(tmp_path / "nope.json")]) == 2
     assert "cannot read cluster file" in capsys.readouterr().err
@@ -65,7 +94,7 @@ def test_explain_missing_cluster_file_exits_2(tmp_path, pod_file, capsys):
 
 def test_serve_rejects_invalid_weights_at_start(capsys):
     assert main(["serve", "--port", "0", "--weight-fit", "2"]) == 2
-    assert "weights.fit: must be in [0, 1], got 2.0" in capsys.readouterr().err
+    assert "--weight-fit: must be in [0, 1], got 2.0" in capsys.readouterr().err
 
 
 def run_demo(capsys, mode):
@@ -332,7 +361,7 @@ def served(monkeypatch):
     import gpu_scheduler.server
 
     calls = []
-    monkeypatch.setattr(gpu_scheduler.server, "serve", lambda extender, host, port, **_: calls.append((host, extender)))
+    monkeypatch.setattr(gpu_scheduler.server, "serve", lambda svc, host, port, **_: calls.append((host, svc.extender)))
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # the ledger's client is made, never called
     return calls
 
@@ -372,3 +401,47 @@ def test_serve_needs_no_insecure_where_nobody_else_can_bind(served, caplog, argv
     ((_, extender),) = served
     assert all(verb in extender.verbs for verb in verbs) and ("bind" in extender.verbs) == bool(verbs)
     assert not [r for r in caplog.records if "--insecure" in r.getMessage()]
+
+
+@pytest.fixture
+def no_settings_env(monkeypatch):
+    for name in ("SNAPSHOT_URI", "CLUSTER_NAME", "KUBE_API_URL", "KUBE_TOKEN", "KUBECONFIG", "MAX_SNAPSHOT_AGE_S"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_serve_takes_the_extender_settings_from_their_one_declaration(no_settings_env):
+    from gpu_scheduler.cli import build_parser
+    from gpu_scheduler.commands import serve
+    from lambdas.extender.config import ExtenderSettings
+    from scheduler_core.extender.facade import DEFAULT_MAX_BODY_BYTES
+
+    def settings(*argv):
+        return serve.settings(build_parser().parse_args(["serve", *argv]))
+
+    # The Lambda's defaults, but the body limit: no 6 MB invocation limit on a plain HTTP server.
+    assert settings() == ExtenderSettings(max_body_bytes=DEFAULT_MAX_BODY_BYTES)
+    zones = '{"a": {"b": 0.1}}'
+    flags = ["--max-snapshot-age-s", "60", "--share-policy", "bestfit", "--zone-alpha", "0.2",
+             "--locality-zone-values", zones, "--refresh-s", "0", "--max-body-bytes", "9"]  # fmt: skip
+    assert settings(*flags) == ExtenderSettings(
+        max_snapshot_age_s=60.0,
+        share_policy="bestfit",
+        locality_zone_alpha=0.2,
+        locality_zone_values=zones,
+        snapshot_refresh_s=0.0,
+        max_body_bytes=9,
+    )
+    # Where serve read a variable before, it still does; the others are the sidecar's flags only.
+    no_settings_env.setenv("SNAPSHOT_URI", "/state/snapshot.npz")
+    no_settings_env.setenv("MAX_SNAPSHOT_AGE_S", "5")
+    from_env = settings()
+    assert (from_env.snapshot_uri, from_env.max_snapshot_age_s) == ("/state/snapshot.npz", 180.0)
+    assert settings("--snapshot", "s3://b/k").snapshot_uri == "s3://b/k"
+
+
+def test_serve_names_a_bad_setting_by_its_flag(no_settings_env, capsys):
+    assert main(["serve", "--port", "0", "--share-policy", "fgd", "--max-snapshot-age-s", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-snapshot-age-s: must be a non-negative number of seconds, got -1.0" in err
+    assert "--share-policy: share policy 'fgd': expected one of fgd_cpu" in err

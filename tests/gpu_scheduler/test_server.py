@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from gpu_scheduler.server import ClusterFile, ExtenderHTTPServer
+from adapters.cluster_file import ClusterFile
+from gpu_scheduler.server import ExtenderHTTPServer
+from lambdas.extender.service import ExtenderService
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.extender.facade import Extender, ExtenderConfig
 from tests.conftest import (
@@ -32,7 +34,7 @@ def server_for():
     servers = []
 
     def start(extender):
-        server = ExtenderHTTPServer(("127.0.0.1", 0), extender)
+        server = ExtenderHTTPServer(("127.0.0.1", 0), ExtenderService(extender))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return server.server_address[1]
@@ -95,14 +97,15 @@ def test_healthz_and_unknown_paths(server_for):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     conn.request("GET", "/healthz")
     response = conn.getresponse()
-    assert (response.status, json.loads(response.read())) == (200, {"status": "ok"})
+    health = {"status": "ok", "snapshot": False, "ledger": False, "verbs": ["filter", "prioritize"]}
+    assert (response.status, json.loads(response.read())) == (200, health)
     conn.request("GET", "/nope")
     response = conn.getresponse()
     assert response.status == 404
-    assert "GET /healthz or /metrics" in json.loads(response.read())["Error"]
+    assert json.loads(response.read())["Error"] == "no route GET '/nope': POST /filter, POST /prioritize, GET /healthz"
 
 
-def test_metrics_count_replies_by_verb_and_status(server_for):
+def test_metrics_count_replies_by_verb_and_status_beside_the_catalogued_ones(server_for):
     port = server_for(Extender())
     payload = json.dumps({"Pod": make_pod("p", 1), "Nodes": {"items": make_nodes("A100")}, "NodeNames": None})
     for _ in range(2):
@@ -116,12 +119,19 @@ def test_metrics_count_replies_by_verb_and_status(server_for):
     conn.request("GET", "/metrics")
     response = conn.getresponse()
     assert response.status == 200
-    lines = set(response.read().decode().splitlines())
-    assert lines == {
+    lines = {line for line in response.read().decode().splitlines() if not line.startswith("#")}
+    assert {line for line in lines if line.startswith("gpu_scheduler_extender_requests_total")} == {
         'gpu_scheduler_extender_requests_total{verb="filter",status="200"} 2',
         'gpu_scheduler_extender_requests_total{verb="filter",status="400"} 2',
         'gpu_scheduler_extender_requests_total{verb="other",status="404"} 1',
     }
+    # The Lambda's EMF set, under Prometheus names (tests/contract holds the two transports to one set).
+    assert {
+        "gpu_scheduler_extender_nodes_in_total 2",
+        "gpu_scheduler_extender_nodes_feasible_total 2",
+        "gpu_scheduler_extender_bad_requests_total 3",  # bad JSON, the unknown path, no Content-Length
+        "gpu_scheduler_extender_filter_latency_ms_count 3",  # the two decisions and the bad JSON
+    } <= lines
 
 
 def test_keep_alive_serves_several_requests_on_one_connection(server_for):
@@ -174,7 +184,8 @@ def test_internal_fault_is_a_500_without_a_traceback(server_for, caplog):
     assert status == 500
     assert "internal error" in reply["Error"]
     assert "disk on fire" not in reply["Error"] and "Traceback" not in reply["Error"]
-    assert any("internal error on /filter" in r.message for r in caplog.records)
+    (record,) = [r for r in caplog.records if r.getMessage() == "internal error"]
+    assert record.path == "/filter" and "disk on fire" in caplog.text  # the traceback is logged
 
 
 def test_cluster_file_is_reread_when_it_changes_and_a_bad_rewrite_keeps_the_old_state(tmp_path):

@@ -1,7 +1,7 @@
 """The attack suite's world: the extender with GPU sharing on, reached the two ways it is deployed.
 
-- ``serve``: ``ExtenderHTTPServer`` over loopback, wired as ``gpu-scheduler serve --ledger-table``
-  wires it (``adapters.binder.ledger_binder`` on a ``ClusterAccess``);
+- ``serve``: ``ExtenderHTTPServer`` over loopback, its extender wired as ``gpu-scheduler serve
+  --ledger-table`` wires it (``adapters.binder.ledger_binder`` on a ``ClusterAccess``);
 - ``lambda``: the extender Lambda's handler on API Gateway events, from its environment.
 
 Both bind through the in-repo API double and record shares in moto's DynamoDB; the Lambda reads its
@@ -26,6 +26,7 @@ from adapters.ledger_readings import LedgerReadings
 from adapters.settings import ClusterAccess
 from bench.ledger import TABLE, create_table
 from gpu_scheduler.server import ExtenderHTTPServer
+from lambdas.extender.service import ExtenderService
 from scheduler_core.extender.facade import Extender
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.snapshot import build_snapshot, write_snapshot
@@ -100,7 +101,7 @@ def _serve(api: KubeApiDouble, ledger: LedgerStore, session: Any, nodes: list[di
     readings = LedgerReadings()
     access = ClusterAccess(kube_api_url=api.url, kube_token=TOKEN)
     binder = ledger_binder(TABLE, access, session=session, cluster=lambda: state, readings=readings)
-    server = ExtenderHTTPServer(("127.0.0.1", 0), Extender(None, lambda: state, readings, binder))
+    server = ExtenderHTTPServer(("127.0.0.1", 0), ExtenderService(Extender(None, lambda: state, readings, binder)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpu_scheduler.server import ExtenderHTTPServer, ExtenderRequestHandler
+from lambdas.extender.service import ExtenderService
 from scheduler_core.extender.facade import MAX_PREEMPT_NODES, Extender
 from tests.conftest import make_pod
 from tests.security.conftest import World
@@ -106,7 +107,7 @@ def test_a_slow_client_is_cut_off_while_others_are_served(serve_world: World, mo
 
 
 def test_connections_past_the_limit_get_a_503() -> None:
-    server = ExtenderHTTPServer(("127.0.0.1", 0), Extender(), max_connections=2)
+    server = ExtenderHTTPServer(("127.0.0.1", 0), ExtenderService(Extender()), max_connections=2)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
     try:

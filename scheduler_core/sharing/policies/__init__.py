@@ -1,4 +1,4 @@
-"""GPU-sharing placement policies, one module each, behind one interface.
+"""GPU-sharing placement policies, one module each, behind one interface and one registry.
 
 A policy scores the feasible nodes for a task: ``score(ctx, task, nodes) -> (scores, gpus)``, where
 ``scores`` are integers (higher is better; the simulator takes the top score and gives ties to the
@@ -7,26 +7,69 @@ node that comes first in an order shuffled once per run, as the authors' simulat
 ``gpus`` gives, per node, the GPU a sharing task would take (-1 for other tasks, which take
 :func:`scheduler_core.sharing.model.whole_gpus`). The six published policies follow ``FGD_NOTES.md``
 sections 5-6 exactly, integer flooring included; ``fgd_cpu`` is ours.
+
+Each policy is declared once, in :data:`_POLICIES`: its scorer, and what the extender needs to know
+to run it (:class:`Policy`). Adding one is a module with a ``score`` function and a line there; the
+extender runs it as :class:`scheduler_core.scoring.policy.SharePolicy` when the line says
+``extender=True``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.sharing.model import Task
 from scheduler_core.sharing.policies import bestfit, dotprod, fgd, fgd_cpu, gpu_clustering, gpu_packing, random
 from scheduler_core.sharing.policies.base import Context, Scorer, Scores
 
-_POLICIES: dict[str, Scorer] = {
-    "random": random.score,
-    "dotprod": dotprod.score,
-    "gpu_clustering": gpu_clustering.score,
-    "gpu_packing": gpu_packing.score,
-    "bestfit": bestfit.score,
-    "fgd": fgd.score,
-    "fgd_cpu": fgd_cpu.score,  # ours
+
+@dataclass(frozen=True)
+class Policy:
+    """A placement policy as declared: its scorer, and what the extender needs to run it.
+
+    Attributes
+    ----------
+    score : Scorer
+        The policy itself; calling a :class:`Policy` calls it, so the simulator runs it as any scorer.
+    extender : bool
+        Offered as the extender's share policy (``SHARE_POLICY``).
+    reads_cpu : bool
+        Scores against each node's free CPU, GPU model and the typical pod shapes (FGD's inputs); where
+        the extender has none of those, ``fallback`` places the pod instead.
+    places_all_pods : bool
+        Places whole GPUs and pods without GPUs too, on each GPU's free milli; otherwise only shares,
+        and whole GPUs go by best fit and pods without GPUs by kube-scheduler's plugins.
+    fallback : str
+        The policy that places a pod when this one has nothing to score against ("" for none needed).
+    """
+
+    score: Scorer
+    extender: bool = False
+    reads_cpu: bool = False
+    places_all_pods: bool = False
+    fallback: str = ""
+
+    def __call__(self, ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
+        return self.score(ctx, task, nodes)
+
+
+_POLICIES: dict[str, Policy] = {
+    "fgd_cpu": Policy(fgd_cpu.score, extender=True, reads_cpu=True, places_all_pods=True, fallback="gpu_packing"),
+    "gpu_packing": Policy(gpu_packing.score, extender=True),
+    "bestfit": Policy(bestfit.score, extender=True),
+    "dotprod": Policy(dotprod.score, extender=True),
+    "fgd": Policy(fgd.score),
+    "gpu_clustering": Policy(gpu_clustering.score),
+    "random": Policy(random.score),
 }
+"""Every policy, by name; the extender's first is its default."""
 
-__all__ = ["Context", "Scorer", "Scores", "registry"]
+__all__ = ["Context", "Policy", "Scorer", "Scores", "registry"]
 
 
-def registry() -> dict[str, Scorer]:
-    """Every policy by name (a new dict each call)."""
+def registry() -> dict[str, Policy]:
+    """Every policy by name (a new dict each call); each is a :data:`Scorer`."""
     return dict(_POLICIES)

@@ -256,7 +256,7 @@ def test_healthz_and_unknown_routes(aws, invoke):
     status, reply = call("POST", "/bind", "{}")
     assert status == 404 and reply["Error"] == "unknown verb 'bind': this extender serves filter, prioritize"
     status, reply = call("POST", "/other", "{}")
-    assert status == 404 and "POST /filter, POST /prioritize, GET /healthz" in reply["Error"]
+    assert (status, reply["Error"]) == (404, "no route POST '/other': POST /filter, POST /prioritize, GET /healthz")
 
 
 @pytest.fixture
@@ -387,7 +387,7 @@ def test_every_metric_emitted_is_catalogued_and_every_catalogued_one_is_emitted(
     shares = [make_pod(f"s{i}", 0, milli=100) for i in range(3)]
     api.load("pods", shares)
     api.fail_next("POST", "/pods/s1/binding", 403)  # refused: nothing landed, so rolled back
-    monkeypatch.setattr(call.handler, "MAX_REPLY_BYTES", 60)  # the filter replies are cut
+    monkeypatch.setattr(call.handler.SERVICE, "max_reply_bytes", 60)  # the filter replies are cut
     documents = []
     for method, path, body in [
         ("POST", "/filter", json.dumps({"Pod": make_pod("fits", 1), "NodeNames": ["t4-0", "a100-1"]})),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -9,9 +10,10 @@ import pytest
 from scheduler_core.errors import ClusterStateUnavailableError, InvalidPodError
 from scheduler_core.extender.explain import explain
 from scheduler_core.extender.facade import Extender, ExtenderConfig
-from scheduler_core.extender.wire import ExtenderArgs
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, PEERS_ANNOTATION
 from scheduler_core.k8s.pods import pod_demand
+from scheduler_core.scoring.gpu_fit import ScoreWeights
+from scheduler_core.scoring.policy import SHARE_POLICIES
 from scheduler_core.state.cluster import ClusterState
 from tests.conftest import make_nodes, make_pod
 
@@ -47,40 +49,43 @@ def _peer_pod() -> dict[str, Any]:
     return pod
 
 
-KUBE_SCHEDULERS_COUNT = " (kube-scheduler's count of nvidia.com/gpu)"
 PODS = {
     "whole GPUs with a model list": make_pod("whole", 4, models="A100,T4"),
     "more GPUs than most nodes have": make_pod("big", 8),
     "a share of one GPU": make_pod("share", 0, milli=400),
     "a share with a model list": make_pod("share-t4", 0, milli=250, models="T4"),
     "a pod that names peers": _peer_pod(),
+    "a pod without GPUs": make_pod("cpu-only", 0),
 }
 
 
-@pytest.mark.parametrize("policy", ["fgd_cpu", "gpu_packing"])
+@pytest.mark.parametrize("policy", SHARE_POLICIES)
 @pytest.mark.parametrize("pod", list(PODS.values()), ids=list(PODS))
-def test_explain_gives_the_filters_reasons_and_the_prioritize_scores(pod: dict[str, Any], policy: str) -> None:
+def test_explain_is_filter_and_prioritize_on_the_wire_for_every_policy(pod: dict[str, Any], policy: str) -> None:
+    """explain, under a configuration, against another extender of the same configuration answering
+    kube-scheduler's filter and prioritize bodies: the same verdicts, reasons and scores."""
     state = ClusterState.from_objects(NODES, BOUND)
-    extender = Extender(ExtenderConfig(share_policy=policy), cluster=lambda: state)
-    rows = explain(extender, pod).nodes
-    args = ExtenderArgs(pod=pod, node_names=list(state.table.names))
-    reply = extender.filter(args).reply
-    prioritized = extender.prioritize(args)
-    scored = dict(zip(prioritized.hosts, prioritized.values, strict=True))
+    config = ExtenderConfig(share_policy=policy, weights=ScoreWeights(fit=0.6, utilization=0.2, locality=0.9))
+    rows = explain(Extender(config, cluster=lambda: state), pod).nodes
+    body = json.dumps({"Pod": pod, "NodeNames": list(state.table.names)}).encode()
+    extender = Extender(config, cluster=lambda: state)
+    filtered = json.loads(extender.handle("filter", body)[1])
+    scored = {entry["Host"]: entry["Score"] for entry in json.loads(extender.handle("prioritize", body)[1])}
 
     assert sorted(r.node for r in rows) == sorted(state.table.names)
-    # For whole GPUs the extender leaves the count to kube-scheduler; explain adds that count, and says so.
-    demand = pod_demand(pod)
-    theirs = {r.node for r in rows if r.reason.endswith(KUBE_SCHEDULERS_COUNT)}
-    assert theirs == {r.node for r in rows if r.node in (reply.node_names or []) and r.gpus_free < demand.gpus}
-    assert not theirs or demand.counted_by_scheduler
-    assert {r.node for r in rows if r.passed} == set(reply.node_names or []) - theirs
-    assert {r.node: r.reason for r in rows if not r.passed and r.node not in theirs} == {
-        **reply.failed,
-        **reply.failed_unresolvable,
+    assert {r.node for r in rows if r.passed} == set(filtered["NodeNames"])
+    assert {r.node: r.reason for r in rows if not r.passed} == {
+        **filtered["FailedNodes"],
+        **filtered["FailedAndUnresolvableNodes"],
     }
-    assert {r.node for r in rows if r.unresolvable} == set(reply.failed_unresolvable)
+    assert {r.node for r in rows if r.unresolvable} == set(filtered["FailedAndUnresolvableNodes"])
     assert {r.node: r.score for r in rows} == scored
+    # Where the extender leaves the count of nvidia.com/gpu to kube-scheduler, explain says what that
+    # count refuses, beside the verdict.
+    demand = pod_demand(pod)
+    theirs = {r.node for r in rows if r.kube_scheduler}
+    assert theirs == {r.node for r in rows if r.passed and r.gpus_free < demand.gpus}
+    assert not theirs or demand.counted_by_scheduler
     # Best first: every node that passes before every one that does not, in the scores' order.
     passed = [r for r in rows if r.passed]
     assert rows[: len(passed)] == passed

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from scheduler_core.errors import ConfigError
 from scheduler_core.extender.facade import Extender, ExtenderConfig
-from scheduler_core.extender.wire import ExtenderArgs, HostPriority
+from scheduler_core.extender.wire import ExtenderArgs
 from scheduler_core.scoring.gpu_fit import ScoreWeights
 from scheduler_core.state.cluster import ClusterState
 from tests.conftest import (
@@ -244,7 +244,8 @@ def test_invalid_config_is_rejected_at_start_with_every_problem():
     st.integers(0, 8),
     st.sampled_from([None, "A100", "H100,T4"]),
 )
-def test_filter_json_equals_the_wire_encoding(models, used, unknown, gpus, wanted):
+def test_filter_and_prioritize_json_read_as_the_decision_they_carry(models, used, unknown, gpus, wanted):
+    """The direct writers against a slow reference: each outcome's fields, as a dict, through json.dumps."""
     nodes = make_nodes(*models)
     pods = [
         make_pod(f"r{i}", n, node_name=node["metadata"]["name"], phase="Running")
@@ -258,10 +259,24 @@ def test_filter_json_equals_the_wire_encoding(models, used, unknown, gpus, wante
         ExtenderArgs(pod=make_pod("p", gpus, models=wanted), nodes=nodes),
     ):
         outcome = extender.filter(args)
-        assert json.loads(outcome.to_json()) == outcome.reply.to_wire()
+        assert json.loads(outcome.to_json()) == reference_filter_reply(outcome)
         assert outcome.nodes_in == len(args.node_names or args.nodes)
         scored = extender.prioritize(args)
-        assert json.loads(scored.to_json()) == HostPriority.list_to_wire(scored.reply)
+        pairs = zip(scored.hosts, scored.values, strict=True)
+        assert json.loads(scored.to_json()) == [{"Host": host, "Score": score} for host, score in pairs]
+
+
+def reference_filter_reply(outcome):
+    """kube-scheduler's ``ExtenderFilterResult`` for ``outcome``, built as a dict."""
+    result = outcome.result
+    failed = {**result.failed, **dict.fromkeys(outcome.unknown, "node is not in the cluster state")}
+    return {
+        "Nodes": None if outcome.names_only else {"metadata": {}, "items": outcome.kept},
+        "NodeNames": outcome.kept if outcome.names_only else None,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": result.failed_unresolvable,
+        "Error": outcome.error,
+    }
 
 
 # -- shares of a GPU (gpu-scheduler.io/gpu-milli) ----------------------------------------------------
@@ -410,7 +425,8 @@ def test_fgd_cpu_without_cpu_in_the_state_places_shares_as_gpu_packing_does():
 
 def test_fgd_cpu_share_scores_equal_a_loop_over_each_gpu():
     """The extender's FGD score per node, against FGD_NOTES' definition computed GPU by GPU."""
-    from scheduler_core.scoring.share_fit import Fragmentation, share_fit
+    from scheduler_core.k8s.pods import PodDemand
+    from scheduler_core.scoring.policy import Fragmentation, share_policy
     from scheduler_core.sharing.model import Workload
 
     rng = np.random.default_rng(7)
@@ -425,8 +441,8 @@ def test_fgd_cpu_share_scores_equal_a_loop_over_each_gpu():
         model = rng.choice([-1, 0, 1], n).astype(np.int64)
         share, pod_cpu = int(rng.choice([100, 300, 600])), 1000
         feasible = (free >= share).any(axis=1)
-        fit = share_fit(free.astype(np.int32), gpu_count, share, feasible, "fgd_cpu",
-                        Fragmentation(cpu, model, workload, pod_cpu))  # fmt: skip
+        fit = share_policy("fgd_cpu").preference(free.astype(np.int32), gpu_count, PodDemand(gpus=1, share=share),
+                                                 feasible, Fragmentation(cpu, model, workload, pod_cpu))  # fmt: skip
         expected = {}
         for row in np.flatnonzero(feasible):
             before = workload.fragmentation(free[row : row + 1], cpu[row : row + 1], model[row : row + 1])[0]
@@ -483,7 +499,7 @@ def test_what_the_ledger_showed_counts_until_a_newer_snapshot_shows_it():
 
 
 def test_an_unknown_share_policy_is_refused_naming_the_choices():
-    expected = "share_policy: expected one of fgd_cpu, gpu_packing, bestfit, dotprod, got 'fgd'"
+    expected = "share_policy: share policy 'fgd': expected one of fgd_cpu, gpu_packing, bestfit, dotprod"
     with pytest.raises(ConfigError, match=expected):
         Extender(ExtenderConfig(share_policy="fgd"))
 

@@ -1,16 +1,21 @@
+import json
+
 import pytest
 
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.extender.wire import (
-    ExtenderArgs,
-    ExtenderBindingArgs,
-    ExtenderBindingResult,
-    ExtenderFilterResult,
-    ExtenderPreemptionArgs,
-    ExtenderPreemptionResult,
-    HostPriority,
+from scheduler_core.extender.facade import BindOutcome, Extender
+from scheduler_core.extender.preemption import PreemptOutcome
+from scheduler_core.extender.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs
+from scheduler_core.state.cluster import ClusterState
+from tests.conftest import (
+    captured_nodes,
+    fixture_id,
+    load_fixture,
+    make_nodes,
+    make_pod,
+    requires_fixtures,
+    scheduler_requests,
 )
-from tests.conftest import fixture_id, load_fixture, requires_fixtures, scheduler_requests
 
 
 def test_keys_are_matched_case_insensitively_preferring_exact():
@@ -42,26 +47,61 @@ def test_malformed_args_name_the_field(body, message):
         ExtenderArgs.from_wire(body)
 
 
-def test_filter_result_wire_form_mirrors_the_request_form():
-    names = ExtenderFilterResult(node_names=["a"], failed={"b": "full"}).to_wire()
-    assert names == {
-        "Nodes": None,
-        "NodeNames": ["a"],
-        "FailedNodes": {"b": "full"},
-        "FailedAndUnresolvableNodes": {},
-        "Error": "",
+FILTER_KEYS = ["Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"]
+
+
+def filter_shape(reply):
+    """What kube-scheduler's decoder reads of an ``ExtenderFilterResult``: its Go field names, which node
+    form is ``null``, a NodeList's envelope, failure maps that are objects, and a string ``Error``."""
+    nodes = reply["Nodes"]
+    return {
+        "keys": sorted(reply),
+        "Nodes": None if nodes is None else (sorted(nodes), nodes["metadata"], type(nodes["items"]).__name__),
+        "NodeNames": None if reply["NodeNames"] is None else type(reply["NodeNames"]).__name__,
+        "maps": [type(reply[key]).__name__ for key in ("FailedNodes", "FailedAndUnresolvableNodes")],
+        "Error": type(reply["Error"]).__name__,
     }
-    nodes = ExtenderFilterResult(nodes=[{"metadata": {"name": "a"}}]).to_wire()
-    assert nodes["Nodes"] == {"metadata": {}, "items": [{"metadata": {"name": "a"}}]}
-    assert nodes["NodeNames"] is None
 
 
-def test_host_priority_list_round_trips_and_checks_types():
-    wire = HostPriority.list_to_wire([HostPriority("a", 3)])
-    assert wire == [{"Host": "a", "Score": 3}]
-    assert HostPriority.list_from_wire([{"host": "a", "score": 3}]) == [HostPriority("a", 3)]
-    with pytest.raises(InvalidArgsError, match=r"HostPriorityList\[0\].Score: expected an integer"):
-        HostPriority.list_from_wire([{"Host": "a", "Score": "3"}])
+@pytest.mark.parametrize("names_only", [True, False], ids=["NodeNames form", "Nodes form"])
+@pytest.mark.parametrize("error", [False, True], ids=["a decision", "an Error"])
+def test_filter_reply_is_the_go_result_in_the_request_form(names_only, error):
+    nodes = make_nodes("A100", "T4")
+    extender = Extender(cluster=lambda: ClusterState.from_objects(nodes))
+    pod = make_pod("p", 2, models="A100!" if error else "A100")
+    args = ExtenderArgs(pod=pod, node_names=["a100-0", "t4-1"]) if names_only else ExtenderArgs(pod=pod, nodes=nodes)
+    reply = json.loads(extender.filter(args).to_json())
+    assert list(reply) == FILTER_KEYS
+    kept = ([] if error else ["a100-0"]) if names_only else None
+    assert reply["NodeNames"] == kept
+    assert reply["Nodes"] == (None if names_only else {"metadata": {}, "items": [] if error else nodes[:1]})
+    assert reply["FailedNodes"] == {}  # an object, never null
+    assert reply["FailedAndUnresolvableNodes"] == ({} if error else {"t4-1": "GPU model T4 not in A100"})
+    assert (reply["Error"] != "") == error
+
+
+@requires_fixtures()
+@pytest.mark.parametrize("path", scheduler_requests("filter"), ids=fixture_id)
+def test_filter_replies_have_the_shape_of_the_replies_kube_scheduler_accepted(path):
+    """The captured replies were read by a real kube-scheduler; ours to the same requests read alike."""
+    captured = load_fixture(path.with_name(path.name.replace(".request.", ".response.")))
+    state = ClusterState.from_objects(captured_nodes())
+    ours = json.loads(Extender(cluster=lambda: state).filter(ExtenderArgs.from_wire(load_fixture(path))).to_json())
+    assert filter_shape(ours) == filter_shape(captured)
+    assert list(ours) == list(captured)  # Go does not mind the order; the captures' is the struct's
+
+
+@requires_fixtures()
+@pytest.mark.parametrize("path", scheduler_requests("prioritize"), ids=fixture_id)
+def test_prioritize_replies_are_host_priority_lists_like_the_captured_ones(path):
+    captured = load_fixture(path.with_name(path.name.replace(".request.", ".response.")))
+    request = load_fixture(path)
+    state = ClusterState.from_objects(captured_nodes())
+    ours = json.loads(Extender(cluster=lambda: state).prioritize(ExtenderArgs.from_wire(request)).to_json())
+    sent = request["NodeNames"] or [n["metadata"]["name"] for n in request["Nodes"]["items"]]
+    assert sorted(entry["Host"] for entry in ours) == sorted(sent)  # one entry per node sent
+    assert {tuple(entry) for entry in ours} == {tuple(entry) for entry in captured} == {("Host", "Score")}
+    assert all(type(entry["Score"]) is int and 0 <= entry["Score"] <= 10 for entry in ours)
 
 
 @requires_fixtures()
@@ -75,22 +115,13 @@ def test_real_filter_and_prioritize_requests_parse(path):
 
 
 @requires_fixtures()
-@pytest.mark.parametrize("path", scheduler_requests("filter"), ids=fixture_id)
-def test_real_filter_responses_parse_as_filter_results(path):
-    response = load_fixture(path.with_name(path.name.replace(".request.", ".response.")))
-    result = ExtenderFilterResult.from_wire(response)
-    assert ExtenderFilterResult.from_wire(result.to_wire()) == result
-
-
-@requires_fixtures()
 @pytest.mark.parametrize("path", scheduler_requests("bind"), ids=fixture_id)
 def test_real_bind_request_round_trips(path):
     raw = load_fixture(path)
     args = ExtenderBindingArgs.from_wire(raw)
     assert args.to_wire() == raw
-    assert ExtenderBindingResult().to_wire() == load_fixture(
-        path.with_name(path.name.replace(".request.", ".response."))
-    )
+    captured = load_fixture(path.with_name(path.name.replace(".request.", ".response.")))
+    assert json.loads(BindOutcome(args.pod_name, args.node).to_json()) == captured
 
 
 @requires_fixtures()
@@ -103,7 +134,7 @@ def test_real_preempt_requests_in_both_forms_give_the_captured_reply(path):
     else:
         assert args.node_name_to_victims is not None
         meta = {node: victims.to_meta() for node, victims in args.node_name_to_victims.items()}
-    assert ExtenderPreemptionResult(meta).to_wire() == expected
+    assert json.loads(json.dumps(PreemptOutcome(dict(meta)).to_wire())) == expected
 
 
 def test_preempt_args_reject_bad_pdb_counts():

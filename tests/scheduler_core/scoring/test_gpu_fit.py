@@ -9,6 +9,7 @@ from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
 from scheduler_core.scoring.gpu_fit import Reason, ScoreWeights, filter_nodes, free_gpus, normalize_scores, score_nodes
+from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, share_policy
 from testing.reference import reference_normalize, reference_reasons, reference_scores
 
 A100 = frozenset({"A100"})
@@ -123,7 +124,7 @@ def test_nodes_that_do_not_fit_and_pods_without_gpus_score_zero():
 def test_nan_utilisation_counts_as_idle():
     table = NodeTable.from_columns(alloc_gpus=[8, 8])
     scores = score_nodes(table, [8, 8], [np.nan, 0.0], PodDemand(gpus=8))
-    assert scores.raw[0] == scores.raw[1] and sorted(scores.score.tolist()) == [9, 10]
+    assert scores.raw[0] == scores.raw[1] and scores.score.tolist() == [10, 10]  # the tie is the policy's to break
 
 
 @pytest.mark.parametrize(
@@ -199,7 +200,8 @@ def test_vectorised_core_equals_reference(data, demand, weights):
     table, free, util = data
     result = filter_nodes(table, free, demand)
     assert result.reason.tolist() == reference_reasons(table, free, demand)
-    scores = score_nodes(table, free, util, demand, weights, feasible=result.feasible)
+    scores = share_policy("gpu_packing").scores(table, np.asarray(free), np.asarray(util), demand, weights,
+                                                result.feasible)  # fmt: skip
     expected = reference_scores(free, util, result.feasible.tolist(), demand.gpus, weights, names=table.names)
     assert scores.score.tolist() == expected
 
@@ -270,7 +272,8 @@ def test_pods_of_every_kind_break_a_tie_toward_the_same_node():
     util = np.zeros(5)
     winners = set()
     for demand in (PodDemand(gpus=1, share=250), PodDemand(gpus=2), PodDemand(gpus=0)):
-        score = score_nodes(table, free, util, demand, fit=fit).score
+        policy = share_policy(DEFAULT_SHARE_POLICY)
+        score = policy.scores(table, free, util, demand, ScoreWeights(), free >= 0, fit=fit).score
         assert np.count_nonzero(score == 10) == 1
         winners.add(int(np.argmax(score)))
         others = [i for i in range(3) if i != int(np.argmax(score))]
