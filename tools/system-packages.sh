@@ -12,9 +12,10 @@ declare -A PACKAGE=(
     [etcd]=etcd-server                             # the e2e control plane's store
     [openssl]=openssl                              # its service-account keys and test certificates
     [node]=nodejs                                  # jsii runs the CDK construct library (make synth)
+    [cc]=gcc                                       # builds the NVML stand-in the GPU-reservation tests load
 )
 commands=("$@")
-if [ ${#commands[@]} -eq 0 ]; then commands=(prometheus promtool etcd openssl node); fi
+if [ ${#commands[@]} -eq 0 ]; then commands=(prometheus promtool etcd openssl node cc); fi
 
 missing=()
 for command in "${commands[@]}"; do

@@ -45,3 +45,7 @@ MANAGED_SELECTOR = f"{DELETION_COST_LABEL}=managed"
 """Pods opt in to deletion-cost management with this label; no other pod is read or written."""
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+# GPU reservation (a pod per shared GPU, so that Kubernetes counts it: manifests/reservation.py).
+RESERVED_GPU_ANNOTATION = "gpu-scheduler.io/reserved-gpu"
+"""Written by a reservation pod on itself: the UUID of the GPU the device plugin gave it."""

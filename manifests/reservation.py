@@ -1,0 +1,182 @@
+"""GPU reservation pods: one per shared GPU, so that Kubernetes itself counts the GPU that shares hold.
+
+A share of a GPU requests ``gpu-scheduler.io/gpu-milli``, which kube-scheduler ignores and no device
+plugin serves. A reservation pod bound to the share's node requests ``nvidia.com/gpu: 1``: the stock
+NVIDIA device plugin (or the GPU Operator's) picks a physical GPU for it, and kube-scheduler, the
+kubelet and the autoscalers count that GPU as taken. The pod runs ``manifests/reserve_gpu.py`` (shipped
+in :func:`program_config_map`, run by a stock Python image), which reports the GPU's UUID on the pod
+itself, with the pod's own ServiceAccount token.
+
+Here: the pod (:func:`reservation_pod`), the program's ConfigMap, and the identity the pod runs as
+(:func:`reservation_access`): a ServiceAccount whose Role reads and patches pods in the reservation
+namespace only, and a ValidatingAdmissionPolicy (Kubernetes 1.30 or newer) that lets a token patch only
+the pod it is bound to (the ``authentication.kubernetes.io/pod-name`` and ``pod-uid`` a pod's projected
+token carries), and only the ``gpu-scheduler.io/reserved-gpu`` annotation of it.
+
+Not yet here: creating a reservation pod before the first share binds onto a GPU, removing it after the
+last share goes, and giving the shares' containers its UUID.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from manifests.access import FROZEN_LISTS, _list, _map, _only_these_change, _policy
+from scheduler_core.k8s.names import GPU_RESOURCE, RESERVED_GPU_ANNOTATION, SCHEDULER_NAME
+
+NAMESPACE = "gpu-scheduler-reservations"
+ACCOUNT = "gpu-reservation"
+USER = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
+PROGRAM_CONFIG_MAP = "gpu-reservation-program"
+PROGRAM = Path(__file__).with_name("reserve_gpu.py")
+MOUNT = "/opt/gpu-reservation"
+DEFAULT_IMAGE = "public.ecr.aws/docker/library/python:3.12-slim"
+"""A stock Python image: the program needs the standard library and the NVML the container toolkit mounts."""
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+_LABELS = {"app.kubernetes.io/name": ACCOUNT, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
+
+
+def reservation_name(node: str, slot: int) -> str:
+    """The reservation pod of GPU ``slot`` (the ledger's index) on ``node``.
+
+    >>> reservation_name("ip-10-0-1-7.ec2.internal", 3)
+    'gpu-reservation-ip-10-0-1-7.ec2.internal-3'
+    """
+    return f"{ACCOUNT}-{node}-{slot}"
+
+
+def reservation_pod(node: str, slot: int, *, image: str = DEFAULT_IMAGE) -> dict[str, Any]:
+    """The reservation pod of GPU ``slot`` on ``node``: bound there directly (``nodeName``: it is the
+    share's node, chosen already), one ``nvidia.com/gpu``, every taint tolerated (GPU nodes are often
+    tainted), protected from Karpenter's consolidation, and as little CPU and memory as a sleeping Python
+    needs."""
+    environment = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},  # NVML, no compute
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": reservation_name(node, slot),
+            "namespace": NAMESPACE,
+            "labels": {**_LABELS, "gpu-scheduler.io/slot": str(slot)},
+            "annotations": {"karpenter.sh/do-not-disrupt": "true"},
+        },
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": ACCOUNT,
+            "tolerations": [{"operator": "Exists"}],
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "reserve",
+                    "image": image,
+                    "command": ["python3", f"{MOUNT}/{PROGRAM.name}"],
+                    "env": environment,
+                    "resources": {
+                        "requests": {"cpu": "10m", "memory": "32Mi"},
+                        "limits": {GPU_RESOURCE: "1", "memory": "64Mi"},
+                    },
+                    "volumeMounts": [{"name": "program", "mountPath": MOUNT, "readOnly": True}],
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 65534,
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+            "volumes": [{"name": "program", "configMap": {"name": PROGRAM_CONFIG_MAP}}],
+        },
+    }
+
+
+def program_config_map() -> dict[str, Any]:
+    """The ConfigMap the reservation pods run the program from."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": PROGRAM_CONFIG_MAP, "namespace": NAMESPACE, "labels": dict(_LABELS)},
+        "data": {PROGRAM.name: PROGRAM.read_text()},
+    }
+
+
+def reservation_access() -> list[dict[str, Any]]:
+    """The reservation pods' ServiceAccount, its Role and RoleBinding (pods get and patch, in
+    :data:`NAMESPACE` only), and the admission policy that keeps each token to its own pod's
+    ``reserved-gpu`` annotation, in apply order."""
+    meta = {"name": ACCOUNT, "namespace": NAMESPACE, "labels": dict(_LABELS)}
+    rbac = "rbac.authorization.k8s.io"
+    extra = "request.userInfo.extra"
+    own_pod = (
+        f"'{POD_NAME_EXTRA}' in {extra} && '{POD_UID_EXTRA}' in {extra} && "
+        f"{extra}['{POD_NAME_EXTRA}'] == [object.metadata.name] && {extra}['{POD_UID_EXTRA}'] == [object.metadata.uid]"
+    )
+    policy = {
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["UPDATE"],
+                    "resources": ["pods", "pods/status"],
+                }
+            ]
+        },
+        "matchConditions": [{"name": "is-a-reservation-pod", "expression": f"request.userInfo.username == '{USER}'"}],
+        "variables": [
+            {"name": "new", "expression": _map("object", "annotations")},
+            {"name": "old", "expression": _map("oldObject", "annotations")},
+        ],
+        "validations": [
+            {
+                "expression": own_pod,
+                "message": f"{USER} may change only the pod its token is bound to",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": _only_these_change("variables.new", "variables.old", [RESERVED_GPU_ANNOTATION]),
+                "message": f"{USER} may change only {RESERVED_GPU_ANNOTATION} in metadata.annotations",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": (
+                    f"({_map('object', 'labels')}) == ({_map('oldObject', 'labels')}) && object.spec == oldObject.spec"
+                    " && (!has(object.status) || object.status == oldObject.status)"
+                ),
+                "message": f"{USER} may not change labels, spec or status",
+                "reason": "Forbidden",
+            },
+            *(
+                {
+                    "expression": f"({_list('object', field)}) == ({_list('oldObject', field)})",
+                    "message": f"{USER} may not change metadata.{field}",
+                    "reason": "Forbidden",
+                }
+                for field in FROZEN_LISTS
+            ),
+        ],
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}],
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": ACCOUNT},
+            "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}],
+        },
+        *_policy(f"{SCHEDULER_NAME}-reservation-own-pod", policy),
+    ]
