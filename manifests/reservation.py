@@ -13,6 +13,9 @@ namespace only, and a ValidatingAdmissionPolicy (Kubernetes 1.30 or newer) that 
 the pod it is bound to (the ``authentication.kubernetes.io/pod-name`` and ``pod-uid`` a pod's projected
 token carries), and only the ``gpu-scheduler.io/reserved-gpu`` annotation of it.
 
+The cluster state counts a reservation pod's CPU but not its GPU (:func:`scheduler_core.state.allocation.pod_use`):
+the shares on that GPU hold it already, by their ``assigned-gpus``.
+
 Not yet here: creating a reservation pod before the first share binds onto a GPU, removing it after the
 last share goes, and giving the shares' containers its UUID.
 """
@@ -23,10 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from manifests.access import FROZEN_LISTS, _list, _map, _only_these_change, _policy
-from scheduler_core.k8s.names import GPU_RESOURCE, RESERVED_GPU_ANNOTATION, SCHEDULER_NAME
+from scheduler_core.k8s.names import (
+    GPU_RESOURCE,
+    RESERVATION_APP,
+    RESERVATION_NAMESPACE,
+    RESERVED_GPU_ANNOTATION,
+    SCHEDULER_NAME,
+)
 
-NAMESPACE = "gpu-scheduler-reservations"
-ACCOUNT = "gpu-reservation"
+NAMESPACE = RESERVATION_NAMESPACE
+ACCOUNT = RESERVATION_APP
 USER = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
 PROGRAM_CONFIG_MAP = "gpu-reservation-program"
 PROGRAM = Path(__file__).with_name("reserve_gpu.py")

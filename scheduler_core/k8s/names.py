@@ -47,5 +47,8 @@ MANAGED_SELECTOR = f"{DELETION_COST_LABEL}=managed"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 # GPU reservation (a pod per shared GPU, so that Kubernetes counts it: manifests/reservation.py).
+RESERVATION_NAMESPACE = "gpu-scheduler-reservations"
+RESERVATION_APP = "gpu-reservation"
+"""The ``app.kubernetes.io/name`` of a reservation pod, and of the ServiceAccount it runs as."""
 RESERVED_GPU_ANNOTATION = "gpu-scheduler.io/reserved-gpu"
 """Written by a reservation pod on itself: the UUID of the GPU the device plugin gave it."""

@@ -12,6 +12,12 @@ Two kinds of request share a node's GPUs:
   bound pod that requests milli but carries no valid annotation is still counted, on the GPU with
   the most room, and reported in ``problems`` so that nothing is lost silently.
 
+A GPU reservation pod (``manifests/reservation.py``: in :data:`~scheduler_core.k8s.names.RESERVATION_NAMESPACE`,
+labelled ``app.kubernetes.io/name: gpu-reservation``) requests one ``nvidia.com/gpu`` so that Kubernetes
+counts a GPU that shares hold; the shares' annotations count that GPU here already, so the reservation
+pod's GPU is not counted again (its CPU is). Only the extender and the node-state refresher may create
+pods in that namespace.
+
 Everything here is pure: the node-state refresher and the local tools feed it v1 Pod objects.
 """
 
@@ -34,6 +40,8 @@ from scheduler_core.k8s.names import (
     LABEL_MODEL,
     MILLI_PER_GPU,
     MILLI_RESOURCE,
+    RESERVATION_APP,
+    RESERVATION_NAMESPACE,
     TERMINAL_PHASES,
 )
 from scheduler_core.k8s.nodes import NodeTable
@@ -123,6 +131,8 @@ def pod_use(pod: Any, position: int = 0) -> PodUse:
         (gpus, milli), cpu, cpu_problem = requests_with_cpu(pod["spec"], _RESOURCES)
     except InvalidPodError as exc:
         return PodUse(node, name, problem=str(exc), labels=labels)
+    if _reservation(metadata, labels):  # its GPU is the shares' (their annotations count it): its CPU only
+        return PodUse(node, name, cpu=cpu, cpu_problem=cpu_problem, labels=labels)
     annotations = metadata.get("annotations")
     kind = None
     if not _daemon(metadata):
@@ -244,6 +254,15 @@ def _daemon(metadata: Mapping[str, Any]) -> bool:
     (``gpu-scheduler bench node-state``)."""
     labels = metadata.get("labels")
     return type(labels) is dict and DAEMON_LABEL in labels
+
+
+def _reservation(metadata: Mapping[str, Any], labels: Mapping[str, Any] | None) -> bool:
+    """A GPU reservation pod: in the reservation namespace, with the reservation's name label."""
+    return (
+        metadata.get("namespace") == RESERVATION_NAMESPACE
+        and labels is not None
+        and labels.get("app.kubernetes.io/name") == RESERVATION_APP
+    )
 
 
 def node_cpu_milli(nodes: Sequence[Any]) -> tuple[npt.NDArray[np.int64], list[str]]:

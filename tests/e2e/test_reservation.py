@@ -1,8 +1,9 @@
 """GPU reservation pods through the real control plane (``manifests/reservation.py``).
 
 - kube-scheduler's own count of ``nvidia.com/gpu``, under the generated configuration, holds the GPUs
-  that reservation pods take: with 3 of a node's 8 GPUs reserved, a 6-GPU pod is refused for
-  ``Insufficient nvidia.com/gpu`` and a 5-GPU pod binds;
+  that reservation pods take: with shares on 3 of a node's 8 GPUs and a reservation pod for each, a
+  6-GPU pod is refused for ``Insufficient nvidia.com/gpu`` and a 5-GPU pod binds (so the extender, too,
+  counts each of those GPUs once, by its shares);
 - the reservation program (``manifests/reserve_gpu.py``), with a token the API server binds to one
   reservation pod (TokenRequest), writes its GPU's UUID on that pod over HTTPS, verifying the API
   server's certificate; the same token may not write another pod, another annotation, a label, or a
@@ -30,7 +31,7 @@ from manifests.reservation import (
     reservation_pod,
 )
 from manifests.reserve_gpu import ReservationError, report
-from scheduler_core.k8s.names import RESERVED_GPU_ANNOTATION
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, RESERVED_GPU_ANNOTATION
 from testing.control_plane import ControlPlane
 from testing.product import Processes
 from tests.e2e.conftest import start_scheduler
@@ -45,10 +46,19 @@ def policies_served(cluster: ControlPlane) -> bool:
     return cluster.binaries.release[:2] >= (1, 30)
 
 
+def share(slot: int) -> dict[str, Any]:
+    """Half of GPU ``slot`` of the node, bound there with the annotation the extender's bind writes."""
+    made = make_pod(f"share-{slot}", 0, namespace="shares", node_name=NODE, milli=500)
+    made["metadata"]["annotations"][ASSIGNED_GPUS_ANNOTATION] = f"{slot}:500"
+    return made
+
+
 @pytest.fixture(scope="module")
 def reserved(cluster: ControlPlane) -> dict[str, dict[str, Any]]:
-    """Three reservation pods on an 8-GPU node, and the program's ConfigMap and identity applied."""
+    """Shares on three of an 8-GPU node's GPUs, a reservation pod for each, and the program's ConfigMap
+    and identity applied. (The harness's administrator writes ``assigned-gpus`` here, as the bind would.)"""
     cluster.add_nodes([make_node(NODE, A100, "us-east-1a")])
+    cluster.create_pods([share(slot) for slot in range(3)])
     cluster.ensure_namespaces([NAMESPACE])
     cluster.api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps", program_config_map())
     applied = cluster.apply_access(reservation_access())
@@ -57,9 +67,12 @@ def reserved(cluster: ControlPlane) -> dict[str, dict[str, Any]]:
     return {name: cluster.pod(NAMESPACE, name) for name in (reservation_name(NODE, slot) for slot in range(3))}
 
 
-def test_kube_schedulers_own_count_holds_the_reserved_gpus(
+def test_kube_schedulers_own_count_holds_the_reserved_gpus_and_the_extender_counts_them_once(
     cluster: ControlPlane, product: Processes, reserved: dict[str, dict[str, Any]]
 ) -> None:
+    """kube-scheduler refuses the 6-GPU pod by its own count (its filters run before the extender's);
+    the extender, whose state counts GPUs 0-2 by the shares' annotations and not again by the
+    reservation pods, lets the 5-GPU pod through."""
     url = product.serve("serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler"))])
     start_scheduler(cluster, url)
     try:

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from manifests.reservation import reservation_pod
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.annotations import format_assigned_gpus, parse_assigned_gpus
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, MILLI_RESOURCE
@@ -55,6 +56,23 @@ def test_bad_annotations_are_reported_not_raised() -> None:
     assert any("'x:500' is not index:milli" in p for p in result.problems)
     assert any("assigned GPU 9, but the node has 4" in p for p in result.problems)
     assert result.used_milli.sum() == 500  # the unparsable one is still counted, by a best guess
+
+
+def test_a_reservation_pods_gpu_is_the_shares_and_counts_once() -> None:
+    """The reservation pod of GPU 1 holds the GPU the shares there hold: GPU 1 counts once, by the shares;
+    the same pod anywhere else (or without the reservation's label) is a whole-GPU pod like any other."""
+    reservation = reservation_pod("n", 1)
+    reservation["status"] = {"phase": "Running"}
+    shares = [share("a", 500, "1:500"), share("b", 250, "1:250")]
+    result = usage([*shares, reservation])
+    assert result.used_milli.tolist() == [[0, 750, 0, 0]]
+    assert result.busy_gpus(np.array([4], dtype=np.int32)).tolist() == [1] and result.whole_gpus.tolist() == [0]
+    assert result.used_cpu.tolist() == [10 + 2 * 1000]  # its CPU does count (make_pod asks for 1 core)
+    for impostor in (
+        {**reservation, "metadata": {**reservation["metadata"], "namespace": "default"}},
+        {**reservation, "metadata": {**reservation["metadata"], "labels": {}}},
+    ):
+        assert usage([*shares, impostor]).busy_gpus(np.array([4], dtype=np.int32)).tolist() == [2]
 
 
 def test_terminal_and_unbound_pods_use_nothing() -> None:
