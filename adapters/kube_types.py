@@ -52,6 +52,7 @@ class SchedulingPodMetadata(TypedDict, total=False):
 class SchedulingPodSpec(TypedDict, total=False):
     nodeName: str
     schedulerName: str
+    serviceAccountName: str  # a GPU reservation pod's (scheduler_core.state.allocation)
     containers: list[GpuContainer]
     initContainers: list[GpuContainer]
     overhead: dict[str, str | int]

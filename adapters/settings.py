@@ -94,8 +94,10 @@ def add_flags(
         notes = ([] if shown == "(none)" else [f"default {shown}"]) + ([f"${f.metadata['env']}"] if from_env else [])
         text = flags_named(cls, str(f.metadata["doc"])) + (f" ({'; '.join(notes)})" if notes else "")
         text = text.replace("`", "").replace("%", "%%")  # Markdown in the docs; argparse formats %
-        if str(f.type) == "bool":
-            parser.add_argument(flag_name(cls, name), dest=name, action="store_true", default=None, help=text)
+        if str(f.type) == "bool":  # --x and --no-x: a default of true can be turned off
+            parser.add_argument(
+                flag_name(cls, name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=text
+            )
         else:
             parser.add_argument(flag_name(cls, name), dest=name, type=_flag_type(f), default=None, help=text)
 
@@ -117,9 +119,9 @@ def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
-def flags_named(cls: type, message: str, names: Iterable[str] | None = None) -> str:
+def flags_named(cls: type, message: str) -> str:
     """``message`` (a :class:`ConfigError`'s) with each field's environment variable replaced by its flag,
-    for a command line; only fields ``names`` when given.
+    for a command line.
 
     >>> @dataclass
     ... class S:
@@ -127,10 +129,7 @@ def flags_named(cls: type, message: str, names: Iterable[str] | None = None) -> 
     >>> flags_named(S, "MAX_AGE_S: must be a non-negative number of seconds, got -1")
     '--max-age-s: must be a non-negative number of seconds, got -1'
     """
-    wanted = set(names) if names is not None else None
-    return _renamed(
-        cls, message, {f.name: flag_name(cls, f.name) for f in fields(cls) if wanted is None or f.name in wanted}
-    )
+    return _renamed(cls, message, {f.name: flag_name(cls, f.name) for f in fields(cls)})
 
 
 def context_named(cls: type, message: str) -> str:

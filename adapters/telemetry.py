@@ -95,11 +95,6 @@ class PrometheusTelemetry:
             else:
                 self._values.setdefault(name, {})[label] = value
 
-    def names(self) -> set[str]:
-        """The catalogued names recorded so far."""
-        with self._lock:
-            return set(self._values) | set(self._histograms)
-
     def text(self) -> str:
         """Every metric recorded so far, in the catalogue's order, as Prometheus text exposition."""
         with self._lock:

@@ -58,9 +58,9 @@ def _policies(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _share_policy(args: argparse.Namespace) -> dict[str, Any]:
-    from bench.share_policy import run
+    from bench.share_policy import CANDIDATES, run
 
-    return run(_names(args.candidates), args.trace, args.seeds, args.jobs)
+    return run(_names(args.candidates) if args.candidates else list(CANDIDATES), args.trace, args.seeds, args.jobs)
 
 
 def _kube_scores(args: argparse.Namespace) -> dict[str, Any]:
@@ -170,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     pol.add_argument("--seed", type=int, default=42)
     shp = suite("share-policy", _share_policy, "which policy the extender should place GPU shares with")
     shp.add_argument(
-        "--candidates", default="fgd,extender,fgd_cpu_blind,gpu_packing,bestfit,dotprod", help="comma list of policies"
+        "--candidates",
+        help="comma list (default: fgd, extender, fgd_cpu_blind and every other policy the extender offers)",
     )
     shp.add_argument("--trace", default="default", help="openb trace name (synthetic when ../shared lacks it)")
     shp.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")

@@ -21,13 +21,16 @@ from gpu_scheduler.synthetic import CATALOGUE, ZONES, make_node, make_pod
 from scheduler_core.extender.facade import Extender, ExtenderConfig
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
-from scheduler_core.scoring.gpu_fit import ScoreWeights, filter_nodes, score_nodes
-from scheduler_core.scoring.policy import SHARE_POLICIES
+from scheduler_core.scoring.gpu_fit import ScoreWeights, filter_nodes
+from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, SHARE_POLICIES, share_policy
 from scheduler_core.state.cluster import ClusterState
 from testing.reference import reference_reasons, reference_scores
 from testing.synthetic import synthetic_table
 
 WEIGHTS = ScoreWeights()
+POLICY = share_policy(DEFAULT_SHARE_POLICY)
+"""``SharePolicy.scores``: best fit blended with utilisation, then the top tie broken, as prioritize scores
+a whole-GPU pod where the policy has no per-GPU inputs."""
 DEMAND = PodDemand(name="bench", gpus=2, models=frozenset({"A100", "H100", "L40S"}), min_memory_mib=40960)
 
 
@@ -49,7 +52,7 @@ class _CoreCase:
 
     def filter_score(self) -> None:
         verdict = filter_nodes(self.table, self.free, DEMAND)
-        score_nodes(self.table, self.free, self.util, DEMAND, WEIGHTS, feasible=verdict.feasible)
+        POLICY.scores(self.table, self.free, self.util, DEMAND, WEIGHTS, verdict.feasible)
 
     def reference(self) -> None:
         """The loop-based reference, on plain lists as pure Python would hold them."""
@@ -58,7 +61,7 @@ class _CoreCase:
 
     def filter_score_messages(self) -> None:
         verdict = filter_nodes(self.table, self.free, DEMAND)
-        score_nodes(self.table, self.free, self.util, DEMAND, WEIGHTS, feasible=verdict.feasible)
+        POLICY.scores(self.table, self.free, self.util, DEMAND, WEIGHTS, verdict.feasible)
         _ = verdict.failed, verdict.failed_unresolvable
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -47,13 +48,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+class FieldsFormatter(logging.Formatter):
+    """The message, then the structured fields a call passed in ``extra`` (what the Lambda's JSON logs
+    carry as keys, the shared extender service's decisions among them), as one JSON object.
+
+    >>> record = logging.makeLogRecord({"msg": "bind failed", "levelname": "WARNING", "bind": {"pod": "a/b"}})
+    >>> FieldsFormatter("%(levelname)s %(message)s").format(record)
+    'WARNING bind failed {"bind": {"pod": "a/b"}}'
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = {key: value for key, value in vars(record).items() if key not in _RECORD_FIELDS}
+        return f"{text} {json.dumps(fields, default=str)}" if fields else text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
     try:
         result: int = command(args.command).run(args)
         return result

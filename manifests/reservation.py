@@ -7,11 +7,12 @@ kubelet and the autoscalers count that GPU as taken. The pod runs ``manifests/re
 in :func:`program_config_map`, run by a stock Python image), which reports the GPU's UUID on the pod
 itself, with the pod's own ServiceAccount token.
 
-Here: the pod (:func:`reservation_pod`), the program's ConfigMap, and the identity the pod runs as
-(:func:`reservation_access`): a ServiceAccount whose Role reads and patches pods in the reservation
-namespace only, and a ValidatingAdmissionPolicy (Kubernetes 1.30 or newer) that lets a token patch only
-the pod it is bound to (the ``authentication.kubernetes.io/pod-name`` and ``pod-uid`` a pod's projected
-token carries), and only the ``gpu-scheduler.io/reserved-gpu`` annotation of it.
+Here: the pod (:func:`reservation_pod`), its PriorityClass, the program's ConfigMap, and the identity
+the pod runs as (:func:`reservation_access`): a ServiceAccount whose Role patches pods in the
+reservation namespace only, and a ValidatingAdmissionPolicy (Kubernetes 1.30 or newer) that lets a
+token patch only the pod it is bound to (the ``authentication.kubernetes.io/pod-name`` and ``pod-uid``
+a pod's projected token carries), and only the ``gpu-scheduler.io/reserved-gpu`` annotation of it,
+once, with a GPU UUID.
 
 The cluster state counts a reservation pod's CPU but not its GPU (:func:`scheduler_core.state.allocation.pod_use`):
 the shares on that GPU hold it already, by their ``assigned-gpus``.
@@ -42,6 +43,9 @@ PROGRAM = Path(__file__).with_name("reserve_gpu.py")
 MOUNT = "/opt/gpu-reservation"
 DEFAULT_IMAGE = "public.ecr.aws/docker/library/python:3.12-slim"
 """A stock Python image: the program needs the standard library and the NVML the container toolkit mounts."""
+PRIORITY_CLASS = "gpu-reservation"
+UUID_PATTERN = "^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+"""How NVML writes a GPU's UUID (``nvmlDeviceGetUUID``)."""
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 _LABELS = {"app.kubernetes.io/name": ACCOUNT, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
@@ -59,8 +63,8 @@ def reservation_name(node: str, slot: int) -> str:
 def reservation_pod(node: str, slot: int, *, image: str = DEFAULT_IMAGE) -> dict[str, Any]:
     """The reservation pod of GPU ``slot`` on ``node``: bound there directly (``nodeName``: it is the
     share's node, chosen already), one ``nvidia.com/gpu``, every taint tolerated (GPU nodes are often
-    tainted), protected from Karpenter's consolidation, and as little CPU and memory as a sleeping Python
-    needs."""
+    tainted), out of reach of preemption (:func:`priority_class`) and of Karpenter's consolidation, and
+    as little CPU and memory as a sleeping Python needs, as requests and limits alike."""
     environment = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -79,6 +83,7 @@ def reservation_pod(node: str, slot: int, *, image: str = DEFAULT_IMAGE) -> dict
         "spec": {
             "nodeName": node,
             "serviceAccountName": ACCOUNT,
+            "priorityClassName": PRIORITY_CLASS,
             "tolerations": [{"operator": "Exists"}],
             "terminationGracePeriodSeconds": 5,
             "containers": [
@@ -87,9 +92,10 @@ def reservation_pod(node: str, slot: int, *, image: str = DEFAULT_IMAGE) -> dict
                     "image": image,
                     "command": ["python3", f"{MOUNT}/{PROGRAM.name}"],
                     "env": environment,
+                    # Requests equal to limits: Guaranteed, the last to be evicted under node pressure.
                     "resources": {
-                        "requests": {"cpu": "10m", "memory": "32Mi"},
-                        "limits": {GPU_RESOURCE: "1", "memory": "64Mi"},
+                        "requests": {"cpu": "10m", "memory": "64Mi", GPU_RESOURCE: "1"},
+                        "limits": {"cpu": "10m", "memory": "64Mi", GPU_RESOURCE: "1"},
                     },
                     "volumeMounts": [{"name": "program", "mountPath": MOUNT, "readOnly": True}],
                     "securityContext": {
@@ -106,6 +112,21 @@ def reservation_pod(node: str, slot: int, *, image: str = DEFAULT_IMAGE) -> dict
     }
 
 
+def priority_class() -> dict[str, Any]:
+    """The reservation pods' PriorityClass: the highest a user's class may have, so that no pod preempts
+    one (that would free ``nvidia.com/gpu`` under the shares still on the GPU), and ``preemptionPolicy:
+    Never``, so that one never preempts anything either (it goes where its shares already are)."""
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": PRIORITY_CLASS, "labels": dict(_LABELS)},
+        "value": 1_000_000_000,
+        "preemptionPolicy": "Never",
+        "globalDefault": False,
+        "description": "eks-gpu-scheduler: a GPU that shares hold, counted by Kubernetes",
+    }
+
+
 def program_config_map() -> dict[str, Any]:
     """The ConfigMap the reservation pods run the program from."""
     return {
@@ -117,10 +138,11 @@ def program_config_map() -> dict[str, Any]:
 
 
 def reservation_access() -> list[dict[str, Any]]:
-    """The reservation pods' ServiceAccount, its Role and RoleBinding (pods get and patch, in
-    :data:`NAMESPACE` only), and the admission policy that keeps each token to its own pod's
-    ``reserved-gpu`` annotation, in apply order."""
+    """The reservation pods' ServiceAccount, its Role and RoleBinding (pods patch, in :data:`NAMESPACE`
+    only), and the admission policy that keeps each token to its own pod's ``reserved-gpu`` annotation,
+    written once and as a GPU UUID, in apply order."""
     meta = {"name": ACCOUNT, "namespace": NAMESPACE, "labels": dict(_LABELS)}
+    key = RESERVED_GPU_ANNOTATION
     rbac = "rbac.authorization.k8s.io"
     extra = "request.userInfo.extra"
     own_pod = (
@@ -154,6 +176,17 @@ def reservation_access() -> list[dict[str, Any]]:
                 "message": f"{USER} may change only {RESERVED_GPU_ANNOTATION} in metadata.annotations",
                 "reason": "Forbidden",
             },
+            {  # written once: a container that could rewrite it could point the shares at another GPU
+                "expression": f"!('{key}' in variables.old) || ('{key}' in variables.new && "
+                f"variables.new['{key}'] == variables.old['{key}'])",
+                "message": f"{RESERVED_GPU_ANNOTATION} is written once",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": f"!('{key}' in variables.new) || variables.new['{key}'].matches('{UUID_PATTERN}')",
+                "message": f"{RESERVED_GPU_ANNOTATION} must be a GPU UUID (GPU- and 32 hexadecimal digits)",
+                "reason": "Invalid",
+            },
             {
                 "expression": (
                     f"({_map('object', 'labels')}) == ({_map('oldObject', 'labels')}) && object.spec == oldObject.spec"
@@ -178,7 +211,7 @@ def reservation_access() -> list[dict[str, Any]]:
             "apiVersion": f"{rbac}/v1",
             "kind": "Role",
             "metadata": meta,
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}],
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}],
         },
         {
             "apiVersion": f"{rbac}/v1",

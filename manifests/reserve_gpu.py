@@ -15,7 +15,8 @@ ConfigMap), and:
 3. **holds** the GPU, asleep, until SIGTERM.
 
 It refuses to report a GPU it cannot vouch for: none or several visible, or NVML and the device
-plugin's record naming different GPUs. ``--discover`` prints what it found as JSON and exits
+plugin's record naming different GPUs (a MIG device among them: NVML here names whole GPUs, and
+reservations are for whole GPUs). ``--discover`` prints what it found as JSON and exits
 (``tests/manifests/fixtures/reserve_gpu_h200.json`` is that output on a real H200).
 """
 
@@ -30,6 +31,7 @@ import ssl
 import sys
 import urllib.request
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,8 @@ NVML_LIBRARY = "libnvidia-ml.so.1"
 _UUID_BUFFER = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE
 _NAME_BUFFER = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
 _DRIVER_BUFFER = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
+REPORT_TIMEOUT_S = 10.0
+"""How long the report's PATCH may take: the kubelet restarts a program that fails, not one that hangs."""
 
 
 class ReservationError(Exception):
@@ -171,7 +175,8 @@ def report(
     request.add_header("Content-Type", "application/merge-patch+json")
     if opener is None:
         context = ssl.create_default_context(cafile=str(account / "ca.crt"))
-        opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context)).open
+        https = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+        opener = partial(https.open, timeout=REPORT_TIMEOUT_S)
     try:
         with opener(request) as response:
             response.read()
@@ -184,6 +189,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     parser.add_argument("--discover", action="store_true", help="print what NVML and the device plugin show; exit")
     args = parser.parse_args(argv)
     env = os.environ if environ is None else environ
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # first: as PID 1, Python ignores it otherwise
     try:
         found = Nvml.load().gpus()
         plugin = plugin_uuids(env)
@@ -196,7 +202,6 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         print(f"reserve-gpu: {exc}", file=sys.stderr)
         return 1
     print(f"reserve-gpu: holding {uuid}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
         signal.pause()
 

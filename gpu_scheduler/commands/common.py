@@ -12,8 +12,6 @@ from adapters.settings import add_flags, flags_named, given
 from lambdas.extender.config import ExtenderSettings
 from scheduler_core.errors import ConfigError, InvalidArgsError
 from scheduler_core.extender.wire import decode_json
-from scheduler_core.scoring.gpu_fit import ScoreWeights
-from scheduler_core.scoring.locality import LocalitySettings
 
 
 class UsageError(Exception):
@@ -87,11 +85,3 @@ def extender_settings(
         return ExtenderSettings.from_env(environ or {}, **{**(values or {}), **given(args, names)})
     except ConfigError as exc:
         raise UsageError(flags_named(ExtenderSettings, str(exc))) from exc
-
-
-def weights(args: argparse.Namespace) -> ScoreWeights:
-    return extender_settings(args).score_weights()
-
-
-def locality(args: argparse.Namespace) -> LocalitySettings:
-    return extender_settings(args).locality_settings()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from adapters.metric_catalogue import EXTENDER, NAMESPACE
@@ -107,21 +107,22 @@ class ExtenderSettings(ClusterAccess):
                 found.append(f"{env_name(cls, name)}: must be a non-negative number of seconds, got {value!r}")
         if "://" in self.snapshot_uri and not self.snapshot_uri.startswith(("s3://", "file://")):
             found.append(f"SNAPSHOT_URI: expected s3://bucket/key, file:///path or a path, got {self.snapshot_uri!r}")
-        # The core checks its own settings and names them by path (weights.fit, locality.zone_alpha...):
-        # name the variables instead.
-        renames = {f"weights.{name}": f"weight_{name}" for name in ("fit", "utilization", "locality")}
+        # The core checks its own settings and names them by path (weights.fit, locality.zone_alpha,
+        # locality.zone_values['a']['b']...): name the variables instead.
+        renames = {f"weights.{name}": env_name(cls, f"weight_{name}") for name in ("fit", "utilization", "locality")}
+        renames["weights"] = f"{env_name(cls, 'weight_fit')} + {env_name(cls, 'weight_utilization')}"
         renames |= {
-            f"locality.{name}": f"locality_{name}"
+            f"locality.{name}": env_name(cls, f"locality_{name}")
             for name in ("label_keys", "zone_alpha", "zone_values", "self_weight")
         }
-        renames |= {"max_body_bytes": "max_body_bytes", "share_policy": "share_policy"}
+        renames |= {name: env_name(cls, name) for name in ("max_body_bytes", "share_policy")}
         try:
             problems = self._config().problems()
-        except ValueError as exc:
-            problems = [f"locality.zone_values: {exc}"]
+        except ValueError as exc:  # the zone values are not JSON of the right shape: check the rest without them
+            problems = [f"locality.zone_values: {exc}", *self._config(zone_values=False).problems()]
         for problem in problems:
-            path, sep, rest = problem.partition(":")
-            found.append(f"{env_name(cls, renames[path])}{sep}{rest}" if path in renames else problem)
+            path = problem.partition(":")[0].partition("[")[0]
+            found.append(renames[path] + problem[len(path) :] if path in renames else problem)
         if self.ledger_table:
             found.extend(problem + " (bind needs the API)" for problem in self.access_problems())
         return found
@@ -148,11 +149,12 @@ class ExtenderSettings(ClusterAccess):
         """The core's settings (checked when these were loaded: :meth:`problems`)."""
         return self._config().validated()
 
-    def _config(self) -> ExtenderConfig:
-        """Raises ValueError as :meth:`locality_settings` does."""
+    def _config(self, *, zone_values: bool = True) -> ExtenderConfig:
+        """Raises ValueError as :meth:`locality_settings` does (never without ``zone_values``)."""
+        settings = self if zone_values else replace(self, locality_zone_values="")
         return ExtenderConfig(
-            weights=self.score_weights(),
-            max_body_bytes=self.max_body_bytes,
-            locality=self.locality_settings(),
-            share_policy=self.share_policy,
+            weights=settings.score_weights(),
+            max_body_bytes=settings.max_body_bytes,
+            locality=settings.locality_settings(),
+            share_policy=settings.share_policy,
         )

@@ -118,19 +118,21 @@ class ExtenderService:
         started = time.perf_counter()
         try:
             reply = self.extender.respond(verb, body)
+            self._record(verb, reply, 1000 * (time.perf_counter() - started))
+            payload = reply.body
+            limit = self.max_reply_bytes
+            if limit is not None and len(payload) > limit and isinstance(reply.outcome, FilterOutcome):
+                payload = reply.outcome.to_json_within(limit)
+                self.telemetry.record("RepliesCut", 1, verb)
         except Exception:
             return self.internal_error(path or f"/{verb}")
-        self._record(verb, reply, 1000 * (time.perf_counter() - started))
-        payload = reply.body
-        limit = self.max_reply_bytes
-        if limit is not None and len(payload) > limit and isinstance(reply.outcome, FilterOutcome):
-            payload = reply.outcome.to_json_within(limit)
-            self.telemetry.record("RepliesCut", 1, verb)
         return Answer(reply.status, payload)
 
     def refuse_length(self, verb: str, length: int) -> Answer | None:
         """The body limit applied to a declared length (``Content-Length``) before the body is read:
         the 400 :meth:`answer` would give for that body, recorded the same way, or None."""
+        if verb not in self.extender.verbs:  # the facade's 404 comes first, whatever the body's size
+            return self.answer(verb, b"")
         started = time.perf_counter()
         reply = self.extender.refuse_size(length)
         if reply is None:

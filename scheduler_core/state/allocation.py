@@ -15,8 +15,8 @@ Two kinds of request share a node's GPUs:
 A GPU reservation pod (``manifests/reservation.py``: in :data:`~scheduler_core.k8s.names.RESERVATION_NAMESPACE`,
 labelled ``app.kubernetes.io/name: gpu-reservation``) requests one ``nvidia.com/gpu`` so that Kubernetes
 counts a GPU that shares hold; the shares' annotations count that GPU here already, so the reservation
-pod's GPU is not counted again (its CPU is). Only the extender and the node-state refresher may create
-pods in that namespace.
+pod's GPU is not counted again (its CPU is, and any GPU past its one). The product grants no tenant
+any right in that namespace.
 
 Everything here is pure: the node-state refresher and the local tools feed it v1 Pod objects.
 """
@@ -131,8 +131,8 @@ def pod_use(pod: Any, position: int = 0) -> PodUse:
         (gpus, milli), cpu, cpu_problem = requests_with_cpu(pod["spec"], _RESOURCES)
     except InvalidPodError as exc:
         return PodUse(node, name, problem=str(exc), labels=labels)
-    if _reservation(metadata, labels):  # its GPU is the shares' (their annotations count it): its CPU only
-        return PodUse(node, name, cpu=cpu, cpu_problem=cpu_problem, labels=labels)
+    if _reservation(metadata, labels, pod["spec"]):  # one GPU is the shares' (their annotations count it)
+        return PodUse(node, name, max(gpus - 1, 0), 0, cpu, "", cpu_problem, None, None, "", labels)
     annotations = metadata.get("annotations")
     kind = None
     if not _daemon(metadata):
@@ -256,12 +256,14 @@ def _daemon(metadata: Mapping[str, Any]) -> bool:
     return type(labels) is dict and DAEMON_LABEL in labels
 
 
-def _reservation(metadata: Mapping[str, Any], labels: Mapping[str, Any] | None) -> bool:
-    """A GPU reservation pod: in the reservation namespace, with the reservation's name label."""
+def _reservation(metadata: Mapping[str, Any], labels: Mapping[str, Any] | None, spec: Mapping[str, Any]) -> bool:
+    """A GPU reservation pod: in the reservation namespace, with the reservation's name label, running as
+    the reservation's ServiceAccount. However many GPUs such a pod asks for, one only is discounted."""
     return (
         metadata.get("namespace") == RESERVATION_NAMESPACE
         and labels is not None
         and labels.get("app.kubernetes.io/name") == RESERVATION_APP
+        and spec.get("serviceAccountName") == RESERVATION_APP
     )
 
 

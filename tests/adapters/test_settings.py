@@ -72,7 +72,6 @@ def test_the_help_is_the_doc_with_the_default_and_variables_named_as_flags() -> 
 def test_messages_name_flags_on_a_command_line_and_context_keys_in_the_cdk_app() -> None:
     message = "MAX_AGE_S: must be >= 0, got -1; SNAPSHOT_URI: bad"
     assert flags_named(Example, message) == "--max-age-s: must be >= 0, got -1; --snapshot: bad"
-    assert flags_named(Example, message, ["uri"]) == "MAX_AGE_S: must be >= 0, got -1; --snapshot: bad"
     assert context_named(Example, message) == "maxAgeS: must be >= 0, got -1; SNAPSHOT_URI: bad"
     with pytest.raises(ConfigError, match="MAX_AGE_S: must be >= 0"):
         load_settings(Example, {}, {"max_age_s": -1.0})

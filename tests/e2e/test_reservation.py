@@ -25,6 +25,7 @@ from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from manifests.reservation import (
     ACCOUNT,
     NAMESPACE,
+    priority_class,
     program_config_map,
     reservation_access,
     reservation_name,
@@ -60,6 +61,7 @@ def reserved(cluster: ControlPlane) -> dict[str, dict[str, Any]]:
     cluster.add_nodes([make_node(NODE, A100, "us-east-1a")])
     cluster.create_pods([share(slot) for slot in range(3)])
     cluster.ensure_namespaces([NAMESPACE])
+    cluster.api.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", priority_class())
     cluster.api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps", program_config_map())
     applied = cluster.apply_access(reservation_access())
     assert f"ServiceAccount/{ACCOUNT}" in applied and f"RoleBinding/{ACCOUNT}" in applied
@@ -131,13 +133,22 @@ def test_the_program_reports_its_gpu_on_its_own_pod_and_nowhere_else(
     with pytest.raises(ReservationError, match="HTTP Error 403"):
         report(uuid, _environ(cluster, second), account)
     assert cluster.pod(NAMESPACE, second)["metadata"] == before["metadata"]
+    # Its own pod, but not a GPU's UUID: refused, on the third pod (the first has its UUID for good).
+    third = list(reserved)[2]
+    with pytest.raises(ReservationError, match="HTTP Error 422"):
+        report("GPU-x", _environ(cluster, third), _bound_account(cluster, reserved[third], tmp_path / "third"))
     as_pod = _rest_as(cluster, account)
     path = f"/api/v1/namespaces/{NAMESPACE}/pods/{first}"
     for patch, refusal in (
         ({"metadata": {"annotations": {"other": "x"}}}, f"may change only {RESERVED_GPU_ANNOTATION}"),
         ({"metadata": {"labels": {"app.kubernetes.io/name": "x"}}}, "may not change labels, spec or status"),
         ({"metadata": {"finalizers": ["example.com/keep"]}}, "may not change metadata.finalizers"),
-        ({"metadata": {"annotations": {RESERVED_GPU_ANNOTATION: None}}}, None),  # its own key: allowed
+        ({"metadata": {"annotations": {RESERVED_GPU_ANNOTATION: None}}}, f"{RESERVED_GPU_ANNOTATION} is written once"),
+        (
+            {"metadata": {"annotations": {RESERVED_GPU_ANNOTATION: "GPU-00000000-0000-0000-0000-000000000000"}}},
+            f"{RESERVED_GPU_ANNOTATION} is written once",
+        ),
+        ({"metadata": {"annotations": {RESERVED_GPU_ANNOTATION: uuid}}}, None),  # the same again: allowed
     ):
         status, body = as_pod.raw("PATCH", path, json.dumps(patch).encode(), "application/merge-patch+json")
         if refusal is None:

@@ -164,6 +164,16 @@ def test_oversized_body_is_refused_from_content_length_without_reading_it(server
     sock.close()
 
 
+def test_a_verb_not_served_is_a_404_whatever_the_size_of_its_body(server_for):
+    """As on Lambda, where the facade names the verb before it weighs the body."""
+    port = server_for(Extender(ExtenderConfig(max_body_bytes=1024)))  # no ledger: no bind
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(b"POST /bind HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n")
+    reply = sock.recv(65536).decode()
+    assert reply.startswith("HTTP/1.1 404 ") and "unknown verb 'bind'" in reply
+    sock.close()
+
+
 def test_missing_content_length_is_a_400(server_for):
     port = server_for(Extender())
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)

@@ -7,6 +7,7 @@ from manifests.reservation import (
     MOUNT,
     NAMESPACE,
     PROGRAM,
+    priority_class,
     program_config_map,
     reservation_access,
     reservation_pod,
@@ -22,8 +23,11 @@ def test_a_reservation_pod_takes_one_gpu_on_its_node_and_runs_the_shipped_progra
         ACCOUNT,
         NAMESPACE,
     )
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert "nvidia.com/gpu" not in container["resources"]["requests"]  # the limit is the request
+    resources = container["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == "1"
+    assert resources["requests"] == resources["limits"]  # Guaranteed: the last evicted under node pressure
+    assert spec["priorityClassName"] == priority_class()["metadata"]["name"]
+    assert priority_class()["preemptionPolicy"] == "Never" and priority_class()["value"] == 1_000_000_000
     assert pod["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
     # The command runs the file the ConfigMap holds, where the volume mounts it.
     (volume,) = spec["volumes"]
@@ -37,10 +41,10 @@ def test_a_reservation_pod_takes_one_gpu_on_its_node_and_runs_the_shipped_progra
     assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
 
 
-def test_the_reservation_identity_may_read_and_patch_pods_in_its_namespace_only() -> None:
+def test_the_reservation_identity_may_patch_pods_in_its_namespace_only() -> None:
     kinds = {doc["kind"]: doc for doc in reservation_access()}
     role = kinds["Role"]
     assert role["metadata"]["namespace"] == NAMESPACE
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
     assert kinds["ValidatingAdmissionPolicy"]["spec"]["failurePolicy"] == "Fail"
     assert kinds["ValidatingAdmissionPolicyBinding"]["spec"]["validationActions"] == ["Deny"]

@@ -375,6 +375,30 @@ def test_locality_settings_come_from_the_environment_and_are_validated():
         ExtenderSettings.from_env({"LOCALITY_ZONE_VALUES": "[1]"})
 
 
+@pytest.mark.parametrize(
+    ("environ", "problems"),
+    [
+        ({"LOCALITY_ZONE_VALUES": '{"a": {"b": 2}}'}, ["LOCALITY_ZONE_VALUES['a']['b']: must be in [0, 1], got 2"]),
+        (
+            {"SCORE_WEIGHT_FIT": "0", "SCORE_WEIGHT_UTILIZATION": "0"},
+            ["SCORE_WEIGHT_FIT + SCORE_WEIGHT_UTILIZATION: fit + utilization must be > 0, got 0.0 + 0.0"],
+        ),
+        (  # JSON that cannot be read does not hide the other problems
+            {"LOCALITY_ZONE_VALUES": "[1]", "SCORE_WEIGHT_FIT": "3"},
+            ["LOCALITY_ZONE_VALUES: expected a JSON object", "SCORE_WEIGHT_FIT: must be in [0, 1], got 3.0"],
+        ),
+    ],
+)
+def test_every_problem_the_core_finds_is_named_by_its_variable(environ, problems):
+    from lambdas.extender.config import ExtenderSettings
+    from scheduler_core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        ExtenderSettings.from_env(environ)
+    found = str(raised.value).split("; ")
+    assert len(found) == len(problems) and all(got.startswith(want) for got, want in zip(found, problems, strict=True))
+
+
 def test_every_metric_emitted_is_catalogued_and_every_catalogued_one_is_emitted(aws, sharing, invoke, monkeypatch):
     """The CDK dashboards and alarms name metrics through the catalogue: drift would leave them empty."""
     from adapters.gpu_ledger import LedgerStore

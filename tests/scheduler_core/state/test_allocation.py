@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import Any
 
@@ -71,8 +72,14 @@ def test_a_reservation_pods_gpu_is_the_shares_and_counts_once() -> None:
     for impostor in (
         {**reservation, "metadata": {**reservation["metadata"], "namespace": "default"}},
         {**reservation, "metadata": {**reservation["metadata"], "labels": {}}},
+        {**reservation, "spec": {**reservation["spec"], "serviceAccountName": "default"}},
     ):
         assert usage([*shares, impostor]).busy_gpus(np.array([4], dtype=np.int32)).tolist() == [2]
+    # One GPU is discounted, never more: a "reservation" asking for three holds two more.
+    greedy = copy.deepcopy(reservation)
+    greedy["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "3"
+    greedy["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "3"
+    assert usage([*shares, greedy]).busy_gpus(np.array([4], dtype=np.int32)).tolist() == [3]
 
 
 def test_terminal_and_unbound_pods_use_nothing() -> None:
