@@ -21,22 +21,14 @@ from scheduler_core.extender.facade import DEFAULT_MAX_BODY_BYTES
 
 HELP = "run the extender as a local HTTP server"
 log = logging.getLogger("gpu_scheduler.serve")
-SETTINGS = (
-    "snapshot_uri",
-    "snapshot_refresh_s",
-    "max_snapshot_age_s",
-    "max_body_bytes",
-    "share_policy",
-    *SCORING,
-    "ledger_table",
-    "cluster_name",
-    "kube_api_url",
-    "kube_token",
-    "kubeconfig",
-)
-"""The extender settings ``serve`` takes as flags (:func:`adapters.settings.add_flags`): the Lambda's,
-but for its metrics' names and AWS_REGION (boto3's own)."""
-FROM_ENV = ("snapshot_uri", "cluster_name", "kube_api_url", "kube_token", "kubeconfig")
+SOURCE = ("snapshot_uri",)
+LIMITS = ("snapshot_refresh_s", "max_snapshot_age_s", "max_body_bytes", "share_policy")
+LEDGER = ("ledger_table",)
+ACCESS = ("cluster_name", "kube_api_url", "kube_token", "kubeconfig")
+SETTINGS = (*SOURCE, *LIMITS, *SCORING, *LEDGER, *ACCESS)
+"""The extender settings ``serve`` takes as flags (:func:`adapters.settings.add_flags`), by group: the
+Lambda's, but for its metrics' names and AWS_REGION (boto3's own)."""
+FROM_ENV = (*SOURCE, *ACCESS)
 """The settings whose variable ``serve`` reads when the flag is not given. The others come from flags only:
 a variable meant for the Lambda (``LEDGER_TABLE``, say) must not turn bind on in a process that sees it."""
 DEFAULTS = {"max_body_bytes": DEFAULT_MAX_BODY_BYTES}
@@ -50,17 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8888, help="0 picks a free port (printed on stdout)")
     state = parser.add_mutually_exclusive_group()
     state.add_argument("--cluster", type=Path, help='JSON {"nodes": [v1 Node], "pods": [v1 Pod]} for GPU usage')
-    add_flags(state, ExtenderSettings, ["snapshot_uri"], from_env=True)
+    add_flags(state, ExtenderSettings, SOURCE, from_env=True)
     state.add_argument(
         "--watch",
         action="store_true",
         help="decide from the cluster as it is now: list and watch its nodes and pods (--kubeconfig or --kube-url)",
     )
-    add_flags(parser, ExtenderSettings, ["snapshot_refresh_s", "max_snapshot_age_s", "max_body_bytes", "share_policy"],
-              defaults=DEFAULTS)  # fmt: skip
+    add_flags(parser, ExtenderSettings, LIMITS, defaults=DEFAULTS)
     sharing = parser.add_argument_group("GPU sharing: with --ledger-table, bind and preempt are served")
-    add_flags(sharing, ExtenderSettings, ["ledger_table"])
-    add_flags(sharing, ExtenderSettings, ["cluster_name", "kube_api_url", "kube_token", "kubeconfig"], from_env=True)
+    add_flags(sharing, ExtenderSettings, LEDGER)
+    add_flags(sharing, ExtenderSettings, ACCESS, from_env=True)
     sharing.add_argument(
         "--insecure",
         action="store_true",
