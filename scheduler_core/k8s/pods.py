@@ -289,17 +289,28 @@ def cpu_milli(value: object, what: str) -> int:
     fast = _plain_cpu_milli(value)
     if fast is not None:
         return fast
+    quantity = non_negative_quantity(value, what)
+    # At most 64 characters (parse_quantity's bound), so times 1000 stays far inside Decimal's range.
+    milli = int((quantity * 1000).to_integral_value(rounding="ROUND_CEILING"))
+    if milli > _INT32_MAX:
+        raise InvalidPodError(f"{what}: {shown(value)} is out of range")
+    return milli
+
+
+def non_negative_quantity(value: object, what: str) -> Decimal:
+    """A resource quantity (``parse_quantity``) that is not negative; :class:`InvalidPodError` naming
+    ``what`` otherwise.
+
+    >>> non_negative_quantity("1Gi", "memory")
+    Decimal('1073741824')
+    """
     try:
         quantity = parse_quantity(value)
     except ValueError as exc:
         raise InvalidPodError(f"{what}: {exc}") from exc
     if quantity < 0:
         raise InvalidPodError(f"{what}: must not be negative, got {shown(value)}")
-    # At most 64 characters (parse_quantity's bound), so times 1000 stays far inside Decimal's range.
-    milli = int((quantity * 1000).to_integral_value(rounding="ROUND_CEILING"))
-    if milli > _INT32_MAX:
-        raise InvalidPodError(f"{what}: {shown(value)} is out of range")
-    return milli
+    return quantity
 
 
 def _plain_cpu_milli(value: object) -> int | None:

@@ -26,8 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.k8s.pods import combine_requests, cpu_milli
-from scheduler_core.k8s.quantity import parse_quantity, parse_whole_count
+from scheduler_core.k8s.pods import combine_requests, cpu_milli, non_negative_quantity
+from scheduler_core.k8s.quantity import parse_whole_count
 
 RESOURCES = ("cpu", "memory", "pods")
 """The resources axis (``n_resources``): milli-cores, bytes, pod slots."""
@@ -216,13 +216,7 @@ def _amount(resource: str, value: object, what: str) -> int:
     naming ``what`` for one that is not a non-negative quantity."""
     if resource == "cpu":
         return cpu_milli(value, what)
-    try:
-        quantity = parse_quantity(value)
-    except ValueError as exc:
-        raise InvalidPodError(f"{what}: {exc}") from exc
-    if quantity < 0:
-        raise InvalidPodError(f"{what}: must not be negative, got {str(value)[:32]!r}")
-    return int(quantity.to_integral_value(rounding="ROUND_CEILING"))
+    return int(non_negative_quantity(value, what).to_integral_value(rounding="ROUND_CEILING"))
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
