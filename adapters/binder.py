@@ -60,7 +60,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from adapters.gpu_ledger import Assigned, LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
 from adapters.kube import POOL_SIZE, DeadlineReachedError, KubeApiError, KubeClient, RetryPolicy
 from adapters.ledger_readings import LedgerReadings
+from adapters.reservations import Reservations
 from adapters.settings import ClusterAccess
+from manifests.reservation import reserving
 from scheduler_core.errors import ClusterStateUnavailableError, InvalidPodError
 from scheduler_core.extender.facade import Admit, BindOutcome
 from scheduler_core.extender.preemption import Holdings
@@ -135,6 +137,7 @@ class LedgerBinder:
         gone: Callable[[str], Collection[str]] | None = None,
         bind_budget_s: float = BIND_BUDGET_S,
         node_of: Callable[[str], Mapping[str, Any] | None] | None = None,
+        reservations: Reservations | None = None,
     ) -> None:
         self.ledger = ledger
         self._kube_factory = kube
@@ -150,6 +153,8 @@ class LedgerBinder:
         self._queues: dict[str, _NodeQueue] = {}
         self._queues_lock = threading.Lock()
         self.bind_budget_s = bind_budget_s
+        # Reservation pods, one per GPU that holds shares (None: Kubernetes does not count those GPUs).
+        self.reservations = reservations
         self._until = threading.local()  # this thread's bind deadline (time.monotonic)
 
     def deadline(self) -> float:
@@ -236,6 +241,14 @@ class LedgerBinder:
             return failed("busy", self._logged(pod_key, args.node, "the GPU ledger write failed", exc))
         except LedgerStoreError as exc:
             return failed("ledger_error", self._logged(pod_key, args.node, "the GPU ledger write failed", exc))
+        if held.opened and self.reservations is not None:
+            # The first share on a GPU: its reservation pod exists before the share is bound.
+            try:
+                self.reservations.open(args.node, held.opened)
+            except (KubeApiError, DeadlineReachedError) as exc:
+                cause = self._logged(pod_key, args.node, "creating the GPU's reservation pod failed", exc)
+                rolled = self._roll_back(args, gpu_count)
+                return failed("reservation_error", cause, rolled_back=rolled)
         # Other instances' binds there, and this one (its CPU as well, which fgd_cpu reads).
         self.readings.observe(args.node, held.free, args.pod_uid, cpu)
         return self._observed_binding(args, pod_key, held, gpu_count)
@@ -321,6 +334,9 @@ class LedgerBinder:
         finally:
             for request in batch:
                 request.done.set()
+        emptied = next((r.result.emptied for r in batch if r.result is not None), ())
+        if emptied:  # the write dropped the last shares of these GPUs (pods the watch saw go)
+            self._close(node, gpu_count, emptied)
 
     def _queue(self, node: str) -> _NodeQueue:
         with self._queues_lock:
@@ -383,14 +399,16 @@ class LedgerBinder:
         return str((pod.get("spec") or {}).get("nodeName") or "")
 
     def _roll_back(self, args: ExtenderBindingArgs, gpu_count: int) -> bool:
-        """Release the pod's ledger entry; False when that failed too, which the node-state refresher's
-        reconcile then repairs. Nothing else to undo: the annotation only ever travels in the Binding."""
+        """Release the pod's ledger entry, and the reservation pod of a GPU left without shares; False when
+        the release failed too, which the node-state refresher's reconcile then repairs. Nothing else to
+        undo: the annotation only ever travels in the Binding."""
         try:
             with self._node_lock(args.node):
-                self.ledger.release(args.node, gpu_count, args.pod_uid)
+                released = self.ledger.release(args.node, gpu_count, args.pod_uid)
         except LedgerStoreError:
             log.exception("rolling back the ledger entry of %s on %s failed", args.pod_uid, args.node)
             return False
+        self._close(args.node, gpu_count, released.emptied)
         return True
 
     def _node_lock(self, node: str) -> threading.Lock:
@@ -398,10 +416,25 @@ class LedgerBinder:
         return self._queue(node).lock
 
     def release_pod(self, node: str, uid: str) -> bool:
-        """Free what a pod that is gone or finished holds on ``node`` (True if it held something); the
-        live state calls this, so shares come back within seconds, not at the next reconcile."""
+        """Free what a pod that is gone or finished holds on ``node`` (True if it held something), and the
+        reservation pod of a GPU it leaves without shares; the live state calls this, so shares come back
+        within seconds, not at the next reconcile."""
+        gpu_count = self._gpu_count(node)
         with self._node_lock(node):
-            return self.ledger.release(node, self._gpu_count(node), uid)
+            released = self.ledger.release(node, gpu_count, uid)
+        self._close(node, gpu_count, released.emptied)
+        return released.held
+
+    def _close(self, node: str, gpu_count: int, slots: Sequence[int]) -> None:
+        """Delete the reservation pods of ``slots``, GPUs the ledger just left without shares (see
+        :meth:`adapters.reservations.Reservations.close`). A failure is logged, never raised: what is
+        left over is the reconcile's to remove."""
+        if not slots or self.reservations is None:
+            return
+        try:
+            self.reservations.close(node, slots, lambda: self.ledger.read(node, gpu_count).shared_slots())
+        except (KubeApiError, DeadlineReachedError, LedgerStoreError) as exc:
+            log.warning("removing the reservation pods of GPUs %s on %s failed: %s", list(slots), node, exc)
 
     def _gpu_count(self, node: str, obj: Mapping[str, Any] | None = None) -> int:
         """The node's allocatable GPUs: from the state, else from ``obj`` (the node as just read), else
@@ -495,9 +528,11 @@ def ledger_binder(
     session: Any = None,
     cluster: Callable[[], ClusterState | None] | None = None,
     readings: LedgerReadings | None = None,
+    reservation_image: str = "",
 ) -> LedgerBinder:
     """The binder a deployment uses: the ledger ``table`` through ``session`` (boto3's default when None),
-    and the API ``access`` names, connected on the first bind with :data:`BIND_RETRY`."""
+    and the API ``access`` names, connected on the first bind with :data:`BIND_RETRY`; with
+    ``reservation_image``, a reservation pod running it holds each GPU that shares are bound to."""
     import boto3
     from botocore.config import Config
 
@@ -512,4 +547,6 @@ def ledger_binder(
     # A copy: botocore rewrites the retries dict it is given (max_attempts into total_max_attempts).
     dynamodb = session.client("dynamodb", config=Config(**copy.deepcopy(BIND_DYNAMODB)))
     binder = LedgerBinder(LedgerStore(table, dynamodb), kube, cluster, readings)
+    if reserving(reservation_image):
+        binder.reservations = Reservations(lambda: binder.kube, reservation_image)
     return binder

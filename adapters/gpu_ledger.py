@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -23,6 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from adapters.errors import AdapterError
 from scheduler_core.errors import SchedulerCoreError
 from scheduler_core.k8s.annotations import format_assigned_gpus, parse_assigned_gpus
+from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.state.ledger import Demand, NodeLedger, Pairs, choose_gpus
 
 
@@ -54,6 +55,8 @@ class Assigned:
     conflicts: int  # version conflicts hit (and resolved) on the way
     already: bool  # the pod held this before: an idempotent repeat, nothing written
     free: tuple[int, ...] = ()  # the node's free milli per GPU after it, as the ledger has it
+    opened: tuple[int, ...] = ()  # its GPUs that held no share before it: their reservation pods are new
+    emptied: tuple[int, ...] = ()  # GPUs the same write left without shares (it dropped pods that are gone)
 
     @property
     def annotation(self) -> str:
@@ -88,6 +91,18 @@ def create_table(client: Any, table_name: str) -> bool:
         raise LedgerStoreError(f"creating the GPU ledger table {table_name}: {type(exc).__name__}: {exc}") from exc
     client.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
     return True
+
+
+@dataclass(frozen=True)
+class Released:
+    """What :meth:`LedgerStore.release` did: whether the pod held something (the truth value), and the
+    GPUs its release left without shares, whose reservation pods go."""
+
+    held: bool
+    emptied: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.held
 
 
 class LedgerStore:
@@ -262,16 +277,18 @@ class LedgerStore:
 
     def release(
         self, node: str, gpu_count: int, uid: str, *, attempts: int = 8, sleep: Callable[[float], None] = time.sleep
-    ) -> bool:
-        """Free ``uid``'s assignment on ``node`` (a rollback, or a pod that is gone); True if it held one.
-        A lost race waits a jittered, growing moment before it reads again: binds from other instances
-        keep writing the same item, and a release that gives up leaves GPUs held until the reconcile."""
+    ) -> Released:
+        """Free ``uid``'s assignment on ``node`` (a rollback, or a pod that is gone); true if it held one,
+        with the GPUs left without shares. A lost race waits a jittered, growing moment before it reads
+        again: binds from other instances keep writing the same item, and a release that gives up leaves
+        GPUs held until the reconcile."""
         for attempt in range(attempts):
             ledger = self.read(node, gpu_count)
             if uid not in ledger.assignments:
-                return False
-            if self.write(ledger.without(uid), ledger.version):
-                return True
+                return Released(False)
+            after = ledger.without(uid)
+            if self.write(after, ledger.version):
+                return Released(True, tuple(sorted(ledger.shared_slots() - after.shared_slots())))
             if attempt < attempts - 1:
                 sleep(random.uniform(0, min(0.2, 0.01 * 2**attempt)))
         raise LedgerConflictError(f"{node}: could not release {uid} after {attempts} conflicts")
@@ -285,6 +302,8 @@ class _Placement:
     already: dict[str, Pairs]  # uid -> GPUs, for the pods the item records already
     no_room: dict[str, str]  # uid -> why it does not fit
     updated: NodeLedger | None  # the item to write; None when nothing changes
+    opened: dict[str, tuple[int, ...]] = field(default_factory=dict)  # uid -> its GPUs that held no share
+    emptied: tuple[int, ...] = ()  # GPUs the drops leave without shares
 
     @property
     def needs_fresh(self) -> bool:
@@ -298,7 +317,7 @@ class _Placement:
         for uid, pairs in self.already.items():
             found[uid] = Assigned(node, pairs, conflicts, True, free)
         for uid, pairs in self.pairs.items():
-            found[uid] = Assigned(node, pairs, conflicts, False, free)
+            found[uid] = Assigned(node, pairs, conflicts, False, free, self.opened.get(uid, ()), self.emptied)
         for uid, message in self.no_room.items():
             found[uid] = NoRoomError(message, free)
         return found
@@ -309,6 +328,7 @@ def _place(read: NodeLedger, demands: Sequence[tuple[str, Demand]], drop: Collec
     for gone in drop:
         ledger = ledger.without(gone)
     placed = _Placement({}, {}, {}, None)
+    shared = set(read.shared_slots())  # a GPU whose shares a drop takes still has its reservation pod
     for uid, demand in demands:
         if uid in read.assignments:
             placed.already[uid] = read.assignments[uid]
@@ -319,8 +339,12 @@ def _place(read: NodeLedger, demands: Sequence[tuple[str, Demand]], drop: Collec
             continue
         ledger = ledger.with_assignment(uid, pairs)
         placed.pairs[uid] = pairs
+        if demand.milli < MILLI_PER_GPU:
+            placed.opened[uid] = tuple(gpu for gpu, _ in pairs if gpu not in shared)
+            shared.update(gpu for gpu, _ in pairs)
     if placed.pairs:
         placed.updated = ledger
+        placed.emptied = tuple(sorted(read.shared_slots() - ledger.shared_slots()))
     return placed
 
 

@@ -346,6 +346,15 @@ class KubeClient:
             self.core.patch_namespaced_pod, name, namespace, body, _content_type=MERGE_PATCH, _retry_409=retry_conflicts
         )
 
+    def create_pod(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a pod; a 409 (one of that name exists) is not retried: it is the caller's answer."""
+        return self._json(self.core.create_namespaced_pod, namespace, dict(body), _retry_409=False)
+
+    def delete_pod(self, namespace: str, name: str, *, grace_period_s: int | None = None) -> dict[str, Any]:
+        """DELETE a pod (``grace_period_s`` 0: at once, the name free on return); 404 is the caller's."""
+        options: dict[str, Any] = {} if grace_period_s is None else {"grace_period_seconds": grace_period_s}
+        return self._json(self.core.delete_namespaced_pod, name, namespace, **options)
+
     def bind_pod(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
     ) -> dict[str, Any]:

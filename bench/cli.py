@@ -86,7 +86,7 @@ def _e2e(args: argparse.Namespace) -> dict[str, Any]:
 
     return run(
         nodes=args.nodes, pods=args.pods, runs=args.runs, share_nodes=args.share_nodes, share_pods=args.share_pods,
-        qps=args.qps, refresh=args.refresh, seed=args.seed, state=args.state, weight=args.weight,
+        qps=args.qps, refresh=args.refresh, seed=args.seed, state=args.state, weight=args.weight, part=args.part,
     )  # fmt: skip
 
 
@@ -202,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--seed", type=int, default=42, help="which share pods the churn deletes")
     e2e.add_argument("--state", default="live", help="how serve learns the cluster: live (a watch) or snapshot")
     e2e.add_argument("--weight", type=int, default=5, help="the extender's weight in the generated configuration")
+    e2e.add_argument(
+        "--part", choices=("all", "whole", "shares"), default="all", help="whole GPUs, shares, or both (default)"
+    )
     weights = suite("e2e-weights", _e2e_weights, "what the extender's weight changes against PodTopologySpread")
     weights.add_argument("--nodes", type=int, default=24, help="empty 8-GPU nodes")
     weights.add_argument("--pods", type=int, default=48, help="one-GPU pods behind one Service")

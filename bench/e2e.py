@@ -16,12 +16,17 @@ decides from fed as the product feeds it (:data:`STATES`).
   preempt verbs on the GPU ledger (moto's server): the GPUs and nodes used against the ideal, pods/s
   (pass-all alongside, binding through its own verb), GPUs over 1000 milli, the ledger against the
   annotations; then half the pods deleted, as many new ones submitted, and the GPUs in use after.
+  Ours drains twice, side by side: without reservation pods (``--reservation-image none``, the bind as
+  it was before them) and with them (the default), each with the CPU seconds serve spent on it (from
+  its own ``/proc`` counters); with them, whether each GPU holding shares has exactly one reservation
+  pod after the burst, and 10 s after the churn (``testing.reservation_kubelet`` runs them).
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import os
 import re
 import statistics
 import tempfile
@@ -30,6 +35,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +52,7 @@ STATES = ("live", "snapshot")
 ``snapshot`` is the node-state refresher (``gpu-scheduler refresh node-state --every REFRESH``)
 writing a snapshot file that ``serve --snapshot`` re-reads every second, as before the live state."""
 MODES = ("none", "pass-all", "ours")
+PARTS = ("all", "whole", "shares")
 
 
 Env = dict[str, str] | None
@@ -71,19 +78,24 @@ def run(
     seed: int = 42,
     state: str = "live",
     weight: int = 5,
+    part: str = "all",
 ) -> dict[str, Any]:
     reason = missing()
     if reason:
         raise ValueError(f"bench e2e needs a control plane: {reason}")
     if state not in STATES:
         raise ValueError(f"--state: expected one of {', '.join(STATES)}, got {state!r}")
+    if part not in PARTS:
+        raise ValueError(f"--part: expected one of {', '.join(PARTS)}, got {part!r}")
     knobs = Knobs(state, refresh, qps, weight)
+    found: dict[str, Any] = {"benchmark": "e2e", "state": state, "refresh": refresh, "qps": qps, "weight": weight}
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
         work = Path(tmp)
-        whole = _whole_gpus(work / "whole", nodes, pods, runs, knobs)
-        shares = _shares(work / "shares", share_nodes, share_pods, knobs, seed)
-    return {"benchmark": "e2e", "state": state, "refresh": refresh, "qps": qps, "weight": weight, **whole,
-            "packing_shares": shares}  # fmt: skip
+        if part in ("all", "whole"):
+            found |= _whole_gpus(work / "whole", nodes, pods, runs, knobs)
+        if part in ("all", "shares"):
+            found["packing_shares"] = _shares(work / "shares", share_nodes, share_pods, knobs, seed)
+    return found
 
 
 def run_burst(*, nodes: int = 64, pods: int = 256) -> dict[str, Any]:
@@ -238,11 +250,13 @@ def _drain(
     metrics: str = "",
     labels: dict[str, str] | None = None,
     stock: bool = False,
+    cpu: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """Create the pods with the scheduler stopped, start it, and time the binds; the pods are deleted
     after, unless ``keep``. With ``metrics`` (serve's URL), also how stale serve's state was. With
     ``labels`` the pods carry them, and the result has the pods per node, fullest first. ``stock``
-    runs kube-scheduler's own scoring (no extender, no ``pluginConfig``)."""
+    runs kube-scheduler's own scoring (no extender, no ``pluginConfig``). ``cpu`` reads a process's CPU
+    seconds (serve's): the result has what it used from the scheduler's start to the last bind."""
     cluster.delete_namespace_pods(NAMESPACE)
     pods = [_pod(f"p-{i:05d}", milli) for i in range(n_pods)]
     for pod in pods:
@@ -256,8 +270,10 @@ def _drain(
             config.pop("extenders", None)
             for profile in config["profiles"]:
                 profile.pop("pluginConfig", None)
+        cpu_before = cpu() if cpu is not None else 0.0
         cluster.start_scheduler(config)
         complete = watch.wait(n_pods, timeout_s=600)
+        cpu_used = cpu() - cpu_before if cpu is not None else None
         cluster.stop_scheduler()
     finally:
         watch.close()
@@ -272,6 +288,8 @@ def _drain(
         "pods_per_s": round((len(stamps) - 1) / span, 1) if len(stamps) > 1 and span > 0 else 0.0,
         "nodes_used": len(set(watch.node_of.values())),
     }
+    if cpu_used is not None:
+        result["serve_cpu_s"] = round(cpu_used, 2)
     if poller is not None:
         result["staleness"] = poller.lags(watch)
     if labels:
@@ -300,7 +318,14 @@ def _config(url: str, knobs: Knobs, *, sharing: bool) -> dict[str, Any]:
 
 
 def _start_serve(
-    cluster: ControlPlane, product: Processes, work: Path, knobs: Knobs, *, ledger: str, env: Env = None
+    cluster: ControlPlane,
+    product: Processes,
+    work: Path,
+    knobs: Knobs,
+    *,
+    ledger: str,
+    env: Env = None,
+    extra: tuple[str, ...] = (),
 ) -> str:
     """Serve as ``knobs.state`` says, with the refresher beside it where it is needed: the snapshot's
     writer, or the ledger's reconcile (the safety net under the live state's releases); serve's URL."""
@@ -319,7 +344,13 @@ def _start_serve(
         args += ["--kubeconfig", str(cluster.kubeconfig_of("scheduler" if knobs.state == "live" else "extender"))]
     if ledger:
         args += ["--ledger-table", ledger]
-    return product.serve("serve", args, env)
+    return product.serve("serve", [*args, *extra], env)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds process ``pid`` has used, from its own counters (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _stop_serve(product: Processes) -> None:
@@ -386,22 +417,50 @@ class VersionPoller:
 def _shares(work: Path, n_nodes: int, n_pods: int, knobs: Knobs, seed: int) -> dict[str, Any]:
 
     from adapters.gpu_ledger import LedgerStore, create_table
+    from manifests.reservation import NAMESPACE as RESERVATIONS
     from testing.moto import aws_env, dynamodb_client, moto_server
+    from testing.product import reservation_agreement
+    from testing.reservation_kubelet import ReservationKubelet
 
     work.mkdir(parents=True)
     table = "gpu-ledger"
-    with moto_server() as endpoint, ControlPlane(work / "cluster") as cluster, Processes(work) as product:
+    with (
+        moto_server() as endpoint,
+        ControlPlane(work / "cluster") as cluster,
+        Processes(work) as product,
+        ReservationKubelet(cluster) as kubelet,
+    ):
         env = aws_env(endpoint)
         ledger = LedgerStore(table, dynamodb_client(endpoint))
-        create_table(ledger.client, table)
+        for name in (table, f"{table}-unreserved"):  # a ledger each: the first run's releases may trail it
+            create_table(ledger.client, name)
         cluster.add_nodes([make_node(f"share-{i:04d}", A100, _zone(i)) for i in range(n_nodes)])
         pass_all = product.pass_all("pass-all", cluster.url, cluster.api.token)
         passing = _drain(cluster, pass_all, n_pods, knobs, sharing=True, milli=250)
+        unreserved_url = _start_serve(cluster, product, work, knobs, ledger=f"{table}-unreserved", env=env,
+                                      extra=("--reservation-image", "none"))  # fmt: skip
+        unreserved = _drain(cluster, unreserved_url, n_pods, knobs, sharing=True, milli=250,
+                            cpu=partial(cpu_seconds, product.running["serve"].pid))  # fmt: skip
+        _stop_serve(product)
         url = _start_serve(cluster, product, work, knobs, ledger=table, env=env)
-        ours = _drain(cluster, url, n_pods, knobs, sharing=True, milli=250, keep=True)
+        ours = _drain(cluster, url, n_pods, knobs, sharing=True, milli=250, keep=True,
+                      cpu=partial(cpu_seconds, product.running["serve"].pid))  # fmt: skip
         after_burst = share_usage(cluster.pods(NAMESPACE), ledger.scan())
+        reserved_burst = reservation_agreement(cluster.pods(NAMESPACE), cluster.pods(RESERVATIONS))
         churn = _churn(cluster, url, knobs, n_pods // 2, seed)
+        time.sleep(10)
         after_churn = share_usage(cluster.pods(NAMESPACE), ledger.scan())
+        reserved_churn = reservation_agreement(cluster.pods(NAMESPACE), cluster.pods(RESERVATIONS))
+        stand_in = {"uuids_reported": kubelet.reported, "errors": kubelet.errors[:5]}
+    reservations = {
+        "without": {k: unreserved[k] for k in ("seconds", "pods_per_s", "serve_cpu_s")},
+        "with": {k: ours[k] for k in ("seconds", "pods_per_s", "serve_cpu_s")},
+        "wall_ratio": round(ours["seconds"] / unreserved["seconds"], 3) if unreserved["seconds"] else None,
+        "cpu_ratio": round(ours["serve_cpu_s"] / unreserved["serve_cpu_s"], 3) if unreserved["serve_cpu_s"] else None,
+        "after_burst": _agreement(reserved_burst),
+        "after_churn_10s": _agreement(reserved_churn),
+        "stand_in": stand_in,
+    }
     return {
         "nodes": n_nodes,
         "pods": n_pods,
@@ -413,7 +472,14 @@ def _shares(work: Path, n_nodes: int, n_pods: int, knobs: Knobs, seed: int) -> d
         "after_burst": after_burst,
         "churn": churn,
         "after_churn": after_churn,
+        "reservations": reservations,
     }
+
+
+def _agreement(found: dict[str, Any]) -> dict[str, Any]:
+    """:func:`testing.product.reservation_agreement` with the GPU lists cut to counts and a sample."""
+    return {**found, "missing": len(found["missing"]), "orphans": len(found["orphans"]),
+            "sample": (found["missing"] + found["orphans"])[:5]}  # fmt: skip
 
 
 def _churn(cluster: ControlPlane, url: str, knobs: Knobs, count: int, seed: int) -> dict[str, Any]:

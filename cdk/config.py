@@ -90,6 +90,7 @@ class DeployConfig:
     scheduler_image: str = DEFAULT_IMAGE
     sharing: bool = False
     share_policy: str = default_of(ExtenderSettings, "share_policy")  # declared with the extender's settings
+    reservation_image: str = default_of(ExtenderSettings, "reservation_image")  # as share_policy
     extender_weight: int = 5
     extender_gpu_pods_only: bool = False
     extender_reserved_concurrency: int = 20
@@ -135,6 +136,7 @@ class DeployConfig:
             weight=self.extender_weight,
             image=self.scheduler_image,
             gpu_pods_only=self.extender_gpu_pods_only,
+            reservation_image=self.reservation_image,
         )
 
     @classmethod

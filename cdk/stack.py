@@ -116,7 +116,11 @@ class GpuSchedulerStack(Stack):
                 "CLUSTER_NAME": config.cluster_name,
                 "SNAPSHOT_URI": self.state.snapshot_uri,
                 "AMP_QUERY_URL": self.monitoring.query_url,
-                **({"LEDGER_TABLE": self.state.ledger.table_name} if config.sharing else {}),
+                **(
+                    {"LEDGER_TABLE": self.state.ledger.table_name, "RESERVATION_IMAGE": config.reservation_image}
+                    if config.sharing
+                    else {}
+                ),
                 **({"WATCH_S": str(config.watch_s)} if config.watch_s else {}),
                 **network.sdk_environment("eks", "ec2"),
             },

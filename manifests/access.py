@@ -11,7 +11,10 @@ calls each function makes (``adapters/kube.py``, ``adapters/binder.py`` and the 
 | node-state refresher | ``gpu-scheduler:node-state`` | nodes list/watch/patch, pods list/watch |
 | deletion-cost refresher | ``gpu-scheduler:deletion-cost`` | pods list/get/patch |
 
-Nobody gets ``events`` or any write on a resource it does not own; only the node-state refresher
+With sharing, the extender's and node-state groups (and the second scheduler's ServiceAccount) also
+create, read and delete reservation pods in their own namespace only (``manifests/reservation.py``,
+:func:`~manifests.reservation.keeper_access`). Nobody gets ``events`` or any write on a resource it does
+not own; only the node-state refresher
 watches (its watch mode, ``WATCH_S``, on by default: the snapshot a second after each change).
 ``get`` adds nothing to a ``list`` on the same resource (a list returns every object); the
 deletion-cost refresher uses it to re-read one pod after a 409. The extender's bind reads the pod and

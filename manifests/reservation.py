@@ -17,20 +17,29 @@ once, with a GPU UUID.
 The cluster state counts a reservation pod's CPU but not its GPU (:func:`scheduler_core.state.allocation.pod_use`):
 the shares on that GPU hold it already, by their ``assigned-gpus``.
 
-Not yet here: creating a reservation pod before the first share binds onto a GPU, removing it after the
-last share goes, and giving the shares' containers its UUID.
+The pods are made and removed by ``adapters/reservations.py`` (the bind, the releases, the reconcile),
+as the identities :func:`keeper_access` names: the extender's group, the node-state refresher's, and the
+second scheduler's ServiceAccount (``gpu-scheduler serve`` as a sidecar). They may create pods in
+:data:`NAMESPACE` only, and only of :func:`reservation_pod`'s shape (:func:`keeper_access`'s admission
+policy): a stolen extender credential cannot run another image, another command, or a privileged pod on a
+GPU node.
+
+Not yet here: giving the shares' containers the reserved GPU's UUID.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
-from manifests.access import FROZEN_LISTS, _list, _map, _only_these_change, _policy
+from manifests.access import EXTENDER, FROZEN_LISTS, NODE_STATE, _list, _map, _only_these_change, _policy
 from scheduler_core.k8s.names import (
     GPU_RESOURCE,
     RESERVATION_APP,
     RESERVATION_NAMESPACE,
+    RESERVATION_SLOT_LABEL,
     RESERVED_GPU_ANNOTATION,
     SCHEDULER_NAME,
 )
@@ -43,21 +52,50 @@ PROGRAM = Path(__file__).with_name("reserve_gpu.py")
 MOUNT = "/opt/gpu-reservation"
 DEFAULT_IMAGE = "public.ecr.aws/docker/library/python:3.12-slim"
 """A stock Python image: the program needs the standard library and the NVML the container toolkit mounts."""
+NO_RESERVATIONS = "none"
+"""The image setting that turns reservation pods off (an empty variable keeps the default)."""
 PRIORITY_CLASS = "gpu-reservation"
 UUID_PATTERN = "^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 """How NVML writes a GPU's UUID (``nvmlDeviceGetUUID``)."""
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+MAX_NAME = 253
 _LABELS = {"app.kubernetes.io/name": ACCOUNT, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
 
 
+def reserving(image: str) -> bool:
+    """Whether reservation pods are made with the image setting ``image`` (:data:`NO_RESERVATIONS`: not)."""
+    return bool(image) and image != NO_RESERVATIONS
+
+
+def image_problems(setting: str, image: object) -> list[str]:
+    """What is wrong with ``image`` as the reservation image setting named ``setting`` (it goes into an
+    admission policy's expression, so only an image reference's characters are taken).
+
+    >>> image_problems("RESERVATION_IMAGE", "python:3.12 slim")
+    ["RESERVATION_IMAGE: expected a container image reference or 'none', got 'python:3.12 slim'"]
+    """
+    if isinstance(image, str) and re.fullmatch(r"[\w.:/@-]+", image):
+        return []
+    return [f"{setting}: expected a container image reference or '{NO_RESERVATIONS}', got {image!r}"]
+
+
 def reservation_name(node: str, slot: int) -> str:
-    """The reservation pod of GPU ``slot`` (the ledger's index) on ``node``.
+    """The reservation pod of GPU ``slot`` (the ledger's index) on ``node``: one name per GPU, so that
+    whoever creates it twice gets a 409. A node name too long for it (a pod's name has 253 characters at
+    most, as a node's) is cut and a digest of the whole added.
 
     >>> reservation_name("ip-10-0-1-7.ec2.internal", 3)
     'gpu-reservation-ip-10-0-1-7.ec2.internal-3'
+    >>> len(reservation_name("n" * 253, 7))
+    253
     """
-    return f"{ACCOUNT}-{node}-{slot}"
+    name = f"{ACCOUNT}-{node}-{slot}"
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+    tail = f"-{digest}-{slot}"
+    return f"{ACCOUNT}-{node[: MAX_NAME - len(ACCOUNT) - 1 - len(tail)].rstrip('.-')}{tail}"
 
 
 def reservation_pod(node: str, slot: int, *, image: str = DEFAULT_IMAGE) -> dict[str, Any]:
@@ -77,7 +115,7 @@ def reservation_pod(node: str, slot: int, *, image: str = DEFAULT_IMAGE) -> dict
         "metadata": {
             "name": reservation_name(node, slot),
             "namespace": NAMESPACE,
-            "labels": {**_LABELS, "gpu-scheduler.io/slot": str(slot)},
+            "labels": {**_LABELS, RESERVATION_SLOT_LABEL: str(slot)},
             "annotations": {"karpenter.sh/do-not-disrupt": "true"},
         },
         "spec": {
@@ -221,4 +259,107 @@ def reservation_access() -> list[dict[str, Any]]:
             "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}],
         },
         *_policy(f"{SCHEDULER_NAME}-reservation-own-pod", policy),
+    ]
+
+
+KEEPER = f"{ACCOUNT}-keeper"
+"""The Role (and its binding) of those who create and delete reservation pods."""
+
+
+def keeper_access(scheduler_account: str, *, image: str = DEFAULT_IMAGE) -> list[dict[str, Any]]:
+    """The Role that lets the extender's group, the node-state group and ``scheduler_account`` (the second
+    scheduler's ServiceAccount as ``system:serviceaccount:NS:NAME``) create, read and delete pods in
+    :data:`NAMESPACE`, and the admission policy that admits there only pods of :func:`reservation_pod`'s
+    shape running ``image``, whoever creates them."""
+    rbac = "rbac.authorization.k8s.io"
+    meta = {"name": KEEPER, "namespace": NAMESPACE, "labels": dict(_LABELS)}
+    account_namespace, account = scheduler_account.removeprefix("system:serviceaccount:").split(":", 1)
+    container = "object.spec.containers[0]"
+    command = ", ".join(f"'{part}'" for part in ("python3", f"{MOUNT}/{PROGRAM.name}"))
+    root_ca = "has(s.configMap) && s.configMap.name == 'kube-root-ca.crt'"
+    allowed_sources = f"has(s.serviceAccountToken) || has(s.downwardAPI) || ({root_ca})"
+    checks = [
+        ("object.spec.containers.size() == 1", "one container"),
+        (f"{container}.image == '{image}'", f"the image {image}"),
+        (f"has({container}.command) && {container}.command == [{command}]", "the reservation program as command"),
+        (f"!has({container}.args) || {container}.args.size() == 0", "no args"),
+        (f"!has({container}.envFrom) || {container}.envFrom.size() == 0", "no envFrom"),
+        (
+            f"!has({container}.env) || {container}.env.all(e, !has(e.valueFrom) || has(e.valueFrom.fieldRef))",
+            "env values or fieldRefs only",
+        ),
+        (
+            f"has({container}.securityContext) && has({container}.securityContext.allowPrivilegeEscalation) && "
+            f"!{container}.securityContext.allowPrivilegeEscalation && "
+            f"(!has({container}.securityContext.privileged) || !{container}.securityContext.privileged)",
+            "no privilege",
+        ),
+        (
+            f"has({container}.resources.limits) && '{GPU_RESOURCE}' in {container}.resources.limits && "
+            f"string({container}.resources.limits['{GPU_RESOURCE}']) == '1'",
+            f"one {GPU_RESOURCE}",
+        ),
+        (
+            "(!has(object.spec.initContainers) || object.spec.initContainers.size() == 0) && "
+            "(!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.size() == 0)",
+            "no other containers",
+        ),
+        (f"object.spec.serviceAccountName == '{ACCOUNT}'", f"the ServiceAccount {ACCOUNT}"),
+        ("has(object.spec.nodeName) && object.spec.nodeName != ''", "a nodeName (the shares' node)"),
+        (
+            "!(has(object.spec.hostNetwork) && object.spec.hostNetwork) && !(has(object.spec.hostPID) && "
+            "object.spec.hostPID) && !(has(object.spec.hostIPC) && object.spec.hostIPC)",
+            "no host namespaces",
+        ),
+        (
+            "!has(object.spec.volumes) || object.spec.volumes.all(v, "
+            f"(has(v.configMap) && v.configMap.name == '{PROGRAM_CONFIG_MAP}') || "
+            f"(has(v.projected) && v.projected.sources.all(s, {allowed_sources})))",
+            f"only volumes of the {PROGRAM_CONFIG_MAP} ConfigMap and the ServiceAccount's token",
+        ),
+    ]
+    shape = {
+        "matchConstraints": {"resourceRules": [
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+        ]},
+        "matchConditions": [
+            {"name": "in-the-reservation-namespace", "expression": f"request.namespace == '{NAMESPACE}'"}
+        ],
+        "validations": [
+            {"expression": expression, "message": f"a pod in {NAMESPACE} must be a GPU reservation pod: {what}",
+             "reason": "Forbidden"}
+            for expression, what in checks
+        ],
+    }  # fmt: skip
+    return [
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete"]}],
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": KEEPER},
+            "subjects": [
+                {"apiGroup": rbac, "kind": "Group", "name": EXTENDER.group},
+                {"apiGroup": rbac, "kind": "Group", "name": NODE_STATE.group},
+                {"kind": "ServiceAccount", "name": account, "namespace": account_namespace},
+            ],
+        },
+        *_policy(f"{SCHEDULER_NAME}-reservation-pods", shape),
+    ]
+
+
+def reservation_manifests(scheduler_account: str, *, image: str = DEFAULT_IMAGE) -> list[dict[str, Any]]:
+    """Everything reservation pods need, in apply order: their namespace, PriorityClass, program, identity,
+    and who may create them (:func:`keeper_access`)."""
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": dict(_LABELS)}},
+        priority_class(),
+        program_config_map(),
+        *reservation_access(),
+        *keeper_access(scheduler_account, image=image),
     ]

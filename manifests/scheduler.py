@@ -43,6 +43,8 @@ from typing import Any
 import yaml
 
 from manifests.access import admission_policies, lambda_rbac
+from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
+from manifests.reservation import image_problems, reservation_manifests, reserving
 from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.names import MILLI_RESOURCE
 
@@ -105,6 +107,9 @@ class SchedulerOptions:
     bin_pack: bool = True
     """The profile's NodeResourcesFit scores by MostAllocated, GPUs included: where the extender sees
     no difference, kube-scheduler packs instead of spreading (see :func:`profile`)."""
+    reservation_image: str = RESERVATION_IMAGE
+    """With sharing: the image reservation pods run (``manifests/reservation.py``); ``none``: none are
+    made, and the extender's ``RESERVATION_IMAGE`` must say ``none`` too."""
     gpu_pods_only: bool = False
     """Call the extender only for pods that request a GPU resource (``managedResources``); by default
     it is called for every pod of the profile, so that CPU-only pods strand no GPU."""
@@ -126,6 +131,7 @@ class SchedulerOptions:
             found.append(f"http_timeout_s: expected seconds in (0, 30], got {self.http_timeout_s!r}")
         if not isinstance(self.image, str) or not self.image or any(c.isspace() for c in self.image):
             found.append(f"image: expected a container image reference, got {self.image!r}")
+        found += image_problems("reservation_image", self.reservation_image)
         if not isinstance(self.replicas, int) or isinstance(self.replicas, bool) or self.replicas < 1:
             found.append(f"replicas: expected an integer >= 1, got {self.replicas!r}")
         for name in ("client_qps", "client_burst"):
@@ -409,7 +415,17 @@ def all_manifests(options: SchedulerOptions, *, admission_policy: bool = True) -
     holds."""
     account = f"system:serviceaccount:{options.namespace}:{SCHEDULER_NAME}"
     policies = admission_policies(sharing=options.sharing, scheduler_account=account) if admission_policy else []
-    return [*lambda_rbac(sharing=options.sharing), *scraper_rbac(), *policies, *scheduler_manifests(options)]
+    made = options.sharing and reserving(options.reservation_image)
+    reservations = reservation_manifests(account, image=options.reservation_image) if made else []
+    if not admission_policy:
+        reservations = [doc for doc in reservations if not doc["kind"].startswith("ValidatingAdmission")]
+    return [
+        *lambda_rbac(sharing=options.sharing),
+        *scraper_rbac(),
+        *policies,
+        *reservations,
+        *scheduler_manifests(options),
+    ]
 
 
 class _Dumper(yaml.SafeDumper):  # type: ignore[misc]

@@ -93,6 +93,9 @@ def identities() -> dict[str, Identity]:
 
 
 ACCESS_KINDS = {
+    "Namespace": "/api/v1/namespaces",
+    "PriorityClass": "/apis/scheduling.k8s.io/v1/priorityclasses",
+    "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps",
     "ServiceAccount": "/api/v1/namespaces/{namespace}/serviceaccounts",
     "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
     "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
@@ -101,7 +104,8 @@ ACCESS_KINDS = {
     "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
 }
-"""Where each kind of the product's access-control documents is created."""
+"""Where each kind of the product's access-control documents is created (and of the reservation pods'
+namespace, PriorityClass and program, which come with them)."""
 
 
 def stop_group(process: subprocess.Popen[bytes]) -> None:

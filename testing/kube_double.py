@@ -15,7 +15,8 @@ fixtures pin it down (``tests/testing/test_kube_double.py`` checks that):
 - GET, PUT (409 ``Conflict`` on a stale ``resourceVersion``), PATCH with
   ``application/merge-patch+json`` or ``application/strategic-merge-patch+json``, DELETE, and POST
   ``pods/NAME/binding`` (201, 409 when already bound, 404; the Binding's annotations are merged onto
-  the pod, as the real server does);
+  the pod, as the real server does); POST of a pod to its namespace (201 with a UID, 409
+  ``AlreadyExists``);
 - validation: label keys and values on nodes and pods, and the ``pod-deletion-cost`` annotation
   (422 ``Invalid`` with the server's message and causes);
 - authentication: 401 for an unknown bearer token, 403 for ``system:anonymous``;
@@ -134,6 +135,7 @@ class KubeApiDouble:
         self._lock = threading.RLock()
         self._collections = {"nodes": _Collection(), "pods": _Collection()}
         self._rv = resource_version
+        self._created = 0  # pods POSTed, for their UIDs
         self._snapshots: OrderedDict[tuple[str, int], tuple[list[str], dict[str, _Entry]]] = OrderedDict()
         self._faults: list[_Fault] = []
         self.requests: list[LoggedRequest] = []
@@ -288,6 +290,8 @@ class KubeApiDouble:
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on pods/binding")
             return 201, self._bind(route, _decode(body))
         if route.name is None:
+            if method == "POST" and route.kind == "pods" and route.namespace:
+                return 201, self._create(route, _decode(body))
             if method != "GET":
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the list")
             return 200, self._list(route, query)
@@ -387,6 +391,25 @@ class KubeApiDouble:
             bisect.insort(collection.keys, key)
         collection.entries[key] = _Entry(obj, _raw(obj))
         return _with_kind(route.kind, obj)
+
+    def _create(self, route: _Route, obj: Any) -> bytes:
+        """POST a pod to its namespace: 201 with its UID, or 409 ``AlreadyExists`` for a name in use."""
+        name = (obj.get("metadata") or {}).get("name") if isinstance(obj, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ApiError(422, "Invalid", "Pod is invalid: metadata.name: Required value: name is required")
+        named = _Route(route.kind, route.namespace, name, False)
+        with self._lock:
+            if self._key(route.kind, route.namespace, name) in self._collections[route.kind].entries:
+                raise ApiError(409, "AlreadyExists", f'pods "{name}" already exists', {"name": name, "kind": "pods"})
+            self._validate(named, obj)
+            self._created += 1
+            obj["metadata"].update(
+                namespace=route.namespace,
+                uid=f"00000000-0000-4000-8000-{self._created:012d}",
+                creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            )
+            obj.setdefault("status", {}).setdefault("phase", "Pending")
+            return self._store(named, obj)
 
     def _remove(self, route: _Route) -> None:
         assert route.name is not None
@@ -497,6 +520,7 @@ class _Route:
 
 _VERBS = {
     ("GET", True): "list",
+    ("POST", True): "create",
     ("GET", False): "get",
     ("PATCH", False): "patch",
     ("PUT", False): "update",

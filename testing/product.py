@@ -137,6 +137,42 @@ def share_usage(pods: Sequence[Mapping[str, Any]], ledger: Sequence[Any]) -> dic
     }
 
 
+def reservation_agreement(
+    pods: Sequence[Mapping[str, Any]], reservations: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Whether the reservation pods (those of ``manifests/reservation.py``'s namespace, ``reservations``)
+    are exactly one per GPU that the bound shares among ``pods`` hold, by their ``assigned-gpus``: the GPUs
+    that have none (``missing``), the reservation pods of GPUs without shares (``orphans``), and how many
+    report their GPU's UUID (``uuids``, all distinct on a node, counted in ``uuid_clashes`` otherwise)."""
+    from manifests.reservation import reservation_name
+    from scheduler_core.k8s.names import MILLI_PER_GPU, RESERVED_GPU_ANNOTATION
+    from scheduler_core.state.allocation import reservation_of
+
+    shared: set[tuple[str, int]] = set()
+    for pod in pods:
+        node = pod["spec"].get("nodeName")
+        text = (pod["metadata"].get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
+        if node and text:
+            shared.update((node, gpu) for gpu, milli in parse_assigned_gpus(text) if milli < MILLI_PER_GPU)
+    held: dict[tuple[str, int], str] = {}
+    uuids: Counter[tuple[str, str]] = Counter()
+    for pod in reservations:
+        slot = reservation_of(pod)
+        if slot is None or pod["metadata"]["name"] != reservation_name(*slot):
+            continue
+        held[slot] = (pod["metadata"].get("annotations") or {}).get(RESERVED_GPU_ANNOTATION, "")
+        if held[slot]:
+            uuids[(slot[0], held[slot])] += 1
+    return {
+        "gpus_with_shares": len(shared),
+        "reservation_pods": len(held),
+        "missing": sorted(shared - set(held)),
+        "orphans": sorted(set(held) - shared),
+        "uuids": sum(uuids.values()),
+        "uuid_clashes": sum(count - 1 for count in uuids.values()),
+    }
+
+
 def _drain(stream: Any) -> None:
     for _ in stream:
         pass

@@ -56,7 +56,8 @@ TRIM = (
     "kubernetes/**/test",
     "kubernetes/**/tests",
 )
-SHARED_CODE = ("scheduler_core", "adapters", "lambdas/__init__.py")
+SHARED_CODE = ("scheduler_core", "adapters", "manifests", "lambdas/__init__.py")
+"""Every function's code: the core, the adapters, and the objects a function creates (a reservation pod)."""
 FUNCTIONS = {
     # function: (its package, the layers it runs with)
     "extender": ("lambdas/extender", ("layer",)),

@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _common(node, every="10s")
     node.add_argument("--snapshot", required=True, help="where the snapshot goes: a path, file:///path or s3://b/k")
     node.add_argument("--ledger-table", default="", help="reconcile this GPU ledger (DynamoDB) with the pods")
+    node.add_argument(
+        "--reservation-image", default="", help="the reservation pods' image, as the extender's (RESERVATION_IMAGE)"
+    )
     node.add_argument("--label-dry-run", action="store_true", help="plan label patches without sending them")
     node.add_argument("--prometheus", default="", help="DCGM utilisation from this Prometheus or AMP URL")
     node.add_argument("--no-ec2", action="store_true", help="look up no instance type in EC2 (a cluster outside AWS)")
@@ -97,6 +100,7 @@ def _node_state(
         snapshot_uri=args.snapshot,
         label_dry_run=args.label_dry_run,
         **({"ledger_table": args.ledger_table} if args.ledger_table else {}),
+        **({"reservation_image": args.reservation_image} if args.reservation_image else {}),
         **({"amp_query_url": args.prometheus} if args.prometheus else {}),
         **({"watch_s": args.watch} if args.watch is not None else {}),
     )

@@ -18,6 +18,8 @@ from typing import Any
 from adapters.metric_catalogue import EXTENDER, NAMESPACE
 from adapters.settings import ClusterAccess, env_name, load_settings, setting
 from adapters.snapshot_store import DEFAULT_MAX_AGE_S, DEFAULT_REFRESH_S
+from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
+from manifests.reservation import image_problems
 from scheduler_core.extender.facade import ExtenderConfig
 from scheduler_core.scoring.gpu_fit import ScoreWeights
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, LocalitySettings
@@ -78,6 +80,13 @@ class ExtenderSettings(ClusterAccess):
     ledger_table: str = setting(
         "LEDGER_TABLE", "", "the GPU ledger's DynamoDB table; with it, `/bind` and `/preempt` are served"
     )
+    reservation_image: str = setting(
+        "RESERVATION_IMAGE",
+        RESERVATION_IMAGE,
+        "with `LEDGER_TABLE`: the image of the reservation pod that holds each GPU shares are bound to, in "
+        "Kubernetes' own count (docs/sharing.md); `none`: no reservation pods",
+        context="reservationImage",
+    )
     metrics_namespace: str = setting(
         "POWERTOOLS_METRICS_NAMESPACE", NAMESPACE, "CloudWatch namespace of the EMF metrics"
     )
@@ -125,6 +134,7 @@ class ExtenderSettings(ClusterAccess):
             found.append(renames[path] + problem[len(path) :] if path in renames else problem)
         if self.ledger_table:
             found.extend(problem + " (bind needs the API)" for problem in self.access_problems())
+        found += image_problems(env_name(cls, "reservation_image"), self.reservation_image)
         return found
 
     def score_weights(self) -> ScoreWeights:

@@ -331,7 +331,14 @@ def build(
     if settings.ledger_table:
         from adapters.binder import ledger_binder
 
-        binder = ledger_binder(settings.ledger_table, settings, session=session, cluster=source, readings=readings)
+        binder = ledger_binder(
+            settings.ledger_table,
+            settings,
+            session=session,
+            cluster=source,
+            readings=readings,
+            reservation_image=settings.reservation_image,
+        )
         if live is not None:
             live.on_gone, binder.gone, binder.node_of = binder.release_pod, live.gone_on, live.node
         accounting = binder

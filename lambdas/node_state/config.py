@@ -10,6 +10,8 @@ from typing import Any
 from adapters.amp import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, DEFAULT_UTILIZATION_QUERY, DEFAULT_WINDOW
 from adapters.metric_catalogue import NAMESPACE, NODE_STATE
 from adapters.settings import ClusterAccess, load_settings, setting
+from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
+from manifests.reservation import image_problems
 from scheduler_core.k8s.node_labels import LABEL_POLICIES
 
 
@@ -54,6 +56,13 @@ class NodeStateSettings(ClusterAccess):
     ledger_table: str = setting(
         "LEDGER_TABLE", "", "the GPU ledger (GPU sharing): reconcile it with the pods every run"
     )
+    reservation_image: str = setting(
+        "RESERVATION_IMAGE",
+        RESERVATION_IMAGE,
+        "with `LEDGER_TABLE`: the reservation pods' image; their pods are reconciled with the ledger, and a "
+        "GPU's is removed when the watch sees its last share go. `none`: reservation pods are left alone",
+        context="reservationImage",
+    )
     metrics_namespace: str = setting(
         "POWERTOOLS_METRICS_NAMESPACE", NAMESPACE, "CloudWatch namespace of the EMF metrics"
     )
@@ -81,6 +90,8 @@ class NodeStateSettings(ClusterAccess):
             found.append(f"LABEL_POLICY: expected one of {', '.join(LABEL_POLICIES)}, got {self.label_policy!r}")
         if self.patch_concurrency < 1 or self.patch_concurrency > 64:
             found.append(f"PATCH_CONCURRENCY: expected 1..64, got {self.patch_concurrency}")
+        if self.ledger_table:
+            found += image_problems("RESERVATION_IMAGE", self.reservation_image)
         if self.watch_s < 0:
             found.append(f"WATCH_S: must be non-negative, got {self.watch_s}")
         if not 0.05 <= self.publish_debounce_s <= 30:

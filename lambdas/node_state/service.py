@@ -52,8 +52,10 @@ from adapters.gpu_ledger import LedgerStore, LedgerStoreError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import SchedulingPod
 from adapters.live_state import ClusterMirror, lag_quantiles
+from adapters.reservations import Reservations
 from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
 from lambdas.node_state.config import NodeStateSettings
+from manifests.reservation import reserving
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.annotations import Pairs, trusted_assigned_gpus
 from scheduler_core.k8s.names import (
@@ -66,6 +68,7 @@ from scheduler_core.k8s.names import (
 from scheduler_core.k8s.node_labels import LabelPolicy, desired_info, label_changes
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import effective_requests
+from scheduler_core.state.allocation import reservation_of
 from scheduler_core.state.ledger import NodeLedger, reconcile
 from scheduler_core.state.snapshot import (
     Revision,
@@ -110,6 +113,7 @@ class RunReport:
     ledger_writes: int = 0
     ledger_write_conflicts: int = 0  # items a bind changed meanwhile: left for the next run
     ledger_error: str = ""
+    reservations: dict[str, int] = field(default_factory=dict)  # reconciled reservation pods: created, deleted
     snapshot_revision: str = ""
     snapshots_kept_newer: int = 0  # writes skipped: the store already held a newer snapshot
     watch: dict[str, float] = field(default_factory=dict)  # WATCH_S: events, publishes, lag
@@ -122,6 +126,7 @@ class Services:
     catalog: GpuInfoCatalog | None  # None: no EC2 lookups (a cluster outside AWS)
     prometheus: PrometheusClient | None
     ledger: LedgerStore | None = None
+    reservations: Reservations | None = None  # with the ledger: one reservation pod per GPU shares hold
 
 
 def build_services(settings: NodeStateSettings, session: Any, *, ec2: bool = True) -> Services:
@@ -135,12 +140,15 @@ def build_services(settings: NodeStateSettings, session: Any, *, ec2: bool = Tru
         if settings.amp_query_url
         else None
     )
+    kube = settings.connect(session)
+    reserve = bool(settings.ledger_table) and reserving(settings.reservation_image)
     return Services(
-        kube=settings.connect(session),
+        kube=kube,
         store=open_store(settings.snapshot_uri, s3_client=session.client("s3")),
         catalog=GpuInfoCatalog(session.client("ec2")) if ec2 else None,
         prometheus=prometheus,
         ledger=LedgerStore(settings.ledger_table, session.client("dynamodb")) if settings.ledger_table else None,
+        reservations=Reservations(lambda: kube, settings.reservation_image) if reserve else None,
     )
 
 
@@ -152,6 +160,7 @@ class _LedgerView:
     live: set[str] = field(default_factory=set)
     bound_to: dict[str, str] = field(default_factory=dict)
     annotated: dict[str, dict[str, Pairs]] = field(default_factory=dict)
+    reservations: dict[str, dict[int, str]] = field(default_factory=dict)  # node -> GPU slot -> pod name
     error: str = ""
     invalid_annotations: int = 0
 
@@ -225,7 +234,10 @@ def refresh(
         if ledger_view.items is not None and services.ledger is not None:
             with _phase(phases, "reconcile_ledger"):
                 gpu_counts = dict(zip(snapshot.table.names, snapshot.table.alloc_gpus.tolist(), strict=True))
-                report = replace(report, **_reconcile(services.ledger, ledger_view, gpu_counts, drift, logger))
+                report = replace(
+                    report,
+                    **_reconcile(services.ledger, ledger_view, gpu_counts, drift, logger, services.reservations),
+                )
     if settings.watch_s > 0 and report.status == "ok":
         with _phase(phases, "watch"):
             seed = _Seed(nodes, nodes_version, pods, pods_version, dict(plan))
@@ -277,8 +289,12 @@ def _watch(
 
         def release(node: str, uid: str) -> None:
             obj = mirror.node(node)
-            if obj is not None:
-                ledger.release(node, int(NodeTable.from_nodes([obj]).alloc_gpus[0]), uid)
+            if obj is None:
+                return
+            gpu_count = int(NodeTable.from_nodes([obj]).alloc_gpus[0])
+            released = ledger.release(node, gpu_count, uid)
+            if released.emptied and services.reservations is not None:
+                services.reservations.close(node, released.emptied, lambda: ledger.read(node, gpu_count).shared_slots())
 
         mirror.on_gone = release
     mirror.seed("nodes", seed.nodes, seed.nodes_version)
@@ -345,6 +361,9 @@ def _note_bound(view: _LedgerView, pods: list[dict[str, Any]]) -> None:
         uid, node = metadata.get("uid"), spec.get("nodeName")
         if not uid or not node:
             continue
+        held_for = reservation_of(pod)
+        if held_for is not None:
+            view.reservations.setdefault(held_for[0], {})[held_for[1]] = str(metadata.get("name") or "")
         view.live.add(uid)
         view.bound_to[uid] = node
         text = (metadata.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
@@ -360,9 +379,15 @@ def _note_bound(view: _LedgerView, pods: list[dict[str, Any]]) -> None:
 
 
 def _reconcile(
-    ledger: LedgerStore, view: _LedgerView, gpu_counts: dict[str, int], drift: dict[str, int], logger: Any
+    ledger: LedgerStore,
+    view: _LedgerView,
+    gpu_counts: dict[str, int],
+    drift: dict[str, int],
+    logger: Any,
+    reservations: Reservations | None = None,
 ) -> dict[str, Any]:
-    """Write what the reconcile found; the report's ledger fields."""
+    """Write what the reconcile found, then make the reservation pods agree with the items as written;
+    the report's ledger fields."""
     assert view.items is not None
     outcome = reconcile(view.items, view.live, view.bound_to, view.annotated, gpu_counts)
     counts = dict(drift)
@@ -373,6 +398,7 @@ def _reconcile(
                                               "detail": found.detail})  # fmt: skip
     writes = conflicts = 0
     error = ""
+    items = dict(view.items)
     for item, read_version in outcome.writes:
         try:
             written = ledger.write(item, read_version)
@@ -382,9 +408,22 @@ def _reconcile(
             break
         if written:
             writes += 1
+            items[item.node] = item
         else:
             conflicts += 1
-    return {"ledger_drift": counts, "ledger_writes": writes, "ledger_write_conflicts": conflicts, "ledger_error": error}
+    report: dict[str, Any] = {
+        "ledger_drift": counts, "ledger_writes": writes, "ledger_write_conflicts": conflicts, "ledger_error": error
+    }  # fmt: skip
+    if reservations is not None and not error:
+        try:
+            done = reservations.reconcile(
+                items, view.reservations, lambda node: ledger.read(node, gpu_counts.get(node, 0))
+            )
+        except (LedgerStoreError, DeadlineReachedError) as exc:
+            logger.error("reservation pods not reconciled; the next run tries again", extra={"error": str(exc)})
+            done = {"reservation_errors": 1}
+        report["reservations"] = done
+    return report
 
 
 @contextmanager

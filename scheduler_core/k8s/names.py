@@ -50,5 +50,7 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 RESERVATION_NAMESPACE = "gpu-scheduler-reservations"
 RESERVATION_APP = "gpu-reservation"
 """The ``app.kubernetes.io/name`` of a reservation pod, and of the ServiceAccount it runs as."""
+RESERVATION_SLOT_LABEL = "gpu-scheduler.io/slot"
+"""On a reservation pod: the GPU (the ledger's index on its node) whose shares it holds the GPU for."""
 RESERVED_GPU_ANNOTATION = "gpu-scheduler.io/reserved-gpu"
 """Written by a reservation pod on itself: the UUID of the GPU the device plugin gave it."""

@@ -42,6 +42,7 @@ from scheduler_core.k8s.names import (
     MILLI_RESOURCE,
     RESERVATION_APP,
     RESERVATION_NAMESPACE,
+    RESERVATION_SLOT_LABEL,
     TERMINAL_PHASES,
 )
 from scheduler_core.k8s.nodes import NodeTable
@@ -265,6 +266,33 @@ def _reservation(metadata: Mapping[str, Any], labels: Mapping[str, Any] | None, 
         and labels.get("app.kubernetes.io/name") == RESERVATION_APP
         and spec.get("serviceAccountName") == RESERVATION_APP
     )
+
+
+def reservation_of(pod: Any) -> tuple[str, int] | None:
+    """The node and GPU slot a reservation pod holds its GPU for; None for any other pod, or one not bound
+    or not running any more (what the reconcile counts as missing).
+
+    >>> reservation_of({"metadata": {"namespace": "gpu-scheduler-reservations", "labels": {
+    ...     "app.kubernetes.io/name": "gpu-reservation", "gpu-scheduler.io/slot": "3"}},
+    ...     "spec": {"nodeName": "n", "serviceAccountName": "gpu-reservation"}})
+    ('n', 3)
+    """
+    if not isinstance(pod, Mapping):
+        return None
+    metadata, spec, status = (_mapping(pod.get(key)) for key in ("metadata", "spec", "status"))
+    labels = metadata.get("labels")
+    if not isinstance(labels, Mapping) or not _reservation(metadata, labels, spec):
+        return None
+    node, slot = spec.get("nodeName"), labels.get(RESERVATION_SLOT_LABEL)
+    if not isinstance(node, str) or not node or not isinstance(slot, str) or not slot.isdigit():
+        return None
+    if status.get("phase") in TERMINAL_PHASES or metadata.get("deletionTimestamp"):
+        return None
+    return node, int(slot)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def node_cpu_milli(nodes: Sequence[Any]) -> tuple[npt.NDArray[np.int64], list[str]]:

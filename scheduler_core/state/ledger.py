@@ -116,6 +116,16 @@ class NodeLedger:
             self.node, self.gpu_count, self.version + 1, tuple(used), {**self.assignments, uid: tuple(sorted(pairs))}
         )
 
+    def shared_slots(self) -> frozenset[int]:
+        """The GPUs that hold at least one share (under 1000 milli of one pod): each needs a reservation
+        pod (``manifests/reservation.py``), whole GPUs do not (their pods request ``nvidia.com/gpu``).
+
+        >>> item = NodeLedger("n", 4).with_assignment("a", ((0, 1000), (1, 1000)))
+        >>> item.with_assignment("b", ((2, 250),)).shared_slots()
+        frozenset({2})
+        """
+        return frozenset(gpu for pairs in self.assignments.values() for gpu, milli in pairs if milli < MILLI_PER_GPU)
+
     def without(self, uid: str) -> NodeLedger:
         """The next version with ``uid``'s assignment released (the same item when it holds none)."""
         if uid not in self.assignments:
@@ -248,6 +258,30 @@ def reconcile(
         drift.append(Drift("rebuilt", node, "", f"{len(rebuilt.assignments)} pods"))
         drift.extend(Drift("conflict", node, "", problem) for problem in problems)
     return Reconciled(writes, drift)
+
+
+@dataclass(frozen=True)
+class ReservationPlan:
+    """What makes a node's reservation pods match its ledger item: the GPU slots that hold shares and
+    have no reservation pod (``create``), and the reservation pods of slots that hold none (``delete``,
+    pod names)."""
+
+    node: str
+    create: tuple[int, ...] = ()
+    delete: tuple[str, ...] = ()
+
+
+def plan_reservations(item: NodeLedger, existing: Mapping[int, str]) -> ReservationPlan:
+    """The reservation pods ``item`` calls for, against ``existing`` (slot to pod name on its node).
+
+    >>> item = NodeLedger("n", 4).with_assignment("a", ((1, 250),))
+    >>> plan_reservations(item, {2: "r-2"})
+    ReservationPlan(node='n', create=(1,), delete=('r-2',))
+    """
+    shared = item.shared_slots()
+    create = tuple(sorted(shared - set(existing)))
+    delete = tuple(name for slot, name in sorted(existing.items()) if slot not in shared)
+    return ReservationPlan(item.node, create, delete)
 
 
 def _text(pairs: Pairs) -> str:

@@ -13,6 +13,7 @@ from adapters.binder import LedgerBinder
 from adapters.gpu_ledger import LedgerStore
 from adapters.kube import RetryPolicy, connect_url
 from adapters.ledger_readings import LedgerReadings
+from adapters.reservations import Reservations
 from bench.ledger import TABLE, create_table
 from scheduler_core.extender.wire import ExtenderBindingArgs
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
@@ -379,3 +380,115 @@ def test_binds_that_queue_on_one_node_are_written_together(api: KubeApiDouble, l
         o.pod.split("/")[1]: pod_on(api, o.pod.split("/")[1])[1] for o in bound
     }, "each pod's annotation is what the ledger gave it"
     assert sorted(o.assigned for o in bound) == sorted(f"{g}:400" for g in range(4) for _ in range(2))
+
+
+# -- reservation pods ------------------------------------------------------------------------------
+RESERVED = "gpu-scheduler-reservations"
+
+
+def reserving_binder(api: KubeApiDouble, ledger: LedgerStore) -> LedgerBinder:
+    binder = make_binder(api, ledger)
+    binder.reservations = Reservations(lambda: binder.kube, "registry.example/python:3.12")
+    return binder
+
+
+def reservation_names(api: KubeApiDouble) -> set[str]:
+    return {p["metadata"]["name"] for p in api.objects("pods") if p["metadata"].get("namespace") == RESERVED}
+
+
+def test_the_first_share_on_a_gpu_creates_its_reservation_pod_before_its_binding(
+    api: KubeApiDouble, ledger: LedgerStore
+) -> None:
+    """Only the first share on a GPU creates one (the second on the same GPU does not ask again), whole
+    GPUs never do (their pods request nvidia.com/gpu themselves), and the POST precedes the Binding."""
+    binder = reserving_binder(api, ledger)
+    assert binder.bind(pending(api, "a", milli=300)).error == ""
+    assert binder.bind(pending(api, "b", milli=500)).error == ""  # the same GPU, 0
+    assert binder.bind(pending(api, "w", gpus=1)).error == ""  # a whole GPU, 1
+    assert binder.bind(pending(api, "c", milli=600)).error == ""  # no room on GPU 0: GPU 2
+    assert reservation_names(api) == {"gpu-reservation-t4-0-0", "gpu-reservation-t4-0-2"}
+    writes = [(r.method, r.path) for r in api.requests if r.method == "POST"]
+    assert writes.index(("POST", f"/api/v1/namespaces/{RESERVED}/pods")) < writes.index(
+        ("POST", "/api/v1/namespaces/default/pods/a/binding")
+    )
+    assert sum(1 for w in writes if w == ("POST", f"/api/v1/namespaces/{RESERVED}/pods")) == 2
+    pod = api.get("pods", "gpu-reservation-t4-0-2", RESERVED)
+    assert pod["spec"]["nodeName"] == "t4-0" and pod["spec"]["containers"][0]["image"] == "registry.example/python:3.12"
+
+
+def test_a_refused_reservation_pod_fails_the_bind_and_gives_its_gpu_back(
+    api: KubeApiDouble, ledger: LedgerStore
+) -> None:
+    api.fail_next("POST", rf"/namespaces/{RESERVED}/pods$", 403, times=2)
+    binder = reserving_binder(api, ledger)
+    outcome = binder.bind(pending(api, "a", milli=300))
+    assert outcome.error == "bind default/a to t4-0: creating the GPU's reservation pod failed: HTTP 403 Forbidden"
+    assert outcome.error_kind == "reservation_error" and outcome.rolled_back
+    assert ledger.read("t4-0", 4).assignments == {} and pod_on(api, "a") == (None, None)
+    assert binder.readings.pending(None) == []
+
+
+def test_the_last_share_of_a_gpu_takes_its_reservation_pod_with_it(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    binder = reserving_binder(api, ledger)
+    a, b = pending(api, "a", milli=300), pending(api, "b", milli=300)
+    assert binder.bind(a).error == binder.bind(b).error == ""
+    assert binder.release_pod("t4-0", a.pod_uid) and reservation_names(api) == {"gpu-reservation-t4-0-0"}
+    assert binder.release_pod("t4-0", b.pod_uid) and reservation_names(api) == set()
+    assert not binder.release_pod("t4-0", b.pod_uid)
+
+
+def test_a_bind_that_drops_the_last_share_of_a_gpu_removes_its_reservation_pod(
+    api: KubeApiDouble, ledger: LedgerStore
+) -> None:
+    """The live state saw a share go; the next bind to the node drops it in its own write (before the
+    watch's release), and that bind removes the reservation pod the drop left without shares."""
+    binder = reserving_binder(api, ledger)
+    gone = pending(api, "gone", milli=700)
+    assert binder.bind(gone).error == ""
+    binder.gone = lambda node: {gone.pod_uid} if node == "t4-0" else set()
+    assert binder.bind(pending(api, "new", milli=600)).error == ""  # GPU 0 is free again: 0:600
+    assert ledger.read("t4-0", 4).assignments.keys() == {api.get("pods", "new", "default")["metadata"]["uid"]}
+    assert reservation_names(api) == {"gpu-reservation-t4-0-0"}  # kept: the new share is on GPU 0
+
+
+def test_closing_re_creates_a_reservation_pod_a_bind_needed_meanwhile(api: KubeApiDouble) -> None:
+    """The race the second read settles: a release deleted the pod after a bind on the same GPU had found
+    it still there (a 409, answered as present). The fresh read shows that bind's share: re-created."""
+    client = connect_url(api.url, TOKEN)
+    reservations = Reservations(lambda: client)
+    reservations.open("t4-0", [1])
+    again = reservations.close("t4-0", [1], lambda: frozenset({1}))
+    assert again == (1,) and reservation_names(api) == {"gpu-reservation-t4-0-1"}
+    assert reservations.close("t4-0", [1], lambda: frozenset()) == () and reservation_names(api) == set()
+
+
+def test_opening_replaces_a_reservation_pod_that_failed(api: KubeApiDouble) -> None:
+    """A kubelet that refused a reservation pod (another allocator took the GPU) leaves it Failed under its
+    name: a 409 for the next POST. It is replaced, not taken for a live one."""
+    client = connect_url(api.url, TOKEN)
+    reservations = Reservations(lambda: client)
+    reservations.open("t4-0", [0])
+    failed = api.get("pods", "gpu-reservation-t4-0-0", RESERVED)
+    api.load("pods", [{**failed, "status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"}}])
+    reservations.open("t4-0", [0])
+    assert api.get("pods", "gpu-reservation-t4-0-0", RESERVED)["status"]["phase"] == "Pending"
+    assert reservations.counters == {"created": 1, "deleted": 1, "replaced": 1}
+    reservations.open("t4-0", [0])  # alive: kept
+    assert reservations.counters["replaced"] == 1
+
+
+def test_the_reconcile_acts_only_on_what_a_fresh_read_still_shows(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    """Listed: GPU 0 holds a share without a reservation pod, GPU 3 has one without shares, and GPU 1's
+    listing is stale (a bind opened it after the list): the fresh read decides each."""
+    client = connect_url(api.url, TOKEN)
+    reservations = Reservations(lambda: client)
+    ledger.assign("t4-0", 4, "s0", Demand(1, 500))  # GPU 0
+    listed_items = {"t4-0": ledger.read("t4-0", 4)}
+    reservations.open("t4-0", [3])
+    ledger.assign("t4-0", 4, "s1", Demand(1, 600))  # GPU 1, after the "list": its pod is the bind's to make
+    reservations.open("t4-0", [1])
+    done = reservations.reconcile(
+        listed_items, {"t4-0": {3: "gpu-reservation-t4-0-3"}}, lambda node: ledger.read(node, 4)
+    )
+    assert done == {"reservations_created": 1, "reservations_deleted": 1, "reservation_errors": 0}
+    assert reservation_names(api) == {"gpu-reservation-t4-0-0", "gpu-reservation-t4-0-1"}

@@ -45,9 +45,34 @@ def test_a_full_node_says_so(store: LedgerStore) -> None:
 
 def test_release_frees_the_gpus_and_is_false_for_a_pod_that_held_none(store: LedgerStore) -> None:
     store.assign("gpu-a", 2, "uid-1", Demand(1, 600))
-    assert store.release("gpu-a", 2, "uid-1") is True
-    assert store.release("gpu-a", 2, "uid-1") is False
+    released = store.release("gpu-a", 2, "uid-1")
+    assert released.held is True and bool(released) and released.emptied == (0,)
+    assert store.release("gpu-a", 2, "uid-1").held is False
     assert store.read("gpu-a", 2).used == (0, 0)
+
+
+def test_the_writes_say_which_gpus_gain_their_first_share_and_which_lose_their_last(store: LedgerStore) -> None:
+    """What reservation pods follow: a GPU opens with its first share (never with a whole-GPU pod), stays
+    open while any share is on it, and a release empties it only with its last share."""
+    whole = store.assign("gpu-a", 4, "whole", Demand(1, 1000))
+    first = store.assign("gpu-a", 4, "first", Demand(1, 600))
+    second = store.assign("gpu-a", 4, "second", Demand(1, 300))  # the tightest GPU: first's
+    third = store.assign("gpu-a", 4, "third", Demand(1, 500))  # no room beside them: a new GPU
+    assert (whole.opened, first.opened, second.opened, third.opened) == ((), (1,), (), (2,))
+    assert store.release("gpu-a", 4, "first").emptied == ()
+    assert store.release("gpu-a", 4, "second").emptied == (1,)
+    assert store.release("gpu-a", 4, "whole").emptied == ()
+    assert store.read("gpu-a", 4).shared_slots() == {2}
+
+
+def test_a_write_that_drops_gone_pods_says_which_gpus_it_emptied(store: LedgerStore) -> None:
+    """A bind drops the shares the live state saw go in its own write; the GPU they leave without shares
+    is reported, and a GPU a new share takes over in the same write is not (its reservation pod stays)."""
+    store.assign("gpu-a", 4, "gone-0", Demand(1, 600))  # GPU 0
+    store.assign("gpu-a", 4, "gone-1", Demand(1, 700))  # GPU 1
+    (outcome,) = store.assign_many("gpu-a", 4, [("new", Demand(1, 900))], drop=["gone-0", "gone-1"]).values()
+    assert not isinstance(outcome, NoRoomError)
+    assert outcome.pairs == ((0, 900),) and outcome.opened == () and outcome.emptied == (1,)
 
 
 def test_a_version_conflict_rereads_and_chooses_again(store: LedgerStore) -> None:
@@ -167,7 +192,7 @@ def test_a_known_item_never_says_a_pod_is_recorded_without_a_fresh_read(store: L
     must record it again, not trust the old item and post a Binding the ledger does not hold."""
     ours, theirs = LedgerStore(TABLE, store.client), LedgerStore(TABLE, store.client)
     ours.assign("gpu-a", 1, "uid-1", Demand(1, 600))
-    assert theirs.release("gpu-a", 1, "uid-1") is True
+    assert theirs.release("gpu-a", 1, "uid-1").held is True
     again = ours.assign("gpu-a", 1, "uid-1", Demand(1, 600))
     assert not again.already and store.read("gpu-a", 1).assignments == {"uid-1": ((0, 600),)}
 

@@ -103,6 +103,7 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         ({"deletionCostConfig": "{not json"}, "deletionCostConfig: expected a JSON object"),
         ({"ampWorkspaceId": "prometheus"}, "ampWorkspaceId: expected ws-..., got 'prometheus'"),
         ({"sharePolicy": "fgd"}, "sharePolicy: share policy 'fgd': expected one of fgd_cpu, gpu_packing, bestfit"),
+        ({"reservationImage": "py' || true"}, "reservationImage: expected a container image reference or 'none'"),
         (
             {**IMPORTED_NETWORK, "schedulerSecurityGroupId": ""},
             "schedulerSecurityGroupId: required with vpcId (the scheduler pods' security group",
@@ -160,6 +161,7 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         "deletion-cost config that is not JSON is refused",
         "a workspace id without ws- is refused",
         "a share policy that needs the whole workload is refused",
+        "a reservation image that is no image reference is refused (it goes into an admission policy)",
         "an imported VPC needs the scheduler pods' security group",
         "the cluster security group cannot be the scheduler's",
         "gateway endpoints need the route tables",
@@ -191,9 +193,16 @@ def test_the_keys_passed_to_the_extender_take_its_declared_default_and_reach_its
     from lambdas.extender.config import ExtenderSettings
 
     deploy_fields = {f.name: f for f in fields(DeployConfig)}
-    assert context_keys(ExtenderSettings) == {"max_snapshot_age_s": "maxSnapshotAgeS", "share_policy": "sharePolicy"}
+    assert context_keys(ExtenderSettings) == {
+        "max_snapshot_age_s": "maxSnapshotAgeS", "share_policy": "sharePolicy", "reservation_image": "reservationImage"
+    }  # fmt: skip
     for name, key in context_keys(ExtenderSettings).items():
         assert _camel(name) == key  # the context key DeployConfig reads for its field of that name
         assert deploy_fields[name].default == default_of(ExtenderSettings, name)
-    config = DeployConfig.from_context({"clusterName": "c", "sharePolicy": "bestfit", "maxSnapshotAgeS": "240"})
-    assert environment(ExtenderSettings, config) == {"MAX_SNAPSHOT_AGE_S": "240", "SHARE_POLICY": "bestfit"}
+    config = DeployConfig.from_context(
+        {"clusterName": "c", "sharePolicy": "bestfit", "maxSnapshotAgeS": "240", "reservationImage": "r.example/p:1"}
+    )
+    assert environment(ExtenderSettings, config) == {
+        "MAX_SNAPSHOT_AGE_S": "240", "SHARE_POLICY": "bestfit", "RESERVATION_IMAGE": "r.example/p:1"
+    }  # fmt: skip
+    assert config.scheduler_options("https://x.example/p").reservation_image == "r.example/p:1"

@@ -10,7 +10,8 @@
   pod in another namespace. On 1.30 and later the generated admission policy refuses those (the Role
   cannot say which pod); before 1.30 (the captures' 1.25) only the namespace is the Role's to refuse.
 
-Creating the reservation pods is the bind's job, still to come: here the harness creates them.
+Here the harness creates the reservation pods (as its administrator) to test the pods and the program
+alone; ``test_reserved_shares.py`` has the bind create them.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from manifests.reservation import (
     ACCOUNT,
     NAMESPACE,
-    priority_class,
+    PRIORITY_CLASS,
+    PROGRAM_CONFIG_MAP,
     program_config_map,
-    reservation_access,
     reservation_name,
     reservation_pod,
 )
@@ -56,15 +57,15 @@ def share(slot: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def reserved(cluster: ControlPlane) -> dict[str, dict[str, Any]]:
-    """Shares on three of an 8-GPU node's GPUs, a reservation pod for each, and the program's ConfigMap
-    and identity applied. (The harness's administrator writes ``assigned-gpus`` here, as the bind would.)"""
+    """Shares on three of an 8-GPU node's GPUs and a reservation pod for each. The program's ConfigMap,
+    PriorityClass and identity are what ``scheduler-config --sharing`` generated, applied at the
+    harness's start. (The harness's administrator writes ``assigned-gpus`` here, as the bind would.)"""
+    assert cluster.api.get(f"/apis/scheduling.k8s.io/v1/priorityclasses/{PRIORITY_CLASS}")["value"] == 1_000_000_000
+    program = cluster.api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{PROGRAM_CONFIG_MAP}")
+    assert program["data"] == program_config_map()["data"]
+    assert cluster.api.get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{ACCOUNT}")
     cluster.add_nodes([make_node(NODE, A100, "us-east-1a")])
     cluster.create_pods([share(slot) for slot in range(3)])
-    cluster.ensure_namespaces([NAMESPACE])
-    cluster.api.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", priority_class())
-    cluster.api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps", program_config_map())
-    applied = cluster.apply_access(reservation_access())
-    assert f"ServiceAccount/{ACCOUNT}" in applied and f"RoleBinding/{ACCOUNT}" in applied
     cluster.create_pods([reservation_pod(NODE, slot) for slot in range(3)])
     return {name: cluster.pod(NAMESPACE, name) for name in (reservation_name(NODE, slot) for slot in range(3))}
 

@@ -158,14 +158,14 @@ def test_a_share_that_fits_only_after_a_deletion_binds_within_10_s(
     assert time.monotonic() - deleted_at <= 10
 
 
-def test_a_whole_gpu_pod_is_refused_where_shares_hold_gpus_kube_scheduler_cannot_see(
+def test_a_whole_gpu_pod_is_refused_where_shares_hold_gpus_by_kube_schedulers_own_count(
     cluster: ControlPlane, serve_url: str, ledger: LedgerStore, namespace: str
 ):
     cluster.create_pods([share("half", 500, "L40S", namespace)])
     assert cluster.wait_bound(namespace, "half") == "l40s-0"
-    # kube-scheduler sees 4 free nvidia.com/gpu on l40s-0; one of them holds the share.
+    # The share's GPU has its reservation pod (nvidia.com/gpu: 1): kube-scheduler itself sees 3 of 4 free.
     cluster.create_pods([whole("four", 4, "L40S", namespace)])
-    assert "3 of 4 GPUs free, pod needs 4" in cluster.wait_failed(namespace, "four")
+    assert "1 Insufficient nvidia.com/gpu" in cluster.wait_failed(namespace, "four")
     # Whole-GPU pods the bind records are counted once, on the GPUs their annotation names: after one
     # GPU for "one", two are left for "two" (counted twice, "two" would be refused with 1 free).
     cluster.create_pods([whole("one", 1, "L40S", namespace)])

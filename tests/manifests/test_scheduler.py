@@ -36,7 +36,7 @@ def _by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def _embedded_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (config_map,) = _by_kind(docs, "ConfigMap")
+    (config_map,) = [doc for doc in _by_kind(docs, "ConfigMap") if "config.yaml" in doc.get("data", {})]
     config: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])
     return config
 

@@ -1,0 +1,144 @@
+"""Reservation pods through the API: one per GPU that holds shares, made and removed as the ledger changes.
+
+The ledger decides (:meth:`scheduler_core.state.ledger.NodeLedger.shared_slots`); this module makes the
+API agree, for whichever process saw the change:
+
+- **open**, by the bind, before the Binding of the first share on a GPU (:attr:`Assigned.opened
+  <adapters.gpu_ledger.Assigned>`): POST :func:`manifests.reservation.reservation_pod`. A 409 means one of
+  that name exists: kept if it is alive, replaced if it failed or is being deleted (a kubelet that
+  refused it, say);
+- **close**, by whoever released the last share of a GPU (the bind's rollback or its drop of pods that
+  are gone, ``serve --watch``'s release, the node-state refresher's watch): DELETE it at once
+  (``gracePeriodSeconds: 0``: its container only sleeps, and the name is free again on return), then
+  read the ledger again and re-create it if a bind put a share there meanwhile. A bind that found the
+  old pod still there (a 409) has been answered, and the DELETE came after it: the second read sees
+  that bind's write, because the write came before its POST;
+- **reconcile**, by the node-state refresher's run: the reservation pods it listed against the ledger
+  items, node by node, each difference checked against a fresh read of the node's item first.
+
+Each write names the pod by node and GPU (:func:`manifests.reservation.reservation_name`): two processes
+that open the same GPU make one pod.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.kube import KubeApiError, KubeClient
+from manifests.reservation import DEFAULT_IMAGE, NAMESPACE, reservation_name, reservation_pod
+from scheduler_core.k8s.names import TERMINAL_PHASES
+from scheduler_core.state.ledger import NodeLedger, plan_reservations
+
+log = logging.getLogger(__name__)
+
+SharedNow = Callable[[], frozenset[int]]
+"""The GPUs of a node that hold shares, from a fresh, strongly consistent read of its ledger item."""
+
+
+@dataclass
+class Reservations:
+    """Opens and closes reservation pods through ``kube`` (called for the client on each use, so that a
+    binder connects on its first bind). ``image`` runs the reservation program."""
+
+    kube: Callable[[], KubeClient]
+    image: str = DEFAULT_IMAGE
+    counters: dict[str, int] = field(default_factory=lambda: {"created": 0, "deleted": 0, "replaced": 0})
+
+    def open(self, node: str, slots: Iterable[int]) -> int:
+        """Make sure the reservation pod of each GPU ``slot`` on ``node`` exists and is alive; how many it
+        created (a live one found under the name is kept, and not counted).
+
+        Raises
+        ------
+        KubeApiError, DeadlineReachedError
+            The pod could not be created (the caller rolls its share back).
+        """
+        client = self.kube()
+        made = 0
+        for slot in slots:
+            body = reservation_pod(node, slot, image=self.image)
+            try:
+                client.create_pod(NAMESPACE, body)
+                self.counters["created"] += 1
+                made += 1
+                continue
+            except KubeApiError as exc:
+                if exc.status != 409:
+                    raise
+            name = body["metadata"]["name"]
+            try:
+                current = client.get_pod(NAMESPACE, name)
+            except KubeApiError as exc:
+                if exc.status != 404:
+                    raise
+                current = None  # gone between the two calls
+            if current is not None and _alive(current):
+                continue
+            log.info("reservation pod %s/%s is failed or going; replacing it", NAMESPACE, name)
+            self._delete(client, name)
+            client.create_pod(NAMESPACE, body)
+            self.counters["replaced"] += 1
+            made += 1
+        return made
+
+    def close(self, node: str, slots: Iterable[int], shared_now: SharedNow) -> tuple[int, ...]:
+        """Delete the reservation pods of ``slots`` on ``node``, then re-create those ``shared_now`` says
+        hold shares again (see the module docstring); the slots re-created."""
+        wanted = sorted(set(slots))
+        if not wanted:
+            return ()
+        client = self.kube()
+        for slot in wanted:
+            self._delete(client, reservation_name(node, slot))
+        again = tuple(sorted(set(wanted) & shared_now()))
+        if again:
+            self.open(node, again)
+        return again
+
+    def reconcile(
+        self,
+        items: Mapping[str, NodeLedger],
+        existing: Mapping[str, Mapping[int, str]],
+        read: Callable[[str], NodeLedger],
+    ) -> dict[str, int]:
+        """Make the reservation pods ``existing`` (node to slot to pod name, as listed after ``items`` were
+        read) agree with the ledger ``items``: each node that differs is read again (``read``), and only
+        what still differs is created or deleted. Counts of what was done; an API error stops the node it
+        happened on, and is counted, not raised."""
+        done = {"reservations_created": 0, "reservations_deleted": 0, "reservation_errors": 0}
+        for node in sorted(set(items) | set(existing)):
+            pods = existing.get(node, {})
+            if not _differs(items.get(node), node, pods):
+                continue
+            try:
+                fresh = read(node)
+                plan = plan_reservations(fresh, pods)
+                done["reservations_created"] += self.open(node, plan.create)
+                closed = [slot for slot, name in pods.items() if name in plan.delete]
+                again = self.close(node, closed, lambda node=node: read(node).shared_slots())  # type: ignore[misc]
+                done["reservations_deleted"] += len(closed) - len(again)
+            except KubeApiError as exc:
+                done["reservation_errors"] += 1
+                log.warning("reconciling the reservation pods of %s failed: %s", node, exc)
+        return done
+
+    def _delete(self, client: KubeClient, name: str) -> None:
+        try:
+            client.delete_pod(NAMESPACE, name, grace_period_s=0)
+            self.counters["deleted"] += 1
+        except KubeApiError as exc:
+            if exc.status != 404:
+                raise
+
+
+def _differs(item: NodeLedger | None, node: str, pods: Mapping[int, str]) -> bool:
+    plan = plan_reservations(item if item is not None else NodeLedger(node, 0), pods)
+    return bool(plan.create or plan.delete)
+
+
+def _alive(pod: Mapping[str, Any]) -> bool:
+    metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
+    return not metadata.get("deletionTimestamp") and status.get("phase") not in TERMINAL_PHASES

@@ -1,0 +1,214 @@
+"""Shares held in Kubernetes' own count, through the real control plane: the bind creates a GPU's
+reservation pod before the first share on it binds, the releases remove it after the last, and the
+node-state refresher's reconcile repairs what neither did.
+
+``gpu-scheduler serve --watch --ledger-table`` binds as the second scheduler's ServiceAccount, on the
+configuration ``scheduler-config --sharing`` generates, whose manifests (the reservation namespace, its
+RBAC and admission policies) the harness applied at its start. :class:`ReservationKubelet` plays the
+kubelet and the device plugin for reservation pods only (``testing/reservation_kubelet.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from adapters.gpu_ledger import LedgerStore, create_table
+from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from manifests.reservation import NAMESPACE as RESERVATIONS
+from manifests.reservation import reservation_name, reservation_pod
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, RESERVED_GPU_ANNOTATION
+from testing.control_plane import BindWatch, ControlPlane
+from testing.moto import dynamodb_client
+from testing.product import Processes, reservation_agreement, share_usage
+from testing.reservation_kubelet import ReservationKubelet
+from tests.e2e.conftest import start_scheduler
+from tests.security.test_reservation_pods import HOSTILE
+
+SHAPE = {shape.model: shape for shape in CATALOGUE}
+TABLE = "reserved-ledger"
+SOLO = "a100-solo"
+
+
+def share(name: str, milli: int, model: str, namespace: str) -> dict[str, Any]:
+    pod = make_pod(name, 0, namespace=namespace, models=model, milli=milli)
+    pod["spec"]["containers"][0]["resources"]["requests"].update(cpu="50m", memory="64Mi")
+    return pod
+
+
+@pytest.fixture(scope="module")
+def ledger(moto_env: dict[str, str]) -> LedgerStore:
+    store = LedgerStore(TABLE, dynamodb_client(moto_env["AWS_ENDPOINT_URL_DYNAMODB"]))
+    create_table(store.client, TABLE)
+    return store
+
+
+@pytest.fixture(scope="module")
+def kubelet(cluster: ControlPlane) -> Iterator[ReservationKubelet]:
+    with ReservationKubelet(cluster) as stand_in:
+        yield stand_in
+    assert not stand_in.errors, stand_in.errors[:5]
+
+
+@pytest.fixture(scope="module")
+def serving(
+    cluster: ControlPlane,
+    product: Processes,
+    ledger: LedgerStore,
+    moto_env: dict[str, str],
+    kubelet: ReservationKubelet,
+) -> Iterator[str]:
+    cluster.add_nodes([make_node(SOLO, SHAPE["A100"], "us-east-1a")])
+    url = product.serve(
+        "serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler")), "--ledger-table", TABLE], moto_env
+    )
+    start_scheduler(cluster, url, "--sharing")
+    yield url
+    cluster.stop_scheduler()
+
+
+def reservations(cluster: ControlPlane) -> list[dict[str, Any]]:
+    return cluster.pods(RESERVATIONS)
+
+
+def agreement(cluster: ControlPlane, namespace: str) -> dict[str, Any]:
+    return reservation_agreement(cluster.pods(namespace), reservations(cluster))
+
+
+def test_the_first_share_on_a_gpu_brings_its_reservation_pod_and_kube_scheduler_counts_that_gpu(
+    cluster: ControlPlane, serving: str, kubelet: ReservationKubelet
+) -> None:
+    """Three 600-milli shares take three GPUs of the 8-GPU node (none fits beside another); each GPU gets
+    its reservation pod, which reports a UUID of its own. kube-scheduler's own count then refuses a
+    6-GPU pod (its NodeResourcesFit says so, before any extender) and binds a 5-GPU one. When the shares
+    go, their reservation pods go within 10 s (serve's watch), and the GPUs are whole again."""
+    work = "reserved-small"
+    cluster.create_pods([share(f"s-{i}", 600, "A100", work) for i in range(3)])
+    slots = set()
+    for i in range(3):
+        assert cluster.wait_bound(work, f"s-{i}") == SOLO
+        text = cluster.pod(work, f"s-{i}")["metadata"]["annotations"][ASSIGNED_GPUS_ANNOTATION]
+        slot = int(text.split(":")[0])
+        slots.add(slot)
+        # Created before the share's Binding: there by the time the share is seen bound.
+        assert cluster.pod(RESERVATIONS, reservation_name(SOLO, slot))["spec"]["nodeName"] == SOLO
+    assert len(slots) == 3
+    cluster.wait_for(lambda: agreement(cluster, work)["uuids"] == 3, 30, "three UUIDs reported")
+    found = agreement(cluster, work)
+    assert (found["missing"], found["orphans"], found["uuid_clashes"]) == ([], [], 0)
+
+    cluster.create_pods([make_pod("six", 6, namespace=work, models="A100")])
+    assert "Insufficient nvidia.com/gpu" in cluster.wait_failed(work, "six")
+    cluster.create_pods([make_pod("five", 5, namespace=work, models="A100")])
+    assert cluster.wait_bound(work, "five") == SOLO
+
+    for name in ("six", "five", *(f"s-{i}" for i in range(3))):
+        cluster.delete_pod(work, name)
+    cluster.wait_for(lambda: not reservations(cluster), 10, "the reservation pods to go with their shares")
+
+
+def test_a_hand_made_reservation_pod_of_another_shape_is_refused(cluster: ControlPlane, serving: str) -> None:
+    """The reservation namespace admits reservation pods only, whoever asks (the admission policy that
+    keeps a stolen extender credential from running anything else on a GPU node; 1.30 and later). A
+    tenant has no right there at all."""
+    tenant = cluster.api_as("tenant")
+    status, _ = tenant.raw(
+        "POST", f"/api/v1/namespaces/{RESERVATIONS}/pods", json.dumps(reservation_pod(SOLO, 7)).encode(),
+        "application/json",
+    )  # fmt: skip
+    assert status == 403  # no Role for a tenant there at all
+    assert cluster.binaries is not None
+    if cluster.binaries.release[:2] < (1, 30):
+        return  # no ValidatingAdmissionPolicy before 1.30: the shape is not checked there (docs/sharing.md)
+    as_scheduler = cluster.api_as("scheduler")
+    for name in ("another image", "another command", "the host's network", "a hostPath volume", "a secret in its env"):
+        change, refusal = HOSTILE[name]
+        pod = reservation_pod(SOLO, 7)
+        change(pod)
+        status, body = as_scheduler.raw(
+            "POST", f"/api/v1/namespaces/{RESERVATIONS}/pods", json.dumps(pod).encode(), "application/json"
+        )
+        assert status == 403 and refusal in body.decode(), (status, body[:300])
+    assert not reservations(cluster)
+
+
+def test_400_quarter_shares_on_200_nodes_each_gpu_reserved_once_and_after_churn_nothing_left_over(
+    cluster: ControlPlane, serving: str, ledger: LedgerStore, kubelet: ReservationKubelet
+) -> None:
+    """The acceptance: 400 quarter-GPU pods on 200 8-GPU nodes bind onto at most 101 GPUs, each of which
+    has exactly one reservation pod (made before its first share's Binding), reporting a UUID of its
+    own; the ledger equals the annotations. Then half the shares go and 200 more come: 10 s after the
+    last bind, no reservation pod is left without shares and no GPU with shares lacks one."""
+    work = "reserved-burst"
+    cluster.add_nodes([make_node(f"h100-{i:03d}", SHAPE["H100"], "us-east-1b") for i in range(200)])
+    watch = BindWatch(cluster.api, work)
+    try:
+        cluster.create_pods([share(f"q-{i:03d}", 250, "H100", work) for i in range(400)], workers=8)
+        assert watch.wait(400, timeout_s=300), f"{len(watch.bound_at)} of 400 bound"
+    finally:
+        watch.close()
+    pods = cluster.pods(work)
+    usage = share_usage(pods, ledger.scan())
+    assert usage["gpus_used"] <= 101 and usage["gpus_over_1000_milli"] == 0
+    assert usage["ledger_equals_annotations"] and usage["bound_without_annotation"] == 0
+    found = reservation_agreement(pods, reservations(cluster))
+    assert (found["missing"], found["orphans"]) == ([], []), found
+    assert found["reservation_pods"] == usage["gpus_used"]
+    cluster.wait_for(lambda: agreement(cluster, work)["uuids"] == usage["gpus_used"], 120, "every UUID reported")
+    assert agreement(cluster, work)["uuid_clashes"] == 0
+
+    for i in range(0, 400, 2):
+        cluster.delete_pod(work, f"q-{i:03d}")
+    watch = BindWatch(cluster.api, work)
+    try:
+        cluster.create_pods([share(f"r-{i:03d}", 250, "H100", work) for i in range(200)], workers=8)
+        assert watch.wait(200, timeout_s=300), f"{len(watch.bound_at)} of 200 bound"
+    finally:
+        watch.close()
+    time.sleep(10)
+    found = agreement(cluster, work)
+    assert (found["missing"], found["orphans"]) == ([], []), found
+    usage = share_usage(cluster.pods(work), ledger.scan())
+    assert usage["ledger_equals_annotations"] and found["reservation_pods"] == usage["gpus_used"]
+    cluster.delete_namespace_pods(work)
+    cluster.wait_for(lambda: not reservations(cluster), 30, "the reservation pods to go with their shares")
+
+
+def test_the_reconcile_creates_a_missing_reservation_pod_and_removes_one_without_shares(
+    cluster: ControlPlane, serving: str, ledger: LedgerStore, moto_env: dict[str, str], tmp_path: Any
+) -> None:
+    """What no release saw: a reservation pod deleted by hand under a share, and one made for a GPU that
+    holds none. One ``refresh node-state`` run, as the node-state identity, puts both right."""
+    work = "reserved-reconcile"
+    cluster.create_pods([share("kept", 400, "A100", work)])
+    assert cluster.wait_bound(work, "kept") == SOLO
+    (slot,) = [int(cluster.pod(work, "kept")["metadata"]["annotations"][ASSIGNED_GPUS_ANNOTATION].split(":")[0])]
+    cluster.delete_pod(RESERVATIONS, reservation_name(SOLO, slot))
+    stray = 7 if slot != 7 else 6
+    cluster.create_pods([reservation_pod(SOLO, stray)])
+    assert {p["metadata"]["name"] for p in reservations(cluster)} == {reservation_name(SOLO, stray)}
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_scheduler", "refresh", "node-state", "--once", "--no-ec2", "--kubeconfig",
+         str(cluster.kubeconfig_of("node-state")), "--snapshot", str(tmp_path / "snapshot.npz"),
+         "--ledger-table", TABLE],
+        capture_output=True, text=True, timeout=120, env=moto_env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["reservations"]["reservations_created"] == 1, report
+    assert report["reservations"]["reservations_deleted"] == 1, report
+    assert {p["metadata"]["name"] for p in reservations(cluster)} == {reservation_name(SOLO, slot)}
+    cluster.wait_for(
+        lambda: RESERVED_GPU_ANNOTATION in (cluster.pod(RESERVATIONS, reservation_name(SOLO, slot))["metadata"]
+                                            .get("annotations") or {}),
+        30, "the re-created reservation pod's UUID",
+    )  # fmt: skip
+    cluster.delete_pod(work, "kept")
+    cluster.wait_for(lambda: not reservations(cluster), 10, "the reservation pod to go with its share")
