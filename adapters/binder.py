@@ -62,6 +62,7 @@ from adapters.kube import POOL_SIZE, DeadlineReachedError, KubeApiError, KubeCli
 from adapters.ledger_readings import LedgerReadings
 from adapters.reservations import Reservations
 from adapters.settings import ClusterAccess
+from manifests.placeholder import is_placeholder
 from manifests.reservation import reserving
 from scheduler_core.errors import ClusterStateUnavailableError, InvalidPodError
 from scheduler_core.extender.facade import Admit, BindOutcome
@@ -203,6 +204,8 @@ class LedgerBinder:
             log.info("bind %s to %s: the pod's UID is not %s", pod_key, args.node, args.pod_uid)
             return failed("pod_gone", NO_SUCH_POD)
         spec = pod.get("spec") or {}
+        if is_placeholder(pod):
+            return self._retire_placeholder(args, failed)
         assigned = (metadata.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION, "")
         if spec.get("nodeName"):
             if spec["nodeName"] != args.node:
@@ -252,6 +255,19 @@ class LedgerBinder:
         # Other instances' binds there, and this one (its CPU as well, which fgd_cpu reads).
         self.readings.observe(args.node, held.free, args.pod_uid, cpu)
         return self._observed_binding(args, pod_key, held, gpu_count)
+
+    def _retire_placeholder(self, args: ExtenderBindingArgs, failed: Callable[..., BindOutcome]) -> BindOutcome:
+        """A placeholder that kube-scheduler would bind has done its job: a node with room for its shares
+        exists (an autoscaler added it, or a GPU came free). It is deleted instead, so that it never holds
+        that GPU, and the shares (whose retry its deletion triggers) take it (``manifests/placeholder.py``)."""
+        try:
+            self.kube.delete_pod(args.pod_namespace, args.pod_name, grace_period_s=0)
+        except (KubeApiError, DeadlineReachedError) as exc:
+            if not isinstance(exc, KubeApiError) or exc.status != 404:
+                return failed(
+                    "placeholder", self._logged(args.pod_namespace, args.node, "removing the placeholder failed", exc)
+                )
+        return failed("placeholder", "a node has room for this placeholder's shares: it is removed, not bound")
 
     @staticmethod
     def _logged(pod_key: str, node: str, step: str, exc: Exception) -> str:

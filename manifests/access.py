@@ -13,7 +13,8 @@ calls each function makes (``adapters/kube.py``, ``adapters/binder.py`` and the 
 
 With sharing, the extender's and node-state groups (and the second scheduler's ServiceAccount) also
 create, read and delete reservation pods in their own namespace only (``manifests/reservation.py``,
-:func:`~manifests.reservation.keeper_access`). Nobody gets ``events`` or any write on a resource it does
+:func:`~manifests.reservation.keeper_access`), and create or delete placeholders in theirs
+(``manifests/placeholder.py``). Nobody gets ``events`` or any write on a resource it does
 not own; only the node-state refresher
 watches (its watch mode, ``WATCH_S``, on by default: the snapshot a second after each change).
 ``get`` adds nothing to a ``list`` on the same resource (a list returns every object); the

@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 from manifests.access import admission_policies, lambda_rbac
+from manifests.placeholder import placeholder_manifests
 from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
 from manifests.reservation import image_problems, reservation_manifests, reserving
 from scheduler_core.errors import ConfigError
@@ -416,7 +417,10 @@ def all_manifests(options: SchedulerOptions, *, admission_policy: bool = True) -
     account = f"system:serviceaccount:{options.namespace}:{SCHEDULER_NAME}"
     policies = admission_policies(sharing=options.sharing, scheduler_account=account) if admission_policy else []
     made = options.sharing and reserving(options.reservation_image)
-    reservations = reservation_manifests(account, image=options.reservation_image) if made else []
+    image = options.reservation_image
+    reservations = (
+        [*reservation_manifests(account, image=image), *placeholder_manifests(image, account)] if made else []
+    )
     if not admission_policy:
         reservations = [doc for doc in reservations if not doc["kind"].startswith("ValidatingAdmission")]
     return [

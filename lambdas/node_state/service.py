@@ -55,6 +55,7 @@ from adapters.live_state import ClusterMirror, lag_quantiles
 from adapters.reservations import Reservations
 from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
 from lambdas.node_state.config import NodeStateSettings
+from manifests.placeholder import placeholder_pod
 from manifests.reservation import reserving
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.annotations import Pairs, trusted_assigned_gpus
@@ -64,11 +65,15 @@ from scheduler_core.k8s.names import (
     GPU_RESOURCE,
     LABEL_INSTANCE_TYPE,
     MILLI_RESOURCE,
+    PLACEHOLDER_APP,
+    PLACEHOLDER_NAMESPACE,
+    SCHEDULER_NAME,
 )
 from scheduler_core.k8s.node_labels import LabelPolicy, desired_info, label_changes
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import effective_requests
 from scheduler_core.state.allocation import reservation_of
+from scheduler_core.state.demand import plan_placeholders, share_demand
 from scheduler_core.state.ledger import NodeLedger, reconcile
 from scheduler_core.state.snapshot import (
     Revision,
@@ -80,6 +85,8 @@ from scheduler_core.state.snapshot import (
 
 ASSIGNED_NON_TERMINAL = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 UNASSIGNED_NON_TERMINAL = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
+PENDING_SHARES = f"spec.nodeName=,spec.schedulerName={SCHEDULER_NAME},status.phase=Pending"
+"""The pods that may be unschedulable shares of the profile (the rest of the test is on the pod)."""
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +121,7 @@ class RunReport:
     ledger_write_conflicts: int = 0  # items a bind changed meanwhile: left for the next run
     ledger_error: str = ""
     reservations: dict[str, int] = field(default_factory=dict)  # reconciled reservation pods: created, deleted
+    placeholders: dict[str, int] = field(default_factory=dict)  # whole-GPU demand of unschedulable shares
     snapshot_revision: str = ""
     snapshots_kept_newer: int = 0  # writes skipped: the store already held a newer snapshot
     watch: dict[str, float] = field(default_factory=dict)  # WATCH_S: events, publishes, lag
@@ -238,6 +246,9 @@ def refresh(
                     report,
                     **_reconcile(services.ledger, ledger_view, gpu_counts, drift, logger, services.reservations),
                 )
+        if services.reservations is not None:
+            with _phase(phases, "placeholders"):
+                report = replace(report, placeholders=_placeholders(kube, services.reservations.image, logger))
     if settings.watch_s > 0 and report.status == "ok":
         with _phase(phases, "watch"):
             seed = _Seed(nodes, nodes_version, pods, pods_version, dict(plan))
@@ -424,6 +435,39 @@ def _reconcile(
             done = {"reservation_errors": 1}
         report["reservations"] = done
     return report
+
+
+def _placeholders(kube: KubeClient, image: str, logger: Any) -> dict[str, int]:
+    """Keep one placeholder pod per whole GPU that the unschedulable shares need, by group
+    (:mod:`scheduler_core.state.demand`, ``manifests/placeholder.py``); the report's counts. An API
+    error ends the step, logged: the next run tries again."""
+    done = {"demand_gpus": 0, "unschedulable_shares": 0, "created": 0, "deleted": 0, "errors": 0}
+    try:
+        pending = kube.list_all("pods", field_selector=PENDING_SHARES)
+        existing = kube.list_all("pods", label_selector=f"app.kubernetes.io/name={PLACEHOLDER_APP}")
+        demand = share_demand(pending)
+        done["demand_gpus"] = sum(d.gpus for d in demand)
+        done["unschedulable_shares"] = sum(d.shares for d in demand)
+        plan = plan_placeholders(demand, existing)
+        for name in plan.delete:
+            try:
+                kube.delete_pod(PLACEHOLDER_NAMESPACE, name, grace_period_s=0)
+                done["deleted"] += 1
+            except KubeApiError as exc:
+                if exc.status != 404:
+                    raise
+        requirements = {d.key: d.requirements for d in demand}
+        for key, index in plan.create:
+            try:
+                kube.create_pod(PLACEHOLDER_NAMESPACE, placeholder_pod(key, index, requirements[key], image=image))
+                done["created"] += 1
+            except KubeApiError as exc:
+                if exc.status != 409:
+                    raise
+    except (KubeApiError, DeadlineReachedError) as exc:
+        done["errors"] += 1
+        logger.warning("placeholders not kept up to date; the next run tries again", extra={"error": str(exc)})
+    return done
 
 
 @contextmanager

@@ -492,3 +492,17 @@ def test_the_reconcile_acts_only_on_what_a_fresh_read_still_shows(api: KubeApiDo
     )
     assert done == {"reservations_created": 1, "reservations_deleted": 1, "reservation_errors": 0}
     assert reservation_names(api) == {"gpu-reservation-t4-0-0", "gpu-reservation-t4-0-1"}
+
+
+def test_a_placeholder_is_removed_instead_of_bound(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    """A node has room for the placeholder's shares: it goes, holding nothing, and the shares take the room."""
+    from manifests.placeholder import NAMESPACE, placeholder_pod
+
+    pod = placeholder_pod("0a1b2c3d4e", 0, {"annotations": {"gpu.nvidia.com/model": "T4"}}, image="r.example/p:1")
+    pod["metadata"]["uid"] = "placeholder-uid"
+    api.load("pods", [pod])
+    binder = reserving_binder(api, ledger)
+    outcome = binder.bind(ExtenderBindingArgs(pod["metadata"]["name"], NAMESPACE, "placeholder-uid", "t4-0"))
+    assert outcome.error_kind == "placeholder" and "it is removed, not bound" in outcome.error
+    assert NAMESPACE not in {p["metadata"].get("namespace") for p in api.objects("pods")}
+    assert ledger.read("t4-0", 4).assignments == {} and reservation_names(api) == set()

@@ -112,6 +112,8 @@ def test_sharing_grants_the_ledger_exactly_and_serves_bind_and_preempt(synth: Sy
     assert env["SHARE_POLICY"] == "fgd_cpu"
     node_env = _by_prefix(functions, "NodeStateFunction")["Properties"]["Environment"]["Variables"]
     assert node_env["LEDGER_TABLE"] == {"Ref": table[0]}
+    # Both make and remove reservation pods, with the same image the generated admission policy admits.
+    assert node_env["RESERVATION_IMAGE"] == env["RESERVATION_IMAGE"] == "public.ecr.aws/docker/library/python:3.12-slim"
     # bind loads the kubernetes client: the extender gets the refreshers' layer, still shared.
     assert len(_by_prefix(functions, "ExtenderFunction")["Properties"]["Layers"]) == 2
     sharing.template.resource_count_is("AWS::Lambda::LayerVersion", 2)

@@ -21,6 +21,7 @@ import pytest
 
 from adapters.gpu_ledger import LedgerStore, create_table
 from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from manifests.placeholder import NAMESPACE as PLACEHOLDERS
 from manifests.reservation import NAMESPACE as RESERVATIONS
 from manifests.reservation import reservation_name, reservation_pod
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, RESERVED_GPU_ANNOTATION
@@ -194,14 +195,7 @@ def test_the_reconcile_creates_a_missing_reservation_pod_and_removes_one_without
     cluster.create_pods([reservation_pod(SOLO, stray)])
     assert {p["metadata"]["name"] for p in reservations(cluster)} == {reservation_name(SOLO, stray)}
 
-    done = subprocess.run(
-        [sys.executable, "-m", "gpu_scheduler", "refresh", "node-state", "--once", "--no-ec2", "--kubeconfig",
-         str(cluster.kubeconfig_of("node-state")), "--snapshot", str(tmp_path / "snapshot.npz"),
-         "--ledger-table", TABLE],
-        capture_output=True, text=True, timeout=120, env=moto_env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout.splitlines()[-1])
+    report = refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")
     assert report["reservations"]["reservations_created"] == 1, report
     assert report["reservations"]["reservations_deleted"] == 1, report
     assert {p["metadata"]["name"] for p in reservations(cluster)} == {reservation_name(SOLO, slot)}
@@ -212,3 +206,60 @@ def test_the_reconcile_creates_a_missing_reservation_pod_and_removes_one_without
     )  # fmt: skip
     cluster.delete_pod(work, "kept")
     cluster.wait_for(lambda: not reservations(cluster), 10, "the reservation pod to go with its share")
+
+
+def refresh_once(cluster: ControlPlane, moto_env: dict[str, str], snapshot: Any) -> dict[str, Any]:
+    """One ``gpu-scheduler refresh node-state`` run as the node-state identity, with the ledger; its report."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_scheduler", "refresh", "node-state", "--once", "--no-ec2", "--kubeconfig",
+         str(cluster.kubeconfig_of("node-state")), "--snapshot", str(snapshot), "--ledger-table", TABLE],
+        capture_output=True, text=True, timeout=120, env=moto_env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return report
+
+
+def unschedulable(pod: dict[str, Any]) -> bool:
+    return any(
+        (c.get("type"), c.get("status"), c.get("reason")) == ("PodScheduled", "False", "Unschedulable")
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def test_shares_that_fit_nowhere_become_whole_gpu_placeholders_that_go_once_nodes_come(
+    cluster: ControlPlane, serving: str, moto_env: dict[str, str], tmp_path: Any
+) -> None:
+    """40 quarter-GPU shares of a model no node has are unschedulable: one refresher run stands up exactly
+    10 one-GPU placeholders with the shares' model (what Karpenter or cluster-autoscaler provisions for:
+    kube-scheduler marks them Unschedulable too). Three nodes of that model come (12 GPUs): the shares
+    bind within a minute, no placeholder is ever bound (the bind deletes one instead), and the next run
+    removes any left."""
+    work = "reserved-pending"
+    cluster.create_pods([share(f"p-{i:02d}", 250, "L40S", work) for i in range(40)], workers=8)
+    cluster.wait_for(lambda: all(unschedulable(p) for p in cluster.pods(work)) and len(cluster.pods(work)) == 40,
+                     60, "the 40 shares refused")  # fmt: skip
+    report = refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")
+    assert report["placeholders"]["demand_gpus"] == 10 and report["placeholders"]["created"] == 10, report
+    assert report["placeholders"]["unschedulable_shares"] == 40
+    placeholders = cluster.pods(PLACEHOLDERS)
+    assert len(placeholders) == 10
+    for pod in placeholders:
+        (container,) = pod["spec"]["containers"]
+        assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"
+        assert pod["metadata"]["annotations"]["gpu.nvidia.com/model"] == "L40S"
+    cluster.wait_for(lambda: all(unschedulable(p) for p in cluster.pods(PLACEHOLDERS)), 60, "the placeholders refused")
+    assert (
+        refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")["placeholders"]["created"] == 0
+    )  # kept as they are
+
+    cluster.add_nodes([make_node(f"l40s-{i}", SHAPE["L40S"], "us-east-1c") for i in range(3)])
+    # Whatever kube-scheduler tries first, a placeholder is never bound (the bind removes it instead), so
+    # every share finds its room.
+    cluster.wait_for(lambda: all(p["spec"].get("nodeName") for p in cluster.pods(work)), 60, "the 40 shares bound")
+    assert not any(p["spec"].get("nodeName") for p in cluster.pods(PLACEHOLDERS))
+    report = refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")
+    assert report["placeholders"]["demand_gpus"] == 0 and report["placeholders"]["created"] == 0, report
+    assert cluster.pods(PLACEHOLDERS) == []
+    cluster.delete_namespace_pods(work)
+    cluster.wait_for(lambda: not reservations(cluster), 10, "the reservation pods to go with their shares")

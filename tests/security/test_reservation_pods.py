@@ -1,4 +1,4 @@
-"""What a stolen credential of a reservation keeper (the extender's group, the node-state group, the
+"""What a stolen credential of a reservation or placeholder keeper (the extender's group, the node-state group, the
 second scheduler's ServiceAccount) can run: the generated admission policy admits in the reservation
 namespace only pods shaped as ``manifests.reservation.reservation_pod`` makes them, evaluated here by a
 real CEL evaluator as the API server evaluates it. ``tests/e2e/test_reserved_shares.py`` sends a few of
@@ -109,3 +109,40 @@ def test_pods_elsewhere_are_not_the_policys_to_judge() -> None:
     pod = admitted_shape()
     _container(pod).update(image="example.com/anything:1")
     assert refusals(pod, namespace="team-a") == []
+
+
+def placeholder_refusals(pod: dict[str, Any]) -> list[str]:
+    """The same for the placeholder namespace's policy (``manifests/placeholder.py``)."""
+    from manifests.placeholder import NAMESPACE as PLACEHOLDERS
+    from manifests.placeholder import placeholder_manifests
+
+    (policy,) = [d for d in placeholder_manifests(IMAGE, SCHEDULER) if d["kind"] == "ValidatingAdmissionPolicy"]
+    activation = {"request": {"operation": "CREATE", "namespace": PLACEHOLDERS}, "object": pod}
+    return [v["message"] for v in policy["spec"]["validations"] if not evaluate(v["expression"], activation)]
+
+
+PLACEHOLDER_HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
+    "another image": (lambda p: _container(p).update(image="example.com/miner:1"), "asleep"),
+    "a secret volume": (
+        lambda p: p["spec"].update(volumes=[{"name": "s", "secret": {"secretName": "x"}}]),
+        "no volumes",
+    ),
+    "env": (lambda p: _container(p).update(env=[{"name": "A", "value": "b"}]), "no args, env or mounts"),
+    "bound at creation": (lambda p: p["spec"].update(nodeName="n"), "no nodeName"),
+    "another scheduler": (lambda p: p["spec"].update(schedulerName="default-scheduler"), "profile"),
+    "a higher priority": (lambda p: p["spec"].update(priorityClassName="system-node-critical"), "priority"),
+    "privileged": (lambda p: _container(p)["securityContext"].update(privileged=True), "no privilege"),
+}
+
+
+@pytest.mark.parametrize("change", sorted(PLACEHOLDER_HOSTILE))
+def test_the_placeholder_namespace_admits_placeholders_only(change: str) -> None:
+    from manifests.placeholder import placeholder_pod
+
+    requirements = {"annotations": {"gpu.nvidia.com/model": "H100"}, "nodeSelector": {"pool": "gpu"}}
+    assert placeholder_refusals(placeholder_pod("0a1b2c3d4e", 0, requirements, image=IMAGE)) == []
+    pod = placeholder_pod("0a1b2c3d4e", 0, requirements, image=IMAGE)
+    alter, refusal = PLACEHOLDER_HOSTILE[change]
+    alter(pod)
+    found = placeholder_refusals(pod)
+    assert found and any(refusal in message for message in found), found

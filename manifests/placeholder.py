@@ -1,0 +1,180 @@
+"""Placeholder pods: whole-GPU demand an autoscaler can act on, for shares that fit nowhere.
+
+Karpenter and cluster-autoscaler add nodes for pods kube-scheduler marked ``Unschedulable`` whose
+requests a node they can launch would satisfy; a share's ``gpu-scheduler.io/gpu-milli`` is no resource
+they know. So the node-state refresher keeps, per group of such shares, one placeholder per whole GPU
+the group needs (:mod:`scheduler_core.state.demand`): a pod of the ``gpu-scheduler`` profile (so the
+extender holds it to the shares' GPU model and memory, which it carries as annotations) requesting
+``nvidia.com/gpu: 1``, with the shares' node selector, required node affinity and tolerations, and a
+priority below every workload's that never preempts (:func:`priority_class`). The autoscaler adds a node
+for them; kube-scheduler then binds the shares (of a higher priority) or a placeholder there; a bound
+placeholder is never bound: the extender's bind deletes it instead (its job is done: a node with room
+for its shares exists), which also makes kube-scheduler retry the shares at once.
+
+Here: the pod, its PriorityClass and namespace, and who may create them (the node-state group), with an
+admission policy that admits in :data:`NAMESPACE` only pods of the placeholder's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from manifests.access import EXTENDER, NODE_STATE, _policy
+from scheduler_core.k8s.names import (
+    GPU_RESOURCE,
+    PLACEHOLDER_APP,
+    PLACEHOLDER_GROUP_LABEL,
+    PLACEHOLDER_NAMESPACE,
+    SCHEDULER_NAME,
+)
+
+NAMESPACE = PLACEHOLDER_NAMESPACE
+PRIORITY_CLASS = "gpu-share-placeholder"
+PRIORITY = -100
+"""Below the default (0): pending shares and every other workload go first; nothing is preempted for it."""
+COMMAND = ["python3", "-c", "import signal; signal.pause()"]
+"""What a placeholder runs if a kubelet starts it before the refresher deletes it: nothing, asleep (the
+reservation image, which the cluster pulls already)."""
+_LABELS = {"app.kubernetes.io/name": PLACEHOLDER_APP, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
+
+
+def placeholder_name(key: str, index: int) -> str:
+    """Placeholder ``index`` of group ``key``: the index says which of the group's GPUs it stands for.
+
+    >>> placeholder_name("0a1b2c3d4e", 2)
+    'gpu-placeholder-0a1b2c3d4e-2'
+    """
+    return f"{PLACEHOLDER_APP}-{key}-{index}"
+
+
+def placeholder_pod(key: str, index: int, requirements: Mapping[str, Any], *, image: str) -> dict[str, Any]:
+    """Placeholder ``index`` of the group ``key``: one GPU, the group's ``requirements``
+    (:func:`scheduler_core.state.demand.requirements_of`), scheduled by the ``gpu-scheduler`` profile."""
+    spec: dict[str, Any] = {
+        "schedulerName": SCHEDULER_NAME,
+        "priorityClassName": PRIORITY_CLASS,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {
+                "name": "placeholder",
+                "image": image,
+                "command": list(COMMAND),
+                "resources": {
+                    "requests": {"cpu": "1m", "memory": "16Mi", GPU_RESOURCE: "1"},
+                    "limits": {"memory": "16Mi", GPU_RESOURCE: "1"},
+                },
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": 65534,
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }
+        ],
+    }
+    for field in ("nodeSelector", "affinity", "tolerations"):
+        if requirements.get(field):
+            spec[field] = requirements[field]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": placeholder_name(key, index),
+            "namespace": NAMESPACE,
+            "labels": {**_LABELS, PLACEHOLDER_GROUP_LABEL: key},
+            "annotations": dict(requirements.get("annotations") or {}),
+        },
+        "spec": spec,
+    }
+
+
+def is_placeholder(pod: Mapping[str, Any]) -> bool:
+    """A placeholder pod: in :data:`NAMESPACE`, with the placeholder's name label (only placeholders are
+    admitted there)."""
+    metadata = pod.get("metadata") or {}
+    return (
+        metadata.get("namespace") == NAMESPACE
+        and (metadata.get("labels") or {}).get("app.kubernetes.io/name") == PLACEHOLDER_APP
+    )
+
+
+def priority_class() -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": PRIORITY_CLASS, "labels": dict(_LABELS)},
+        "value": PRIORITY,
+        "preemptionPolicy": "Never",
+        "globalDefault": False,
+        "description": "eks-gpu-scheduler: whole-GPU demand for shares that fit nowhere, for autoscalers",
+    }
+
+
+def placeholder_manifests(image: str, scheduler_account: str) -> list[dict[str, Any]]:
+    """The namespace, the PriorityClass, the Role there (pods create and delete) of the node-state group
+    (which keeps the placeholders), the extender's group and ``scheduler_account`` (whose bind deletes a
+    placeholder instead of binding it), and the admission policy that admits there only placeholders
+    running ``image``, in apply order."""
+    rbac = "rbac.authorization.k8s.io"
+    account_namespace, account = scheduler_account.removeprefix("system:serviceaccount:").split(":", 1)
+    meta = {"name": PLACEHOLDER_APP, "namespace": NAMESPACE, "labels": dict(_LABELS)}
+    container = "object.spec.containers[0]"
+    command = ", ".join(f"'{part}'" for part in COMMAND)
+    checks = [
+        ("object.spec.containers.size() == 1", "one container"),
+        (f"{container}.image == '{image}' && has({container}.command) && {container}.command == [{command}]",
+         f"the image {image} asleep"),
+        (f"!has({container}.args) && !has({container}.env) && !has({container}.envFrom) && "
+         f"!has({container}.volumeMounts)", "no args, env or mounts"),
+        ("!has(object.spec.volumes) || object.spec.volumes.size() == 0", "no volumes"),
+        ("(!has(object.spec.initContainers) || object.spec.initContainers.size() == 0) && "
+         "(!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.size() == 0)",
+         "no other containers"),
+        (f"has({container}.securityContext) && has({container}.securityContext.allowPrivilegeEscalation) && "
+         f"!{container}.securityContext.allowPrivilegeEscalation && "
+         f"(!has({container}.securityContext.privileged) || !{container}.securityContext.privileged)",
+         "no privilege"),
+        ("!(has(object.spec.hostNetwork) && object.spec.hostNetwork) && !(has(object.spec.hostPID) && "
+         "object.spec.hostPID) && !(has(object.spec.hostIPC) && object.spec.hostIPC)", "no host namespaces"),
+        (f"object.spec.schedulerName == '{SCHEDULER_NAME}' && object.spec.priorityClassName == '{PRIORITY_CLASS}'",
+         f"the {SCHEDULER_NAME} profile and the {PRIORITY_CLASS} priority"),
+        ("!has(object.spec.nodeName) || object.spec.nodeName == ''", "no nodeName"),
+    ]  # fmt: skip
+    shape = {
+        "matchConstraints": {"resourceRules": [
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+        ]},
+        "matchConditions": [
+            {"name": "in-the-placeholder-namespace", "expression": f"request.namespace == '{NAMESPACE}'"}
+        ],
+        "validations": [
+            {"expression": expression, "message": f"a pod in {NAMESPACE} must be a placeholder: {what}",
+             "reason": "Forbidden"}
+            for expression, what in checks
+        ],
+    }  # fmt: skip
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": dict(_LABELS)}},
+        priority_class(),
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]}],
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": PLACEHOLDER_APP},
+            "subjects": [
+                {"apiGroup": rbac, "kind": "Group", "name": NODE_STATE.group},
+                {"apiGroup": rbac, "kind": "Group", "name": EXTENDER.group},
+                {"kind": "ServiceAccount", "name": account, "namespace": account_namespace},
+            ],
+        },
+        *_policy(f"{SCHEDULER_NAME}-placeholder-pods", shape),
+    ]
