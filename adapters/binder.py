@@ -305,12 +305,15 @@ class LedgerBinder:
         queue = self._queue(node)
         with queue.mutex:
             queue.waiting.append(request)
+        emptied: tuple[int, ...] = ()
         if queue.lock.acquire(timeout=max(0.0, self.deadline() - BINDING_RESERVE_S)):
             try:
                 if not request.done.is_set():
-                    self._commit(node, gpu_count, queue)
+                    emptied = self._commit(node, gpu_count, queue)
             finally:
                 queue.lock.release()
+            # The write dropped the last shares of these GPUs (pods the watch saw go): out of the lock.
+            self._close(node, gpu_count, emptied)
         else:
             with queue.mutex:
                 if request in queue.waiting:  # nobody took it: nothing was written for it
@@ -327,8 +330,9 @@ class LedgerBinder:
         assert request.result is not None
         return request.result
 
-    def _commit(self, node: str, gpu_count: int, queue: _NodeQueue) -> None:
-        """Write every bind waiting on ``node`` in one go, and hand each its result (with the lock held)."""
+    def _commit(self, node: str, gpu_count: int, queue: _NodeQueue) -> tuple[int, ...]:
+        """Write every bind waiting on ``node`` in one go, and hand each its result (with the lock held);
+        the GPUs the write left without shares."""
         with queue.mutex:
             batch, queue.waiting = queue.waiting, []
         try:
@@ -350,9 +354,7 @@ class LedgerBinder:
         finally:
             for request in batch:
                 request.done.set()
-        emptied = next((r.result.emptied for r in batch if r.result is not None), ())
-        if emptied:  # the write dropped the last shares of these GPUs (pods the watch saw go)
-            self._close(node, gpu_count, emptied)
+        return next((r.result.emptied for r in batch if r.result is not None and r.result.emptied), ())
 
     def _queue(self, node: str) -> _NodeQueue:
         with self._queues_lock:
@@ -442,15 +444,10 @@ class LedgerBinder:
         return released.held
 
     def _close(self, node: str, gpu_count: int, slots: Sequence[int]) -> None:
-        """Delete the reservation pods of ``slots``, GPUs the ledger just left without shares (see
-        :meth:`adapters.reservations.Reservations.close`). A failure is logged, never raised: what is
-        left over is the reconcile's to remove."""
-        if not slots or self.reservations is None:
-            return
-        try:
-            self.reservations.close(node, slots, lambda: self.ledger.read(node, gpu_count).shared_slots())
-        except (KubeApiError, DeadlineReachedError, LedgerStoreError) as exc:
-            log.warning("removing the reservation pods of GPUs %s on %s failed: %s", list(slots), node, exc)
+        """Delete the reservation pods of ``slots``, GPUs the ledger just left without shares
+        (:meth:`adapters.reservations.Reservations.released`: never raises)."""
+        if self.reservations is not None:
+            self.reservations.released(node, slots, lambda: self.ledger.read(node, gpu_count).shared_slots())
 
     def _gpu_count(self, node: str, obj: Mapping[str, Any] | None = None) -> int:
         """The node's allocatable GPUs: from the state, else from ``obj`` (the node as just read), else

@@ -23,11 +23,12 @@ that open the same GPU make one pod.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.kube import KubeApiError, KubeClient
+from adapters.gpu_ledger import LedgerStoreError
+from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from manifests.reservation import DEFAULT_IMAGE, NAMESPACE, reservation_name, reservation_pod
 from scheduler_core.k8s.names import TERMINAL_PHASES
 from scheduler_core.state.ledger import NodeLedger, plan_reservations
@@ -79,7 +80,12 @@ class Reservations:
                 continue
             log.info("reservation pod %s/%s is failed or going; replacing it", NAMESPACE, name)
             self._delete(client, name)
-            client.create_pod(NAMESPACE, body)
+            try:
+                client.create_pod(NAMESPACE, body)
+            except KubeApiError as exc:
+                if exc.status != 409:  # another process made it again meanwhile: a new pod, alive
+                    raise
+                continue
             self.counters["replaced"] += 1
             made += 1
         return made
@@ -98,6 +104,17 @@ class Reservations:
             self.open(node, again)
         return again
 
+    def released(self, node: str, slots: Sequence[int], shared_now: SharedNow) -> None:
+        """:meth:`close` after a ledger release left ``slots`` without shares, for callers that must not
+        fail for it (a bind, a watch's release): an error is logged, and what is left over is the
+        reconcile's to remove or re-create."""
+        if not slots:
+            return
+        try:
+            self.close(node, slots, shared_now)
+        except (KubeApiError, DeadlineReachedError, LedgerStoreError) as exc:
+            log.warning("removing the reservation pods of GPUs %s on %s failed: %s", list(slots), node, exc)
+
     def reconcile(
         self,
         items: Mapping[str, NodeLedger],
@@ -111,7 +128,8 @@ class Reservations:
         done = {"reservations_created": 0, "reservations_deleted": 0, "reservation_errors": 0}
         for node in sorted(set(items) | set(existing)):
             pods = existing.get(node, {})
-            if not _differs(items.get(node), node, pods):
+            listed = plan_reservations(items.get(node) or NodeLedger(node, 0), pods)
+            if not listed.create and not listed.delete:
                 continue
             try:
                 fresh = read(node)
@@ -120,7 +138,7 @@ class Reservations:
                 closed = [slot for slot, name in pods.items() if name in plan.delete]
                 again = self.close(node, closed, lambda node=node: read(node).shared_slots())  # type: ignore[misc]
                 done["reservations_deleted"] += len(closed) - len(again)
-            except KubeApiError as exc:
+            except (KubeApiError, DeadlineReachedError, LedgerStoreError) as exc:
                 done["reservation_errors"] += 1
                 log.warning("reconciling the reservation pods of %s failed: %s", node, exc)
         return done
@@ -132,11 +150,6 @@ class Reservations:
         except KubeApiError as exc:
             if exc.status != 404:
                 raise
-
-
-def _differs(item: NodeLedger | None, node: str, pods: Mapping[int, str]) -> bool:
-    plan = plan_reservations(item if item is not None else NodeLedger(node, 0), pods)
-    return bool(plan.create or plan.delete)
 
 
 def _alive(pod: Mapping[str, Any]) -> bool:

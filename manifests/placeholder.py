@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from manifests.access import EXTENDER, NODE_STATE, _policy
+from manifests.access import EXTENDER, NODE_STATE, RBAC, _policy
 from scheduler_core.k8s.names import (
     GPU_RESOURCE,
     PLACEHOLDER_APP,
@@ -31,8 +31,10 @@ from scheduler_core.k8s.names import (
 
 NAMESPACE = PLACEHOLDER_NAMESPACE
 PRIORITY_CLASS = "gpu-share-placeholder"
-PRIORITY = -100
-"""Below the default (0): pending shares and every other workload go first; nothing is preempted for it."""
+PRIORITY = -5
+"""Below the default (0): pending shares and every other workload go first; nothing is preempted for it.
+Above cluster-autoscaler's ``--expendable-pods-priority-cutoff`` (-10), under which it adds no node for a
+pod."""
 COMMAND = ["python3", "-c", "import signal; signal.pause()"]
 """What a placeholder runs if a kubelet starts it before the refresher deletes it: nothing, asleep (the
 reservation image, which the cluster pulls already)."""
@@ -48,9 +50,12 @@ def placeholder_name(key: str, index: int) -> str:
     return f"{PLACEHOLDER_APP}-{key}-{index}"
 
 
-def placeholder_pod(key: str, index: int, requirements: Mapping[str, Any], *, image: str) -> dict[str, Any]:
-    """Placeholder ``index`` of the group ``key``: one GPU, the group's ``requirements``
-    (:func:`scheduler_core.state.demand.requirements_of`), scheduled by the ``gpu-scheduler`` profile."""
+def placeholder_pod(
+    key: str, index: int, requirements: Mapping[str, Any], *, image: str, cpu_milli: int = 1, memory: int = 16 << 20
+) -> dict[str, Any]:
+    """Placeholder ``index`` of the group ``key``: one GPU, the CPU (milli-cores) and memory (bytes) of the
+    shares it stands for, the group's ``requirements`` (:func:`scheduler_core.state.demand.requirements_of`),
+    scheduled by the ``gpu-scheduler`` profile."""
     spec: dict[str, Any] = {
         "schedulerName": SCHEDULER_NAME,
         "priorityClassName": PRIORITY_CLASS,
@@ -62,8 +67,8 @@ def placeholder_pod(key: str, index: int, requirements: Mapping[str, Any], *, im
                 "image": image,
                 "command": list(COMMAND),
                 "resources": {
-                    "requests": {"cpu": "1m", "memory": "16Mi", GPU_RESOURCE: "1"},
-                    "limits": {"memory": "16Mi", GPU_RESOURCE: "1"},
+                    "requests": {"cpu": f"{max(1, cpu_milli)}m", "memory": str(max(1, memory)), GPU_RESOURCE: "1"},
+                    "limits": {GPU_RESOURCE: "1"},
                 },
                 "securityContext": {
                     "runAsNonRoot": True,
@@ -71,6 +76,7 @@ def placeholder_pod(key: str, index: int, requirements: Mapping[str, Any], *, im
                     "allowPrivilegeEscalation": False,
                     "readOnlyRootFilesystem": True,
                     "capabilities": {"drop": ["ALL"]},
+                    "seccompProfile": {"type": "RuntimeDefault"},
                 },
             }
         ],
@@ -118,9 +124,7 @@ def placeholder_manifests(image: str, scheduler_account: str) -> list[dict[str, 
     (which keeps the placeholders), the extender's group and ``scheduler_account`` (whose bind deletes a
     placeholder instead of binding it), and the admission policy that admits there only placeholders
     running ``image``, in apply order."""
-    rbac = "rbac.authorization.k8s.io"
     account_namespace, account = scheduler_account.removeprefix("system:serviceaccount:").split(":", 1)
-    meta = {"name": PLACEHOLDER_APP, "namespace": NAMESPACE, "labels": dict(_LABELS)}
     container = "object.spec.containers[0]"
     command = ", ".join(f"'{part}'" for part in COMMAND)
     checks = [
@@ -156,25 +160,26 @@ def placeholder_manifests(image: str, scheduler_account: str) -> list[dict[str, 
             for expression, what in checks
         ],
     }  # fmt: skip
+    keeper = [{"apiGroup": RBAC, "kind": "Group", "name": NODE_STATE.group}]
+    retirer = [
+        {"apiGroup": RBAC, "kind": "Group", "name": EXTENDER.group},
+        {"kind": "ServiceAccount", "name": account, "namespace": account_namespace},
+    ]
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": dict(_LABELS)}},
         priority_class(),
-        {
-            "apiVersion": f"{rbac}/v1",
-            "kind": "Role",
-            "metadata": meta,
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]}],
-        },
-        {
-            "apiVersion": f"{rbac}/v1",
-            "kind": "RoleBinding",
-            "metadata": meta,
-            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": PLACEHOLDER_APP},
-            "subjects": [
-                {"apiGroup": rbac, "kind": "Group", "name": NODE_STATE.group},
-                {"apiGroup": rbac, "kind": "Group", "name": EXTENDER.group},
-                {"kind": "ServiceAccount", "name": account, "namespace": account_namespace},
-            ],
-        },
+        *_role(f"{PLACEHOLDER_APP}-keeper", ["create", "delete"], keeper),
+        *_role(f"{PLACEHOLDER_APP}-retirer", ["delete"], retirer),
         *_policy(f"{SCHEDULER_NAME}-placeholder-pods", shape),
     ]
+
+
+def _role(name: str, verbs: list[str], subjects: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """A Role on pods in :data:`NAMESPACE` with ``verbs``, bound to ``subjects``."""
+    meta = {"name": name, "namespace": NAMESPACE, "labels": dict(_LABELS)}
+    return [
+        {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": meta,
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": verbs}]},
+        {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": name}, "subjects": subjects},
+    ]  # fmt: skip

@@ -142,6 +142,7 @@ def reservation_pod(node: str, slot: int, *, image: str = DEFAULT_IMAGE) -> dict
                         "allowPrivilegeEscalation": False,
                         "readOnlyRootFilesystem": True,
                         "capabilities": {"drop": ["ALL"]},
+                        "seccompProfile": {"type": "RuntimeDefault"},
                     },
                 }
             ],

@@ -304,8 +304,10 @@ def _watch(
                 return
             gpu_count = int(NodeTable.from_nodes([obj]).alloc_gpus[0])
             released = ledger.release(node, gpu_count, uid)
-            if released.emptied and services.reservations is not None:
-                services.reservations.close(node, released.emptied, lambda: ledger.read(node, gpu_count).shared_slots())
+            if services.reservations is not None:
+                services.reservations.released(
+                    node, released.emptied, lambda: ledger.read(node, gpu_count).shared_slots()
+                )
 
         mirror.on_gone = release
     mirror.seed("nodes", seed.nodes, seed.nodes_version)
@@ -444,7 +446,11 @@ def _placeholders(kube: KubeClient, image: str, logger: Any) -> dict[str, int]:
     done = {"demand_gpus": 0, "unschedulable_shares": 0, "created": 0, "deleted": 0, "errors": 0}
     try:
         pending = kube.list_all("pods", field_selector=PENDING_SHARES)
-        existing = kube.list_all("pods", label_selector=f"app.kubernetes.io/name={PLACEHOLDER_APP}")
+        existing = kube.list_all(
+            "pods",
+            label_selector=f"app.kubernetes.io/name={PLACEHOLDER_APP}",
+            field_selector=f"metadata.namespace={PLACEHOLDER_NAMESPACE}",
+        )
         demand = share_demand(pending)
         done["demand_gpus"] = sum(d.gpus for d in demand)
         done["unschedulable_shares"] = sum(d.shares for d in demand)
@@ -456,10 +462,12 @@ def _placeholders(kube: KubeClient, image: str, logger: Any) -> dict[str, int]:
             except KubeApiError as exc:
                 if exc.status != 404:
                     raise
-        requirements = {d.key: d.requirements for d in demand}
+        groups = {d.key: d for d in demand}
         for key, index in plan.create:
+            cpu, memory = groups[key].per_gpu[index]
+            body = placeholder_pod(key, index, groups[key].requirements, image=image, cpu_milli=cpu, memory=memory)
             try:
-                kube.create_pod(PLACEHOLDER_NAMESPACE, placeholder_pod(key, index, requirements[key], image=image))
+                kube.create_pod(PLACEHOLDER_NAMESPACE, body)
                 done["created"] += 1
             except KubeApiError as exc:
                 if exc.status != 409:

@@ -47,6 +47,7 @@ from scheduler_core.k8s.names import (
 )
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import cpu_milli, parse_models, requests_with_cpu
+from scheduler_core.k8s.resources import _mapping
 from scheduler_core.sharing.model import Shape, Task, shape_of
 
 UNKNOWN_CPU = 2**31 - 1
@@ -289,10 +290,6 @@ def reservation_of(pod: Any) -> tuple[str, int] | None:
     if status.get("phase") in TERMINAL_PHASES or metadata.get("deletionTimestamp"):
         return None
     return node, int(slot)
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def node_cpu_milli(nodes: Sequence[Any]) -> tuple[npt.NDArray[np.int64], list[str]]:

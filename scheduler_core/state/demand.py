@@ -3,18 +3,18 @@
 A pending share requests ``gpu-scheduler.io/gpu-milli``, which no autoscaler can provision for (an
 unknown extended resource). So the shares that kube-scheduler marked ``Unschedulable`` are grouped by
 what a node must have for them (their GPU model and memory annotations, node selector, required node
-affinity and tolerations), and each group stands for ``ceil(sum of milli / 1000)`` whole GPUs: that many
-one-GPU placeholder pods (``manifests/placeholder.py``), with the group's requirements, are what Karpenter
-or cluster-autoscaler sees and adds nodes for. A placeholder that got bound has done its job (a node
-with a free GPU of that kind exists) and goes, freeing the GPU for the shares; so do those beyond the
-demand. Everything here is pure; ``lambdas/node_state/service.py`` lists and writes.
+affinity and tolerations), and each group's shares are packed onto whole GPUs, first fit by decreasing
+milli (as the ledger packs them: two 600-milli shares take two GPUs): one one-GPU placeholder pod per GPU
+(``manifests/placeholder.py``), asking the CPU and memory of the shares on it, with the group's
+requirements, is what Karpenter or cluster-autoscaler sees and adds nodes for. A placeholder is never
+bound (the extender's bind deletes one it would bind: its node has room for the shares); those beyond the
+demand go too. Everything here is pure; ``lambdas/node_state/service.py`` lists and writes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,7 @@ from scheduler_core.k8s.names import (
     SCHEDULER_NAME,
 )
 from scheduler_core.k8s.pods import effective_requests
+from scheduler_core.k8s.resources import CPU, MEMORY, pod_requests
 
 REQUIREMENT_ANNOTATIONS = (LABEL_MODEL, LABEL_MEMORY)
 """The pod annotations a placeholder copies: the extender filters nodes by them."""
@@ -37,14 +38,19 @@ REQUIREMENT_ANNOTATIONS = (LABEL_MODEL, LABEL_MEMORY)
 
 @dataclass(frozen=True)
 class ShareDemand:
-    """One group of pending shares with the same node requirements: ``gpus`` whole GPUs, and the
-    ``requirements`` a placeholder carries (``annotations``, ``nodeSelector``, ``affinity`` with the
-    required node affinity only, ``tolerations``). ``key`` names the group (a digest of them)."""
+    """One group of pending shares with the same node requirements: the whole GPUs they pack onto, each
+    with the CPU (milli) and memory (bytes) its shares request (``per_gpu``), and the ``requirements``
+    a placeholder carries (``annotations``, ``nodeSelector``, ``affinity`` with the required node
+    affinity only, ``tolerations``). ``key`` names the group (a digest of the requirements)."""
 
     key: str
-    gpus: int
     shares: int
+    per_gpu: tuple[tuple[int, int], ...]
     requirements: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        return len(self.per_gpu)
 
 
 def unschedulable_share(pod: Mapping[str, Any]) -> int:
@@ -115,10 +121,9 @@ def share_demand(pods: Sequence[Mapping[str, Any]]) -> list[ShareDemand]:
     ...             "status": {"phase": "Pending", "conditions": [
     ...                 {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
     >>> [(d.gpus, d.shares) for d in share_demand([share(250, "H100")] * 40 + [share(600, "L4")] * 3)]
-    [(10, 40), (2, 3)]
+    [(10, 40), (3, 3)]
     """
-    milli: dict[str, int] = {}
-    count: dict[str, int] = {}
+    shares: dict[str, list[tuple[int, int, int]]] = {}  # key -> (milli, cpu milli, memory bytes)
     requirements: dict[str, dict[str, Any]] = {}
     for pod in pods:
         share = unschedulable_share(pod)
@@ -127,11 +132,32 @@ def share_demand(pods: Sequence[Mapping[str, Any]]) -> list[ShareDemand]:
         needs = requirements_of(pod)
         key = group_key(needs)
         requirements.setdefault(key, needs)
-        milli[key] = milli.get(key, 0) + share
-        count[key] = count.get(key, 0) + 1
-    groups = [ShareDemand(key, math.ceil(total / MILLI_PER_GPU), count[key], requirements[key])
-              for key, total in milli.items()]  # fmt: skip
+        try:
+            asks = pod_requests(pod)
+        except InvalidPodError:
+            continue
+        shares.setdefault(key, []).append((share, int(asks[CPU]), int(asks[MEMORY])))
+    groups = [ShareDemand(key, len(found), _pack(found), requirements[key]) for key, found in shares.items()]
     return sorted(groups, key=lambda d: (-d.gpus, d.key))
+
+
+def _pack(shares: list[tuple[int, int, int]]) -> tuple[tuple[int, int], ...]:
+    """First fit by decreasing milli onto whole GPUs; each GPU's CPU and memory, summed.
+
+    >>> _pack([(600, 100, 1), (600, 100, 1), (300, 50, 1), (250, 10, 1)])
+    ((150, 2), (110, 2))
+    """
+    free: list[int] = []
+    asks: list[list[int]] = []
+    for milli, cpu, memory in sorted(shares, key=lambda s: -s[0]):
+        gpu = next((i for i, left in enumerate(free) if left >= milli), len(free))
+        if gpu == len(free):
+            free.append(MILLI_PER_GPU)
+            asks.append([0, 0])
+        free[gpu] -= milli
+        asks[gpu][0] += cpu
+        asks[gpu][1] += memory
+    return tuple((cpu, memory) for cpu, memory in asks)
 
 
 @dataclass(frozen=True)
@@ -143,13 +169,13 @@ class PlaceholderPlan:
 
 
 def plan_placeholders(demand: Sequence[ShareDemand], placeholders: Sequence[Mapping[str, Any]]) -> PlaceholderPlan:
-    """Placeholders ``0..gpus-1`` of each group, unbound; every bound one, and every one past its group's
-    demand, deleted. A group with a bound placeholder gets no new one this time: a node with room for its
-    shares exists, and the shares (of a higher priority) take that room once the placeholder is gone; the
-    next plan sees what is still pending. ``placeholders`` are the existing placeholder pods (labelled
-    with their group).
+    """Placeholders ``0..gpus-1`` of each group, unbound; every one past its group's demand deleted, and
+    any bound one (the extender's bind deletes a placeholder rather than bind it; one bound some other
+    way is holding a GPU its shares need). A group with a bound placeholder gets no new one this time: a
+    node with room for its shares exists, and the next plan sees what is still pending. ``placeholders``
+    are the existing placeholder pods (labelled with their group).
 
-    >>> demand = [ShareDemand("k", 2, 7)]
+    >>> demand = [ShareDemand("k", 7, ((100, 0), (100, 0)))]
     >>> existing = [{"metadata": {"name": "p-k-0", "labels": {"gpu-scheduler.io/placeholder-group": "k"}},
     ...              "spec": {"nodeName": "n"}},
     ...             {"metadata": {"name": "p-k-5", "labels": {"gpu-scheduler.io/placeholder-group": "k"}}, "spec": {}}]

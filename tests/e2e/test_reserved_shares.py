@@ -246,7 +246,8 @@ def test_shares_that_fit_nowhere_become_whole_gpu_placeholders_that_go_once_node
     assert len(placeholders) == 10
     for pod in placeholders:
         (container,) = pod["spec"]["containers"]
-        assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"
+        # One GPU, and the CPU and memory of the four shares it stands for (50m and 64Mi each).
+        assert container["resources"]["requests"] == {"nvidia.com/gpu": "1", "cpu": "200m", "memory": str(256 << 20)}
         assert pod["metadata"]["annotations"]["gpu.nvidia.com/model"] == "L40S"
     cluster.wait_for(lambda: all(unschedulable(p) for p in cluster.pods(PLACEHOLDERS)), 60, "the placeholders refused")
     assert (
