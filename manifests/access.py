@@ -186,6 +186,54 @@ def _policy(name: str, spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+RESTRICTED = {
+    "runAsNonRoot": True,
+    "runAsUser": 65534,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""The container securityContext of every pod the product creates: Pod Security's ``restricted``."""
+CONTAINER = "object.spec.containers[0]"
+"""The one container of a pod the product creates, in a shape policy's expressions."""
+POD_SHAPE_CHECKS = (
+    ("object.spec.containers.size() == 1", "one container"),
+    (
+        "(!has(object.spec.initContainers) || object.spec.initContainers.size() == 0) && "
+        "(!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.size() == 0)",
+        "no other containers",
+    ),
+    (
+        f"has({CONTAINER}.securityContext) && has({CONTAINER}.securityContext.allowPrivilegeEscalation) && "
+        f"!{CONTAINER}.securityContext.allowPrivilegeEscalation && "
+        f"(!has({CONTAINER}.securityContext.privileged) || !{CONTAINER}.securityContext.privileged)",
+        "no privilege",
+    ),
+    (
+        "!(has(object.spec.hostNetwork) && object.spec.hostNetwork) && !(has(object.spec.hostPID) && "
+        "object.spec.hostPID) && !(has(object.spec.hostIPC) && object.spec.hostIPC)",
+        "no host namespaces",
+    ),
+)
+"""What every pod the product creates must be, checked by its namespace's shape policy."""
+
+
+def pod_shape_policy(name: str, namespace: str, kind: str, checks: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    """A policy and its binding that admit, in ``namespace``, only pods passing :data:`POD_SHAPE_CHECKS`
+    and ``checks`` (CEL expression, what it asks for), whoever creates them; a refusal says "a pod in
+    NAMESPACE must be KIND: what"."""
+    spec = {
+        "matchConstraints": {"resourceRules": [_rules("pods", "CREATE")]},
+        "matchConditions": [{"name": "in-its-namespace", "expression": f"request.namespace == '{namespace}'"}],
+        "validations": [
+            {"expression": expression, "message": f"a pod in {namespace} must be {kind}: {what}", "reason": "Forbidden"}
+            for expression, what in (*POD_SHAPE_CHECKS, *checks)
+        ],
+    }
+    return _policy(name, spec)
+
+
 def _own_writes_only(
     identity: LambdaIdentity, resource: str, field: str, keys: Sequence[str], frozen: str
 ) -> dict[str, Any]:

@@ -17,10 +17,11 @@ admission policy that admits in :data:`NAMESPACE` only pods of the placeholder's
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
-from manifests.access import EXTENDER, NODE_STATE, RBAC, _policy
+from manifests.access import CONTAINER, EXTENDER, NODE_STATE, RBAC, RESTRICTED, pod_shape_policy
 from scheduler_core.k8s.names import (
     GPU_RESOURCE,
     PLACEHOLDER_APP,
@@ -70,14 +71,7 @@ def placeholder_pod(
                     "requests": {"cpu": f"{max(1, cpu_milli)}m", "memory": str(max(1, memory)), GPU_RESOURCE: "1"},
                     "limits": {GPU_RESOURCE: "1"},
                 },
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": 65534,
-                    "allowPrivilegeEscalation": False,
-                    "readOnlyRootFilesystem": True,
-                    "capabilities": {"drop": ["ALL"]},
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
+                "securityContext": copy.deepcopy(RESTRICTED),
             }
         ],
     }
@@ -125,41 +119,18 @@ def placeholder_manifests(image: str, scheduler_account: str) -> list[dict[str, 
     placeholder instead of binding it), and the admission policy that admits there only placeholders
     running ``image``, in apply order."""
     account_namespace, account = scheduler_account.removeprefix("system:serviceaccount:").split(":", 1)
-    container = "object.spec.containers[0]"
+    container = CONTAINER
     command = ", ".join(f"'{part}'" for part in COMMAND)
     checks = [
-        ("object.spec.containers.size() == 1", "one container"),
         (f"{container}.image == '{image}' && has({container}.command) && {container}.command == [{command}]",
          f"the image {image} asleep"),
         (f"!has({container}.args) && !has({container}.env) && !has({container}.envFrom) && "
          f"!has({container}.volumeMounts)", "no args, env or mounts"),
         ("!has(object.spec.volumes) || object.spec.volumes.size() == 0", "no volumes"),
-        ("(!has(object.spec.initContainers) || object.spec.initContainers.size() == 0) && "
-         "(!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.size() == 0)",
-         "no other containers"),
-        (f"has({container}.securityContext) && has({container}.securityContext.allowPrivilegeEscalation) && "
-         f"!{container}.securityContext.allowPrivilegeEscalation && "
-         f"(!has({container}.securityContext.privileged) || !{container}.securityContext.privileged)",
-         "no privilege"),
-        ("!(has(object.spec.hostNetwork) && object.spec.hostNetwork) && !(has(object.spec.hostPID) && "
-         "object.spec.hostPID) && !(has(object.spec.hostIPC) && object.spec.hostIPC)", "no host namespaces"),
         (f"object.spec.schedulerName == '{SCHEDULER_NAME}' && object.spec.priorityClassName == '{PRIORITY_CLASS}'",
          f"the {SCHEDULER_NAME} profile and the {PRIORITY_CLASS} priority"),
         ("!has(object.spec.nodeName) || object.spec.nodeName == ''", "no nodeName"),
     ]  # fmt: skip
-    shape = {
-        "matchConstraints": {"resourceRules": [
-            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
-        ]},
-        "matchConditions": [
-            {"name": "in-the-placeholder-namespace", "expression": f"request.namespace == '{NAMESPACE}'"}
-        ],
-        "validations": [
-            {"expression": expression, "message": f"a pod in {NAMESPACE} must be a placeholder: {what}",
-             "reason": "Forbidden"}
-            for expression, what in checks
-        ],
-    }  # fmt: skip
     keeper = [{"apiGroup": RBAC, "kind": "Group", "name": NODE_STATE.group}]
     retirer = [
         {"apiGroup": RBAC, "kind": "Group", "name": EXTENDER.group},
@@ -170,7 +141,7 @@ def placeholder_manifests(image: str, scheduler_account: str) -> list[dict[str, 
         priority_class(),
         *_role(f"{PLACEHOLDER_APP}-keeper", ["create", "delete"], keeper),
         *_role(f"{PLACEHOLDER_APP}-retirer", ["delete"], retirer),
-        *_policy(f"{SCHEDULER_NAME}-placeholder-pods", shape),
+        *pod_shape_policy(f"{SCHEDULER_NAME}-placeholder-pods", NAMESPACE, "a placeholder", checks),
     ]
 
 

@@ -29,12 +29,24 @@ Not yet here: giving the shares' containers the reserved GPU's UUID.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from pathlib import Path
 from typing import Any
 
-from manifests.access import EXTENDER, FROZEN_LISTS, NODE_STATE, _list, _map, _only_these_change, _policy
+from manifests.access import (
+    CONTAINER,
+    EXTENDER,
+    FROZEN_LISTS,
+    NODE_STATE,
+    RESTRICTED,
+    _list,
+    _map,
+    _only_these_change,
+    _policy,
+    pod_shape_policy,
+)
 from scheduler_core.k8s.names import (
     GPU_RESOURCE,
     RESERVATION_APP,
@@ -136,14 +148,7 @@ def reservation_pod(node: str, slot: int, *, image: str = DEFAULT_IMAGE) -> dict
                         "limits": {"cpu": "10m", "memory": "64Mi", GPU_RESOURCE: "1"},
                     },
                     "volumeMounts": [{"name": "program", "mountPath": MOUNT, "readOnly": True}],
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": 65534,
-                        "allowPrivilegeEscalation": False,
-                        "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]},
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
+                    "securityContext": copy.deepcopy(RESTRICTED),
                 }
             ],
             "volumes": [{"name": "program", "configMap": {"name": PROGRAM_CONFIG_MAP}}],
@@ -275,12 +280,11 @@ def keeper_access(scheduler_account: str, *, image: str = DEFAULT_IMAGE) -> list
     rbac = "rbac.authorization.k8s.io"
     meta = {"name": KEEPER, "namespace": NAMESPACE, "labels": dict(_LABELS)}
     account_namespace, account = scheduler_account.removeprefix("system:serviceaccount:").split(":", 1)
-    container = "object.spec.containers[0]"
+    container = CONTAINER
     command = ", ".join(f"'{part}'" for part in ("python3", f"{MOUNT}/{PROGRAM.name}"))
     root_ca = "has(s.configMap) && s.configMap.name == 'kube-root-ca.crt'"
     allowed_sources = f"has(s.serviceAccountToken) || has(s.downwardAPI) || ({root_ca})"
     checks = [
-        ("object.spec.containers.size() == 1", "one container"),
         (f"{container}.image == '{image}'", f"the image {image}"),
         (f"has({container}.command) && {container}.command == [{command}]", "the reservation program as command"),
         (f"!has({container}.args) || {container}.args.size() == 0", "no args"),
@@ -290,28 +294,12 @@ def keeper_access(scheduler_account: str, *, image: str = DEFAULT_IMAGE) -> list
             "env values or fieldRefs only",
         ),
         (
-            f"has({container}.securityContext) && has({container}.securityContext.allowPrivilegeEscalation) && "
-            f"!{container}.securityContext.allowPrivilegeEscalation && "
-            f"(!has({container}.securityContext.privileged) || !{container}.securityContext.privileged)",
-            "no privilege",
-        ),
-        (
             f"has({container}.resources.limits) && '{GPU_RESOURCE}' in {container}.resources.limits && "
             f"string({container}.resources.limits['{GPU_RESOURCE}']) == '1'",
             f"one {GPU_RESOURCE}",
         ),
-        (
-            "(!has(object.spec.initContainers) || object.spec.initContainers.size() == 0) && "
-            "(!has(object.spec.ephemeralContainers) || object.spec.ephemeralContainers.size() == 0)",
-            "no other containers",
-        ),
         (f"object.spec.serviceAccountName == '{ACCOUNT}'", f"the ServiceAccount {ACCOUNT}"),
         ("has(object.spec.nodeName) && object.spec.nodeName != ''", "a nodeName (the shares' node)"),
-        (
-            "!(has(object.spec.hostNetwork) && object.spec.hostNetwork) && !(has(object.spec.hostPID) && "
-            "object.spec.hostPID) && !(has(object.spec.hostIPC) && object.spec.hostIPC)",
-            "no host namespaces",
-        ),
         (
             "!has(object.spec.volumes) || object.spec.volumes.all(v, "
             f"(has(v.configMap) && v.configMap.name == '{PROGRAM_CONFIG_MAP}') || "
@@ -319,19 +307,6 @@ def keeper_access(scheduler_account: str, *, image: str = DEFAULT_IMAGE) -> list
             f"only volumes of the {PROGRAM_CONFIG_MAP} ConfigMap and the ServiceAccount's token",
         ),
     ]
-    shape = {
-        "matchConstraints": {"resourceRules": [
-            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
-        ]},
-        "matchConditions": [
-            {"name": "in-the-reservation-namespace", "expression": f"request.namespace == '{NAMESPACE}'"}
-        ],
-        "validations": [
-            {"expression": expression, "message": f"a pod in {NAMESPACE} must be a GPU reservation pod: {what}",
-             "reason": "Forbidden"}
-            for expression, what in checks
-        ],
-    }  # fmt: skip
     return [
         {
             "apiVersion": f"{rbac}/v1",
@@ -350,7 +325,7 @@ def keeper_access(scheduler_account: str, *, image: str = DEFAULT_IMAGE) -> list
                 {"kind": "ServiceAccount", "name": account, "namespace": account_namespace},
             ],
         },
-        *_policy(f"{SCHEDULER_NAME}-reservation-pods", shape),
+        *pod_shape_policy(f"{SCHEDULER_NAME}-reservation-pods", NAMESPACE, "a GPU reservation pod", checks),
     ]
 
 

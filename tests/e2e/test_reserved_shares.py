@@ -74,6 +74,16 @@ def serving(
     cluster.stop_scheduler()
 
 
+def bind_all(cluster: ControlPlane, pods: list[dict[str, Any]]) -> None:
+    """Create ``pods`` (of one namespace) and wait until the API server reports every one bound."""
+    watch = BindWatch(cluster.api, pods[0]["metadata"]["namespace"])
+    try:
+        cluster.create_pods(pods, workers=8)
+        assert watch.wait(len(pods), timeout_s=300), f"{len(watch.bound_at)} of {len(pods)} bound"
+    finally:
+        watch.close()
+
+
 def reservations(cluster: ControlPlane) -> list[dict[str, Any]]:
     return cluster.pods(RESERVATIONS)
 
@@ -148,12 +158,7 @@ def test_400_quarter_shares_on_200_nodes_each_gpu_reserved_once_and_after_churn_
     last bind, no reservation pod is left without shares and no GPU with shares lacks one."""
     work = "reserved-burst"
     cluster.add_nodes([make_node(f"h100-{i:03d}", SHAPE["H100"], "us-east-1b") for i in range(200)])
-    watch = BindWatch(cluster.api, work)
-    try:
-        cluster.create_pods([share(f"q-{i:03d}", 250, "H100", work) for i in range(400)], workers=8)
-        assert watch.wait(400, timeout_s=300), f"{len(watch.bound_at)} of 400 bound"
-    finally:
-        watch.close()
+    bind_all(cluster, [share(f"q-{i:03d}", 250, "H100", work) for i in range(400)])
     pods = cluster.pods(work)
     usage = share_usage(pods, ledger.scan())
     assert usage["gpus_used"] <= 101 and usage["gpus_over_1000_milli"] == 0
@@ -166,12 +171,7 @@ def test_400_quarter_shares_on_200_nodes_each_gpu_reserved_once_and_after_churn_
 
     for i in range(0, 400, 2):
         cluster.delete_pod(work, f"q-{i:03d}")
-    watch = BindWatch(cluster.api, work)
-    try:
-        cluster.create_pods([share(f"r-{i:03d}", 250, "H100", work) for i in range(200)], workers=8)
-        assert watch.wait(200, timeout_s=300), f"{len(watch.bound_at)} of 200 bound"
-    finally:
-        watch.close()
+    bind_all(cluster, [share(f"r-{i:03d}", 250, "H100", work) for i in range(200)])
     time.sleep(10)
     found = agreement(cluster, work)
     assert (found["missing"], found["orphans"]) == ([], []), found
