@@ -264,9 +264,8 @@ class LedgerBinder:
             self.kube.delete_pod(args.pod_namespace, args.pod_name, grace_period_s=0)
         except (KubeApiError, DeadlineReachedError) as exc:
             if not isinstance(exc, KubeApiError) or exc.status != 404:
-                return failed(
-                    "placeholder", self._logged(args.pod_namespace, args.node, "removing the placeholder failed", exc)
-                )
+                pod_key = f"{args.pod_namespace}/{args.pod_name}"
+                return failed("placeholder", self._logged(pod_key, args.node, "removing the placeholder failed", exc))
         return failed("placeholder", "a node has room for this placeholder's shares: it is removed, not bound")
 
     @staticmethod

@@ -506,3 +506,20 @@ def test_a_placeholder_is_removed_instead_of_bound(api: KubeApiDouble, ledger: L
     assert outcome.error_kind == "placeholder" and "it is removed, not bound" in outcome.error
     assert NAMESPACE not in {p["metadata"].get("namespace") for p in api.objects("pods")}
     assert ledger.read("t4-0", 4).assignments == {} and reservation_names(api) == set()
+
+
+def test_a_placeholder_that_cannot_be_removed_is_not_bound_either(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    from manifests.placeholder import NAMESPACE, placeholder_pod
+
+    pod = placeholder_pod("0a1b2c3d4e", 1, {}, image="r.example/p:1")
+    pod["metadata"]["uid"] = "placeholder-uid"
+    api.load("pods", [pod])
+    api.fail_next("DELETE", r"/pods/gpu-placeholder-0a1b2c3d4e-1", 403, times=2)
+    outcome = reserving_binder(api, ledger).bind(
+        ExtenderBindingArgs(pod["metadata"]["name"], NAMESPACE, "placeholder-uid", "t4-0")
+    )
+    assert outcome.error == (
+        f"bind {NAMESPACE}/gpu-placeholder-0a1b2c3d4e-1 to t4-0: removing the placeholder failed: HTTP 403 Forbidden"
+    )
+    assert api.get("pods", "gpu-placeholder-0a1b2c3d4e-1", NAMESPACE)["spec"].get("nodeName") is None
+    assert ledger.read("t4-0", 4).assignments == {}
