@@ -87,14 +87,24 @@ class ReservationKubelet:
             self._start(pod, free[0])
             held.setdefault(node, set()).add(free[0])
 
+    def _still_there(self, pod: dict[str, Any]) -> bool:
+        """Whether this very pod (its name and UID) still exists."""
+        try:
+            current = self.cluster.pod(NAMESPACE, pod["metadata"]["name"])
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return bool(current["metadata"].get("uid") == pod["metadata"]["uid"])
+
     def _start(self, pod: dict[str, Any], gpu: str) -> None:
         name = pod["metadata"]["name"]
         if (pod.get("status") or {}).get("phase") != "Running":
             try:
                 self.cluster.mark_running(NAMESPACE, name, started_s_ago=0)
             except KubeError as exc:
-                if exc.status == 404:
-                    return  # deleted meanwhile
+                if exc.status in (404, 409):
+                    return  # deleted, or replaced, meanwhile: the next round sees it as it is now
                 raise
         account = self._folder / pod["metadata"]["uid"]
         granted = self.cluster.api.request(
@@ -113,7 +123,7 @@ class ReservationKubelet:
         try:
             report(gpu, environ, account)
         except ReservationError as exc:
-            if "404" not in str(exc):  # a pod deleted meanwhile is no error
+            if self._still_there(pod):
                 raise KubeError(0, str(exc), f"reporting {name}'s GPU") from exc
-            return
+            return  # deleted meanwhile (a 404, or a 401 for the token bound to it): what a kubelet sees too
         self.reported += 1
