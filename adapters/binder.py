@@ -17,12 +17,15 @@ One bind (DESIGN section 5):
    node. Shares the live state has seen go (``gone``) are dropped from the item by the same write.
    What the ledger showed free there (after this bind, or when it had no room) goes to ``readings``,
    which filter and prioritize lay over the state.
-3. POST the Binding with ``gpu-scheduler.io/assigned-gpus`` in its metadata: the API server merges a
-   Binding's annotations onto the pod in the same write, so the pod is never bound without its GPUs
-   written down, nor annotated without being bound. A 409 whose pod turns out bound to this very
-   node is a success.
+3. With reservation pods, a share: its GPU's reservation pod is created if the write opened that GPU
+   (``adapters/reservations.py``), and the UUID it reports is waited for (``UUID_WAIT_S``, outside the
+   bind's budget; no UUID, no Binding: the entry is rolled back and the bind fails).
+4. POST the Binding with ``gpu-scheduler.io/assigned-gpus`` in its metadata, and a share's UUID and size
+   for its containers (``manifests/share_env.py``): the API server merges a Binding's annotations onto
+   the pod in the same write, so the pod is never bound without its GPUs written down, nor annotated
+   without being bound. A 409 whose pod turns out bound to this very node is a success.
 
-If step 3 fails, the pod is read back: bound to this node (the Binding landed, its answer lost) is a
+If step 4 fails, the pod is read back: bound to this node (the Binding landed, its answer lost) is a
 success; bound elsewhere, or unbound after a refusal (a 4xx, or nothing sent), releases the ledger
 entry again, so that a failed bind holds no GPUs, and kube-scheduler retries the pod. Unbound after a
 timeout or a 5xx, or unreadable, keeps the entry for the reconcile: that Binding may still commit,
@@ -60,10 +63,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 from adapters.gpu_ledger import Assigned, LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
 from adapters.kube import POOL_SIZE, DeadlineReachedError, KubeApiError, KubeClient, RetryPolicy
 from adapters.ledger_readings import LedgerReadings
-from adapters.reservations import Reservations
+from adapters.reservations import ReservationPendingError, Reservations
 from adapters.settings import ClusterAccess
 from manifests.placeholder import is_placeholder
-from manifests.reservation import reserving
+from manifests.reservation import UUID_WAIT_S, reserving
+from manifests.share_env import share_annotations
 from scheduler_core.errors import ClusterStateUnavailableError, InvalidPodError
 from scheduler_core.extender.facade import Admit, BindOutcome
 from scheduler_core.extender.preemption import Holdings
@@ -139,6 +143,7 @@ class LedgerBinder:
         bind_budget_s: float = BIND_BUDGET_S,
         node_of: Callable[[str], Mapping[str, Any] | None] | None = None,
         reservations: Reservations | None = None,
+        uuid_wait_s: float = UUID_WAIT_S,
     ) -> None:
         self.ledger = ledger
         self._kube_factory = kube
@@ -156,6 +161,7 @@ class LedgerBinder:
         self.bind_budget_s = bind_budget_s
         # Reservation pods, one per GPU that holds shares (None: Kubernetes does not count those GPUs).
         self.reservations = reservations
+        self.uuid_wait_s = uuid_wait_s
         self._until = threading.local()  # this thread's bind deadline (time.monotonic)
 
     def deadline(self) -> float:
@@ -252,9 +258,40 @@ class LedgerBinder:
                 cause = self._logged(pod_key, args.node, "creating the GPU's reservation pod failed", exc)
                 rolled = self._roll_back(args, gpu_count)
                 return failed("reservation_error", cause, rolled_back=rolled)
-        # Other instances' binds there, and this one (its CPU as well, which fgd_cpu reads).
+        # Other instances' binds there, and this one (its CPU as well, which fgd_cpu reads), before the
+        # wait for a GPU's UUID: filter and prioritize count this share meanwhile (a failed bind forgets it).
         self.readings.observe(args.node, held.free, args.pod_uid, cpu)
-        return self._observed_binding(args, pod_key, held, gpu_count)
+        shared: dict[str, str] = {}
+        if demand.share and self.reservations is not None:
+            try:
+                shared = self._share_annotations(args.node, node, held, demand.share)
+            except ReservationPendingError as exc:
+                # The reservation pod stays (the reconcile removes it if no share comes): the retry finds
+                # it started, where a new one would start over.
+                rolled = self._roll_back(args, gpu_count, close=False)
+                return failed("reservation_pending", str(exc), rolled_back=rolled)
+            except (KubeApiError, DeadlineReachedError) as exc:
+                cause = self._logged(pod_key, args.node, "reading the GPU's reservation pod failed", exc)
+                rolled = self._roll_back(args, gpu_count)
+                return failed("reservation_error", cause, rolled_back=rolled)
+        return self._observed_binding(args, pod_key, held, gpu_count, shared)
+
+    def _share_annotations(self, node: str, obj: Mapping[str, Any], held: Assigned, milli: int) -> dict[str, str]:
+        """What a share's Binding carries for its containers (:func:`manifests.share_env.share_annotations`):
+        the UUID its GPU's reservation pod reported, waited for up to :attr:`uuid_wait_s` (the bind's
+        deadline moves by the time waited: the generated bind ``httpTimeout`` allows for it), and its size."""
+        assert self.reservations is not None
+        ((slot, _milli),) = held.pairs
+        started = time.monotonic()
+        until = started + self.uuid_wait_s
+        budget = getattr(self._until, "at", None)
+        self._until.at = until if budget is None else max(budget, until)
+        try:
+            uuid = self.reservations.reported(node, slot, until)
+        finally:  # the wait does not count against the bind's own budget, and adds nothing to it either
+            self._until.at = None if budget is None else budget + (time.monotonic() - started)
+        memory_mib = int(NodeTable.from_nodes([obj]).memory_mib[0])
+        return share_annotations(uuid, milli, memory_mib)
 
     def _retire_placeholder(self, args: ExtenderBindingArgs, failed: Callable[..., BindOutcome]) -> BindOutcome:
         """A placeholder that kube-scheduler would bind has done its job: a node with room for its shares
@@ -279,13 +316,18 @@ class LedgerBinder:
         return f"{step}: {_short(exc)}"
 
     def _observed_binding(
-        self, args: ExtenderBindingArgs, pod_key: str, held: Assigned | None, gpu_count: int = 0
+        self,
+        args: ExtenderBindingArgs,
+        pod_key: str,
+        held: Assigned | None,
+        gpu_count: int = 0,
+        shared: Mapping[str, str] | None = None,
     ) -> BindOutcome:
         """:meth:`_post_binding`, the bind's reading about the pod taken back if it fails. The reading is
         made before the Binding is posted: a live state forgets it when its watch shows the pod bound,
         and a reading made after that event would cap the node for ``margin_s`` with a share that may
         be gone by then."""
-        bound = self._post_binding(args, pod_key, held, gpu_count)
+        bound = self._post_binding(args, pod_key, held, gpu_count, shared)
         if bound.error:
             self.readings.forget([args.pod_uid])
         return bound
@@ -363,16 +405,22 @@ class LedgerBinder:
             return queue
 
     def _post_binding(
-        self, args: ExtenderBindingArgs, pod_key: str, held: Assigned | None, gpu_count: int = 0
+        self,
+        args: ExtenderBindingArgs,
+        pod_key: str,
+        held: Assigned | None,
+        gpu_count: int = 0,
+        shared: Mapping[str, str] | None = None,
     ) -> BindOutcome:
         """POST the Binding for a pod whose GPUs the ledger now records as ``held`` (None: no GPU), with
-        their annotation. A failed POST may still have landed (a timeout, a lost reply, a 5xx): the pod
+        their annotation (and a share's ``shared`` annotations for its containers). A failed POST may still
+        have landed (a timeout, a lost reply, a 5xx): the pod
         itself says, and only a pod known not to be bound here gives its GPUs back. Releasing them for a
         Binding that did land would let the next pod take the same milli."""
         annotation = held.annotation if held is not None else ""
         conflicts = held.conflicts if held is not None else 0
         already = held is not None and held.already
-        annotations = {ASSIGNED_GPUS_ANNOTATION: annotation} if annotation else None
+        annotations = {ASSIGNED_GPUS_ANNOTATION: annotation, **(shared or {})} if annotation else None
         try:
             self.kube.bind_pod(args.pod_namespace, args.pod_name, args.pod_uid, args.node, annotations)
         except (KubeApiError, DeadlineReachedError) as exc:
@@ -415,17 +463,18 @@ class LedgerBinder:
             return ""
         return str((pod.get("spec") or {}).get("nodeName") or "")
 
-    def _roll_back(self, args: ExtenderBindingArgs, gpu_count: int) -> bool:
-        """Release the pod's ledger entry, and the reservation pod of a GPU left without shares; False when
-        the release failed too, which the node-state refresher's reconcile then repairs. Nothing else to
-        undo: the annotation only ever travels in the Binding."""
+    def _roll_back(self, args: ExtenderBindingArgs, gpu_count: int, *, close: bool = True) -> bool:
+        """Release the pod's ledger entry, and (``close``) the reservation pod of a GPU left without shares;
+        False when the release failed too, which the node-state refresher's reconcile then repairs.
+        Nothing else to undo: the annotations only ever travel in the Binding."""
         try:
             with self._node_lock(args.node):
                 released = self.ledger.release(args.node, gpu_count, args.pod_uid)
         except LedgerStoreError:
             log.exception("rolling back the ledger entry of %s on %s failed", args.pod_uid, args.node)
             return False
-        self._close(args.node, gpu_count, released.emptied)
+        if close:
+            self._close(args.node, gpu_count, released.emptied)
         return True
 
     def _node_lock(self, node: str) -> threading.Lock:

@@ -149,10 +149,11 @@ def connect(
 
 
 _UNVERIFIED: set[str] = set()  # API servers already warned about
-POOL_SIZE = 64
+POOL_SIZE = 256
 """Keep-alive connections kept per API server: as many as requests a serve instance takes at once
-(``gpu_scheduler.server.MAX_CONNECTIONS``). The client's default, five per CPU, made concurrent binds
-open and drop a connection each (urllib3's "connection pool is full")."""
+(``gpu_scheduler.server.MAX_CONNECTIONS``; binds that wait for a GPU's UUID each hold one). The client's
+default, five per CPU, made concurrent binds open and drop a connection each (urllib3's "connection pool
+is full")."""
 
 
 def connect_kubeconfig(path: str | None = None, context: str | None = None, **options: Any) -> KubeClient:

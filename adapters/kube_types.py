@@ -24,6 +24,9 @@ SchedulingAnnotations = TypedDict(
         "gpu.nvidia.com/model": str,
         "gpu.nvidia.com/memory": str,
         "gpu-scheduler.io/peers": str,
+        # The node-state reconcile compares a share's UUID with its GPU's reservation pod's.
+        "gpu-scheduler.io/visible-devices": str,
+        "gpu-scheduler.io/reserved-gpu": str,
     },
     total=False,
 )

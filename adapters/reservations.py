@@ -23,6 +23,8 @@ that open the same GPU make one pod.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,13 +32,36 @@ from typing import Any
 from adapters.gpu_ledger import LedgerStoreError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from manifests.reservation import DEFAULT_IMAGE, NAMESPACE, reservation_name, reservation_pod
-from scheduler_core.k8s.names import TERMINAL_PHASES
+from scheduler_core.k8s.names import RESERVED_GPU_ANNOTATION, TERMINAL_PHASES
 from scheduler_core.state.ledger import NodeLedger, plan_reservations
 
 log = logging.getLogger(__name__)
 
+
+class ReservationPendingError(Exception):
+    """A share's GPU has no UUID to give its containers yet (or its reservation pod failed): the bind
+    fails with this message, and kube-scheduler retries the pod."""
+
+
+UUID_POLL_S = 0.25
+"""How often a bind waiting for a GPU's UUID reads its reservation pod: a GET, for the first shares of a
+GPU only, while their binds wait (and kube-scheduler with them)."""
+
 SharedNow = Callable[[], frozenset[int]]
 """The GPUs of a node that hold shares, from a fresh, strongly consistent read of its ledger item."""
+
+
+@dataclass
+class _SharedRead:
+    """The reads of one reservation pod that waiting binds share (:meth:`Reservations._read`)."""
+
+    condition: threading.Condition
+    started: int = 0  # reads begun
+    answered: int = 0  # the number of the read whose answer is ``answer``
+    answer: dict[str, Any] | Exception | None = None
+    busy: bool = False
+    waiting: int = 0
+    last: float = -1e9  # when the last read began (time.monotonic)
 
 
 @dataclass
@@ -47,6 +72,8 @@ class Reservations:
     kube: Callable[[], KubeClient]
     image: str = DEFAULT_IMAGE
     counters: dict[str, int] = field(default_factory=lambda: {"created": 0, "deleted": 0, "replaced": 0})
+    _reads: dict[str, _SharedRead] = field(default_factory=dict, init=False, repr=False)
+    _reads_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def open(self, node: str, slots: Iterable[int]) -> int:
         """Make sure the reservation pod of each GPU ``slot`` on ``node`` exists and is alive; how many it
@@ -89,6 +116,88 @@ class Reservations:
             self.counters["replaced"] += 1
             made += 1
         return made
+
+    def reported(self, node: str, slot: int, until: float) -> str:
+        """The UUID the reservation pod of GPU ``slot`` on ``node`` reported, waiting for it (polling the pod)
+        until ``time.monotonic()`` reaches ``until``. A pod that does not exist is created (once): the
+        caller's share holds the GPU in the ledger already.
+
+        Raises
+        ------
+        ReservationPendingError
+            Not reported in time, or the pod failed (its program refused the GPU it was given) or sits on
+            another node.
+        KubeApiError, DeadlineReachedError
+            The pod could not be read.
+        """
+        name = reservation_name(node, slot)
+        made = False
+        while True:
+            pod = self._read(name)
+            if pod is None and not made:
+                # Another instance's bind opened this GPU and has not made its pod (or failed to), or a
+                # close took it: the share is in the ledger, so the GPU needs one (a 409 if it came meanwhile).
+                self.open(node, [slot])
+                made = True
+                continue
+            if pod is not None:
+                where = (pod.get("spec") or {}).get("nodeName")
+                if where != node:
+                    raise ReservationPendingError(f"the reservation pod of GPU {slot} is bound to another node")
+                uuid = ((pod.get("metadata") or {}).get("annotations") or {}).get(RESERVED_GPU_ANNOTATION)
+                if uuid and _alive(pod):
+                    return str(uuid)
+                if (pod.get("status") or {}).get("phase") == "Failed":
+                    raise ReservationPendingError(f"the reservation pod of GPU {slot} failed; its log says why")
+            if time.monotonic() + UUID_POLL_S > until:
+                raise ReservationPendingError(
+                    f"the reservation pod of GPU {slot} has not reported the GPU's UUID yet; "
+                    "kube-scheduler will retry the pod"
+                )
+
+    def _read(self, name: str) -> dict[str, Any] | None:
+        """The reservation pod ``name`` (None: there is none), from a GET that started after this call did.
+        The binds that wait for one pod (the shares of a new GPU, bound together) share its reads: one
+        GET at a time for each pod, at most one each :data:`UUID_POLL_S`, its answer handed to every
+        caller that was waiting before it began.
+
+        Raises KubeApiError (but 404) and DeadlineReachedError, the reading caller's or the shared read's.
+        """
+        with self._reads_lock:
+            now = time.monotonic()
+            for stale in [k for k, r in self._reads.items() if not r.waiting and r.last < now - 1.0]:
+                del self._reads[stale]
+            read = self._reads.setdefault(name, _SharedRead(threading.Condition(self._reads_lock)))
+            read.waiting += 1
+            needed = read.started + 1  # a read already under way may have begun before the caller's question
+            try:
+                while read.answered < needed:
+                    if read.busy:
+                        read.condition.wait()
+                        continue
+                    read.busy, read.started = True, read.started + 1
+                    number = read.started
+                    pause = read.last + UUID_POLL_S - time.monotonic()
+                    self._reads_lock.release()
+                    try:
+                        if pause > 0:  # the waiters that join meanwhile are answered by this read too
+                            time.sleep(pause)
+                        read.last = time.monotonic()
+                        answer: dict[str, Any] | Exception | None = self.kube().get_pod(NAMESPACE, name)
+                    except KubeApiError as exc:
+                        answer = None if exc.status == 404 else exc
+                    except DeadlineReachedError as exc:
+                        answer = exc
+                    finally:
+                        self._reads_lock.acquire()
+                    read.busy, read.answered, read.answer = False, number, answer
+                    read.condition.notify_all()
+                answer = read.answer
+            finally:
+                read.waiting -= 1
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     def close(self, node: str, slots: Iterable[int], shared_now: SharedNow) -> tuple[int, ...]:
         """Delete the reservation pods of ``slots`` on ``node``, then re-create those ``shared_now`` says

@@ -150,6 +150,7 @@ def run(
     from testing.control_plane import BindWatch, ControlPlane, generated_scheduler_config, missing
     from testing.moto import aws_env, dynamodb_client, moto_server
     from testing.product import Processes
+    from testing.reservation_kubelet import ReservationKubelet
 
     reason = missing()
     if reason:
@@ -164,7 +165,12 @@ def run(
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="replay-") as tmp:
         work = Path(tmp)
-        with moto_server() as endpoint, ControlPlane(work / "cluster") as plane, Processes(work) as product:
+        with (
+            moto_server() as endpoint,
+            ControlPlane(work / "cluster") as plane,
+            Processes(work) as product,
+            ReservationKubelet(plane),  # a share binds once its GPU's reservation pod reported the UUID
+        ):
             env = aws_env(endpoint)
             create_table(dynamodb_client(endpoint), TABLE)
             plane.add_nodes([trace_node(name, cluster, row) for row, name in enumerate(names)], workers=8)

@@ -24,6 +24,7 @@ from cdk.refreshers import DeadLetterQueue, ScheduledRefresher
 from cdk.state import SchedulerState
 from lambdas.extender.config import ExtenderSettings
 from manifests import access as lambda_identities
+from manifests.reservation import reserving
 from manifests.scheduler import all_manifests
 from scheduler_core.extender.facade import SHARING_VERBS, VERBS
 
@@ -101,7 +102,9 @@ class GpuSchedulerStack(Stack):
             layers=extender_layers,
             # numpy work per request is CPU-bound: 1769 MB is one full vCPU.
             memory_mib=1769,
-            timeout=Duration.seconds(5),  # kube-scheduler gives up after httpTimeout (3 s) anyway
+            # kube-scheduler gives up after httpTimeout: 3 s, and the bind's own 15 s where a share's first
+            # bind on a GPU waits for its reservation pod's UUID (manifests.scheduler.extender_entries).
+            timeout=Duration.seconds(20 if config.sharing and reserving(config.reservation_image) else 5),
             reserved_concurrency=config.extender_reserved_concurrency,
             **common,
         )

@@ -38,9 +38,11 @@ from scheduler_core.k8s.quantity import plain_int
 
 log = logging.getLogger("gpu_scheduler.server")
 
-MAX_CONNECTIONS = 64
-"""Open connections served at once; one more is answered 503 and closed. kube-scheduler keeps a few
-keep-alive connections per extender; what is past this is a client holding threads, not a scheduler."""
+MAX_CONNECTIONS = 256
+"""Open connections served at once; one more is answered 503 and closed. kube-scheduler opens one per
+request in flight: binds that wait for their GPU's reservation pod to report (up to 10 s) hold theirs, and
+a burst of new GPUs had 64 of them answered 503 (the pods retried after a backoff, on other GPUs: 102 GPUs
+for 400 quarter shares instead of 100). Past 256 it is a client holding threads, not a scheduler."""
 REQUEST_TIMEOUT_S = 10.0
 """How long a request may take to arrive, from its first line to the end of its body: past
 kube-scheduler's ``httpTimeout`` (3 s by default) nobody is waiting for the answer."""

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler_core.k8s.names import (
-    ASSIGNED_GPUS_ANNOTATION,
+    BIND_ANNOTATIONS,
     DELETION_COST_ANNOTATION,
     LABEL_COUNT,
     LABEL_MEMORY,
@@ -274,13 +274,16 @@ def _own_writes_only(
     }
 
 
-def _assigned(obj: str, *, when: str = "") -> str:
-    """The assigned-gpus annotation of ``obj`` as a list: ``[value]``, or ``[]`` where it has none (or
-    where the condition ``when`` is false; ``&&`` short-circuits, so ``obj`` is not read then)."""
-    key = f"'{ASSIGNED_GPUS_ANNOTATION}'"
+def _bind_annotations(obj: str, *, when: str = "") -> str:
+    """The annotations only the bind writes (:data:`BIND_ANNOTATIONS`) that ``obj`` carries, as a list of
+    ``key=value``, or ``[]`` where it has none (or where the condition ``when`` is false; ``&&``
+    short-circuits, so ``obj`` is not read then)."""
     guard = f"{when} && " if when else ""
     annotations = f"{obj}.metadata.annotations"
-    return f"{guard}has({annotations}) && {key} in {annotations} ? [{annotations}[{key}]] : []"
+    return (
+        f"{guard}has({annotations}) ? {_cel_list(BIND_ANNOTATIONS)}.filter(k, k in {annotations})"
+        f".map(k, k + '=' + {annotations}[k]) : []"
+    )
 
 
 def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDULER_ACCOUNT) -> list[dict[str, Any]]:
@@ -303,14 +306,17 @@ def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDU
                 "matchConditions": [{"name": "is-extender", "expression": _in_group(EXTENDER.group)}],
                 "validations": [
                     {
-                        "expression": f"({_map('object', 'annotations')}).all(k, k == '{ASSIGNED_GPUS_ANNOTATION}')",
-                        "message": f"{EXTENDER.group} Bindings may carry no annotation but {ASSIGNED_GPUS_ANNOTATION}",
+                        "expression": f"({_map('object', 'annotations')}).all(k, k in {_cel_list(BIND_ANNOTATIONS)})",
+                        "message": (
+                            f"{EXTENDER.group} Bindings may carry no annotation but {', '.join(BIND_ANNOTATIONS)}"
+                        ),
                         "reason": "Forbidden",
                     }
                 ],
             },
         )
-    # The ledger reconcile and the whole-GPU count trust this annotation: only the extender writes it.
+    # The ledger reconcile and the whole-GPU count trust assigned-gpus, and a share's containers get their
+    # GPU from visible-devices: only the extender writes them.
     docs += _policy(
         f"{SCHEDULER_NAME}-assigned-gpus",
         {
@@ -326,9 +332,12 @@ def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDU
                 {"name": "not-the-scheduler", "expression": f"request.userInfo.username != '{scheduler_account}'"},
             ],
             "variables": [
-                {"name": "assigned", "expression": _assigned("object")},
+                {"name": "assigned", "expression": _bind_annotations("object")},
                 # oldObject is null on CREATE: only read on UPDATE (&& short-circuits).
-                {"name": "oldAssigned", "expression": _assigned("oldObject", when="request.operation == 'UPDATE'")},
+                {
+                    "name": "oldAssigned",
+                    "expression": _bind_annotations("oldObject", when="request.operation == 'UPDATE'"),
+                },
             ],
             "validations": [
                 {
@@ -336,7 +345,9 @@ def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDU
                         "request.operation == 'UPDATE' ? variables.assigned == variables.oldAssigned "
                         ": size(variables.assigned) == 0"
                     ),
-                    "message": f"only the gpu-scheduler extender may set, change or remove {ASSIGNED_GPUS_ANNOTATION}",
+                    "message": (
+                        f"only the gpu-scheduler extender may set, change or remove {', '.join(BIND_ANNOTATIONS)}"
+                    ),
                     "reason": "Forbidden",
                 }
             ],

@@ -24,7 +24,8 @@ second scheduler's ServiceAccount (``gpu-scheduler serve`` as a sidecar). They m
 policy): a stolen extender credential cannot run another image, another command, or a privileged pod on a
 GPU node.
 
-Not yet here: giving the shares' containers the reserved GPU's UUID.
+The shares' containers get the reported UUID through their Binding's annotations
+(``manifests/share_env.py``).
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ NO_RESERVATIONS = "none"
 PRIORITY_CLASS = "gpu-reservation"
 UUID_PATTERN = "^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 """How NVML writes a GPU's UUID (``nvmlDeviceGetUUID``)."""
+UUID_WAIT_S = 10.0
+"""How long the bind of a share waits for its GPU's reservation pod to report the UUID (the kubelet starts
+the pod, the device plugin allocates, the program reports): a share is bound only with its GPU's UUID.
+The generated bind ``httpTimeout`` covers it (``manifests.scheduler``)."""
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 MAX_NAME = 253

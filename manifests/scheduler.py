@@ -33,6 +33,7 @@ Choices that matter (DESIGN sections 4 and 8):
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 import urllib.parse
@@ -46,6 +47,7 @@ from manifests.access import admission_policies, lambda_rbac
 from manifests.placeholder import placeholder_manifests
 from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
 from manifests.reservation import image_problems, reservation_manifests, reserving
+from manifests.share_env import MUTATING_APIS, share_env_mutation, share_env_policy
 from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.names import MILLI_RESOURCE
 
@@ -55,6 +57,10 @@ SCHEDULER_NAME = "gpu-scheduler"
 SCRAPER_USER = "aps-collector-user"
 # kube-scheduler must not be newer than the API server: set the tag to the cluster's minor version.
 DEFAULT_IMAGE = "registry.k8s.io/kube-scheduler:v1.33.5"
+BIND_HTTP_TIMEOUT_S = 15.0
+"""The bind's ``httpTimeout`` with reservation pods: the bind's own budget (2.5 s), the wait for a new
+GPU's reservation pod to report its UUID (``manifests.reservation.UUID_WAIT_S``, 10 s), and a margin.
+Under API Gateway's 29 s."""
 CONFIG_PATH = "/etc/kubernetes/gpu-scheduler"
 SECURE_PORT = 10259
 CONFIG_HASH_ANNOTATION = "gpu-scheduler.io/config-sha256"
@@ -100,6 +106,8 @@ class SchedulerOptions:
     node_cache_capable: bool = True
     weight: int = 5
     http_timeout_s: float = 3.0
+    bind_http_timeout_s: float = BIND_HTTP_TIMEOUT_S
+    """With sharing and reservation pods: the bind's own ``httpTimeout`` (:func:`extender_entries`)."""
     image: str = DEFAULT_IMAGE
     namespace: str = "kube-system"
     replicas: int = 2
@@ -111,6 +119,10 @@ class SchedulerOptions:
     reservation_image: str = RESERVATION_IMAGE
     """With sharing: the image reservation pods run (``manifests/reservation.py``); ``none``: none are
     made, and the extender's ``RESERVATION_IMAGE`` must say ``none`` too."""
+    mutating_policy: str = ""
+    """With reservation pods: the ``admissionregistration.k8s.io`` version of the MutatingAdmissionPolicy
+    that gives share pods their environment (``manifests.share_env.MUTATING_APIS``), where the API server
+    serves one; empty (EKS, 2026): none, and share pods carry the entries themselves."""
     gpu_pods_only: bool = False
     """Call the extender only for pods that request a GPU resource (``managedResources``); by default
     it is called for every pod of the profile, so that CPU-only pods strand no GPU."""
@@ -130,9 +142,15 @@ class SchedulerOptions:
             found.append(f"weight: expected an integer in 1..100, got {self.weight!r}")
         if not isinstance(self.http_timeout_s, int | float) or not 0 < self.http_timeout_s <= 30:
             found.append(f"http_timeout_s: expected seconds in (0, 30], got {self.http_timeout_s!r}")
+        if not isinstance(self.bind_http_timeout_s, int | float) or not 0 < self.bind_http_timeout_s <= 29:
+            found.append(f"bind_http_timeout_s: expected seconds in (0, 29], got {self.bind_http_timeout_s!r}")
         if not isinstance(self.image, str) or not self.image or any(c.isspace() for c in self.image):
             found.append(f"image: expected a container image reference, got {self.image!r}")
         found += image_problems("reservation_image", self.reservation_image)
+        if self.mutating_policy not in ("", *MUTATING_APIS):
+            found.append(
+                f"mutating_policy: expected one of {', '.join(MUTATING_APIS)} or empty, got {self.mutating_policy!r}"
+            )
         if not isinstance(self.replicas, int) or isinstance(self.replicas, bool) or self.replicas < 1:
             found.append(f"replicas: expected an integer >= 1, got {self.replicas!r}")
         for name in ("client_qps", "client_burst"):
@@ -163,8 +181,35 @@ def _duration(seconds: float) -> str:
     return f"{int(seconds)}s" if float(seconds).is_integer() else f"{round(seconds * 1000)}ms"
 
 
+def extender_entries(options: SchedulerOptions) -> list[dict[str, Any]]:
+    """The ``extenders[]`` of the KubeSchedulerConfiguration: :func:`extender_entry`, and with sharing and
+    reservation pods a second entry at the same URL for ``bind`` only, with its own ``httpTimeout``.
+
+    kube-scheduler gives each extender one ``httpTimeout`` for all its verbs. Filter and prioritize run in
+    its scheduling cycle, one pod at a time, and keep the short one; the bind of the first share on a GPU
+    waits for the reservation pod to report the GPU's UUID (``manifests/share_env.py``), in the binding
+    cycle, which runs apart for each pod. A scheduler allows one binder among its extenders: the entry
+    that filters does not bind then.
+    """
+    main = extender_entry(options)
+    if not (options.sharing and reserving(options.reservation_image)):
+        return [main]
+    main.pop("bindVerb")
+    binder = {
+        "urlPrefix": main["urlPrefix"],
+        "bindVerb": "bind",
+        "enableHTTPS": main["enableHTTPS"],
+        "httpTimeout": _duration(options.bind_http_timeout_s),
+        "nodeCacheCapable": main["nodeCacheCapable"],
+    }
+    if "managedResources" in main:
+        binder["managedResources"] = copy.deepcopy(main["managedResources"])
+    return [main, binder | {"ignorable": False}]
+
+
 def extender_entry(options: SchedulerOptions) -> dict[str, Any]:
-    """The ``extenders[]`` entry of the KubeSchedulerConfiguration (v1 field names)."""
+    """The ``extenders[]`` entry that filters and prioritizes (and, with sharing, preempts and binds,
+    unless :func:`extender_entries` gives the bind its own) (v1 field names)."""
     managed: list[dict[str, Any]] = [{"name": GPU_RESOURCE, "ignoredByScheduler": False}]
     entry: dict[str, Any] = {
         "urlPrefix": options.extender_url.rstrip("/"),
@@ -206,7 +251,7 @@ def scheduler_configuration(options: SchedulerOptions) -> dict[str, Any]:
         },
         "percentageOfNodesToScore": 100,
         "profiles": [profile(options)],
-        "extenders": [extender_entry(options)],
+        "extenders": extender_entries(options),
     }
 
 
@@ -419,8 +464,12 @@ def all_manifests(options: SchedulerOptions, *, admission_policy: bool = True) -
     made = options.sharing and reserving(options.reservation_image)
     image = options.reservation_image
     reservations = (
-        [*reservation_manifests(account, image=image), *placeholder_manifests(image, account)] if made else []
+        [*reservation_manifests(account, image=image), *placeholder_manifests(image, account), *share_env_policy()]
+        if made
+        else []
     )
+    if made and options.mutating_policy:
+        reservations += share_env_mutation(options.mutating_policy)
     if not admission_policy:
         reservations = [doc for doc in reservations if not doc["kind"].startswith("ValidatingAdmission")]
     return [

@@ -103,6 +103,8 @@ ACCESS_KINDS = {
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
     "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+    "MutatingAdmissionPolicy": "/apis/{api}/mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": "/apis/{api}/mutatingadmissionpolicybindings",
 }
 """Where each kind of the product's access-control documents is created (and of the reservation pods'
 namespace, PriorityClass and program, which come with them)."""
@@ -191,6 +193,29 @@ class KubeBinaries:
             runtime = "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
             return ("resource.k8s.io/v1beta2", (*feature_gate_flags(gate), runtime), gate)
         return None
+
+    @property
+    def mutating_policy(self) -> tuple[str, tuple[str, ...]] | None:
+        """MutatingAdmissionPolicy where these binaries have it: (the ``admissionregistration.k8s.io``
+        version, kube-apiserver's flags that serve it). Alpha in 1.32 and 1.33 (``v1alpha1``), beta from
+        1.34 (``v1beta1``), both behind the ``MutatingAdmissionPolicy`` gate and off by default: the suite
+        turns it on, so that share pods get their environment as the product's policy gives it. None
+        before 1.32."""
+        major, minor = self.release[:2]
+        if (major, minor) < (1, 32):
+            return None
+        api = "admissionregistration.k8s.io/" + ("v1alpha1" if (major, minor) < (1, 34) else "v1beta1")
+        return (api, (*feature_gate_flags({"MutatingAdmissionPolicy": True}), f"--runtime-config={api}=true"))
+
+    @property
+    def apiserver_flags(self) -> tuple[str, ...]:
+        """kube-apiserver's extra flags: DRA's and the mutating policies', gates and APIs each in one flag."""
+        flags = [*(self.dra[1] if self.dra else ()), *(self.mutating_policy[1] if self.mutating_policy else ())]
+        merged: dict[str, list[str]] = {}
+        for flag in flags:
+            name, _, value = flag.partition("=")
+            merged.setdefault(name, []).append(value)
+        return tuple(f"{name}={','.join(values)}" for name, values in merged.items())
 
     @property
     def scheduler_gates(self) -> dict[str, bool]:
@@ -452,7 +477,7 @@ class ControlPlane:
              "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
              f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
              "--service-cluster-ip-range=10.0.0.0/24", "--disable-admission-plugins=ServiceAccount",
-             *(found.dra[1] if found.dra else ())],
+             *found.apiserver_flags],
         )  # fmt: skip
         self.url = f"https://127.0.0.1:{api_port}"
         self.api = KubeRest(self.url, TOKEN)
@@ -470,7 +495,8 @@ class ControlPlane:
             (self.workdir / f"kubeconfig-{identity.name}").write_text(
                 yaml.safe_dump(kubeconfig(self.url, identity.token))
             )
-        self.apply_access(generated_manifests(["--url", "https://unused.invalid/extender", "--sharing"]))
+        mutating = ["--mutating-policy", found.mutating_policy[0].rsplit("/", 1)[1]] if found.mutating_policy else []
+        self.apply_access(generated_manifests(["--url", "https://unused.invalid/extender", "--sharing", *mutating]))
 
     # -- who is who ---------------------------------------------------------------------------
     def kubeconfig_of(self, identity: str) -> Path:
@@ -489,13 +515,16 @@ class ControlPlane:
         them: ServiceAccounts, RBAC, and the admission policies where this API server serves them (1.30 and
         later). The names applied, ``Kind/name``."""
         served_vap = self.binaries is not None and self.binaries.release[:2] >= (1, 30)
+        served_map = self.binaries is not None and self.binaries.mutating_policy is not None
         applied = []
         for document in documents:
             kind = str(document.get("kind"))
             if kind not in ACCESS_KINDS or (kind.startswith("ValidatingAdmission") and not served_vap):
                 continue
+            if kind.startswith("MutatingAdmission") and not served_map:
+                continue
             metadata = document["metadata"]
-            path = ACCESS_KINDS[kind].format(namespace=metadata.get("namespace", "default"))
+            path = ACCESS_KINDS[kind].format(namespace=metadata.get("namespace", "default"), api=document["apiVersion"])
             if "{namespace}" in ACCESS_KINDS[kind]:
                 self.ensure_namespaces([metadata.get("namespace", "default")])
             status, _ = self.api.raw("POST", path, json.dumps(document).encode(), "application/json")

@@ -121,6 +121,10 @@ class KubeApiDouble:
     ----------
     tokens : bearer tokens accepted; ``None`` accepts any non-empty token.
     authenticate : optional predicate on the token, used instead of ``tokens``.
+    reservations_report : a reservation pod (``manifests/reservation.py``) created here reports its
+        GPU's UUID at once, a made-up one per node and slot (``testing.reservation_kubelet.gpu_uuid``),
+        as the kubelet, the device plugin and the reservation program would on a GPU node; False: it
+        stays unreported, as on a node that has not started it.
     """
 
     def __init__(
@@ -129,7 +133,9 @@ class KubeApiDouble:
         tokens: Iterable[str] | None = None,
         authenticate: Callable[[str], bool] | None = None,
         resource_version: int = 1,
+        reservations_report: bool = True,
     ) -> None:
+        self.reservations_report = reservations_report
         self._tokens = None if tokens is None else set(tokens)
         self._authenticate = authenticate
         self._lock = threading.RLock()
@@ -409,6 +415,8 @@ class KubeApiDouble:
                 creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             )
             obj.setdefault("status", {}).setdefault("phase", "Pending")
+            if self.reservations_report:
+                _report_reservation(obj)
             return self._store(named, obj)
 
     def _remove(self, route: _Route) -> None:
@@ -534,6 +542,18 @@ _ROUTES = (
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$"), "pods"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)(?P<binding>/binding)?$"), "pods"),
 )
+
+
+def _report_reservation(pod: dict[str, Any]) -> None:
+    """What a GPU node does with a reservation pod bound to it: Running, its GPU's UUID reported."""
+    from scheduler_core.k8s.names import RESERVED_GPU_ANNOTATION
+    from scheduler_core.state.allocation import reservation_of
+    from testing.reservation_kubelet import gpu_uuid
+
+    slot = reservation_of(pod)
+    if slot is not None:
+        pod["metadata"].setdefault("annotations", {})[RESERVED_GPU_ANNOTATION] = gpu_uuid(*slot)
+        pod["status"]["phase"] = "Running"
 
 
 def _route(method: str, path: str) -> _Route:

@@ -143,17 +143,24 @@ def reservation_agreement(
     """Whether the reservation pods (those of ``manifests/reservation.py``'s namespace, ``reservations``)
     are exactly one per GPU that the bound shares among ``pods`` hold, by their ``assigned-gpus``: the GPUs
     that have none (``missing``), the reservation pods of GPUs without shares (``orphans``), and how many
-    report their GPU's UUID (``uuids``, all distinct on a node, counted in ``uuid_clashes`` otherwise)."""
+    report their GPU's UUID (``uuids``, all distinct on a node, counted in ``uuid_clashes`` otherwise).
+    Each bound share's containers are given the environment a kubelet would resolve from their ``env``:
+    ``containers_wrong_gpu`` counts those whose ``NVIDIA_VISIBLE_DEVICES`` is not the UUID their GPU's
+    reservation pod reported (of ``containers_checked``)."""
     from manifests.reservation import reservation_name
+    from manifests.share_env import container_env
     from scheduler_core.k8s.names import MILLI_PER_GPU, RESERVED_GPU_ANNOTATION
     from scheduler_core.state.allocation import reservation_of
 
     shared: set[tuple[str, int]] = set()
+    on_gpu: list[tuple[tuple[str, int], Mapping[str, Any]]] = []
     for pod in pods:
         node = pod["spec"].get("nodeName")
         text = (pod["metadata"].get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
         if node and text:
-            shared.update((node, gpu) for gpu, milli in parse_assigned_gpus(text) if milli < MILLI_PER_GPU)
+            slots = [(node, gpu) for gpu, milli in parse_assigned_gpus(text) if milli < MILLI_PER_GPU]
+            shared.update(slots)
+            on_gpu += [(slot, pod) for slot in slots]
     held: dict[tuple[str, int], str] = {}
     uuids: Counter[tuple[str, str]] = Counter()
     for pod in reservations:
@@ -170,6 +177,13 @@ def reservation_agreement(
         "orphans": sorted(set(held) - shared),
         "uuids": sum(uuids.values()),
         "uuid_clashes": sum(count - 1 for count in uuids.values()),
+        "containers_checked": sum(len(pod["spec"]["containers"]) for _slot, pod in on_gpu),
+        "containers_wrong_gpu": sum(
+            1
+            for slot, pod in on_gpu
+            for container in pod["spec"]["containers"]
+            if not held.get(slot) or container_env(pod, container).get("NVIDIA_VISIBLE_DEVICES") != held[slot]
+        ),
     }
 
 

@@ -63,9 +63,10 @@ def _kubernetes_identities() -> str:
 
 def _admission_policies() -> str:
     from manifests.access import admission_policies
+    from manifests.share_env import share_env_policy
 
     rows = ["| policy | applies to | requests | refuses, in its own words |", "|---|---|---|---|"]
-    for doc in admission_policies(sharing=True):
+    for doc in [*admission_policies(sharing=True), *share_env_policy()]:
         if doc["kind"] != "ValidatingAdmissionPolicy":
             continue
         spec = doc["spec"]
@@ -73,7 +74,9 @@ def _admission_policies() -> str:
             f"{', '.join(rule['operations'])} {', '.join(rule['resources'])}"
             for rule in spec["matchConstraints"]["resourceRules"]
         )
-        who = " and ".join(f"`{condition['expression']}`" for condition in spec["matchConditions"])
+        who = (
+            " and ".join(f"`{condition['expression']}`" for condition in spec.get("matchConditions", [])) or "everyone"
+        )
         refused = "; ".join(validation["message"] for validation in spec["validations"])
         rows.append(f"| `{doc['metadata']['name']}` | {who} | {requests} | {refused} |")
     return "\n".join(rows)
@@ -133,7 +136,8 @@ def _extender_timeouts() -> str:
     from adapters.binder import BIND_BUDGET_S, BIND_DYNAMODB, BIND_RETRY, BINDING_RESERVE_S, CONFIRM_S, LedgerBinder
     from gpu_scheduler.server import IDLE_TIMEOUT_S, REQUEST_TIMEOUT_S
     from lambdas.extender.service import SYNC_TIMEOUT_S
-    from manifests.scheduler import SchedulerOptions
+    from manifests.reservation import UUID_WAIT_S
+    from manifests.scheduler import BIND_HTTP_TIMEOUT_S, SchedulerOptions
     from scheduler_core.extender.facade import CATCH_UP_S
     from scheduler_core.state.readings import ASSUMED_TTL_S
 
@@ -157,6 +161,10 @@ def _extender_timeouts() -> str:
         ("the ledger's part of it, conflicts chosen again included", f"{ledger_budget_s:g} s",
          "`adapters.binder.LedgerBinder`"),
         ("kept for posting the Binding", f"{BINDING_RESERVE_S:g} s", "`adapters.binder.BINDING_RESERVE_S`"),
+        ("a GPU's first share waits for its reservation pod's UUID (outside the budget above)",
+         f"{UUID_WAIT_S:g} s", "`manifests.reservation.UUID_WAIT_S`"),
+        ("kube-scheduler waits for a bind, with reservation pods (the bind's own extender entry; "
+         "`--bind-http-timeout-s`)", f"{BIND_HTTP_TIMEOUT_S:g} s", "`manifests.scheduler.BIND_HTTP_TIMEOUT_S`"),
         ("reading a failed Binding back, past the budget", f"{CONFIRM_S:g} s", "`adapters.binder.CONFIRM_S`"),
         ("each Kubernetes call of a bind", f"{BIND_RETRY.request_timeout_s:g} s, {BIND_RETRY.attempts} attempts",
          "`adapters.binder.BIND_RETRY`"),
@@ -170,12 +178,24 @@ def _extender_timeouts() -> str:
     return "\n".join(["| what | limit | set by |", "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
 
 
+def _share_env() -> str:
+    """What a share's containers are given, variable by variable (``manifests.share_env.SHARE_ENV``)."""
+    from manifests.share_env import SHARE_ENV, share_annotations
+
+    example = share_annotations("GPU-8f9c…", 250, 143771)  # a quarter of an H200
+    rows = ["| variable | from the annotation | a quarter of an H200 | enforced by |", "|---|---|---|---|"]
+    for env in SHARE_ENV:
+        rows.append(f"| `{env.name}` | `{env.annotation}` | `{example[env.annotation]}` | {env.enforced_by} |")
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "scheduler-configuration": _scheduler_configuration,
     "pods-reaching-the-extender": _pods_reaching_the_extender,
     "extender-timeouts": _extender_timeouts,
     "kubernetes-identities": _kubernetes_identities,
     "admission-policies": _admission_policies,
+    "share-env": _share_env,
     "extender-settings": _extender_settings,
     "node-state-settings": _node_state_settings,
     "deletion-cost-settings": _deletion_cost_settings,

@@ -34,6 +34,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "public.ecr.aws/docker/library/python:3.12-slim; 'none': no reservation pods). The extender's and the "
         "node-state refresher's RESERVATION_IMAGE must match",
     )
+    parser.add_argument(
+        "--bind-http-timeout-s",
+        type=float,
+        default=15.0,
+        help="with reservation pods: the bind's own httpTimeout, which covers the wait for a new GPU's UUID "
+        "(default 15)",
+    )
+    parser.add_argument(
+        "--mutating-policy",
+        choices=("v1alpha1", "v1beta1", "v1"),
+        help="with reservation pods: add the MutatingAdmissionPolicy that gives share pods their GPU's "
+        "environment, in this admissionregistration.k8s.io version (1.32-1.33: v1alpha1, 1.34-1.35: v1beta1, "
+        "1.36+: v1; "
+        "the API server must serve it). Without it, share pods carry the env entries themselves",
+    )
     parser.add_argument("--namespace", default="kube-system")
     parser.add_argument("--out", type=Path, help="write here (default: stdout)")
 
@@ -46,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         sharing=args.sharing,
         weight=args.weight,
         http_timeout_s=args.http_timeout_s,
+        bind_http_timeout_s=args.bind_http_timeout_s,
+        mutating_policy=f"admissionregistration.k8s.io/{args.mutating_policy}" if args.mutating_policy else "",
         node_cache_capable=not args.full_nodes,
         gpu_pods_only=args.gpu_pods_only,
         client_qps=args.client_qps,

@@ -64,10 +64,13 @@ from scheduler_core.k8s.names import (
     GFD_PRODUCT,
     GPU_RESOURCE,
     LABEL_INSTANCE_TYPE,
+    MILLI_PER_GPU,
     MILLI_RESOURCE,
     PLACEHOLDER_APP,
     PLACEHOLDER_NAMESPACE,
+    RESERVED_GPU_ANNOTATION,
     SCHEDULER_NAME,
+    VISIBLE_DEVICES_ANNOTATION,
 )
 from scheduler_core.k8s.node_labels import LabelPolicy, desired_info, label_changes
 from scheduler_core.k8s.nodes import NodeTable
@@ -169,6 +172,9 @@ class _LedgerView:
     bound_to: dict[str, str] = field(default_factory=dict)
     annotated: dict[str, dict[str, Pairs]] = field(default_factory=dict)
     reservations: dict[str, dict[int, str]] = field(default_factory=dict)  # node -> GPU slot -> pod name
+    reported: dict[tuple[str, int], str] = field(default_factory=dict)  # (node, slot) -> the UUID reported
+    # Each bound share's (node, slot), the UUID its containers read (its Binding's), and its name.
+    visible: list[tuple[tuple[str, int], str, str]] = field(default_factory=list)
     error: str = ""
     invalid_annotations: int = 0
 
@@ -374,12 +380,15 @@ def _note_bound(view: _LedgerView, pods: list[dict[str, Any]]) -> None:
         uid, node = metadata.get("uid"), spec.get("nodeName")
         if not uid or not node:
             continue
+        annotations = metadata.get("annotations") or {}
         held_for = reservation_of(pod)
         if held_for is not None:
             view.reservations.setdefault(held_for[0], {})[held_for[1]] = str(metadata.get("name") or "")
+            if annotations.get(RESERVED_GPU_ANNOTATION):
+                view.reported[held_for] = str(annotations[RESERVED_GPU_ANNOTATION])
         view.live.add(uid)
         view.bound_to[uid] = node
-        text = (metadata.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
+        text = annotations.get(ASSIGNED_GPUS_ANNOTATION)
         if text is None:
             continue
         try:
@@ -389,6 +398,11 @@ def _note_bound(view: _LedgerView, pods: list[dict[str, Any]]) -> None:
             view.invalid_annotations += 1  # malformed, or not to be believed: never copied into the ledger
             continue
         view.annotated.setdefault(node, {})[uid] = pairs
+        visible = annotations.get(VISIBLE_DEVICES_ANNOTATION)
+        if visible is not None and len(pairs) == 1 and pairs[0][1] < MILLI_PER_GPU:
+            view.visible.append(
+                ((node, pairs[0][0]), str(visible), f"{metadata.get('namespace')}/{metadata.get('name')}")
+            )
 
 
 def _reconcile(
@@ -435,8 +449,23 @@ def _reconcile(
         except (LedgerStoreError, DeadlineReachedError) as exc:
             logger.error("reservation pods not reconciled; the next run tries again", extra={"error": str(exc)})
             done = {"reservation_errors": 1}
-        report["reservations"] = done
+        report["reservations"] = {**done, "uuid_mismatches": _uuid_mismatches(view, logger)}
     return report
+
+
+def _uuid_mismatches(view: _LedgerView, logger: Any) -> int:
+    """Bound shares whose containers read a UUID (their Binding's) other than the one their GPU's
+    reservation pod reports now: a reservation pod re-created onto another GPU by the device plugin, or
+    a node replaced under the same name. The GPU such shares use is then held by no reservation pod, so
+    the device plugin may give it to a whole-GPU pod. Counted (the report's ``uuid_mismatches``) and
+    logged, not repaired: a container's environment does not change, and deleting a tenant's pods is
+    its owner's call (their controllers re-create them, bound with the UUID of now)."""
+    found = [(where, seen, name) for where, seen, name in view.visible if view.reported.get(where, seen) != seen]
+    for (node, slot), seen, name in found[:20]:
+        logger.warning("a share's containers read another UUID than its GPU's reservation pod reports",
+                       extra={"pod": name, "node": node, "slot": slot, "reads": seen,
+                              "reported": view.reported[(node, slot)]})  # fmt: skip
+    return len(found)
 
 
 def _placeholders(kube: KubeClient, image: str, logger: Any) -> dict[str, int]:

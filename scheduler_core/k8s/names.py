@@ -35,6 +35,20 @@ DAEMON_LABEL = "pod-template-generation"
 # Pod annotations. The model and memory annotations share the node labels' keys.
 ASSIGNED_GPUS_ANNOTATION = "gpu-scheduler.io/assigned-gpus"
 """Written by the bind: where a pod's share of a GPU went, as ``index:milli`` pairs."""
+# Written by the bind on a share, for its containers' environment (manifests/share_env.py).
+VISIBLE_DEVICES_ANNOTATION = "gpu-scheduler.io/visible-devices"
+"""The UUID of the GPU a share is on, as its reservation pod reported it."""
+GPU_PORTION_ANNOTATION = "gpu-scheduler.io/gpu-portion"
+MPS_THREADS_ANNOTATION = "gpu-scheduler.io/mps-thread-percentage"
+MPS_MEMORY_ANNOTATION = "gpu-scheduler.io/mps-memory-limit"
+BIND_ANNOTATIONS = (
+    ASSIGNED_GPUS_ANNOTATION,
+    VISIBLE_DEVICES_ANNOTATION,
+    GPU_PORTION_ANNOTATION,
+    MPS_THREADS_ANNOTATION,
+    MPS_MEMORY_ANNOTATION,
+)
+"""What only the bind writes, in the Binding (``manifests.access``'s ``gpu-scheduler-assigned-gpus`` policy)."""
 PEERS_ANNOTATION = "gpu-scheduler.io/peers"
 """Label selectors of the workloads a pod talks to, with traffic weights (network locality)."""
 

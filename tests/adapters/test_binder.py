@@ -3,6 +3,8 @@ API double over HTTP, with faults injected at each step."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,11 +17,19 @@ from adapters.kube import RetryPolicy, connect_url
 from adapters.ledger_readings import LedgerReadings
 from adapters.reservations import Reservations
 from bench.ledger import TABLE, create_table
+from manifests.share_env import share_annotations
 from scheduler_core.extender.wire import ExtenderBindingArgs
-from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
+from scheduler_core.k8s.names import (
+    ASSIGNED_GPUS_ANNOTATION,
+    MPS_MEMORY_ANNOTATION,
+    RESERVED_GPU_ANNOTATION,
+    VISIBLE_DEVICES_ANNOTATION,
+)
+from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.ledger import Demand
 from testing.kube_double import KubeApiDouble
+from testing.reservation_kubelet import gpu_uuid
 from tests.conftest import make_nodes, make_pod
 
 TOKEN = "bind-token"
@@ -416,6 +426,110 @@ def test_the_first_share_on_a_gpu_creates_its_reservation_pod_before_its_binding
     assert pod["spec"]["nodeName"] == "t4-0" and pod["spec"]["containers"][0]["image"] == "registry.example/python:3.12"
 
 
+def test_a_shares_binding_gives_its_containers_the_uuid_its_reservation_pod_reported(
+    api: KubeApiDouble, ledger: LedgerStore
+) -> None:
+    """The Binding carries the UUID (the double's node reports a made-up one per GPU) and the share's size,
+    which the share's containers read from the pod's annotations (manifests/share_env.py)."""
+    binder = reserving_binder(api, ledger)
+    assert binder.bind(pending(api, "a", milli=300)).error == ""
+    assert binder.bind(pending(api, "c", milli=800)).error == ""  # no room on GPU 0: GPU 1
+    memory_mib = int(NodeTable.from_nodes([api.get("nodes", "t4-0")]).memory_mib[0])
+    assert memory_mib > 0
+    a, c = (api.get("pods", name, "default") for name in ("a", "c"))
+    assert (
+        a["metadata"]["annotations"] | share_annotations(gpu_uuid("t4-0", 0), 300, memory_mib)
+        == a["metadata"]["annotations"]
+    )
+    assert a["metadata"]["annotations"][MPS_MEMORY_ANNOTATION] == f"0={memory_mib * 3 // 10}MB"
+    assert c["metadata"]["annotations"][VISIBLE_DEVICES_ANNOTATION] == gpu_uuid("t4-0", 1)
+    # Whole GPUs get theirs from the device plugin: no share annotations.
+    assert binder.bind(pending(api, "w", gpus=1)).error == ""
+    assert VISIBLE_DEVICES_ANNOTATION not in api.get("pods", "w", "default")["metadata"]["annotations"]
+
+
+def test_a_share_waits_for_its_gpus_uuid_outside_its_own_budget(api: KubeApiDouble, ledger: LedgerStore) -> None:
+    """A GPU's first share is bound once its new reservation pod reports (the kubelet starts it first);
+    the wait is not taken from the bind's budget for its other calls."""
+    api.reservations_report = False
+    binder = reserving_binder(api, ledger)
+    binder.kube.deadline, binder.kube.min_call_s = binder.deadline, 0.1
+    binder.bind_budget_s = 0.8
+    name = "gpu-reservation-t4-0-0"
+
+    def node_reports() -> None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and name not in reservation_names(api):
+            time.sleep(0.02)
+        time.sleep(1.2)  # past the bind's own 0.8 s
+        pod = api.get("pods", name, RESERVED)
+        pod["metadata"]["annotations"][RESERVED_GPU_ANNOTATION] = "GPU-11111111-2222-3333-4444-555555555555"
+        api.load("pods", [{**pod, "status": {"phase": "Running"}}])
+
+    thread = threading.Thread(target=node_reports)
+    thread.start()
+    outcome = binder.bind(pending(api, "a", milli=250))
+    thread.join()
+    assert outcome.error == ""
+    annotations = api.get("pods", "a", "default")["metadata"]["annotations"]
+    assert annotations[VISIBLE_DEVICES_ANNOTATION] == "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def test_a_share_whose_gpu_never_reports_is_not_bound_and_its_reservation_pod_stays(
+    api: KubeApiDouble, ledger: LedgerStore
+) -> None:
+    """No UUID, no Binding: a container must never start without its GPU. The reservation pod is kept for
+    kube-scheduler's retry (a new one would start over); the reconcile removes it if no share comes."""
+    api.reservations_report = False
+    binder = reserving_binder(api, ledger)
+    binder.uuid_wait_s = 0.3
+    outcome = binder.bind(pending(api, "a", milli=250))
+    assert outcome.error == (
+        "bind default/a to t4-0: the reservation pod of GPU 0 has not reported the GPU's UUID yet; "
+        "kube-scheduler will retry the pod"
+    )
+    assert outcome.error_kind == "reservation_pending" and outcome.rolled_back
+    assert pod_on(api, "a") == (None, None) and ledger.read("t4-0", 4).assignments == {}
+    assert reservation_names(api) == {"gpu-reservation-t4-0-0"}
+    # Reported now: the retry binds with it.
+    pod = api.get("pods", "gpu-reservation-t4-0-0", RESERVED)
+    pod["metadata"]["annotations"][RESERVED_GPU_ANNOTATION] = gpu_uuid("t4-0", 5)
+    api.load("pods", [pod])
+    assert binder.bind(pending(api, "a", milli=250)).error == ""
+    assert api.get("pods", "a", "default")["metadata"]["annotations"][VISIBLE_DEVICES_ANNOTATION] == gpu_uuid("t4-0", 5)
+
+
+def test_binds_waiting_for_one_gpus_uuid_share_their_reads(api: KubeApiDouble) -> None:
+    """The shares of a new GPU, bound together, wait for one reservation pod: one GET at a time for all of
+    them (not one each), and each is answered by a read that began after it asked."""
+    api.reservations_report = False
+    client = connect_url(api.url, TOKEN)
+    reservations = Reservations(lambda: client)
+    reservations.open("t4-0", [0])
+    name = "gpu-reservation-t4-0-0"
+    found: list[str] = []
+
+    def wait() -> None:
+        found.append(reservations.reported("t4-0", 0, time.monotonic() + 5))
+
+    threads = [threading.Thread(target=wait) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    pod = api.get("pods", name, RESERVED)
+    pod["metadata"]["annotations"][RESERVED_GPU_ANNOTATION] = gpu_uuid("t4-0", 3)
+    api.load("pods", [pod])
+    for thread in threads:
+        thread.join()
+    assert found == [gpu_uuid("t4-0", 3)] * 6
+    reads = sum(1 for r in api.requests if r.method == "GET" and r.path.endswith(f"/pods/{name}"))
+    # About one read per 0.1 s for the second the six waited, not six.
+    assert 5 <= reads <= 20, reads
+    time.sleep(1.1)
+    assert reservations._read("gpu-reservation-t4-0-1") is None  # no such pod
+    assert list(reservations._reads) == ["gpu-reservation-t4-0-1"]  # what nobody waited for since 1 s went
+
+
 def test_a_refused_reservation_pod_fails_the_bind_and_gives_its_gpu_back(
     api: KubeApiDouble, ledger: LedgerStore
 ) -> None:
@@ -471,7 +585,8 @@ def test_opening_replaces_a_reservation_pod_that_failed(api: KubeApiDouble) -> N
     failed = api.get("pods", "gpu-reservation-t4-0-0", RESERVED)
     api.load("pods", [{**failed, "status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"}}])
     reservations.open("t4-0", [0])
-    assert api.get("pods", "gpu-reservation-t4-0-0", RESERVED)["status"]["phase"] == "Pending"
+    replaced = api.get("pods", "gpu-reservation-t4-0-0", RESERVED)
+    assert replaced["metadata"]["uid"] != failed["metadata"]["uid"] and replaced["status"]["phase"] != "Failed"
     assert reservations.counters == {"created": 1, "deleted": 1, "replaced": 1}
     reservations.open("t4-0", [0])  # alive: kept
     assert reservations.counters["replaced"] == 1

@@ -207,11 +207,14 @@ def test_scheduling_projection_keys_are_the_cores_names() -> None:
         LABEL_MODEL,
         MILLI_RESOURCE,
         PEERS_ANNOTATION,
+        RESERVED_GPU_ANNOTATION,
+        VISIBLE_DEVICES_ANNOTATION,
     )
 
     assert set(GpuQuantities.__annotations__) == {GPU_RESOURCE, MILLI_RESOURCE, "cpu"}
     assert set(SchedulingAnnotations.__annotations__) == {
-        ASSIGNED_GPUS_ANNOTATION, LABEL_MODEL, LABEL_MEMORY, PEERS_ANNOTATION}  # fmt: skip
+        ASSIGNED_GPUS_ANNOTATION, LABEL_MODEL, LABEL_MEMORY, PEERS_ANNOTATION, VISIBLE_DEVICES_ANNOTATION,
+        RESERVED_GPU_ANNOTATION}  # fmt: skip
 
 
 def test_projected_pods_account_exactly_like_full_pods(api: KubeApiDouble) -> None:

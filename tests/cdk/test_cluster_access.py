@@ -22,7 +22,7 @@ from manifests.access import (
     lambda_rbac,
 )
 from manifests.scheduler import SchedulerOptions, all_manifests
-from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, DELETION_COST_ANNOTATION
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, DELETION_COST_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
 
 from .conftest import bare_stack
 
@@ -166,7 +166,7 @@ def test_each_identity_may_change_only_its_own_label_or_annotation() -> None:
     assert f"['{DELETION_COST_ANNOTATION}']" in text and "metadata.labels" in text
     bindings = policies["gpu-scheduler-extender-bindings"]
     assert bindings["matchConstraints"]["resourceRules"][0]["resources"] == ["pods/binding"]
-    assert f"k == '{ASSIGNED_GPUS_ANNOTATION}'" in _expressions(bindings)
+    assert f"k in ['{ASSIGNED_GPUS_ANNOTATION}', '{VISIBLE_DEVICES_ANNOTATION}'" in _expressions(bindings)
 
 
 def test_nobody_but_the_extender_may_touch_the_assigned_gpus_annotation() -> None:
@@ -182,7 +182,7 @@ def test_nobody_but_the_extender_may_touch_the_assigned_gpus_annotation() -> Non
             "!('gpu-scheduler:extender' in request.userInfo.groups)",
             "request.userInfo.username != 'system:serviceaccount:kube-system:gpu-scheduler'",
         ]
-        assert ASSIGNED_GPUS_ANNOTATION in _expressions(guard)
+        assert ASSIGNED_GPUS_ANNOTATION in _expressions(guard) and VISIBLE_DEVICES_ANNOTATION in _expressions(guard)
         # oldObject is null on CREATE: it is read only behind the UPDATE check.
         (old,) = [v["expression"] for v in guard["variables"] if v["name"] == "oldAssigned"]
         assert old.startswith("request.operation == 'UPDATE' && ")

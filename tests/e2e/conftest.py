@@ -18,6 +18,7 @@ import pytest
 from testing.control_plane import ControlPlane, generated_scheduler_config, missing
 from testing.moto import aws_env, moto_server
 from testing.product import Processes
+from testing.reservation_kubelet import ReservationKubelet
 
 HERE = Path(__file__).parent
 
@@ -35,6 +36,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
         pytest.skip(reason)
     with ControlPlane(tmp_path_factory.mktemp("cluster")) as plane:
         yield plane
+
+
+@pytest.fixture(scope="module")
+def kubelet(cluster: ControlPlane) -> Iterator[ReservationKubelet]:
+    """The GPU nodes' part for reservation pods (``testing/reservation_kubelet.py``): with sharing, a
+    share is bound only once its GPU's reservation pod reported the UUID."""
+    with ReservationKubelet(cluster) as stand_in:
+        yield stand_in
+    assert not stand_in.errors, stand_in.errors[:5]
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from testing.control_plane import ControlPlane, free_port
 from testing.fault_proxy import FaultProxy
 from testing.moto import aws_env, dynamodb_client
 from testing.product import Processes, share_usage
+from testing.reservation_kubelet import ReservationKubelet
 from tests.e2e.conftest import start_scheduler
 
 SHAPE = {shape.model: shape for shape in CATALOGUE}
@@ -36,7 +37,7 @@ TABLE = "gpu-ledger"
 
 
 @pytest.fixture(scope="module")
-def nodes(cluster: ControlPlane) -> list[str]:
+def nodes(cluster: ControlPlane, kubelet: ReservationKubelet) -> list[str]:
     # a100-0 has GFD's labels only: the refresher adds the project's.
     cluster.add_nodes([make_node("a100-0", SHAPE["A100"], "us-east-1a", project_labels=False),
                        make_node("t4-0", SHAPE["T4"], "us-east-1b")])  # fmt: skip

@@ -24,11 +24,12 @@ from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from manifests.placeholder import NAMESPACE as PLACEHOLDERS
 from manifests.reservation import NAMESPACE as RESERVATIONS
 from manifests.reservation import reservation_name, reservation_pod
-from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, RESERVED_GPU_ANNOTATION
-from testing.control_plane import BindWatch, ControlPlane
+from manifests.share_env import SHARE_ENV, share_env
+from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, RESERVED_GPU_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
+from testing.control_plane import BindWatch, ControlPlane, find_binaries, identities
 from testing.moto import dynamodb_client
 from testing.product import Processes, reservation_agreement, share_usage
-from testing.reservation_kubelet import ReservationKubelet
+from testing.reservation_kubelet import ReservationKubelet, gpu_uuid
 from tests.e2e.conftest import start_scheduler
 from tests.security.test_reservation_pods import HOSTILE
 
@@ -37,10 +38,26 @@ TABLE = "reserved-ledger"
 SOLO = "a100-solo"
 
 
-def share(name: str, milli: int, model: str, namespace: str) -> dict[str, Any]:
+def share(name: str, milli: int, model: str, namespace: str, *, authored: bool = False) -> dict[str, Any]:
+    """A share pod as its tenant writes it: without the env entries (the mutating policy adds them, where
+    the API server serves one), or ``authored`` with them, as on a cluster without (EKS in 2026)."""
     pod = make_pod(name, 0, namespace=namespace, models=model, milli=milli)
     pod["spec"]["containers"][0]["resources"]["requests"].update(cpu="50m", memory="64Mi")
+    if authored or not mutating(pod):
+        pod["spec"]["containers"][0]["env"] = share_env()
     return pod
+
+
+def mutating(_pod: Any = None) -> bool:
+    """Whether this suite's API server serves the product's MutatingAdmissionPolicy (1.32 and later)."""
+    binaries = find_binaries()
+    return not isinstance(binaries, str) and binaries.mutating_policy is not None
+
+
+def containers_get_their_gpu(found: dict[str, Any], shares: int) -> None:
+    """Every container of the ``shares`` bound shares reads, as the kubelet resolves its env, the UUID its
+    GPU's reservation pod reported (``reservation_agreement``)."""
+    assert found["containers_checked"] == shares and found["containers_wrong_gpu"] == 0, found
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +65,6 @@ def ledger(moto_env: dict[str, str]) -> LedgerStore:
     store = LedgerStore(TABLE, dynamodb_client(moto_env["AWS_ENDPOINT_URL_DYNAMODB"]))
     create_table(store.client, TABLE)
     return store
-
-
-@pytest.fixture(scope="module")
-def kubelet(cluster: ControlPlane) -> Iterator[ReservationKubelet]:
-    with ReservationKubelet(cluster) as stand_in:
-        yield stand_in
-    assert not stand_in.errors, stand_in.errors[:5]
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +110,7 @@ def test_the_first_share_on_a_gpu_brings_its_reservation_pod_and_kube_scheduler_
     6-GPU pod (its NodeResourcesFit says so, before any extender) and binds a 5-GPU one. When the shares
     go, their reservation pods go within 10 s (serve's watch), and the GPUs are whole again."""
     work = "reserved-small"
-    cluster.create_pods([share(f"s-{i}", 600, "A100", work) for i in range(3)])
+    cluster.create_pods([share(f"s-{i}", 600, "A100", work, authored=i == 2) for i in range(3)])
     slots = set()
     for i in range(3):
         assert cluster.wait_bound(work, f"s-{i}") == SOLO
@@ -110,9 +120,13 @@ def test_the_first_share_on_a_gpu_brings_its_reservation_pod_and_kube_scheduler_
         # Created before the share's Binding: there by the time the share is seen bound.
         assert cluster.pod(RESERVATIONS, reservation_name(SOLO, slot))["spec"]["nodeName"] == SOLO
     assert len(slots) == 3
-    cluster.wait_for(lambda: agreement(cluster, work)["uuids"] == 3, 30, "three UUIDs reported")
+    # A share is bound only with its GPU's UUID: reported by then.
     found = agreement(cluster, work)
-    assert (found["missing"], found["orphans"], found["uuid_clashes"]) == ([], [], 0)
+    assert (found["missing"], found["orphans"], found["uuids"], found["uuid_clashes"]) == ([], [], 3, 0)
+    containers_get_their_gpu(found, 3)
+    for i in range(3):  # the mutating policy's entries, or the tenant's own: once each, not twice
+        names = [e["name"] for e in cluster.pod(work, f"s-{i}")["spec"]["containers"][0]["env"]]
+        assert sorted(names) == sorted(env.name for env in SHARE_ENV), names
 
     cluster.create_pods([make_pod("six", 6, namespace=work, models="A100")])
     assert "Insufficient nvidia.com/gpu" in cluster.wait_failed(work, "six")
@@ -149,6 +163,74 @@ def test_a_hand_made_reservation_pod_of_another_shape_is_refused(cluster: Contro
     assert not reservations(cluster)
 
 
+def test_a_tenant_cannot_give_a_container_a_gpu_the_ledger_did_not(
+    cluster: ControlPlane, serving: str, kubelet: ReservationKubelet
+) -> None:
+    """A tenant who may create and edit pods (and add debug containers) tries, through the real API server
+    and the generated policies, to name a GPU itself: in a pod's env, in the bind's annotations at creation
+    or after the bind, in a larger MPS share, in a debug container. Each is refused, with the policy's
+    reason; the honest share is bound with its GPU's UUID. (1.30 and later: no admission policies before.)"""
+    work = "reserved-tenant"
+    assert cluster.binaries is not None
+    if cluster.binaries.release[:2] < (1, 30):
+        return
+    cluster.ensure_namespaces([work])
+    rules = [
+        {
+            "apiGroups": [""],
+            "resources": ["pods", "pods/ephemeralcontainers"],
+            "verbs": ["get", "create", "update", "patch"],
+        }
+    ]
+    rbac = "rbac.authorization.k8s.io"
+    cluster.apply_access([
+        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": {"name": "editor", "namespace": work}, "rules": rules},
+        {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": {"name": "editor", "namespace": work},
+         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": "editor"},
+         "subjects": [{"kind": "User", "name": identities()["tenant"].user}]},
+    ])  # fmt: skip
+    tenant = cluster.api_as("tenant")
+
+    def create(pod: dict[str, Any]) -> tuple[int, str]:
+        status, raw = tenant.raw(
+            "POST", f"/api/v1/namespaces/{work}/pods", json.dumps(pod).encode(), "application/json"
+        )
+        return status, (json.loads(raw).get("message", "") if raw else "")
+
+    everything = make_pod("everything", 1, namespace=work, models="A100")
+    everything["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    status, message = create(everything)
+    assert status == 403 and "NVIDIA_VISIBLE_DEVICES may only be read from the annotation" in message, message
+    forged = share("forged", 250, "A100", work)
+    forged["metadata"]["annotations"][VISIBLE_DEVICES_ANNOTATION] = gpu_uuid(SOLO, 0)
+    status, message = create(forged)
+    assert status == 403 and "only the gpu-scheduler extender may set" in message, message
+    greedy = share("greedy", 250, "A100", work)
+    greedy["spec"]["containers"][0].setdefault("env", []).append(
+        {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"}
+    )
+    status, message = create(greedy)
+    assert status == 403 and "may only be read from the gpu-scheduler.io annotations" in message, message
+
+    status, message = create(share("honest", 250, "A100", work))
+    assert status == 201, message
+    assert cluster.wait_bound(work, "honest") == SOLO
+    containers_get_their_gpu(agreement(cluster, work), 1)
+    path = f"/api/v1/namespaces/{work}/pods/honest"
+    swap = {"metadata": {"annotations": {VISIBLE_DEVICES_ANNOTATION: gpu_uuid(SOLO, 7)}}}
+    status, raw = tenant.raw("PATCH", path, json.dumps(swap).encode(), "application/merge-patch+json")
+    assert status == 403 and b"only the gpu-scheduler extender may set" in raw, raw[:300]
+    everything_env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    debug = {"spec": {"ephemeralContainers": [{"name": "debug", "image": "busybox", "env": everything_env}]}}
+    status, raw = tenant.raw(
+        "PATCH", f"{path}/ephemeralcontainers", json.dumps(debug).encode(), "application/strategic-merge-patch+json"
+    )
+    assert status == 403 and b"NVIDIA_VISIBLE_DEVICES may only be read" in raw, raw[:300]
+    containers_get_their_gpu(agreement(cluster, work), 1)  # nothing changed
+    cluster.delete_namespace_pods(work)
+    cluster.wait_for(lambda: not reservations(cluster), 10, "the reservation pods to go with their shares")
+
+
 def test_400_quarter_shares_on_200_nodes_each_gpu_reserved_once_and_after_churn_nothing_left_over(
     cluster: ControlPlane, serving: str, ledger: LedgerStore, kubelet: ReservationKubelet
 ) -> None:
@@ -166,8 +248,8 @@ def test_400_quarter_shares_on_200_nodes_each_gpu_reserved_once_and_after_churn_
     found = reservation_agreement(pods, reservations(cluster))
     assert (found["missing"], found["orphans"]) == ([], []), found
     assert found["reservation_pods"] == usage["gpus_used"]
-    cluster.wait_for(lambda: agreement(cluster, work)["uuids"] == usage["gpus_used"], 120, "every UUID reported")
-    assert agreement(cluster, work)["uuid_clashes"] == 0
+    assert found["uuids"] == usage["gpus_used"] and found["uuid_clashes"] == 0
+    containers_get_their_gpu(found, 400)
 
     for i in range(0, 400, 2):
         cluster.delete_pod(work, f"q-{i:03d}")
@@ -177,6 +259,7 @@ def test_400_quarter_shares_on_200_nodes_each_gpu_reserved_once_and_after_churn_
     assert (found["missing"], found["orphans"]) == ([], []), found
     usage = share_usage(cluster.pods(work), ledger.scan())
     assert usage["ledger_equals_annotations"] and found["reservation_pods"] == usage["gpus_used"]
+    containers_get_their_gpu(found, 400)
     cluster.delete_namespace_pods(work)
     cluster.wait_for(lambda: not reservations(cluster), 30, "the reservation pods to go with their shares")
 
@@ -204,6 +287,13 @@ def test_the_reconcile_creates_a_missing_reservation_pod_and_removes_one_without
                                             .get("annotations") or {}),
         30, "the re-created reservation pod's UUID",
     )  # fmt: skip
+    assert refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")["reservations"]["uuid_mismatches"] == 0
+    # The device plugin gave the re-created pod another GPU than the share's Binding named (here: its
+    # report rewritten by hand): the reconcile says so.
+    other = {"metadata": {"annotations": {RESERVED_GPU_ANNOTATION: gpu_uuid("elsewhere", 0)}}}
+    cluster.api.request("PATCH", f"/api/v1/namespaces/{RESERVATIONS}/pods/{reservation_name(SOLO, slot)}", other,
+                        content_type="application/merge-patch+json")  # fmt: skip
+    assert refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")["reservations"]["uuid_mismatches"] == 1
     cluster.delete_pod(work, "kept")
     cluster.wait_for(lambda: not reservations(cluster), 10, "the reservation pod to go with its share")
 

@@ -25,6 +25,7 @@ from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import BindWatch, ControlPlane
 from testing.moto import dynamodb_client
 from testing.product import Processes, requests_served, share_usage
+from testing.reservation_kubelet import ReservationKubelet
 from tests.e2e.conftest import start_scheduler
 
 SHAPE = {shape.model: shape for shape in CATALOGUE}
@@ -65,15 +66,19 @@ def ledger(moto_env: dict[str, str]) -> LedgerStore:
 
 @pytest.fixture(scope="module")
 def serve_url(
-    cluster: ControlPlane, product: Processes, ledger: LedgerStore, moto_env: dict[str, str]
+    cluster: ControlPlane,
+    product: Processes,
+    ledger: LedgerStore,
+    moto_env: dict[str, str],
+    kubelet: ReservationKubelet,
 ) -> Iterator[str]:
     cluster.add_nodes(NODES)
     url = product.serve(
         "serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler")), "--ledger-table", TABLE], moto_env
     )
     config = start_scheduler(cluster, url, "--sharing")
-    (extender,) = config["extenders"]
-    assert (extender["bindVerb"], extender["preemptVerb"]) == ("bind", "preempt")
+    extender, binder = config["extenders"]  # the bind has its own entry: it may wait for a GPU's UUID
+    assert (binder["bindVerb"], extender["preemptVerb"]) == ("bind", "preempt")
     yield url
     cluster.stop_scheduler()
 

@@ -13,7 +13,13 @@ import celpy
 import pytest
 
 from manifests.access import DEFAULT_SCHEDULER_ACCOUNT, DELETION_COST, EXTENDER, NODE_STATE, admission_policies
-from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, DELETION_COST_ANNOTATION, LABEL_MODEL
+from scheduler_core.k8s.names import (
+    ASSIGNED_GPUS_ANNOTATION,
+    BIND_ANNOTATIONS,
+    DELETION_COST_ANNOTATION,
+    LABEL_MODEL,
+    VISIBLE_DEVICES_ANNOTATION,
+)
 
 ENV = celpy.Environment()
 
@@ -119,19 +125,32 @@ def test_the_deletion_cost_identity_may_change_nothing_else_of_a_pod(change: str
 ASSIGNED = changed(POD, ("metadata", "annotations", ASSIGNED_GPUS_ANNOTATION), "0:250")
 
 
+@pytest.mark.parametrize("key", BIND_ANNOTATIONS)
 @pytest.mark.parametrize(
-    ("resource", "operation", "obj", "old"),
+    ("resource", "operation", "new", "was"),
     [
-        ("pods", "CREATE", ASSIGNED, None),
-        ("pods", "UPDATE", ASSIGNED, POD),
-        ("pods/status", "UPDATE", ASSIGNED, POD),
-        ("pods", "UPDATE", POD, ASSIGNED),
-        ("pods/binding", "CREATE", {"metadata": {"annotations": {ASSIGNED_GPUS_ANNOTATION: "0:250"}}}, None),
+        ("pods", "CREATE", True, None),
+        ("pods", "UPDATE", True, False),
+        ("pods/status", "UPDATE", True, False),
+        ("pods", "UPDATE", False, True),
+        ("pods", "UPDATE", "other", True),
+        ("pods/binding", "CREATE", True, None),
     ],
-    ids=["created with it", "set on the pod", "set through pods/status", "removed", "in a Binding"],
+    ids=["created with it", "set on the pod", "set through pods/status", "removed", "changed", "in a Binding"],
 )
-def test_nobody_else_may_write_assigned_gpus(resource: str, operation: str, obj: Any, old: Any) -> None:
-    kwargs = {"resource": resource, "operation": operation, "obj": obj, "old": old}
+def test_nobody_else_may_write_the_binds_annotations(
+    key: str, resource: str, operation: str, new: bool | str, was: bool | None
+) -> None:
+    """assigned-gpus, and what a share's containers read (visible-devices: which GPU they get)."""
+
+    def pod(value: bool | str | None) -> Any:
+        if value is None:
+            return None
+        text = value if isinstance(value, str) else "GPU-1"
+        return changed(POD, ("metadata", "annotations", key), text) if value else POD
+
+    obj = {"metadata": {"annotations": {key: "GPU-1"}}} if resource == "pods/binding" else pod(new)
+    kwargs = {"resource": resource, "operation": operation, "obj": obj, "old": pod(was)}
     assert denials(user="tenant", groups=["system:authenticated"], **kwargs) != []
     assert denials(user="x", groups=[DELETION_COST.group], **kwargs) != []
     # The extender's group and the second scheduler's ServiceAccount (serve as its sidecar) may.
@@ -144,7 +163,10 @@ def test_a_tenant_keeps_every_other_write_to_its_pod() -> None:
     assert denials(resource="pods", operation="UPDATE", user="t", groups=[], obj=kept, old=ASSIGNED) == []
 
 
-def test_the_extenders_bindings_carry_only_assigned_gpus() -> None:
-    binding = {"metadata": {"annotations": {ASSIGNED_GPUS_ANNOTATION: "0:250", "other": "x"}}}
+def test_the_extenders_bindings_carry_only_the_binds_annotations() -> None:
+    carried = {ASSIGNED_GPUS_ANNOTATION: "0:250", VISIBLE_DEVICES_ANNOTATION: "GPU-1"}
+    binding = {"metadata": {"annotations": {**carried, "other": "x"}}}
     found = denials(resource="pods/binding", operation="CREATE", user="e", groups=[EXTENDER.group], obj=binding)
-    assert found == [f"{EXTENDER.group} Bindings may carry no annotation but {ASSIGNED_GPUS_ANNOTATION}"]
+    assert found == [f"{EXTENDER.group} Bindings may carry no annotation but {', '.join(BIND_ANNOTATIONS)}"]
+    binding = {"metadata": {"annotations": carried}}
+    assert denials(resource="pods/binding", operation="CREATE", user="e", groups=[EXTENDER.group], obj=binding) == []

@@ -10,9 +10,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from adapters.binder import BIND_BUDGET_S
 from cdk.prometheus import scrape_configuration
 from gpu_scheduler.cli import main
 from manifests.access import DELETION_COST, EXTENDER, NODE_STATE, lambda_rbac
+from manifests.reservation import UUID_WAIT_S
 from manifests.scheduler import (
     CONFIG_HASH_ANNOTATION,
     SCRAPER_USER,
@@ -94,13 +96,27 @@ def _fit_args(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_sharing_adds_bind_preempt_and_the_milli_resource_ignored_by_the_scheduler() -> None:
-    config = scheduler_configuration(SchedulerOptions(extender_url=URL, sharing=True, weight=9))
+    config = scheduler_configuration(
+        SchedulerOptions(extender_url=URL, sharing=True, weight=9, reservation_image="none")
+    )
     (extender,) = config["extenders"]
     assert extender["bindVerb"] == "bind" and extender["preemptVerb"] == "preempt"
     assert extender["weight"] == 9
     # The extender accounts shares: kube-scheduler's NodeResourcesFit must not (nodes never advertise it).
     assert _fit_args(config)["ignoredResources"] == [MILLI_RESOURCE]
     assert "managedResources" not in extender
+
+
+def test_with_reservation_pods_the_bind_has_its_own_entry_and_timeout() -> None:
+    """The bind of a GPU's first share waits for its reservation pod's UUID: longer than filter's 3 s."""
+    config = scheduler_configuration(SchedulerOptions(extender_url=URL, sharing=True, gpu_pods_only=True))
+    main, binder = config["extenders"]
+    assert "bindVerb" not in main and main["preemptVerb"] == "preempt" and main["httpTimeout"] == "3s"
+    assert binder["bindVerb"] == "bind" and binder["urlPrefix"] == main["urlPrefix"]
+    assert set(binder) & {"filterVerb", "prioritizeVerb", "preemptVerb", "weight"} == set()
+    assert binder["managedResources"] == main["managedResources"] and binder["ignorable"] is False
+    # It covers the bind's own budget and the UUID wait.
+    assert binder["httpTimeout"] == "15s" and BIND_BUDGET_S + UUID_WAIT_S < 15
 
 
 def test_gpu_pods_only_restores_the_managed_resources() -> None:
@@ -131,8 +147,8 @@ def test_every_extender_field_is_one_the_real_scheduler_prints() -> None:
     c2x run). The fields it knows are the ones its "Creating extender" line prints."""
     line = CAPTURED_LOG.read_text().splitlines()[0]
     known = set(re.findall(r"[{ ]([A-Z][A-Za-z]+):", line.split("extender=", 1)[1])) - {"Duration", "Name"}
-    (extender,) = scheduler_configuration(SchedulerOptions(extender_url=URL, sharing=True))["extenders"]
-    assert {_go_field(k) for k in extender} <= known
+    for extender in scheduler_configuration(SchedulerOptions(extender_url=URL, sharing=True))["extenders"]:
+        assert {_go_field(k) for k in extender} <= known
     assert {"URLPrefix", "NodeCacheCapable", "ManagedResources", "Ignorable", "HTTPTimeout"} <= known
 
 
@@ -319,7 +335,7 @@ def test_cli_writes_the_manifests_for_a_url(tmp_path: Path) -> None:
     assert main(["scheduler-config", "--url", URL, "--sharing", "--weight", "3", "--out", str(out)]) == 0
     docs = list(yaml.safe_load_all(out.read_text()))
     assert docs == all_manifests(SchedulerOptions(extender_url=URL, sharing=True, weight=3))
-    assert _embedded_config(docs)["extenders"][0]["bindVerb"] == "bind"
+    assert _embedded_config(docs)["extenders"][1]["bindVerb"] == "bind"
 
 
 def test_cli_refuses_a_plain_http_url(capsys: pytest.CaptureFixture[str]) -> None:
