@@ -43,8 +43,10 @@ from scheduler_core.k8s.names import (
 )
 
 TRUSTED_NAMESPACE_LABEL = "gpu-scheduler.io/gpu-env"
-"""A namespace labelled ``gpu-scheduler.io/gpu-env=trusted`` is exempt from :func:`share_env_policy`'s
-check on ``NVIDIA_VISIBLE_DEVICES`` (the GPU Operator's own pods set it to ``all``)."""
+"""A namespace labelled ``gpu-scheduler.io/gpu-env=trusted``, and ``kube-system``, are exempt from
+:func:`share_env_policy`'s check on ``NVIDIA_VISIBLE_DEVICES``: the NVIDIA device plugin's and the GPU
+Operator's own pods set it to ``all`` (label the GPU Operator's namespace before applying the policy, or
+its pods are refused on their next restart)."""
 
 
 @dataclass(frozen=True)
@@ -145,9 +147,9 @@ def share_env_policy() -> list[dict[str, Any]]:
             {
                 "name": "trusted",
                 "expression": (
-                    f"has(namespaceObject.metadata.labels) && '{TRUSTED_NAMESPACE_LABEL}' in "
-                    f"namespaceObject.metadata.labels && namespaceObject.metadata.labels['{TRUSTED_NAMESPACE_LABEL}'] "
-                    "== 'trusted'"
+                    "namespaceObject.metadata.name == 'kube-system' || (has(namespaceObject.metadata.labels) && "
+                    f"'{TRUSTED_NAMESPACE_LABEL}' in namespaceObject.metadata.labels && "
+                    f"namespaceObject.metadata.labels['{TRUSTED_NAMESPACE_LABEL}'] == 'trusted')"
                 ),
             },
         ],

@@ -20,7 +20,11 @@ from tests.manifests.test_admission_cel import _plain, evaluate
 
 
 def refusals(
-    pod: dict[str, Any], *, sub_resource: str = "", namespace_labels: dict[str, str] | None = None
+    pod: dict[str, Any],
+    *,
+    sub_resource: str = "",
+    namespace: str = "team",
+    namespace_labels: dict[str, str] | None = None,
 ) -> list[str]:
     """The messages of the policy's failed validations for ``pod`` (a CREATE, or with ``sub_resource``
     the update that adds an ephemeral container); empty: admitted."""
@@ -34,7 +38,7 @@ def refusals(
     activation: dict[str, Any] = {
         "request": {"operation": operation, "subResource": sub_resource, "userInfo": {"username": "tenant"}},
         "object": pod,
-        "namespaceObject": {"metadata": {"name": "team", "labels": namespace_labels or {}}},
+        "namespaceObject": {"metadata": {"name": namespace, "labels": namespace_labels or {}}},
     }
     variables: dict[str, Any] = {}
     for variable in spec["variables"]:
@@ -150,8 +154,9 @@ def test_an_ephemeral_container_may_not_set_it_either() -> None:
     assert refusals(plain, sub_resource="ephemeralcontainers") == []
 
 
-def test_a_namespace_labelled_trusted_may_set_it() -> None:
-    """The GPU Operator's own pods (its validator, DCGM) set NVIDIA_VISIBLE_DEVICES=all."""
+def test_a_namespace_labelled_trusted_and_kube_system_may_set_it() -> None:
+    """The GPU Operator's own pods (its validator, DCGM) and the device plugin set NVIDIA_VISIBLE_DEVICES=all."""
     pod = _env(make_pod("validator", 0), {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})
     assert refusals(copy.deepcopy(pod), namespace_labels={TRUSTED_NAMESPACE_LABEL: "trusted"}) == []
+    assert refusals(copy.deepcopy(pod), namespace="kube-system") == []
     assert refusals(copy.deepcopy(pod), namespace_labels={TRUSTED_NAMESPACE_LABEL: "yes"}) != []
