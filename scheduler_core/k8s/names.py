@@ -25,6 +25,13 @@ LABEL_COUNT = "gpu.nvidia.com/count"
 GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"
 GFD_COUNT = "nvidia.com/gpu.count"
+# MIG: the GPU Operator's MIG manager says where a reconfiguration stands; GFD's product names the slice.
+MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
+MIG_BUSY_STATES = frozenset({"pending", "rebooting", "failed"})
+"""``nvidia.com/mig.config.state`` values of a node whose GPUs are not what its labels say: the MIG manager
+is changing them (``pending``, ``rebooting``) or could not (``failed``). ``success`` is settled."""
+MIG_INVALID_SUFFIX = "-MIG-INVALID"
+"""GFD's ``nvidia.com/gpu.product`` ending with the ``single`` strategy when the GPUs' MIG layouts differ."""
 # Well-known labels.
 LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"

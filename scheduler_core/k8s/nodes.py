@@ -30,6 +30,9 @@ from scheduler_core.k8s.names import (
     LABEL_MEMORY,
     LABEL_MODEL,
     LABEL_ZONE,
+    MIG_BUSY_STATES,
+    MIG_CONFIG_STATE,
+    MIG_INVALID_SUFFIX,
 )
 from scheduler_core.k8s.quantity import parse_whole_count, plain_int
 
@@ -370,12 +373,42 @@ def gpu_facts(labels: Mapping[str, Any], allocatable: Mapping[str, Any]) -> Node
         )
     ]
     raw_alloc = allocatable.get(GPU_RESOURCE, 0)
+    refused = mig_refusal(labels)
+    if refused:  # no GPU facts: GPU pods are refused there, with this reason; CPU-only pods are not
+        try:
+            alloc = min(parse_whole_count(raw_alloc, what=f"allocatable {GPU_RESOURCE}"), int(np.iinfo(np.int32).max))
+        except ValueError:
+            alloc = 0
+        return NodeGpuFacts(None, 0, 0, alloc, refused)
     values = (*(value for _, value in picked), raw_alloc)
     keys = tuple(key for key, _ in picked)
     if all(value is None or isinstance(value, str | int) for value in values):
         # Nodes of one instance type share their label values: parse each combination once.
         return _facts_cached(keys, values)
     return _facts(keys, values)
+
+
+def mig_refusal(labels: Mapping[str, Any]) -> str:
+    """Why a node's GPUs cannot be placed on for now, from its MIG labels ("" when they can): a MIG
+    reconfiguration under way or failed (``nvidia.com/mig.config.state``), or an invalid layout under the
+    device plugin's ``single`` strategy (GFD's product ``...-MIG-INVALID``).
+
+    >>> mig_refusal({"nvidia.com/mig.config.state": "pending"})
+    'MIG is being reconfigured on this node (nvidia.com/mig.config.state=pending)'
+    >>> mig_refusal({"nvidia.com/mig.config.state": "success", "nvidia.com/gpu.product": "NVIDIA-H200"})
+    ''
+    """
+    state = labels.get(MIG_CONFIG_STATE)
+    if state in MIG_BUSY_STATES:
+        doing = "could not be reconfigured" if state == "failed" else "is being reconfigured"
+        return f"MIG {doing} on this node ({MIG_CONFIG_STATE}={state})"
+    product = labels.get(GFD_PRODUCT)
+    if isinstance(product, str) and product.endswith(MIG_INVALID_SUFFIX):
+        return (
+            f"the GPUs' MIG layouts differ, which the device plugin's single strategy cannot serve "
+            f"({GFD_PRODUCT}={product})"
+        )
+    return ""
 
 
 def _facts(keys: tuple[str, ...], values: tuple[Any, ...]) -> NodeGpuFacts:

@@ -49,6 +49,32 @@ def test_garbled_label_means_no_gpu_information_with_a_reason(labels, fragment):
     assert facts.allocatable == 8, "allocatable GPUs come from the node status, not labels"
 
 
+H200 = {"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.memory": "143771", "nvidia.com/gpu.count": "8"}
+
+
+@pytest.mark.parametrize(
+    ("labels", "fragment"),
+    [
+        pytest.param({"nvidia.com/mig.config.state": "pending"}, "is being reconfigured", id="pending"),
+        pytest.param({"nvidia.com/mig.config.state": "rebooting"}, "is being reconfigured", id="rebooting"),
+        pytest.param({"nvidia.com/mig.config.state": "failed"}, "could not be reconfigured", id="failed"),
+        pytest.param({"nvidia.com/gpu.product": "NVIDIA-H200-MIG-INVALID"}, "MIG layouts differ", id="invalid"),
+    ],
+)
+def test_a_node_whose_mig_layout_is_unsettled_or_invalid_has_no_gpu_information(labels, fragment):
+    """Its GPUs are not what its labels say: GPU pods are refused there, with the MIG manager's or GFD's
+    word quoted (the filter's reason); what it allocates still counts."""
+    facts = gpu_facts({**H200, **labels}, {"nvidia.com/gpu": "8"})
+    assert (facts.model, facts.memory_mib, facts.allocatable) == (None, 0, 8)
+    assert fragment in facts.error and next(iter(labels.values())) in facts.error
+
+
+def test_a_settled_mig_layout_changes_nothing():
+    plain = gpu_facts(H200, {"nvidia.com/gpu": "8"})
+    assert gpu_facts({**H200, "nvidia.com/mig.config.state": "success"}, {"nvidia.com/gpu": "8"}) == plain
+    assert plain.model == "H200" and plain.error == ""
+
+
 def test_garbled_allocatable_counts_as_zero_with_a_reason():
     facts = gpu_facts({"gpu.nvidia.com/model": "A100"}, {"nvidia.com/gpu": "eight"})
     assert facts.allocatable == 0
