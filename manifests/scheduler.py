@@ -27,7 +27,8 @@ Choices that matter (DESIGN sections 4 and 8):
   extender's bind verb owns that accounting; without sharing a milli request stays unschedulable instead
   of landing on a node with no accounting at all (the captured ``03c``/``03d`` runs show kube-scheduler
   binding such pods anywhere). ``gpu_pods_only`` restores ``managedResources`` (``nvidia.com/gpu``, and
-  ``gpu-milli`` with ``ignoredByScheduler: true`` when sharing): the extender then sees GPU pods only.
+  ``gpu-milli`` with ``ignoredByScheduler: true`` when sharing, and every ``nvidia.com/mig-<profile>`` of
+  ``scheduler_core.k8s.mig.KNOWN_PROFILES``): the extender then sees GPU pods only.
 - ``clientConnection`` qps 100 and burst 200: the default 50/100 caps binds at about 50 pods/s.
 """
 
@@ -49,6 +50,7 @@ from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
 from manifests.reservation import image_problems, reservation_manifests, reserving
 from manifests.share_env import MUTATING_APIS, share_env_mutation, share_env_policy
 from scheduler_core.errors import ConfigError
+from scheduler_core.k8s.mig import known_mig_resources
 from scheduler_core.k8s.names import MILLI_RESOURCE
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -211,6 +213,8 @@ def extender_entry(options: SchedulerOptions) -> dict[str, Any]:
     """The ``extenders[]`` entry that filters and prioritizes (and, with sharing, preempts and binds,
     unless :func:`extender_entries` gives the bind its own) (v1 field names)."""
     managed: list[dict[str, Any]] = [{"name": GPU_RESOURCE, "ignoredByScheduler": False}]
+    # managedResources matches exact names: every MIG profile the product knows (mixed strategy).
+    managed += [{"name": name, "ignoredByScheduler": False} for name in known_mig_resources()]
     entry: dict[str, Any] = {
         "urlPrefix": options.extender_url.rstrip("/"),
         "filterVerb": "filter",

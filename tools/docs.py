@@ -98,6 +98,7 @@ def _pods_reaching_the_extender() -> str:
     extender (all of the profile's without ``managedResources``; with it, those that request one of
     them), what the configuration lists, and the verbs."""
     from manifests.scheduler import SchedulerOptions, extender_entry, profile
+    from scheduler_core.k8s.names import MIG_RESOURCE_PREFIX
 
     rows = [
         "| `--sharing` | `--gpu-pods-only` | pods kube-scheduler sends the extender | `managedResources` "
@@ -108,7 +109,13 @@ def _pods_reaching_the_extender() -> str:
         for gpu_pods_only in (False, True):
             options = SchedulerOptions(extender_url=EXAMPLE_EXTENDER_URL, sharing=sharing, gpu_pods_only=gpu_pods_only)
             entry = extender_entry(options)
-            managed = entry.get("managedResources", [])
+            listed_entries = entry.get("managedResources", [])
+            mig = [r for r in listed_entries if r["name"].startswith(MIG_RESOURCE_PREFIX)]
+            # The MIG profiles are one entry each: say how many, not every name (the table lists them).
+            managed = [r for r in listed_entries if r not in mig]
+            if mig:
+                counted = {str(r["ignoredByScheduler"]).lower() for r in mig}
+                managed.insert(1, {"name": f"{MIG_RESOURCE_PREFIX}<profile>", "ignoredByScheduler": counted.pop()})
             fit = [c["args"] for c in profile(options).get("pluginConfig", []) if c["name"] == "NodeResourcesFit"]
             ignored = [name for args in fit for name in args.get("ignoredResources", [])]
             pods = (
@@ -119,6 +126,8 @@ def _pods_reaching_the_extender() -> str:
             listed = ", ".join(
                 f"`{r['name']}` (`ignoredByScheduler: {str(r['ignoredByScheduler']).lower()}`)" for r in managed
             )
+            if mig:
+                listed += f" (one entry for each of the {len(mig)} MIG profiles the product knows)"
             verbs = ", ".join(
                 entry[key] for key in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb") if key in entry
             )

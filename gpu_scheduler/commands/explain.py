@@ -18,6 +18,7 @@ from gpu_scheduler.commands.common import SCORING, UsageError, add_scoring, exte
 from lambdas.extender.config import ExtenderSettings
 from scheduler_core.extender.explain import Explanation, NodeExplanation, explain
 from scheduler_core.extender.facade import Extender
+from scheduler_core.k8s.mig import mig_resource
 from scheduler_core.state.cluster import ClusterState
 
 HELP = "show per node why a pod passes or fails, and how it scores"
@@ -102,6 +103,9 @@ def table(explanation: Explanation) -> str:
     lines = [header, *(_cells(row) for row in rows)]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     asks = f"{demand.share} milli of one GPU" if demand.share else f"{demand.gpus} GPU(s)"
+    if demand.mig:
+        slices = ", ".join(f"{count} {mig_resource(profile)}" for profile, count in demand.mig)
+        asks = slices if not demand.gpus else f"{asks} and {slices}"
     text = [f"pod {demand.key} requests {asks}; {sum(r.passed for r in rows)} of {len(rows)} nodes pass"]
     text += [
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)) + "  " + line[-1] for line in lines

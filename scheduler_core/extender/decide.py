@@ -27,6 +27,7 @@ from scheduler_core.scoring.gpu_fit import (
     filter_nodes,
 )
 from scheduler_core.scoring.locality import LocalitySettings
+from scheduler_core.scoring.mig_fit import mig_preference
 from scheduler_core.scoring.policy import SharePolicy
 
 UNKNOWN_NODE_REASON = "node is not in the cluster state"
@@ -208,7 +209,9 @@ def prioritize_scores(
     feasible = filter_nodes(view.table, view.free, demand).feasible
     local = locality_inputs(view, demand, locality)
     fit = None
-    if view.free_milli is not None and policy.places(demand):
+    if demand.mig and not demand.gpus:  # slices only: best fit on the nodes' layouts
+        fit = mig_preference(view.table, view.mig_free(), demand, feasible)
+    elif view.free_milli is not None and policy.places(demand):
         fragmentation = fragmentation_inputs(view, pod) if policy.reads_cpu else None
         fit = policy.preference(view.free_milli, view.table.alloc_gpus, demand, feasible, fragmentation)
     scores = policy.scores(view.table, view.free, view.utilization, demand, weights, feasible, locality=local, fit=fit)

@@ -64,6 +64,7 @@ class Explanation:
             "pod": self.demand.key,
             "gpus": self.demand.gpus,
             "share_milli": self.demand.share,
+            "mig": {profile: count for profile, count in self.demand.mig},
             "nodes": [row.to_json() for row in self.nodes],
         }
 

@@ -85,6 +85,17 @@ class NodeView:
         state_row = -1 if self.state_rows is None else int(self.state_rows[row])
         return _row_free_milli(self.state, state_row, self.table, row, self.pending)
 
+    def mig_free(self) -> npt.NDArray[np.int32]:
+        """Free MIG slices per row and profile of :attr:`table` (``table.mig_profiles``): the state's
+        count where it has the node, else all of the node's allocatable."""
+        table = self.table
+        if self.state is None or self.state_rows is None:
+            return table.mig_counts.copy()
+        free = self.state.mig_free_at(self.state_rows, table.mig_profiles)
+        missing = self.state_rows < 0
+        free[missing] = table.mig_counts[missing]
+        return free
+
     @property
     def used(self) -> npt.NDArray[np.int32]:
         """GPUs per row that this view does not count as free for the pod."""

@@ -32,6 +32,12 @@ MIG_BUSY_STATES = frozenset({"pending", "rebooting", "failed"})
 is changing them (``pending``, ``rebooting``) or could not (``failed``). ``success`` is settled."""
 MIG_INVALID_SUFFIX = "-MIG-INVALID"
 """GFD's ``nvidia.com/gpu.product`` ending with the ``single`` strategy when the GPUs' MIG layouts differ."""
+MIG_STRATEGY = "nvidia.com/mig.strategy"
+"""GFD's label for the device plugin's MIG strategy: ``single`` or ``mixed`` (:mod:`scheduler_core.k8s.mig`)."""
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+"""The ``mixed`` strategy's resources, one per profile: ``nvidia.com/mig-1g.18gb``."""
+ACCEPT_MIG_ANNOTATION = "gpu-scheduler.io/accept-mig-slices"
+"""``"true"`` on a pod that asks ``nvidia.com/gpu`` and accepts a MIG slice for each (``single`` nodes)."""
 # Well-known labels.
 LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"

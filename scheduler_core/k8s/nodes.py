@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.k8s.gpu_models import normalize_model
+from scheduler_core.k8s.mig import MigMode, mig_mode, resource_profile
 from scheduler_core.k8s.names import (
     GFD_COUNT,
     GFD_MEMORY,
@@ -61,13 +62,14 @@ class GpuShapes:
     ----------
     shape_id : ndarray of shape (n_nodes,), intp
         Kept as ``intp`` so that gathering by it needs no index conversion.
-    model_id, memory_mib, alloc_gpus : ndarray of shape (k,), int32
+    model_id, memory_mib, alloc_gpus, mig_mode : ndarray of shape (k,), int32
     """
 
     shape_id: npt.NDArray[np.intp]
     model_id: IntArray
     memory_mib: IntArray
     alloc_gpus: IntArray
+    mig_mode: IntArray
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,6 +91,12 @@ class NodeTable:
         Allocatable ``nvidia.com/gpu``: the total the filter and the scores work with.
     gpu_info_errors : mapping of node index to reason
         Nodes whose GPU labels were garbled; their model, memory and count are unknown.
+    mig_mode : ndarray of shape (n_nodes,), int32
+        The node's :class:`~scheduler_core.k8s.mig.MigMode` (0, ``none``, when not given).
+    mig_profiles : tuple of str
+        The MIG profiles some node of the table offers as ``nvidia.com/mig-<profile>`` (``mixed``).
+    mig_slices : ndarray of shape (n_nodes, len(mig_profiles)), int32
+        Allocatable slices of each profile per node.
     """
 
     names: tuple[str, ...]
@@ -102,14 +110,25 @@ class NodeTable:
     memory_mib: IntArray
     alloc_gpus: IntArray
     gpu_info_errors: Mapping[int, str] = field(default_factory=dict)
+    mig_mode: IntArray | None = None
+    mig_profiles: tuple[str, ...] = ()
+    mig_slices: IntArray | None = None
 
     def __post_init__(self) -> None:
         n_nodes = len(self.names)
-        for name in ("zone_id", "instance_type_id", "model_id", "gpu_count", "memory_mib", "alloc_gpus"):
+        if self.mig_mode is None:
+            object.__setattr__(self, "mig_mode", np.zeros(n_nodes, dtype=np.int32))
+        if self.mig_slices is None:
+            object.__setattr__(self, "mig_slices", np.zeros((n_nodes, len(self.mig_profiles)), dtype=np.int32))
+        for name in ("zone_id", "instance_type_id", "model_id", "gpu_count", "memory_mib", "alloc_gpus", "mig_mode"):
             column = getattr(self, name)
             if not isinstance(column, np.ndarray) or column.shape != (n_nodes,):
                 shape = getattr(column, "shape", type(column).__name__)
                 raise ValueError(f"NodeTable.{name}: expected shape ({n_nodes},), got {shape}")
+        slices = self.mig_slices
+        if not isinstance(slices, np.ndarray) or slices.shape != (n_nodes, len(self.mig_profiles)):
+            shape = getattr(slices, "shape", type(slices).__name__)
+            raise ValueError(f"NodeTable.mig_slices: expected shape ({n_nodes}, {len(self.mig_profiles)}), got {shape}")
 
     @property
     def n_nodes(self) -> int:
@@ -154,15 +173,35 @@ class NodeTable:
     @cached_property
     def gpu_shapes(self) -> GpuShapes:
         """Computed once per table, and carried over by :meth:`take`."""
-        stacked = np.stack([self.model_id, self.memory_mib, self.alloc_gpus], axis=1)
+        stacked = np.stack([self.model_id, self.memory_mib, self.alloc_gpus, self.mig_modes], axis=1)
         unique, inverse = np.unique(stacked, axis=0, return_inverse=True)
-        unique = unique.reshape(-1, 3).astype(np.int32)
+        unique = unique.reshape(-1, 4).astype(np.int32)
         return GpuShapes(
             shape_id=inverse.reshape(-1).astype(np.intp),
             model_id=np.ascontiguousarray(unique[:, 0]),
             memory_mib=np.ascontiguousarray(unique[:, 1]),
             alloc_gpus=np.ascontiguousarray(unique[:, 2]),
+            mig_mode=np.ascontiguousarray(unique[:, 3]),
         )
+
+    @property
+    def mig_modes(self) -> IntArray:
+        """:attr:`mig_mode`, never None (``__post_init__`` fills it)."""
+        assert self.mig_mode is not None
+        return self.mig_mode
+
+    def profile_slices(self, profile: str) -> IntArray:
+        """Shape (n_nodes,): allocatable slices of one MIG profile per node (0 where none)."""
+        if profile not in self.mig_profiles:
+            return np.zeros(self.n_nodes, dtype=np.int32)
+        column: IntArray = self.mig_counts[:, self.mig_profiles.index(profile)]
+        return column
+
+    @property
+    def mig_counts(self) -> IntArray:
+        """:attr:`mig_slices`, never None (``__post_init__`` fills it)."""
+        assert self.mig_slices is not None
+        return self.mig_slices
 
     @cached_property
     def tie_rank(self) -> npt.NDArray[np.int64]:
@@ -215,10 +254,13 @@ class NodeTable:
             memory_mib=self.memory_mib[picked],
             alloc_gpus=self.alloc_gpus[picked],
             gpu_info_errors=errors,
+            mig_mode=self.mig_modes[picked],
+            mig_profiles=self.mig_profiles,
+            mig_slices=self.mig_counts[picked],
         )
         # Share the parent's shapes (cached_property storage): no np.unique per sub-table.
         table.__dict__["gpu_shapes"] = GpuShapes(
-            shapes.shape_id[picked], shapes.model_id, shapes.memory_mib, shapes.alloc_gpus
+            shapes.shape_id[picked], shapes.model_id, shapes.memory_mib, shapes.alloc_gpus, shapes.mig_mode
         )
         table.__dict__["_taken_from"] = (self, picked)  # for what is derived from names once per parent
         return table
@@ -253,14 +295,20 @@ class NodeTable:
         zones = _Vocabulary()
         instance_types = _Vocabulary()
         models = _Vocabulary()
-        rows: list[tuple[int, int, int, int, int, int]] = []
+        rows: list[tuple[int, int, int, int, int, int, int]] = []
         errors: dict[int, str] = {}
+        profiles = _Vocabulary()
+        slices: dict[tuple[int, int], int] = {}
         for row, node in enumerate(nodes):
             name, labels, allocatable = _node_parts(node, row)
             names.append(name)
             facts = gpu_facts(labels, allocatable)
             if facts.error:
                 errors[row] = facts.error
+            mode = mig_mode(labels, allocatable)
+            if mode == MigMode.MIXED:
+                for profile, count in _mig_slices(allocatable).items():
+                    slices[row, profiles.id_of(profile)] = count
             rows.append(
                 (
                     zones.id_of(labels.get(LABEL_ZONE)),
@@ -269,10 +317,15 @@ class NodeTable:
                     facts.count,
                     facts.memory_mib,
                     facts.allocatable,
+                    int(mode),
                 )
             )
         # One conversion at the end: per-element writes into numpy arrays cost more than the parse.
-        columns = np.array(rows, dtype=np.int32).reshape(len(rows), 6).T
+        columns = np.array(rows, dtype=np.int32).reshape(len(rows), 7).T
+        mig_profiles = profiles.items()
+        mig_slices = np.zeros((len(rows), len(mig_profiles)), dtype=np.int32)
+        for (row, column), count in slices.items():
+            mig_slices[row, column] = count
         return cls(
             names=tuple(names),
             zone_id=np.ascontiguousarray(columns[0]),
@@ -285,6 +338,9 @@ class NodeTable:
             memory_mib=np.ascontiguousarray(columns[4]),
             alloc_gpus=np.ascontiguousarray(columns[5]),
             gpu_info_errors=errors,
+            mig_mode=np.ascontiguousarray(columns[6]),
+            mig_profiles=mig_profiles,
+            mig_slices=mig_slices,
         )
 
     @classmethod
@@ -386,6 +442,23 @@ def gpu_facts(labels: Mapping[str, Any], allocatable: Mapping[str, Any]) -> Node
         # Nodes of one instance type share their label values: parse each combination once.
         return _facts_cached(keys, values)
     return _facts(keys, values)
+
+
+def _mig_slices(allocatable: Mapping[str, Any]) -> dict[str, int]:
+    """Allocatable slices per profile of a ``mixed`` node (``nvidia.com/mig-<profile>``); a garbled count is
+    no slices."""
+    found: dict[str, int] = {}
+    for resource, raw in allocatable.items():
+        profile = resource_profile(resource) if isinstance(resource, str) else None
+        if profile is None:
+            continue
+        try:
+            count = parse_whole_count(raw, what=f"allocatable {resource}")
+        except ValueError:
+            continue
+        if count > 0:
+            found[profile.name] = min(count, int(np.iinfo(np.int32).max))
+    return found
 
 
 def mig_refusal(labels: Mapping[str, Any]) -> str:

@@ -18,10 +18,13 @@ import numpy as np
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.annotations import Peer, parse_peers
 from scheduler_core.k8s.gpu_models import normalize_model
+from scheduler_core.k8s.mig import resource_profile
 from scheduler_core.k8s.names import (
+    ACCEPT_MIG_ANNOTATION,
     GPU_RESOURCE,
     LABEL_MEMORY,
     LABEL_MODEL,
+    MIG_RESOURCE_PREFIX,
     MILLI_RESOURCE,
     PEERS_ANNOTATION,
     TERMINAL_PHASES,
@@ -56,6 +59,12 @@ class PodDemand:
         Minimum memory per GPU in MiB; 0 means no constraint.
     peers : tuple of Peer
         Workloads the pod talks to (annotation ``gpu-scheduler.io/peers``), for locality scoring.
+    mig : tuple of (profile, count)
+        MIG slices the pod requests as ``nvidia.com/mig-<profile>`` (the device plugin's ``mixed``
+        strategy), by profile name (:func:`~scheduler_core.k8s.mig.parse_profile`), sorted.
+    accept_mig_slices : bool
+        Annotation ``gpu-scheduler.io/accept-mig-slices: "true"``: each ``nvidia.com/gpu`` may be a MIG
+        slice (a node under the ``single`` strategy).
     """
 
     namespace: str = ""
@@ -68,6 +77,13 @@ class PodDemand:
     min_memory_mib: int = 0
     peers: tuple[Peer, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
+    mig: tuple[tuple[str, int], ...] = ()
+    accept_mig_slices: bool = False
+
+    @property
+    def wants_gpu(self) -> bool:
+        """The pod takes a GPU or a MIG slice of one."""
+        return self.gpus > 0 or bool(self.mig)
 
     @property
     def key(self) -> str:
@@ -116,7 +132,52 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
         min_memory_mib=_parse_memory_mib(annotations.get(LABEL_MEMORY)),
         peers=parse_peers(annotations[PEERS_ANNOTATION]) if PEERS_ANNOTATION in annotations else (),
         labels=_string_map(metadata.get("labels")),
+        mig=mig_request(spec or {}),
+        accept_mig_slices=annotations.get(ACCEPT_MIG_ANNOTATION) == "true",
     )
+
+
+def mig_resources(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ``nvidia.com/mig-*`` resource names any container of the pod names, sorted."""
+    found: set[str] = set()
+    for key in ("containers", "initContainers"):
+        for container in _container_list(spec, key):
+            section = container.get("resources")
+            if not _is_mapping(section):
+                continue
+            for part in ("limits", "requests"):
+                amounts = section.get(part)
+                if _is_mapping(amounts):
+                    found.update(r for r in amounts if isinstance(r, str) and r.startswith(MIG_RESOURCE_PREFIX))
+    return tuple(sorted(found))
+
+
+def mig_request(spec: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The pod's MIG slices, ``((profile, count), ...)``, by kube-scheduler's rule for extended resources.
+
+    Raises
+    ------
+    InvalidPodError
+        A ``nvidia.com/mig-*`` name that is not a MIG profile, or a bad quantity; the message names it.
+
+    >>> mig_request({"containers": [{"resources": {"limits": {"nvidia.com/mig-1g.18gb": "2"}}}]})
+    (('1g.18gb', 2),)
+    """
+    resources = mig_resources(spec)
+    if not resources:
+        return ()
+    for resource in resources:
+        if resource_profile(resource) is None:
+            raise InvalidPodError(
+                f"resource {resource[:64]!r} is not a MIG profile (nvidia.com/mig-<g>g.<memory>gb, as 1g.18gb)"
+            )
+    counts = effective_requests(spec, resources)
+    merged: dict[str, int] = {}
+    for resource, count in zip(resources, counts, strict=True):
+        profile = resource_profile(resource)
+        if count > 0 and profile is not None:
+            merged[profile.name] = merged.get(profile.name, 0) + count
+    return tuple(sorted(merged.items()))
 
 
 def _gpu_request(spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import ConfigError
+from scheduler_core.k8s.mig import MIG_MODES, MigMode, mig_resource
+from scheduler_core.k8s.names import ACCEPT_MIG_ANNOTATION, GPU_RESOURCE, MILLI_RESOURCE
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
 
@@ -37,11 +39,17 @@ class Reason(IntEnum):
     MEMORY = 3
     TOO_FEW_GPUS = 4
     TOO_FEW_FREE = 5
+    MIG_UNSETTLED = 6
+    """The node's MIG layout is being changed or is invalid (:func:`~scheduler_core.k8s.nodes.mig_refusal`)."""
+    MIG_SLICES = 7
+    """The node's ``nvidia.com/gpu`` are MIG slices (``single``), and the pod asks a share or does not accept them."""
+    NO_PROFILE = 8
+    """The node offers fewer slices of the pod's MIG profile than the pod asks, free or not."""
 
     @property
     def unresolvable(self) -> bool:
         """Preemption cannot help: the node can never host the pod."""
-        return self in (Reason.NO_GPU_INFO, Reason.MODEL, Reason.MEMORY, Reason.TOO_FEW_GPUS)
+        return self != Reason.FITS and self != Reason.TOO_FEW_FREE
 
 
 _UNRESOLVABLE_CODES = np.array([Reason(code).unresolvable for code in range(len(Reason))])
@@ -350,23 +358,39 @@ def _node_column(table: NodeTable, values: npt.ArrayLike, name: str, dtype: type
 def _compute_reasons(
     table: NodeTable, free: npt.NDArray[np.int32], demand: PodDemand, check_free: bool | npt.NDArray[np.bool_] = True
 ) -> npt.NDArray[np.int8]:
-    if demand.gpus == 0:
+    if not demand.wants_gpu:
         return np.zeros(table.n_nodes, dtype=np.int8)
     shapes = table.gpu_shapes
     constrained = demand.models is not None or demand.min_memory_mib > 0
     # Indexed by model_id + 1, so that "no model" (-1) is entry 0: allowed only without a model list.
     allowed = np.array([demand.models is None] + [demand.models is None or m in demand.models for m in table.models])
-    # The four unresolvable checks depend only on the node's shape: evaluate them per shape.
+    # The unresolvable checks but the MIG profile's depend only on the node's shape: evaluate them per shape.
+    # A MIG slice's memory is in its profile's name: the memory floor is for whole GPUs (and single's slices).
+    whole = demand.gpus > 0
+    single = shapes.mig_mode == MigMode.SINGLE
     conditions = [
+        demand.wants_gpu & ((shapes.mig_mode == MigMode.INVALID) | (shapes.mig_mode == MigMode.PENDING)),
+        whole & single & (demand.milli_managed or not demand.accept_mig_slices),
         (shapes.model_id < 0) & constrained,
         ~allowed[shapes.model_id + 1],
-        shapes.memory_mib < demand.min_memory_mib,
+        whole & (shapes.memory_mib < demand.min_memory_mib),
         shapes.alloc_gpus < demand.gpus,
     ]
-    codes = [np.int8(c) for c in (Reason.NO_GPU_INFO, Reason.MODEL, Reason.MEMORY, Reason.TOO_FEW_GPUS)]
+    codes = [
+        np.int8(c)
+        for c in (Reason.MIG_UNSETTLED, Reason.MIG_SLICES, Reason.NO_GPU_INFO, Reason.MODEL, Reason.MEMORY,
+                  Reason.TOO_FEW_GPUS)
+    ]  # fmt: skip
     # np.select takes the first matching condition, which is the order of the checks.
     per_shape = np.select(conditions, codes, default=np.int8(Reason.FITS)).astype(np.int8)
     reason = per_shape[shapes.shape_id]
+    # kube-scheduler counts the slices in use (an extended resource it does not ignore); the extender
+    # refuses the nodes whose layout offers too few of the profile at all, with a reason.
+    for profile, count in demand.mig:
+        short = (table.profile_slices(profile) < count) & (reason == Reason.FITS)
+        np.putmask(reason, short, np.int8(Reason.NO_PROFILE))
+    if not whole:
+        return reason
     # Free GPUs are checked last, and only where nothing else failed.
     if check_free is True:
         np.putmask(reason, (free < demand.gpus) & (reason == Reason.FITS), np.int8(Reason.TOO_FEW_FREE))
@@ -451,13 +475,19 @@ def _failure_texts(result: FilterResult) -> _FailureTexts:
     # Two numbers per message, packed with the reason into one int64 key. Each is clamped to
     # 24 bits (16.7 M), far above any GPU count, MiB per GPU or model id.
     first = np.select(
-        [code == Reason.MODEL, code == Reason.MEMORY, code == Reason.TOO_FEW_GPUS, code == Reason.TOO_FEW_FREE],
-        [table.model_id[rows], table.memory_mib[rows], table.alloc_gpus[rows], result.free_gpus[rows]],
+        [code == Reason.MODEL, (code == Reason.MEMORY) | (code == Reason.MIG_SLICES), code == Reason.TOO_FEW_GPUS,
+         code == Reason.TOO_FEW_FREE, code == Reason.NO_PROFILE],
+        [table.model_id[rows], table.memory_mib[rows], table.alloc_gpus[rows], result.free_gpus[rows],
+         _profile_shortfall(table, demand, rows)],
+        default=0,
+    ).astype(np.int64)  # fmt: skip
+    second = np.select(
+        [code == Reason.TOO_FEW_FREE, code == Reason.MIG_SLICES, code == Reason.NO_PROFILE],
+        [table.alloc_gpus[rows], table.model_id[rows] + 1, table.mig_modes[rows]],
         default=0,
     ).astype(np.int64)
-    second = np.where(code == Reason.TOO_FEW_FREE, table.alloc_gpus[rows], 0).astype(np.int64)
-    # Nodes with their own label error get their own message: key those by row instead.
-    own_error = (code == Reason.NO_GPU_INFO) & table.gpu_info_error_mask[rows]
+    # Nodes with their own label error (or MIG refusal) get their own message: key those by row instead.
+    own_error = ((code == Reason.NO_GPU_INFO) | (code == Reason.MIG_UNSETTLED)) & table.gpu_info_error_mask[rows]
     first = np.where(own_error, rows, first)
     second = np.where(own_error, 1, second)
     limit = (1 << 24) - 1
@@ -467,6 +497,19 @@ def _failure_texts(result: FilterResult) -> _FailureTexts:
         _message(table, demand, Reason(int(code[i])), int(first[i]), int(second[i])) for i in first_index.tolist()
     )
     return _FailureTexts(rows, inverse.reshape(-1).astype(np.intp), texts)
+
+
+def _profile_shortfall(table: NodeTable, demand: PodDemand, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
+    """For each row, the index in ``demand.mig`` of the first profile the node offers too few of, times
+    2**16, plus the slices of it the node offers (0 where every profile is offered)."""
+    found = np.full(rows.size, -1, dtype=np.int64)
+    have = np.zeros(rows.size, dtype=np.int64)
+    for k, (profile, count) in enumerate(demand.mig):
+        offered = table.profile_slices(profile)[rows]
+        short = (offered < count) & (found < 0)
+        found[short] = k
+        have[short] = offered[short]
+    return np.where(found >= 0, (found << 16) | np.minimum(have, (1 << 16) - 1), 0)
 
 
 def _wanted_models(demand: PodDemand) -> str:
@@ -486,6 +529,21 @@ def _message(table: NodeTable, demand: PodDemand, code: Reason, first: int, seco
         return f"GPU memory {have} < {demand.min_memory_mib} MiB per GPU requested"
     if code == Reason.TOO_FEW_GPUS:
         return f"{first} GPUs allocatable, pod needs {demand.gpus}"
+    if code == Reason.MIG_UNSETTLED:
+        return table.gpu_info_errors.get(first, "the node's MIG layout is being changed or is invalid")
+    if code == Reason.MIG_SLICES:
+        model = table.models[second - 1] if second > 0 else "GPU"
+        slices = (
+            f"this node's {GPU_RESOURCE} are MIG slices of {model} ({first} MiB each, the device plugin's single "
+            "strategy)"
+        )
+        if demand.milli_managed:
+            return f"{slices}: a slice takes no {MILLI_RESOURCE} share"
+        return f'{slices}; a pod that takes a slice for each GPU says {ACCEPT_MIG_ANNOTATION}: "true"'
+    if code == Reason.NO_PROFILE:
+        profile, count = demand.mig[first >> 16]
+        mode = MIG_MODES[second] if 0 <= second < len(MIG_MODES) else "unknown"
+        return f"{first & 0xFFFF} {mig_resource(profile)} allocatable (MIG {mode}), pod needs {count}"
     if demand.share:
         return f"none of {second} GPUs has {demand.share} milli free (the pod's share)"
     return f"{first} of {second} GPUs free, pod needs {demand.gpus}"

@@ -46,7 +46,7 @@ from scheduler_core.k8s.names import (
     TERMINAL_PHASES,
 )
 from scheduler_core.k8s.nodes import NodeTable
-from scheduler_core.k8s.pods import cpu_milli, parse_models, requests_with_cpu
+from scheduler_core.k8s.pods import cpu_milli, mig_request, parse_models, requests_with_cpu
 from scheduler_core.k8s.resources import _mapping
 from scheduler_core.sharing.model import Shape, Task, shape_of
 
@@ -80,6 +80,8 @@ class GpuUsage:
     problems: tuple[str, ...]
     used_cpu: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     shapes: Counter[Shape] = field(default_factory=Counter)
+    mig_used: npt.NDArray[np.int32] | None = None
+    """Shape (n_nodes, len(table.mig_profiles)): MIG slices of each profile that bound pods request."""
 
     def free_milli(self, alloc_gpus: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
         exists = np.arange(self.used_milli.shape[1])[None, :] < alloc_gpus[:, None]
@@ -113,6 +115,7 @@ class PodUse:
     assigned: tuple[tuple[int, int], ...] | None = None
     assigned_problem: str = ""
     labels: Mapping[str, Any] | None = None
+    mig: tuple[tuple[str, int], ...] = ()
 
 
 def pod_use(pod: Any, position: int = 0) -> PodUse:
@@ -131,6 +134,7 @@ def pod_use(pod: Any, position: int = 0) -> PodUse:
     labels = labels if isinstance(labels, Mapping) else None
     try:
         (gpus, milli), cpu, cpu_problem = requests_with_cpu(pod["spec"], _RESOURCES)
+        mig = mig_request(pod["spec"])
     except InvalidPodError as exc:
         return PodUse(node, name, problem=str(exc), labels=labels)
     if _reservation(metadata, labels, pod["spec"]):  # one GPU is the shares' (their annotations count it)
@@ -146,7 +150,7 @@ def pod_use(pod: Any, position: int = 0) -> PodUse:
             assigned = trusted_assigned_gpus(text, pod["spec"].get("schedulerName"), gpus, milli)
         except InvalidPodError as exc:
             assigned_problem = str(exc)
-    return PodUse(node, name, gpus, milli, cpu, "", cpu_problem, kind, assigned, assigned_problem, labels)
+    return PodUse(node, name, gpus, milli, cpu, "", cpu_problem, kind, assigned, assigned_problem, labels, mig)
 
 
 def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
@@ -180,6 +184,8 @@ def usage_of(table: NodeTable, uses: Iterable[PodUse], max_gpus: int) -> GpuUsag
     unplaced: list[tuple[int, int, str]] = []  # (row, milli, pod) without a usable annotation
     problems: list[str] = []
     index = table.index
+    profile_column = {profile: k for k, profile in enumerate(table.mig_profiles)}
+    mig_used = np.zeros((n_nodes, len(profile_column)), dtype=np.int32)
     for use in uses:
         if not use.node:
             if use.problem:
@@ -195,6 +201,9 @@ def usage_of(table: NodeTable, uses: Iterable[PodUse], max_gpus: int) -> GpuUsag
             problems.append(f"pod {use.name} on {use.node}: {use.cpu_problem}; its CPU is not counted")
         whole_list[row] += use.gpus
         cpu_list[row] += use.cpu
+        for profile, count in use.mig:  # a profile no node of the table offers has no column
+            if (column := profile_column.get(profile)) is not None:
+                mig_used[row, column] += count
         if alloc_list[row] and use.kind is not None:
             kinds[use.kind] = kinds.get(use.kind, 0) + 1
         if use.assigned is None:
@@ -225,6 +234,7 @@ def usage_of(table: NodeTable, uses: Iterable[PodUse], max_gpus: int) -> GpuUsag
         problems=tuple(problems),
         used_cpu=np.asarray(cpu_list, dtype=np.int64),
         shapes=_shapes(kinds),
+        mig_used=mig_used,
     )
 
 

@@ -84,6 +84,9 @@ class ClusterState:
     """Shape (n_nodes,): the part of ``used_gpus`` that pods hold as ``nvidia.com/gpu``, which
     kube-scheduler counts itself; the rest are GPUs that shares hold, which it cannot see. None if
     unknown (a snapshot from before this field)."""
+    mig_used: npt.NDArray[np.int32] | None = None
+    """Shape (n_nodes, len(table.mig_profiles)): MIG slices of each profile that bound pods request; None
+    if unknown (a snapshot from before this field)."""
 
     @cached_property
     def workload(self) -> Workload:
@@ -147,6 +150,7 @@ class ClusterState:
             free_cpu=facts.cpu_milli - usage.used_cpu,
             shapes=tuple(keep_typical(usage.shapes, limit=MAX_SHAPES)),
             whole_gpus=usage.whole_gpus.astype(np.int32),
+            mig_used=usage.mig_used,
         )
 
     @classmethod
@@ -199,6 +203,19 @@ class ClusterState:
         utilization : ndarray of shape (len(rows),), float64
         """
         return values_at(self.used_gpus, rows, 0).astype(np.int32), values_at(self.utilization, rows, 0.0)
+
+    def mig_free_at(self, rows: npt.NDArray[np.intp], profiles: Sequence[str]) -> npt.NDArray[np.int32]:
+        """Free MIG slices, shape (len(rows), len(profiles)): the state's allocatable less what bound pods
+        request, at ``rows`` (from ``table.rows_of``); 0 where a row is -1 or the state lacks the profile."""
+        free = np.zeros((rows.size, len(profiles)), dtype=np.int32)
+        known = self.table.mig_profiles
+        used = self.mig_used if self.mig_used is not None else np.zeros_like(self.table.mig_counts)
+        for k, profile in enumerate(profiles):
+            if profile in known:
+                column = known.index(profile)
+                have = self.table.mig_counts[:, column] - used[:, column]
+                free[:, k] = np.maximum(values_at(have, rows, 0), 0)
+        return free
 
     def held_by_shares(self, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.int32] | None:
         """GPUs at ``rows`` that shares hold and kube-scheduler's count of ``nvidia.com/gpu`` cannot

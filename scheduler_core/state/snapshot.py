@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import SchedulerCoreError
+from scheduler_core.k8s.mig import MIG_MODES
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex
 from scheduler_core.sharing.model import Shape
@@ -218,6 +219,13 @@ def write_snapshot(snapshot: ClusterState, *, revision: Revision | None = None) 
         arrays["free_cpu"] = np.clip(snapshot.free_cpu, limits.min, limits.max).astype(np.int32)
     if snapshot.whole_gpus is not None:
         arrays["whole_gpus"] = snapshot.whole_gpus
+    if table.mig_profiles or table.mig_modes.any():  # MIG: optional members, absent from older snapshots
+        header_mig = json.dumps(list(table.mig_profiles)).encode()
+        arrays["mig_profiles_json"] = np.frombuffer(header_mig, dtype=np.uint8)
+        arrays["mig_mode"] = table.mig_modes
+        arrays["mig_slices"] = table.mig_counts
+        if snapshot.mig_used is not None:
+            arrays["mig_used"] = snapshot.mig_used
     for column in _NODE_COLUMNS[:-1]:
         arrays[column] = getattr(table, column)
     buffer = io.BytesIO()
@@ -287,6 +295,7 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
         memory_mib=column["memory_mib"],
         alloc_gpus=column["alloc_gpus"],
         gpu_info_errors=errors,
+        **_mig_columns(members, n_nodes),
     )
     _check_ids(table)
     util = np.ascontiguousarray(members["gpu_utilization"], dtype=np.float32)
@@ -303,11 +312,37 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
     whole = members.get("whole_gpus")
     if whole is not None and whole.shape != (n_nodes,):
         raise SnapshotFormatError(f"snapshot member 'whole_gpus': expected shape {(n_nodes,)}, got {whole.shape}")
+    mig_used = members.get("mig_used")
+    if mig_used is not None and mig_used.shape != table.mig_counts.shape:
+        raise SnapshotFormatError(
+            f"snapshot member 'mig_used': expected shape {table.mig_counts.shape}, got {mig_used.shape}"
+        )
     return ClusterState(
         table, column["used_gpus"], node_utilization(util, table.alloc_gpus), problems, apps, free_milli, generated_at,
         free_cpu, shapes, str(header["cluster"]), util, float(measured) if isinstance(measured, int | float) else None,
         None if whole is None else np.ascontiguousarray(whole, dtype=np.int32),
+        None if mig_used is None else np.ascontiguousarray(mig_used, dtype=np.int32),
     )  # fmt: skip
+
+
+def _mig_columns(members: Mapping[str, npt.NDArray[Any]], n_nodes: int) -> dict[str, Any]:
+    """The table's MIG columns from their optional members (none: every node ``none``, no profiles)."""
+    raw = members.get("mig_profiles_json")
+    if raw is None:
+        return {}
+    profiles = json.loads(raw.tobytes().decode("utf-8"))
+    if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
+        raise SnapshotFormatError("snapshot member 'mig_profiles_json' is not a list of profile names")
+    mode, slices = members.get("mig_mode"), members.get("mig_slices")
+    if mode is None or mode.shape != (n_nodes,) or mode.min(initial=0) < 0 or mode.max(initial=0) >= len(MIG_MODES):
+        raise SnapshotFormatError(f"snapshot member 'mig_mode': expected ({n_nodes},) MIG modes")
+    if slices is None or slices.shape != (n_nodes, len(profiles)):
+        raise SnapshotFormatError(f"snapshot member 'mig_slices': expected shape ({n_nodes}, {len(profiles)})")
+    return {
+        "mig_mode": np.ascontiguousarray(mode, dtype=np.int32),
+        "mig_profiles": tuple(profiles),
+        "mig_slices": np.ascontiguousarray(slices, dtype=np.int32),
+    }
 
 
 def _cpu_and_shapes(

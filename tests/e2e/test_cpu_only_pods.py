@@ -67,7 +67,9 @@ def test_with_gpu_pods_only_kube_scheduler_places_it_alone_and_strands_the_gpus(
     cluster: ControlPlane, serve_url: str
 ) -> None:
     config = start_scheduler(cluster, serve_url, "--gpu-pods-only")
-    assert config["extenders"][0]["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}]
+    managed = config["extenders"][0]["managedResources"]  # nvidia.com/gpu, then one per MIG profile
+    assert managed[0] == {"name": "nvidia.com/gpu", "ignoredByScheduler": False}
+    assert all(entry["name"].startswith("nvidia.com/mig-") for entry in managed[1:])
     before = requests_served(serve_url)
     try:
         assert place(cluster, "batch-alone") == "t4-thin"

@@ -1,5 +1,7 @@
-"""Nodes whose MIG layout is unsettled or invalid take no GPU pod, through the real kube-scheduler on the
-generated configuration, with ``gpu-scheduler serve --watch`` as the extender.
+"""MIG through the real kube-scheduler on the generated configuration, with ``gpu-scheduler serve --watch`` as
+the extender: nodes whose MIG layout is unsettled or invalid take no GPU pod; 200 pods of mixed profiles
+pack onto 20 H200 nodes in mig-parted's ``all-balanced`` layout under the device plugin's ``mixed``
+strategy; a ``single`` node's slices go only to pods that accept them.
 
 The GPU Operator's MIG manager labels a node ``nvidia.com/mig.config.state=pending`` (or ``rebooting``)
 while it changes the GPUs' MIG layout, and ``failed`` when it could not; GFD names the product
@@ -9,17 +11,24 @@ while it changes the GPUs' MIG layout, and ``failed`` when it could not; GFD nam
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from typing import Any
 
 import pytest
 
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from gpu_scheduler.synthetic import CATALOGUE, InstanceShape, make_node, make_pod
+from scheduler_core.k8s.mig import ALL_BALANCED, mig_resource
 from testing.control_plane import ControlPlane
 from testing.product import Processes
 from tests.e2e.conftest import start_scheduler
 
 H100 = next(shape for shape in CATALOGUE if shape.model == "H100")
+# p5e.48xlarge: 8 H200 (143771 MiB each, ../shared/fixtures/gpu/h200/query.csv).
+H200 = InstanceShape("p5e.48xlarge", "H200", "NVIDIA-H200", 8, 143771, "191450m", "1999Gi")
+LAYOUT = {profile: 8 * count for profile, count in ALL_BALANCED["H200-141GB"].items()}  # per node
 WORK = "mig-states"
+MIXED_NODES = [f"mixed-{i:02d}" for i in range(20)]
 
 
 def node(name: str, **labels: str) -> dict[str, Any]:
@@ -28,12 +37,50 @@ def node(name: str, **labels: str) -> dict[str, Any]:
     return made
 
 
+def mixed(name: str, **labels: str) -> dict[str, Any]:
+    """An H200 node under the mixed strategy, every GPU in all-balanced: GFD keeps the base product and
+    adds a count per profile; the device plugin advertises one resource per profile and no nvidia.com/gpu."""
+    made = make_node(name, H200, "us-east-1b")
+    made["metadata"]["labels"] |= {"nvidia.com/mig.strategy": "mixed", "nvidia.com/mig.config": "all-balanced"}
+    made["metadata"]["labels"] |= {f"nvidia.com/mig-{p}.count": str(n) for p, n in LAYOUT.items()} | labels
+    for part in ("capacity", "allocatable"):
+        del made["status"][part]["nvidia.com/gpu"]
+        made["status"][part] |= {mig_resource(p): str(n) for p, n in LAYOUT.items()}
+    return made
+
+
+def single(name: str, product: str = "NVIDIA-H200-MIG-1g.18gb") -> dict[str, Any]:
+    """An H200 node under the single strategy, all 8 GPUs in 7 × 1g.18gb: nvidia.com/gpu counts 56 slices
+    and GFD writes the slice's product, memory and count."""
+    made = make_node(name, H200, "us-east-1c")
+    invalid = product.endswith("-INVALID")
+    made["metadata"]["labels"] |= {
+        "nvidia.com/mig.strategy": "single",
+        "nvidia.com/gpu.product": product,
+        "nvidia.com/gpu.memory": "0" if invalid else "16384",
+        "nvidia.com/gpu.count": "0" if invalid else "56",
+    }
+    for part in ("capacity", "allocatable"):
+        made["status"][part]["nvidia.com/gpu"] = "56"
+    return made
+
+
+def slices_pod(name: str, profile: str) -> dict[str, Any]:
+    pod = make_pod(name, 0, namespace=WORK)
+    pod["spec"]["containers"][0]["resources"]["limits"] = {mig_resource(profile): "1"}
+    return pod
+
+
 @pytest.fixture(scope="module")
 def scheduling(cluster: ControlPlane, product: Processes) -> Any:
     cluster.add_nodes([
         node("settled", **{"nvidia.com/mig.config.state": "success"}),
         node("pending", **{"nvidia.com/mig.config.state": "pending"}),
         node("invalid", **{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-MIG-INVALID"}),
+        *map(mixed, MIXED_NODES),
+        mixed("mixed-pending", **{"nvidia.com/mig.config.state": "pending"}),
+        single("single"),
+        single("single-invalid", "NVIDIA-H200-MIG-INVALID"),
     ])  # fmt: skip
     url = product.serve("serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler"))])
     start_scheduler(cluster, url)
@@ -78,3 +125,44 @@ def test_a_node_whose_reconfiguration_ends_takes_gpu_pods_again(cluster: Control
         content_type="application/merge-patch+json",
     )
     assert cluster.wait_bound(WORK, "waits", timeout_s=120) == "pending"
+
+
+def test_200_pods_of_mixed_profiles_pack_onto_the_slices_that_exist(cluster: ControlPlane, scheduling: Any) -> None:
+    """120 × 1g.18gb, 40 × 2g.35gb and 40 × 3g.71gb, in random order, on 20 nodes of 16 + 8 + 8 slices: all
+    bind, never past a node's slices of their profile, none on the pending node (all of its slices free)
+    nor on a node without MIG; and they pack (8 nodes hold the 1g pods at the least, spreading takes 20)."""
+    wanted = ["1g.18gb"] * 120 + ["2g.35gb"] * 40 + ["3g.71gb"] * 40
+    random.Random(43).shuffle(wanted)
+    cluster.create_pods([slices_pod(f"mig-{i:03d}", profile) for i, profile in enumerate(wanted)])
+    placed = Counter(
+        (cluster.wait_bound(WORK, f"mig-{i:03d}", timeout_s=120), profile) for i, profile in enumerate(wanted)
+    )
+    nodes = {where for where, _ in placed}
+    assert nodes <= set(MIXED_NODES), nodes - set(MIXED_NODES)
+    assert all(count <= LAYOUT[profile] for (_, profile), count in placed.items()), placed
+    assert 8 <= len(nodes) <= 10, sorted(nodes)
+
+
+def test_a_profile_no_node_has_stays_pending(cluster: ControlPlane, scheduling: Any) -> None:
+    cluster.create_pods([slices_pod("no-7g", "7g.141gb")])
+    assert "nvidia.com/mig-7g.141gb" in cluster.wait_failed(WORK, "no-7g")
+
+
+def test_a_single_nodes_slices_go_only_to_pods_that_accept_them(cluster: ControlPlane, scheduling: Any) -> None:
+    """An H200 pod that does not say it accepts a slice is told how to; one that says so binds there, with
+    the slice's memory as the GPU's (a floor above it is refused); the invalid single node takes none."""
+
+    def h200(name: str, accept: bool, memory: str | None = None) -> dict[str, Any]:
+        pod = make_pod(name, 1, namespace=WORK, models="H200", memory=memory)
+        if accept:
+            pod["metadata"]["annotations"]["gpu-scheduler.io/accept-mig-slices"] = "true"
+        return pod
+
+    cluster.create_pods([h200("whole-h200", False), h200("slice-ok", True), h200("slice-too-small", True, "20Gi")])
+    assert 'gpu-scheduler.io/accept-mig-slices: "true"' in cluster.wait_failed(WORK, "whole-h200")
+    assert cluster.wait_bound(WORK, "slice-ok") == "single"
+    assert "GPU memory 16384 MiB < 20480 MiB" in cluster.wait_failed(WORK, "slice-too-small")
+    pinned_invalid = h200("on-single-invalid", True)
+    pinned_invalid["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "single-invalid"}
+    cluster.create_pods([pinned_invalid])
+    assert "MIG layouts differ" in cluster.wait_failed(WORK, "on-single-invalid")

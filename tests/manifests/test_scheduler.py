@@ -26,6 +26,7 @@ from manifests.scheduler import (
     scraper_rbac,
 )
 from scheduler_core.errors import ConfigError
+from scheduler_core.k8s.mig import known_mig_resources
 from scheduler_core.k8s.names import MILLI_RESOURCE
 from tests.conftest import SCHEDULER_FIXTURES
 
@@ -120,14 +121,19 @@ def test_with_reservation_pods_the_bind_has_its_own_entry_and_timeout() -> None:
 
 
 def test_gpu_pods_only_restores_the_managed_resources() -> None:
+    """managedResources matches exact names: every MIG profile the product knows is listed, counted by
+    kube-scheduler, with the H200's all-balanced layout among them."""
     config = scheduler_configuration(SchedulerOptions(extender_url=URL, sharing=True, gpu_pods_only=True))
-    assert config["extenders"][0]["managedResources"] == [
-        {"name": "nvidia.com/gpu", "ignoredByScheduler": False},
-        {"name": MILLI_RESOURCE, "ignoredByScheduler": True},
-    ]
+    managed = config["extenders"][0]["managedResources"]
+    mig = [{"name": name, "ignoredByScheduler": False} for name in known_mig_resources()]
+    assert managed == [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}, *mig,
+                       {"name": MILLI_RESOURCE, "ignoredByScheduler": True}]  # fmt: skip
+    names = {entry["name"] for entry in managed}
+    assert {"nvidia.com/mig-1g.18gb", "nvidia.com/mig-2g.35gb", "nvidia.com/mig-3g.71gb"} <= names
+    assert "nvidia.com/mig-1g.10gb.me" in names and len(mig) == len(names) - 2
     assert "ignoredResources" not in _fit_args(config)  # ignoredByScheduler says it
     whole = scheduler_configuration(SchedulerOptions(extender_url=URL, gpu_pods_only=True))["extenders"][0]
-    assert whole["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}]
+    assert whole["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}, *mig]
 
 
 def test_without_sharing_the_milli_resource_stays_counted_by_the_scheduler() -> None:

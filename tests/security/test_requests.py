@@ -171,3 +171,14 @@ def test_a_dead_ledger_is_a_503_for_preempt_and_an_error_for_bind_never_a_500(se
     assert serve_world.ledger.table not in reply["Error"]
     assert serve_world.api.get("pods", "share", "default")["spec"].get("nodeName") is None
     assert serve_world.api_writes() == []
+
+
+def test_a_mig_resource_that_is_no_profile_is_refused_naming_it(world: World) -> None:
+    """A tenant's ``nvidia.com/mig-<anything>`` is named back, cut; the filter answers, prioritize is a 400."""
+    pod = make_pod("not-a-profile", 0)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-" + "x" * 300] = "1"
+    status, reply = world.call("filter", filter_body(pod, ["a100-1"]))
+    assert status == 200 and reply["NodeNames"] == [] and "is not a MIG profile" in reply["Error"]
+    assert len(reply["Error"]) < 300
+    status, reply = world.call("prioritize", filter_body(pod, ["a100-1"]))
+    assert status == 400 and "is not a MIG profile" in reply["Error"]

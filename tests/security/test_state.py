@@ -126,3 +126,12 @@ def test_healthz_says_what_is_configured_without_naming_it(aws_session: Any, fre
     body = json.loads(response["body"])
     assert body["snapshot"] is True and body["ledger"] is False
     assert BUCKET not in response["body"] and KEY not in response["body"]
+
+
+def test_a_bound_pod_with_a_bad_mig_resource_counts_nothing_and_is_reported() -> None:
+    """A tenant's pod with a garbled MIG request takes no slice in the state; the problem names it."""
+    pod = make_pod("garbled", 0, node_name="a100-1", phase="Running")
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.5gb"] = "9" * 50
+    state = ClusterState.from_objects(cluster_nodes(), [pod])
+    assert any("garbled" in problem and "nvidia.com/mig-1g.5gb" in problem for problem in state.problems)
+    assert state.mig_used is not None and not state.mig_used.any()
