@@ -87,13 +87,15 @@ class NodeView:
 
     def mig_free(self) -> npt.NDArray[np.int32]:
         """Free MIG slices per row and profile of :attr:`table` (``table.mig_profiles``): the state's
-        count where it has the node, else all of the node's allocatable."""
+        count where it has the node and the profile, else all of the node's allocatable (a node or a
+        layout newer than the state is not taken for full)."""
         table = self.table
         if self.state is None or self.state_rows is None:
             return table.mig_counts.copy()
         free = self.state.mig_free_at(self.state_rows, table.mig_profiles)
-        missing = self.state_rows < 0
-        free[missing] = table.mig_counts[missing]
+        in_state = np.array([p in self.state.table.mig_profiles for p in table.mig_profiles], dtype=bool)
+        unknown = (self.state_rows < 0)[:, None] | ~in_state[None, :]
+        np.copyto(free, table.mig_counts, where=unknown)
         return free
 
     @property

@@ -110,13 +110,6 @@ def mig_mode(labels: Mapping[str, Any], allocatable: Mapping[str, Any]) -> MigMo
     return MigMode.NONE
 
 
-def single_profile(labels: Mapping[str, Any]) -> str:
-    """The slice profile of a ``single`` node, from GFD's product (``...-MIG-1g.18gb``); "" if none."""
-    product = labels.get(GFD_PRODUCT)
-    match = _SINGLE_PRODUCT.search(product) if isinstance(product, str) else None
-    return match.group(1) if match else ""
-
-
 KNOWN_PROFILES: Mapping[str, tuple[str, ...]] = {
     # GPU instance profiles per GPU, as `nvidia-smi mig -lgip` lists them (H200: ../shared/fixtures/gpu/h200/
     # mig-profiles.txt; the others: NVIDIA's MIG user guide and mig-parted's per-device tables).
@@ -128,15 +121,6 @@ KNOWN_PROFILES: Mapping[str, tuple[str, ...]] = {
     "H200-141GB": ("1g.18gb", "1g.18gb.me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
 }
 """The MIG profiles of the GPUs the product knows: the resource names the generated profile manages."""
-
-ALL_BALANCED: Mapping[str, Mapping[str, int]] = {
-    # mig-parted's `all-balanced` layout, per GPU.
-    "A100-40GB": {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1},
-    "A100-80GB": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1},
-    "H100-80GB": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1},
-    "H100-94GB": {"1g.12gb": 2, "2g.24gb": 1, "3g.47gb": 1},
-    "H200-141GB": {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1},
-}
 
 
 def known_mig_resources() -> tuple[str, ...]:

@@ -31,9 +31,7 @@ from scheduler_core.k8s.names import (
     LABEL_MEMORY,
     LABEL_MODEL,
     LABEL_ZONE,
-    MIG_BUSY_STATES,
     MIG_CONFIG_STATE,
-    MIG_INVALID_SUFFIX,
 )
 from scheduler_core.k8s.quantity import parse_whole_count, plain_int
 
@@ -471,12 +469,13 @@ def mig_refusal(labels: Mapping[str, Any]) -> str:
     >>> mig_refusal({"nvidia.com/mig.config.state": "success", "nvidia.com/gpu.product": "NVIDIA-H200"})
     ''
     """
-    state = labels.get(MIG_CONFIG_STATE)
-    if state in MIG_BUSY_STATES:
+    mode = mig_mode(labels, {})
+    if mode == MigMode.PENDING:
+        state = labels[MIG_CONFIG_STATE]
         doing = "could not be reconfigured" if state == "failed" else "is being reconfigured"
         return f"MIG {doing} on this node ({MIG_CONFIG_STATE}={state})"
-    product = labels.get(GFD_PRODUCT)
-    if isinstance(product, str) and product.endswith(MIG_INVALID_SUFFIX):
+    if mode == MigMode.INVALID:
+        product = labels[GFD_PRODUCT]
         return (
             f"the GPUs' MIG layouts differ, which the device plugin's single strategy cannot serve "
             f"({GFD_PRODUCT}={product})"

@@ -137,8 +137,9 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
     )
 
 
-def mig_resources(spec: Mapping[str, Any]) -> tuple[str, ...]:
-    """The ``nvidia.com/mig-*`` resource names any container of the pod names, sorted."""
+def _mig_resources(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ``nvidia.com/mig-*`` resource names any container of the pod names, sorted (usually none: one
+    look at each container's two maps, with no quantity parsed)."""
     found: set[str] = set()
     for key in ("containers", "initContainers"):
         for container in _container_list(spec, key):
@@ -163,20 +164,21 @@ def mig_request(spec: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     >>> mig_request({"containers": [{"resources": {"limits": {"nvidia.com/mig-1g.18gb": "2"}}}]})
     (('1g.18gb', 2),)
     """
-    resources = mig_resources(spec)
+    resources = _mig_resources(spec)
     if not resources:
         return ()
+    profiles = []
     for resource in resources:
-        if resource_profile(resource) is None:
+        profile = resource_profile(resource)
+        if profile is None:
             raise InvalidPodError(
                 f"resource {resource[:64]!r} is not a MIG profile (nvidia.com/mig-<g>g.<memory>gb, as 1g.18gb)"
             )
-    counts = effective_requests(spec, resources)
-    merged: dict[str, int] = {}
-    for resource, count in zip(resources, counts, strict=True):
-        profile = resource_profile(resource)
-        if count > 0 and profile is not None:
-            merged[profile.name] = merged.get(profile.name, 0) + count
+        profiles.append(profile.name)
+    merged: dict[str, int] = {}  # two spellings of one profile ("+me", ".me") are one
+    for name, count in zip(profiles, effective_requests(spec, resources), strict=True):
+        if count > 0:
+            merged[name] = merged.get(name, 0) + count
     return tuple(sorted(merged.items()))
 
 

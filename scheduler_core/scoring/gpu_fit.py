@@ -369,7 +369,7 @@ def _compute_reasons(
     whole = demand.gpus > 0
     single = shapes.mig_mode == MigMode.SINGLE
     conditions = [
-        demand.wants_gpu & ((shapes.mig_mode == MigMode.INVALID) | (shapes.mig_mode == MigMode.PENDING)),
+        (shapes.mig_mode == MigMode.INVALID) | (shapes.mig_mode == MigMode.PENDING),
         whole & single & (demand.milli_managed or not demand.accept_mig_slices),
         (shapes.model_id < 0) & constrained,
         ~allowed[shapes.model_id + 1],
@@ -474,16 +474,17 @@ def _failure_texts(result: FilterResult) -> _FailureTexts:
     code = result.reason[rows].astype(np.int64)
     # Two numbers per message, packed with the reason into one int64 key. Each is clamped to
     # 24 bits (16.7 M), far above any GPU count, MiB per GPU or model id.
+    short_profile, offered = _profile_shortfall(table, demand, rows)
     first = np.select(
         [code == Reason.MODEL, (code == Reason.MEMORY) | (code == Reason.MIG_SLICES), code == Reason.TOO_FEW_GPUS,
          code == Reason.TOO_FEW_FREE, code == Reason.NO_PROFILE],
-        [table.model_id[rows], table.memory_mib[rows], table.alloc_gpus[rows], result.free_gpus[rows],
-         _profile_shortfall(table, demand, rows)],
+        [table.model_id[rows], table.memory_mib[rows], table.alloc_gpus[rows], result.free_gpus[rows], offered],
         default=0,
     ).astype(np.int64)  # fmt: skip
+    # NO_PROFILE: which of the pod's profiles, and the node's MIG mode (3 bits).
     second = np.select(
         [code == Reason.TOO_FEW_FREE, code == Reason.MIG_SLICES, code == Reason.NO_PROFILE],
-        [table.alloc_gpus[rows], table.model_id[rows] + 1, table.mig_modes[rows]],
+        [table.alloc_gpus[rows], table.model_id[rows] + 1, (short_profile << 3) | table.mig_modes[rows]],
         default=0,
     ).astype(np.int64)
     # Nodes with their own label error (or MIG refusal) get their own message: key those by row instead.
@@ -499,17 +500,21 @@ def _failure_texts(result: FilterResult) -> _FailureTexts:
     return _FailureTexts(rows, inverse.reshape(-1).astype(np.intp), texts)
 
 
-def _profile_shortfall(table: NodeTable, demand: PodDemand, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
-    """For each row, the index in ``demand.mig`` of the first profile the node offers too few of, times
-    2**16, plus the slices of it the node offers (0 where every profile is offered)."""
-    found = np.full(rows.size, -1, dtype=np.int64)
+def _profile_shortfall(
+    table: NodeTable, demand: PodDemand, rows: npt.NDArray[np.intp]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """For each row, the index in ``demand.mig`` of the first profile the node offers too few of, and the
+    slices of it the node offers (0 and 0 where every profile is offered)."""
+    found = np.zeros(rows.size, dtype=np.int64)
     have = np.zeros(rows.size, dtype=np.int64)
+    done = np.zeros(rows.size, dtype=bool)
     for k, (profile, count) in enumerate(demand.mig):
         offered = table.profile_slices(profile)[rows]
-        short = (offered < count) & (found < 0)
+        short = (offered < count) & ~done
         found[short] = k
         have[short] = offered[short]
-    return np.where(found >= 0, (found << 16) | np.minimum(have, (1 << 16) - 1), 0)
+        done |= short
+    return found, have
 
 
 def _wanted_models(demand: PodDemand) -> str:
@@ -530,7 +535,9 @@ def _message(table: NodeTable, demand: PodDemand, code: Reason, first: int, seco
     if code == Reason.TOO_FEW_GPUS:
         return f"{first} GPUs allocatable, pod needs {demand.gpus}"
     if code == Reason.MIG_UNSETTLED:
-        return table.gpu_info_errors.get(first, "the node's MIG layout is being changed or is invalid")
+        if second == 1:  # keyed by row: the node's own refusal
+            return table.gpu_info_errors[first]
+        return "the node's MIG layout is being changed or is invalid"
     if code == Reason.MIG_SLICES:
         model = table.models[second - 1] if second > 0 else "GPU"
         slices = (
@@ -541,9 +548,9 @@ def _message(table: NodeTable, demand: PodDemand, code: Reason, first: int, seco
             return f"{slices}: a slice takes no {MILLI_RESOURCE} share"
         return f'{slices}; a pod that takes a slice for each GPU says {ACCEPT_MIG_ANNOTATION}: "true"'
     if code == Reason.NO_PROFILE:
-        profile, count = demand.mig[first >> 16]
-        mode = MIG_MODES[second] if 0 <= second < len(MIG_MODES) else "unknown"
-        return f"{first & 0xFFFF} {mig_resource(profile)} allocatable (MIG {mode}), pod needs {count}"
+        profile, count = demand.mig[second >> 3]
+        mode = MIG_MODES[second & 7] if (second & 7) < len(MIG_MODES) else "unknown"
+        return f"{first} {mig_resource(profile)} allocatable (MIG {mode}), pod needs {count}"
     if demand.share:
         return f"none of {second} GPUs has {demand.share} milli free (the pod's share)"
     return f"{first} of {second} GPUs free, pod needs {demand.gpus}"

@@ -116,6 +116,7 @@ class PodUse:
     assigned_problem: str = ""
     labels: Mapping[str, Any] | None = None
     mig: tuple[tuple[str, int], ...] = ()
+    mig_problem: str = ""
 
 
 def pod_use(pod: Any, position: int = 0) -> PodUse:
@@ -134,9 +135,12 @@ def pod_use(pod: Any, position: int = 0) -> PodUse:
     labels = labels if isinstance(labels, Mapping) else None
     try:
         (gpus, milli), cpu, cpu_problem = requests_with_cpu(pod["spec"], _RESOURCES)
-        mig = mig_request(pod["spec"])
     except InvalidPodError as exc:
         return PodUse(node, name, problem=str(exc), labels=labels)
+    try:
+        mig, mig_problem = mig_request(pod["spec"]), ""
+    except InvalidPodError as exc:  # its GPUs and CPU still count; its slices cannot
+        mig, mig_problem = (), str(exc)
     if _reservation(metadata, labels, pod["spec"]):  # one GPU is the shares' (their annotations count it)
         return PodUse(node, name, max(gpus - 1, 0), 0, cpu, "", cpu_problem, None, None, "", labels)
     annotations = metadata.get("annotations")
@@ -150,7 +154,9 @@ def pod_use(pod: Any, position: int = 0) -> PodUse:
             assigned = trusted_assigned_gpus(text, pod["spec"].get("schedulerName"), gpus, milli)
         except InvalidPodError as exc:
             assigned_problem = str(exc)
-    return PodUse(node, name, gpus, milli, cpu, "", cpu_problem, kind, assigned, assigned_problem, labels, mig)
+    return PodUse(
+        node, name, gpus, milli, cpu, "", cpu_problem, kind, assigned, assigned_problem, labels, mig, mig_problem
+    )
 
 
 def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
@@ -199,6 +205,8 @@ def usage_of(table: NodeTable, uses: Iterable[PodUse], max_gpus: int) -> GpuUsag
             continue
         if use.cpu_problem:  # its GPUs still count; its CPU cannot
             problems.append(f"pod {use.name} on {use.node}: {use.cpu_problem}; its CPU is not counted")
+        if use.mig_problem:
+            problems.append(f"pod {use.name} on {use.node}: {use.mig_problem}; its MIG slices are not counted")
         whole_list[row] += use.gpus
         cpu_list[row] += use.cpu
         for profile, count in use.mig:  # a profile no node of the table offers has no column

@@ -209,12 +209,15 @@ class ClusterState:
         request, at ``rows`` (from ``table.rows_of``); 0 where a row is -1 or the state lacks the profile."""
         free = np.zeros((rows.size, len(profiles)), dtype=np.int32)
         known = self.table.mig_profiles
-        used = self.mig_used if self.mig_used is not None else np.zeros_like(self.table.mig_counts)
-        for k, profile in enumerate(profiles):
-            if profile in known:
-                column = known.index(profile)
-                have = self.table.mig_counts[:, column] - used[:, column]
-                free[:, k] = np.maximum(values_at(have, rows, 0), 0)
+        pairs = [(k, known.index(profile)) for k, profile in enumerate(profiles) if profile in known]
+        if not pairs or rows.size == 0:
+            return free
+        wanted, columns = (list(side) for side in zip(*pairs, strict=True))
+        at = np.where(rows >= 0, rows, 0)
+        have = self.table.mig_counts[np.ix_(at, columns)]
+        if self.mig_used is not None:
+            have = have - self.mig_used[np.ix_(at, columns)]
+        free[:, wanted] = np.where((rows >= 0)[:, None], np.maximum(have, 0), 0)
         return free
 
     def held_by_shares(self, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.int32] | None:

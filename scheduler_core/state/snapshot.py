@@ -46,7 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import SchedulerCoreError
-from scheduler_core.k8s.mig import MIG_MODES
+from scheduler_core.k8s.mig import MIG_MODES, parse_profile
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex
 from scheduler_core.sharing.model import Shape
@@ -313,10 +313,8 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
     if whole is not None and whole.shape != (n_nodes,):
         raise SnapshotFormatError(f"snapshot member 'whole_gpus': expected shape {(n_nodes,)}, got {whole.shape}")
     mig_used = members.get("mig_used")
-    if mig_used is not None and mig_used.shape != table.mig_counts.shape:
-        raise SnapshotFormatError(
-            f"snapshot member 'mig_used': expected shape {table.mig_counts.shape}, got {mig_used.shape}"
-        )
+    if mig_used is not None:
+        _check_counts("mig_used", mig_used, table.mig_counts.shape)
     return ClusterState(
         table, column["used_gpus"], node_utilization(util, table.alloc_gpus), problems, apps, free_milli, generated_at,
         free_cpu, shapes, str(header["cluster"]), util, float(measured) if isinstance(measured, int | float) else None,
@@ -331,18 +329,34 @@ def _mig_columns(members: Mapping[str, npt.NDArray[Any]], n_nodes: int) -> dict[
     if raw is None:
         return {}
     profiles = json.loads(raw.tobytes().decode("utf-8"))
-    if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
-        raise SnapshotFormatError("snapshot member 'mig_profiles_json' is not a list of profile names")
+    names_ok = isinstance(profiles, list) and all(
+        isinstance(p, str) and getattr(parse_profile(p), "name", None) == p for p in profiles
+    )
+    if not names_ok or len(set(profiles)) != len(profiles):
+        raise SnapshotFormatError("snapshot member 'mig_profiles_json' is not a list of distinct MIG profile names")
     mode, slices = members.get("mig_mode"), members.get("mig_slices")
-    if mode is None or mode.shape != (n_nodes,) or mode.min(initial=0) < 0 or mode.max(initial=0) >= len(MIG_MODES):
+    if (
+        mode is None
+        or mode.shape != (n_nodes,)
+        or mode.dtype.kind != "i"
+        or mode.min(initial=0) < 0
+        or mode.max(initial=0) >= len(MIG_MODES)
+    ):
         raise SnapshotFormatError(f"snapshot member 'mig_mode': expected ({n_nodes},) MIG modes")
-    if slices is None or slices.shape != (n_nodes, len(profiles)):
-        raise SnapshotFormatError(f"snapshot member 'mig_slices': expected shape ({n_nodes}, {len(profiles)})")
+    if slices is None:
+        raise SnapshotFormatError("snapshot member 'mig_slices' is missing")
+    _check_counts("mig_slices", slices, (n_nodes, len(profiles)))
     return {
         "mig_mode": np.ascontiguousarray(mode, dtype=np.int32),
         "mig_profiles": tuple(profiles),
         "mig_slices": np.ascontiguousarray(slices, dtype=np.int32),
     }
+
+
+def _check_counts(name: str, array: npt.NDArray[Any], shape: tuple[int, ...]) -> None:
+    """A member of non-negative integers, of ``shape``."""
+    if array.shape != shape or array.dtype.kind != "i" or array.min(initial=0) < 0:
+        raise SnapshotFormatError(f"snapshot member {name!r}: expected non-negative integers of shape {shape}")
 
 
 def _cpu_and_shapes(

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gpu_scheduler.synthetic import CATALOGUE, InstanceShape, make_node, make_pod
-from scheduler_core.k8s.mig import ALL_BALANCED, mig_resource
+from scheduler_core.k8s.mig import mig_resource
 from testing.control_plane import ControlPlane
 from testing.product import Processes
 from tests.e2e.conftest import start_scheduler
@@ -26,7 +26,8 @@ from tests.e2e.conftest import start_scheduler
 H100 = next(shape for shape in CATALOGUE if shape.model == "H100")
 # p5e.48xlarge: 8 H200 (143771 MiB each, ../shared/fixtures/gpu/h200/query.csv).
 H200 = InstanceShape("p5e.48xlarge", "H200", "NVIDIA-H200", 8, 143771, "191450m", "1999Gi")
-LAYOUT = {profile: 8 * count for profile, count in ALL_BALANCED["H200-141GB"].items()}  # per node
+# mig-parted's all-balanced on an H200, per GPU: 2 x 1g.18gb, 1 x 2g.35gb, 1 x 3g.71gb (its test table); per node:
+LAYOUT = {"1g.18gb": 16, "2g.35gb": 8, "3g.71gb": 8}
 WORK = "mig-states"
 MIXED_NODES = [f"mixed-{i:02d}" for i in range(20)]
 

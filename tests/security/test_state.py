@@ -4,10 +4,13 @@ GPU; a snapshot dated in the future is refused; ``/healthz`` names no bucket or 
 
 from __future__ import annotations
 
+import io
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from adapters.snapshot_store import MAX_CLOCK_SKEW_S, SnapshotSource, open_store
@@ -15,8 +18,9 @@ from scheduler_core.errors import ClusterStateUnavailableError
 from scheduler_core.extender.preemption import victim_frees
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
 from scheduler_core.state.cluster import ClusterState
-from scheduler_core.state.snapshot import build_snapshot, write_snapshot
+from scheduler_core.state.snapshot import SnapshotFormatError, build_snapshot, read_snapshot, write_snapshot
 from tests.conftest import make_pod
+from tests.scheduler_core.k8s.test_mig import nodes
 from tests.security.conftest import BUCKET, KEY, cluster_nodes
 
 EVERY_GPU = ",".join(f"{gpu}:1000" for gpu in range(8))
@@ -135,3 +139,35 @@ def test_a_bound_pod_with_a_bad_mig_resource_counts_nothing_and_is_reported() ->
     state = ClusterState.from_objects(cluster_nodes(), [pod])
     assert any("garbled" in problem and "nvidia.com/mig-1g.5gb" in problem for problem in state.problems)
     assert state.mig_used is not None and not state.mig_used.any()
+
+
+def test_a_bad_mig_name_on_a_gpu_pod_loses_its_slices_not_its_gpu_or_cpu() -> None:
+    """The pod's whole GPU and CPU still count where it runs; only its MIG request is dropped, and said."""
+    pod = make_pod("odd-mig", 1, node_name="a100-1", phase="Running")
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.5gb.gfx"] = "1"
+    state = ClusterState.from_objects(cluster_nodes(), [pod])
+    row = state.table.index["a100-1"]
+    assert state.used_gpus[row] == 1 and state.free_cpu is not None
+    assert any("odd-mig" in p and "its MIG slices are not counted" in p for p in state.problems)
+
+
+@pytest.mark.parametrize(
+    ("member", "value", "complaint"),
+    [
+        ("mig_profiles_json", b'["1g.18gb", "1g.18gb", "3g.71gb"]', "distinct MIG profile names"),
+        ("mig_profiles_json", b'["huge", "2g.35gb", "3g.71gb"]', "distinct MIG profile names"),
+        ("mig_mode", np.array([0, 2, 1.5, 3, 4]), "MIG modes"),
+        ("mig_mode", np.array([0, 2, 1, 3, 9]), "MIG modes"),
+        ("mig_slices", -np.ones((5, 3), dtype=np.int32), "non-negative integers"),
+        ("mig_used", np.full((5, 3), -1, dtype=np.int32), "non-negative integers"),
+    ],
+)
+def test_a_snapshot_with_garbled_mig_members_is_refused(member: str, value: Any, complaint: str) -> None:
+    """A forged or corrupt snapshot never gives the extender negative slices or a mode it cannot name."""
+    data = write_snapshot(replace(ClusterState.from_objects(nodes(), []), generated_at=1.0))
+    members = dict(np.load(io.BytesIO(data), allow_pickle=False))
+    members[member] = np.frombuffer(value, dtype=np.uint8) if isinstance(value, bytes) else value
+    buffer = io.BytesIO()
+    np.savez(buffer, allow_pickle=False, **members)
+    with pytest.raises(SnapshotFormatError, match=complaint):
+        read_snapshot(buffer.getvalue())

@@ -9,12 +9,15 @@ import numpy as np
 import pytest
 
 from scheduler_core.errors import InvalidPodError
+from scheduler_core.extender.view import node_view
+from scheduler_core.extender.wire import ExtenderArgs
 from scheduler_core.k8s.mig import MigMode, known_mig_resources, mig_mode, parse_profile
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand, pod_demand
 from scheduler_core.scoring.gpu_fit import Reason, filter_nodes
 from scheduler_core.scoring.mig_fit import mig_preference
 from scheduler_core.state.cluster import ClusterState
+from scheduler_core.state.readings import NoReadings
 from scheduler_core.state.snapshot import read_snapshot, write_snapshot
 
 BALANCED = {"nvidia.com/mig-1g.18gb": "16", "nvidia.com/mig-2g.35gb": "8", "nvidia.com/mig-3g.71gb": "8"}
@@ -117,3 +120,14 @@ def test_the_state_counts_slices_and_the_snapshot_keeps_them() -> None:
         two, np.array([free[0], two.mig_counts[0]]), PodDemand(mig=(("1g.18gb", 1),)), np.array([True, True])
     )
     assert fit[0] > fit[1]
+
+
+def test_a_layout_newer_than_the_state_is_not_taken_for_full() -> None:
+    """The state knew the node before its MIG manager gave it 3g slices: prioritize's view counts them free."""
+    before = [node("mixed", {"nvidia.com/mig.strategy": "mixed"}, {"nvidia.com/mig-1g.18gb": "16"})]
+    state = ClusterState.from_objects(before, [])
+    now = [node("mixed", {"nvidia.com/mig.strategy": "mixed"}, dict(BALANCED))]
+    demand = PodDemand(mig=(("3g.71gb", 1),))
+    view = node_view(state, ExtenderArgs(pod={}, nodes=now), demand, NoReadings())
+    free = dict(zip(view.table.mig_profiles, view.mig_free()[0].tolist(), strict=True))
+    assert free == {"1g.18gb": 16, "2g.35gb": 8, "3g.71gb": 8}
