@@ -10,13 +10,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-# Quantities are strings on the wire; a number is accepted too, and parsed by the core.
-# The keys are spelled out because type checkers need literals; a test checks them against the core's names.
-GpuQuantities = TypedDict(
-    "GpuQuantities",
-    {"nvidia.com/gpu": str | int, "gpu-scheduler.io/gpu-milli": str | int, "cpu": str | int},
-    total=False,
-)
+# The annotation keys are spelled out because type checkers need literals; a test checks them against the
+# core's names.
 SchedulingAnnotations = TypedDict(
     "SchedulingAnnotations",
     {
@@ -33,8 +28,12 @@ SchedulingAnnotations = TypedDict(
 
 
 class GpuResources(TypedDict, total=False):
-    limits: GpuQuantities
-    requests: GpuQuantities
+    """Every resource a container names: the core reads ``nvidia.com/gpu``, ``gpu-milli`` and CPU, and MIG's
+    ``nvidia.com/mig-<profile>``, whose names are open-ended. Quantities are strings on the wire; a number is
+    accepted too, and parsed by the core."""
+
+    limits: dict[str, str | int]
+    requests: dict[str, str | int]
 
 
 class GpuContainer(TypedDict, total=False):

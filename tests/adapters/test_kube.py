@@ -199,19 +199,16 @@ def test_retries_stop_at_the_deadline(api: KubeApiDouble) -> None:
 
 
 def test_scheduling_projection_keys_are_the_cores_names() -> None:
-    from adapters.kube_types import GpuQuantities, SchedulingAnnotations
+    from adapters.kube_types import SchedulingAnnotations
     from scheduler_core.k8s.names import (
         ASSIGNED_GPUS_ANNOTATION,
-        GPU_RESOURCE,
         LABEL_MEMORY,
         LABEL_MODEL,
-        MILLI_RESOURCE,
         PEERS_ANNOTATION,
         RESERVED_GPU_ANNOTATION,
         VISIBLE_DEVICES_ANNOTATION,
     )
 
-    assert set(GpuQuantities.__annotations__) == {GPU_RESOURCE, MILLI_RESOURCE, "cpu"}
     assert set(SchedulingAnnotations.__annotations__) == {
         ASSIGNED_GPUS_ANNOTATION, LABEL_MODEL, LABEL_MEMORY, PEERS_ANNOTATION, VISIBLE_DEVICES_ANNOTATION,
         RESERVED_GPU_ANNOTATION}  # fmt: skip
@@ -225,6 +222,13 @@ def test_projected_pods_account_exactly_like_full_pods(api: KubeApiDouble) -> No
     from testing.synthetic import eks_cluster
 
     nodes, pods = eks_cluster(60, 1500, np.random.default_rng(3))
+    # MIG's resources are open-ended names: the projection keeps them (a mixed node, and pods on it).
+    nodes[0]["metadata"]["labels"]["nvidia.com/mig.strategy"] = "mixed"
+    nodes[0]["status"]["allocatable"] |= {"nvidia.com/mig-1g.10gb": "16", "nvidia.com/mig-3g.40gb": "8"}
+    for i, profile in enumerate(("1g.10gb", "1g.10gb", "3g.40gb")):
+        slices = make_pod(f"slices-{i}", 0, node_name=nodes[0]["metadata"]["name"], phase="Running")
+        slices["spec"]["containers"][0]["resources"]["limits"] = {f"nvidia.com/mig-{profile}": "1"}
+        pods.append(slices)
     with KubeApiDouble(tokens=[TOKEN]) as double:
         double.load("nodes", nodes)
         double.load("pods", pods)
@@ -239,6 +243,8 @@ def test_projected_pods_account_exactly_like_full_pods(api: KubeApiDouble) -> No
     assert a.shapes, "the synthetic cluster runs GPU pods"
     assert a.apps.apps == b.apps.apps and a.apps.node_entries.tolist() == b.apps.node_entries.tolist()
     assert a.problems == b.problems
+    assert a.mig_used is not None and b.mig_used is not None and a.mig_used.tolist() == b.mig_used.tolist()
+    assert a.mig_used.sum() == 3
 
 
 def test_a_page_that_does_not_fit_the_projection_is_decoded_in_full(api: KubeApiDouble) -> None:

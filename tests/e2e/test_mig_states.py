@@ -12,6 +12,8 @@ while it changes the GPUs' MIG layout, and ``failed`` when it could not; GFD nam
 from __future__ import annotations
 
 import random
+import time
+import zlib
 from collections import Counter
 from typing import Any
 
@@ -126,6 +128,20 @@ def test_a_node_whose_reconfiguration_ends_takes_gpu_pods_again(cluster: Control
         content_type="application/merge-patch+json",
     )
     assert cluster.wait_bound(WORK, "waits", timeout_s=120) == "pending"
+
+
+def test_the_live_state_counts_the_slices_bound_pods_hold(cluster: ControlPlane, scheduling: Any) -> None:
+    """Six 1g pods pinned to the node the tie rule likes least; the watch sees them, and the next 1g pod
+    goes to that node, the fullest (with no count of slices in use every node would tie)."""
+    fullest = max(MIXED_NODES, key=lambda name: zlib.crc32(name.encode()))
+    pinned = [slices_pod(f"pinned-{i}", "1g.18gb") for i in range(6)]
+    for pod in pinned:
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": fullest}
+    cluster.create_pods(pinned)
+    assert {cluster.wait_bound(WORK, f"pinned-{i}") for i in range(6)} == {fullest}
+    time.sleep(1.0)  # the watch's events
+    cluster.create_pods([slices_pod("follows", "1g.18gb")])
+    assert cluster.wait_bound(WORK, "follows") == fullest
 
 
 def test_200_pods_of_mixed_profiles_pack_onto_the_slices_that_exist(cluster: ControlPlane, scheduling: Any) -> None:
