@@ -87,6 +87,15 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("SharesReleased", NODE_STATE, "Count", "shares of gone pods freed from the watch (LEDGER_TABLE)"),
     MetricSpec("LedgerDrift", NODE_STATE, "Count", "ledger entries the reconcile corrected, by kind", ("kind",)),
     MetricSpec("LedgerReconcileFailures", NODE_STATE, "Count", "reconciles of the GPU ledger that failed"),
+    MetricSpec("MigNodesUnsettled", NODE_STATE, "Count", "nodes whose MIG layout is changing or invalid"),
+    MetricSpec("MigSlicesFree", NODE_STATE, "Count", "MIG slices no bound pod requests, by profile", ("profile",)),
+    MetricSpec(
+        "MigSlicesStranded",
+        NODE_STATE,
+        "Count",
+        "free MIG slices on nodes where some profile of the layout has none free, by profile",
+        ("profile",),
+    ),
     # The deletion-cost refresher: one set per invocation (all passes), and the last pass's histogram.
     MetricSpec("PodsSeen", DELETION_COST, "Count", "managed pods listed"),
     MetricSpec("CostPatches", DELETION_COST, "Count", "deletion-cost annotations written"),

@@ -10,7 +10,8 @@ Metrics (EMF): ``NodesSeen``, ``NodesLabeled``, ``LabelPatchFailures``, ``LabelP
 ``NodesWithoutGpuInfo``, ``SnapshotBytes``, ``SnapshotWriteMs``, ``AmpQueryMs``, ``AmpQueryFailures``,
 ``RunMs``, ``RunFailures``, ``SnapshotsKeptNewer``; with ``WATCH_S``, ``SnapshotPublishes`` and
 ``WatchLagP99Ms``; with the ledger, ``LedgerDrift`` (by ``kind``), ``LedgerReconcileFailures`` and,
-with ``WATCH_S``, ``SharesReleased``.
+with ``WATCH_S``, ``SharesReleased``; where a node has MIG, ``MigNodesUnsettled``, and ``MigSlicesFree`` and
+``MigSlicesStranded`` by ``profile``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ def emit(report: RunReport) -> None:
     metrics.add_metric(name="AmpQueryFailures", unit=MetricUnit.Count, value=int(report.amp_query_failed))
     metrics.add_metric(name="RunFailures", unit=MetricUnit.Count, value=int(report.status != "ok"))
     metrics.add_metric(name="SnapshotsKeptNewer", unit=MetricUnit.Count, value=report.snapshots_kept_newer)
+    if report.mig:
+        nodes = report.mig["nodes"]
+        unsettled = nodes.get("pending", 0) + nodes.get("invalid", 0)
+        metrics.add_metric(name="MigNodesUnsettled", unit=MetricUnit.Count, value=unsettled)
+        for profile, counts in report.mig["slices"].items():
+            for name, key in (("MigSlicesFree", "free"), ("MigSlicesStranded", "stranded")):
+                emit_count(name, counts[key], namespace=metrics.namespace, service=logger.service, profile=profile)
     if report.watch:
         metrics.add_metric(name="SnapshotPublishes", unit=MetricUnit.Count, value=report.watch["publishes"])
         metrics.add_metric(name="WatchLagP99Ms", unit=MetricUnit.Milliseconds, value=1000 * report.watch["lag_p99_s"])

@@ -128,6 +128,7 @@ class RunReport:
     snapshot_revision: str = ""
     snapshots_kept_newer: int = 0  # writes skipped: the store already held a newer snapshot
     watch: dict[str, float] = field(default_factory=dict)  # WATCH_S: events, publishes, lag
+    mig: dict[str, Any] = field(default_factory=dict)  # MIG nodes by mode, slices by profile (ClusterState.mig_summary)
 
 
 @dataclass
@@ -229,7 +230,7 @@ def refresh(
     for problem in snapshot.problems[:20]:
         logger.warning("snapshot input problem", extra={"problem": problem})
     report = replace(report, problems=len(snapshot.problems), snapshot_bytes=len(data),
-                     snapshot_revision=str(revision or ""))  # fmt: skip
+                     snapshot_revision=str(revision or ""), mig=snapshot.mig_summary())  # fmt: skip
     write_started = time.perf_counter()
     try:
         if services.store.put(data) is None:

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import InvalidArgsError
+from scheduler_core.k8s.mig import MIG_MODES
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.scoring.gpu_fit import free_gpus
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex, index_placements
@@ -219,6 +220,38 @@ class ClusterState:
             have = have - self.mig_used[np.ix_(at, columns)]
         free[:, wanted] = np.where((rows >= 0)[:, None], np.maximum(have, 0), 0)
         return free
+
+    def mig_summary(self) -> dict[str, Any]:
+        """Nodes per MIG mode (``none`` left out), and per profile the slices allocatable, in use, free and
+        *stranded*: free on a node where some profile of its layout has none free, so the node can no
+        longer take every kind of pod its layout was cut for and the rest waits (a re-layout would free
+        it).
+
+        >>> node = {"metadata": {"name": "n", "labels": {"nvidia.com/mig.strategy": "mixed"}},
+        ...         "status": {"allocatable": {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1"}}}
+        >>> slice_3g = {"resources": {"limits": {"nvidia.com/mig-3g.40gb": "1"}}}
+        >>> pod = {"spec": {"nodeName": "n", "containers": [slice_3g]}}
+        >>> ClusterState.from_objects([node], [pod]).mig_summary()["slices"]["1g.10gb"]
+        {'allocatable': 2, 'used': 0, 'free': 2, 'stranded': 2}
+        """
+        table = self.table
+        modes = np.bincount(table.mig_modes, minlength=len(MIG_MODES)).tolist()
+        summary: dict[str, Any] = {"nodes": {m: n for m, n in zip(MIG_MODES, modes, strict=True) if n and m != "none"}}
+        slices = table.mig_counts
+        used = self.mig_used if self.mig_used is not None else np.zeros_like(slices)
+        free = np.maximum(slices - used, 0)
+        exhausted = ((slices > 0) & (free == 0)).any(axis=1)
+        stranded = np.where(exhausted[:, None], free, 0)
+        summary["slices"] = {
+            profile: {
+                "allocatable": int(slices[:, k].sum()),
+                "used": int(used[:, k].sum()),
+                "free": int(free[:, k].sum()),
+                "stranded": int(stranded[:, k].sum()),
+            }
+            for k, profile in enumerate(table.mig_profiles)
+        }
+        return summary
 
     def held_by_shares(self, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.int32] | None:
         """GPUs at ``rows`` that shares hold and kube-scheduler's count of ``nvidia.com/gpu`` cannot

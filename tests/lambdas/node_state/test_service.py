@@ -277,6 +277,17 @@ def test_lambda_handler_emits_the_metrics(
 ) -> None:
     ledger = ledger_table(aws)
     ledger.assign("gpu-00001", 8, "long-gone", Demand(1, 500))
+    # Two MIG nodes: one mixed with a 3g slice in use of its one (its 1g slices stranded), one pending.
+    mixed = {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1"}
+    api.load("nodes", [
+        {"metadata": {"name": "mig-mixed", "labels": {"nvidia.com/mig.strategy": "mixed"}},
+         "status": {"allocatable": mixed}},
+        {"metadata": {"name": "mig-pending", "labels": {"nvidia.com/mig.config.state": "pending"}},
+         "status": {"allocatable": mixed}},
+    ])  # fmt: skip
+    slice_pod = make_pod("slice-3g", 0, node_name="mig-mixed", phase="Running")
+    slice_pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-3g.40gb": "1"}
+    api.load("pods", [slice_pod])
     handler = fresh_handler(
         "lambdas.node_state.handler", LEDGER_TABLE=TABLE, KUBE_API_URL=api.url, KUBE_TOKEN=TOKEN, SNAPSHOT_URI=URI,
         WATCH_S="0.1",  # over before the run ends: the watch's metrics, none of its waiting
@@ -293,8 +304,14 @@ def test_lambda_handler_emits_the_metrics(
     assert {"NodesSeen", "NodesLabeled", "LabelPatchFailures", "SnapshotBytes", "SnapshotWriteMs", "AmpQueryMs",
             "RunMs"} <= names  # fmt: skip
     last = {k: v[0] if isinstance(v, list) else v for k, v in emf[-1].items()}
-    assert last["NodesSeen"] == 500 and last["NodesLabeled"] == 425 and last["RunFailures"] == 0
+    assert last["NodesSeen"] == 502 and last["NodesLabeled"] == 425 and last["RunFailures"] == 0
     assert assert_catalogued(emf, NODE_STATE) == {m.name for m in CATALOGUE if m.service == NODE_STATE}
+    assert last["MigNodesUnsettled"] == 1
+    by_profile = {(name, doc["profile"]): doc[name] for doc in emf for name in ("MigSlicesFree", "MigSlicesStranded")
+                  if name in doc}  # fmt: skip
+    assert by_profile == {("MigSlicesFree", "1g.10gb"): [2.0], ("MigSlicesStranded", "1g.10gb"): [2.0],
+                          ("MigSlicesFree", "3g.40gb"): [0.0], ("MigSlicesStranded", "3g.40gb"): [0.0]}  # fmt: skip
+    assert summary["mig"]["nodes"] == {"mixed": 1, "pending": 1}
     # The ledger starts empty but one leftover: every node whose pods carry assigned-gpus is rebuilt.
     annotated = {
         pod["spec"]["nodeName"]
