@@ -35,6 +35,14 @@ NODES = [
     make_node("l40s-0", SHAPE["L40S"], "us-east-1a"),
     make_node("h100-0", SHAPE["H100"], "us-east-1b"),
 ]
+# An H200 node under the device plugin's single MIG strategy: its 56 nvidia.com/gpu are 1g.18gb slices.
+SINGLE = make_node("h200-single", SHAPE["H100"], "us-east-1c")
+SINGLE["metadata"]["labels"] |= {
+    "nvidia.com/mig.strategy": "single", "nvidia.com/gpu.product": "NVIDIA-H200-MIG-1g.18gb",
+    "nvidia.com/gpu.memory": "16384", "nvidia.com/gpu.count": "56", "gpu.nvidia.com/model": "H200",
+}  # fmt: skip
+SINGLE["status"]["allocatable"]["nvidia.com/gpu"] = SINGLE["status"]["capacity"]["nvidia.com/gpu"] = "56"
+NODES.append(SINGLE)
 
 
 def cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -179,6 +187,19 @@ def test_a_whole_gpu_pod_is_refused_where_shares_hold_gpus_by_kube_schedulers_ow
     assert cluster.wait_bound(namespace, "two") == "l40s-0"
     usage = share_usage([p for p in cluster.pods(namespace) if p["metadata"]["name"] != "four"], ledger.scan())
     assert usage["gpus_used"] == 4 and usage["gpus_over_1000_milli"] == 0 and usage["ledger_equals_annotations"]
+
+
+def test_a_share_is_never_placed_on_a_mig_slice(cluster: ControlPlane, serve_url: str, namespace: str) -> None:
+    """The only H200 node's GPUs are MIG slices (single strategy): a share of an H200 stays pending, told why,
+    and its node holds no reservation pod; a whole H200 pod that accepts slices binds there."""
+    cluster.create_pods([share("quarter-h200", 250, "H200", namespace)])
+    assert "a slice takes no gpu-scheduler.io/gpu-milli share" in cluster.wait_failed(namespace, "quarter-h200")
+    taker = whole("slice-taker", 1, "H200", namespace)
+    taker["metadata"]["annotations"]["gpu-scheduler.io/accept-mig-slices"] = "true"
+    cluster.create_pods([taker])
+    assert cluster.wait_bound(namespace, "slice-taker") == "h200-single"
+    reservations = cluster.pods("gpu-scheduler-reservations")
+    assert not [p for p in reservations if p["spec"].get("nodeName") == "h200-single"]
 
 
 def test_a_preemption_nominates_the_node_and_the_preemptor_binds_once_the_victim_is_gone(
