@@ -48,7 +48,6 @@ MIG_MODES = tuple(mode.name.lower() for mode in MigMode)
 # "1g.10gb", "1g.10gb+me" (nvidia-smi's spelling), "1g.10gb.me" (the device plugin's resource name),
 # and the compute-instance profiles the mixed strategy names "1c.3g.40gb".
 _PROFILE = re.compile(r"^(?:(\d{1,2})c\.)?(\d{1,2})g\.(\d{1,4})gb(?:[+.-]me)?$")
-_SINGLE_PRODUCT = re.compile(r"-MIG-(.+)$")
 
 
 @dataclass(frozen=True)
@@ -95,18 +94,17 @@ def mig_mode(labels: Mapping[str, Any], allocatable: Mapping[str, Any]) -> MigMo
     >>> mig_mode({"nvidia.com/mig.strategy": "mixed"}, {"nvidia.com/mig-3g.71gb": "8"}).name
     'MIXED'
     """
+    # Called for every node of every full-object request: plain string tests, no regex, no generator.
     if labels.get(MIG_CONFIG_STATE) in MIG_BUSY_STATES:
         return MigMode.PENDING
     product = labels.get(GFD_PRODUCT)
-    if isinstance(product, str):
-        if product.endswith(MIG_INVALID_SUFFIX):
-            return MigMode.INVALID
-        if _SINGLE_PRODUCT.search(product):
-            return MigMode.SINGLE
-    if labels.get(MIG_STRATEGY) == "mixed" or any(
-        isinstance(key, str) and key.startswith(MIG_RESOURCE_PREFIX) for key in allocatable
-    ):
+    if type(product) is str and "-MIG-" in product:
+        return MigMode.INVALID if product.endswith(MIG_INVALID_SUFFIX) else MigMode.SINGLE
+    if labels.get(MIG_STRATEGY) == "mixed":
         return MigMode.MIXED
+    for key in allocatable:
+        if type(key) is str and key.startswith(MIG_RESOURCE_PREFIX):
+            return MigMode.MIXED
     return MigMode.NONE
 
 

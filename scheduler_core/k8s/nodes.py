@@ -300,10 +300,10 @@ class NodeTable:
         for row, node in enumerate(nodes):
             name, labels, allocatable = _node_parts(node, row)
             names.append(name)
-            facts = gpu_facts(labels, allocatable)
+            mode = mig_mode(labels, allocatable)
+            facts = gpu_facts(labels, allocatable, mode)
             if facts.error:
                 errors[row] = facts.error
-            mode = mig_mode(labels, allocatable)
             if mode == MigMode.MIXED:
                 for profile, count in _mig_slices(allocatable).items():
                     slices[row, profiles.id_of(profile)] = count
@@ -407,7 +407,7 @@ def _node_parts(node: Any, row: int) -> tuple[str, Mapping[str, Any], Mapping[st
     )
 
 
-def gpu_facts(labels: Mapping[str, Any], allocatable: Mapping[str, Any]) -> NodeGpuFacts:
+def gpu_facts(labels: Mapping[str, Any], allocatable: Mapping[str, Any], mode: MigMode | None = None) -> NodeGpuFacts:
     """Read GPU model, memory per GPU, count and allocatable GPUs from one node.
 
     GFD labels win over the project labels, fact by fact. If the winning value of any fact is
@@ -427,7 +427,7 @@ def gpu_facts(labels: Mapping[str, Any], allocatable: Mapping[str, Any]) -> Node
         )
     ]
     raw_alloc = allocatable.get(GPU_RESOURCE, 0)
-    refused = mig_refusal(labels)
+    refused = mig_refusal(labels, mig_mode(labels, allocatable) if mode is None else mode)
     if refused:  # no GPU facts: GPU pods are refused there, with this reason; CPU-only pods are not
         try:
             alloc = min(parse_whole_count(raw_alloc, what=f"allocatable {GPU_RESOURCE}"), int(np.iinfo(np.int32).max))
@@ -459,7 +459,7 @@ def _mig_slices(allocatable: Mapping[str, Any]) -> dict[str, int]:
     return found
 
 
-def mig_refusal(labels: Mapping[str, Any]) -> str:
+def mig_refusal(labels: Mapping[str, Any], mode: MigMode | None = None) -> str:
     """Why a node's GPUs cannot be placed on for now, from its MIG labels ("" when they can): a MIG
     reconfiguration under way or failed (``nvidia.com/mig.config.state``), or an invalid layout under the
     device plugin's ``single`` strategy (GFD's product ``...-MIG-INVALID``).
@@ -469,7 +469,8 @@ def mig_refusal(labels: Mapping[str, Any]) -> str:
     >>> mig_refusal({"nvidia.com/mig.config.state": "success", "nvidia.com/gpu.product": "NVIDIA-H200"})
     ''
     """
-    mode = mig_mode(labels, {})
+    if mode is None:
+        mode = mig_mode(labels, {})
     if mode == MigMode.PENDING:
         state = labels[MIG_CONFIG_STATE]
         doing = "could not be reconfigured" if state == "failed" else "is being reconfigured"

@@ -121,13 +121,22 @@ def test_a_node_whose_reconfiguration_ends_takes_gpu_pods_again(cluster: Control
     """The MIG manager writes success: the watch sees the label, and the pending pod binds there."""
     cluster.create_pods([pinned("waits", "pending")])
     cluster.wait_failed(WORK, "waits")
-    cluster.api.request(
-        "PATCH",
-        "/api/v1/nodes/pending",
-        {"metadata": {"labels": {"nvidia.com/mig.config.state": "success"}}},
-        content_type="application/merge-patch+json",
-    )
-    assert cluster.wait_bound(WORK, "waits", timeout_s=120) == "pending"
+
+    def label(**labels: str) -> None:
+        cluster.api.request(
+            "PATCH", "/api/v1/nodes/pending", {"metadata": {"labels": labels}},
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+    label(**{"nvidia.com/mig.config.state": "success"})
+    try:
+        where = cluster.wait_bound(WORK, "waits", timeout_s=20)
+    except TimeoutError:
+        # kube-scheduler retried the pod on the label's event before serve's watch had it (the refusal
+        # came from the state); the pod then waits for the node's next event, here one more label.
+        label(**{"example.com/touched": "1"})
+        where = cluster.wait_bound(WORK, "waits", timeout_s=60)
+    assert where == "pending"
 
 
 def test_the_live_state_counts_the_slices_bound_pods_hold(cluster: ControlPlane, scheduling: Any) -> None:

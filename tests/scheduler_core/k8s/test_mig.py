@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.extender.view import node_view
 from scheduler_core.extender.wire import ExtenderArgs
-from scheduler_core.k8s.mig import MigMode, known_mig_resources, mig_mode, parse_profile
+from scheduler_core.k8s.mig import KNOWN_PROFILES, MigMode, known_mig_resources, mig_mode, parse_profile
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand, pod_demand
 from scheduler_core.scoring.gpu_fit import Reason, filter_nodes
@@ -19,6 +20,7 @@ from scheduler_core.scoring.mig_fit import mig_preference
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.readings import NoReadings
 from scheduler_core.state.snapshot import read_snapshot, write_snapshot
+from tests.conftest import SHARED
 
 BALANCED = {"nvidia.com/mig-1g.18gb": "16", "nvidia.com/mig-2g.35gb": "8", "nvidia.com/mig-3g.71gb": "8"}
 
@@ -131,3 +133,13 @@ def test_a_layout_newer_than_the_state_is_not_taken_for_full() -> None:
     view = node_view(state, ExtenderArgs(pod={}, nodes=now), demand, NoReadings())
     free = dict(zip(view.table.mig_profiles, view.mig_free()[0].tolist(), strict=True))
     assert free == {"1g.18gb": 16, "2g.35gb": 8, "3g.71gb": 8}
+
+
+def test_the_h200_profiles_are_what_a_real_h200_lists() -> None:
+    """KNOWN_PROFILES' H200 row against `nvidia-smi mig -lgip` on a real H200 (../shared/fixtures/gpu/h200)."""
+    listing = SHARED / "fixtures" / "gpu" / "h200" / "mig-profiles.txt"
+    if not listing.exists():
+        pytest.skip(f"{listing} is absent: the H200 fixture comes with ../shared")
+    names = re.findall(r"MIG (\d+g\.\d+gb(?:\+me)?)\s", listing.read_text())
+    listed = {parse_profile(name).name for name in names}  # type: ignore[union-attr]
+    assert listed == set(KNOWN_PROFILES["H200-141GB"]) and len(listed) == 7
