@@ -34,6 +34,7 @@ from typing import Any, TypedDict
 
 from adapters.errors import AdapterError
 from adapters.kube_types import list_type
+from scheduler_core.k8s.names import DRA_GROUP, DRA_OBJECTS, DRA_VERSIONS
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,12 @@ TOKEN_REFRESH_AFTER_S = 45  # re-made well before the 60 s expiry
 LIST_PAGE_SIZE = 500
 RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 MERGE_PATCH = "application/merge-patch+json"
+DRA_KINDS = dict(
+    zip(
+        DRA_OBJECTS, ("list_device_class", "list_resource_slice", "list_resource_claim_for_all_namespaces"), strict=True
+    )
+)
+"""The DRA objects the state reads, and their list calls in the generated client's ``Resource<version>Api``."""
 
 
 class KubeApiError(AdapterError):
@@ -219,6 +226,7 @@ class KubeClient:
         self.min_call_s = min_call_s
         self._sleep = sleep
         self.retries = 0
+        self.dra_version = ""  # set by dra_api()
 
     # -- reads --
     def list_with_version(
@@ -249,11 +257,7 @@ class KubeClient:
     def _pages(
         self, kind: str, label_selector: str, field_selector: str, limit: int, item_type: Any
     ) -> Iterator[tuple[list[dict[str, Any]], str]]:
-        methods: dict[str, Callable[..., Any]] = {
-            "nodes": self.core.list_node,
-            "pods": self.core.list_pod_for_all_namespaces,
-        }
-        method = methods[kind]
+        method = self._list_method(kind)
         token: str | None = None
         while True:
             page = self._json(
@@ -283,12 +287,8 @@ class KubeClient:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError as TransportError
 
-        methods: dict[str, Callable[..., Any]] = {
-            "nodes": self.core.list_node,
-            "pods": self.core.list_pod_for_all_namespaces,
-        }
         try:
-            response = methods[kind](
+            response = self._list_method(kind)(
                 watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
                 timeout_seconds=timeout_s, field_selector=field_selector or None,
                 _preload_content=False, _request_timeout=(10, timeout_s + 30),
@@ -312,6 +312,36 @@ class KubeClient:
         finally:
             response.close()
             response.release_conn()
+
+    def _list_method(self, kind: str) -> Callable[..., Any]:
+        """The generated client's list call of ``kind``: ``nodes``, ``pods``, or one of :data:`DRA_KINDS`
+        in the version :meth:`dra_api` found."""
+        if kind == "nodes":
+            return self.core.list_node
+        if kind == "pods":
+            return self.core.list_pod_for_all_namespaces
+        if kind not in DRA_KINDS or not self.dra_version:
+            raise ValueError(f"cannot list {kind!r}: nodes, pods, or {', '.join(DRA_KINDS)} once dra_api() found DRA")
+        from kubernetes import client
+
+        api = getattr(client, f"Resource{self.dra_version.capitalize()}Api")(self.api_client)
+        return getattr(api, DRA_KINDS[kind])  # type: ignore[no-any-return]
+
+    def dra_api(self) -> str:
+        """The ``resource.k8s.io`` version the product reads that the API server serves, preferred first
+        (:data:`~scheduler_core.k8s.names.DRA_VERSIONS`), as ``resource.k8s.io/v1``; "" when it serves
+        none (DRA off, or a cluster before 1.32). Remembered for :data:`DRA_KINDS` lists and watches."""
+        from kubernetes import client
+
+        try:
+            group = self._json(client.ResourceApi(self.api_client).get_api_group)
+        except KubeApiError as exc:
+            if exc.status != 404:
+                raise
+            group = {}
+        served = {str(v.get("version")) for v in group.get("versions") or [] if isinstance(v, dict)}
+        self.dra_version = next((v for v in DRA_VERSIONS if v in served), "")
+        return f"{DRA_GROUP}/{self.dra_version}" if self.dra_version else ""
 
     def list_all(
         self,

@@ -62,6 +62,8 @@ class SchedulingPodSpec(TypedDict, total=False):
 
 class PodPhase(TypedDict, total=False):
     phase: str
+    # KEP-5004 (1.34+): which claim serves the pod's nvidia.com/gpu (scheduler_core.k8s.dra.served_by_claim).
+    extendedResourceClaimStatus: dict[str, Any]
 
 
 class SchedulingPod(TypedDict, total=False):

@@ -35,9 +35,10 @@ from dataclasses import replace
 from typing import Any
 
 from adapters.errors import AdapterError
-from adapters.kube import KubeClient, ListExpiredError
+from adapters.kube import DRA_KINDS, KubeClient, ListExpiredError
 from adapters.kube_types import SchedulingPod
 from scheduler_core.errors import ClusterStateUnavailableError
+from scheduler_core.k8s.dra import DraFacts, dra_facts
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS
 from scheduler_core.state.allocation import PodUse, pod_use
@@ -58,7 +59,8 @@ BOUND_NON_TERMINAL = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Fail
 
 
 class ClusterMirror:
-    """A list+watch of the cluster's nodes and of the non-terminal pods bound to a node, held in memory.
+    """A list+watch of the cluster's nodes and of the non-terminal pods bound to a node, held in memory,
+    and of DRA's DeviceClasses, ResourceSlices and ResourceClaims where the API serves them.
 
     One thread per kind lists, then watches from the list's ``resourceVersion``, resumes from the last
     one it saw when a watch ends, and lists again on 410. Subclasses react to changes through
@@ -73,6 +75,8 @@ class ClusterMirror:
     connect : returns a KubeClient; called once per watching thread
     on_gone : called with (node, pod UID) for a share pod that is gone or finished
     watch_timeout_s : how long one watch request lasts before it is resumed
+    dra_api : the ``resource.k8s.io`` version to watch (``resource.k8s.io/v1beta2``), "" for none, or None
+        to ask the API server at :meth:`start` (:meth:`KubeClient.dra_api`)
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class ClusterMirror:
         on_gone: Callable[[str, str], object] | None = None,
         watch_timeout_s: int = 300,
         monotonic: Callable[[], float] = time.monotonic,
+        dra_api: str | None = "",
     ) -> None:
         self._connect = connect
         self.on_gone = on_gone
@@ -98,12 +103,34 @@ class ClusterMirror:
         self._gone_by_node: dict[str, set[str]] = {}  # shares seen gone, not yet released
         self.counters = {"events": 0, "lists": 0, "relists_410": 0, "watch_errors": 0, "released": 0}
         self.versions = {"nodes": "", "pods": ""}
+        self.dra_api = dra_api
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """What is watched: nodes, pods, and DRA's objects where :attr:`dra_api` names a version."""
+        return ("nodes", "pods", *(DRA_KINDS if self.dra_api else ()))
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> ClusterMirror:
-        for kind in ("nodes", "pods"):
+        if self.dra_api is None:
+            self.dra_api = self._discover_dra()
+        for kind in self.kinds:
+            self._objects.setdefault(kind, {})
+            self.versions.setdefault(kind, "")
             self._thread(self._watch_forever, kind, name=f"watch-{kind}")
         return self
+
+    def _discover_dra(self) -> str:
+        """The DRA version served, or "" (a failed discovery is retried, then logged: no DRA is read)."""
+        for attempt in range(3):
+            try:
+                return self._connect().dra_api()
+            except AdapterError as exc:
+                log.warning("discovering resource.k8s.io failed (attempt %d of 3): %s", attempt + 1, exc)
+                self._stop.wait(0.5 * (attempt + 1))
+        log.error("resource.k8s.io could not be discovered: DRA's claims are not read, and their GPUs count as free")
+        self.counters["dra_discovery_failed"] = 1
+        return ""
 
     def _thread(self, target: Callable[..., None], *args: Any, name: str) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
@@ -118,7 +145,20 @@ class ClusterMirror:
 
     def seed(self, kind: str, items: Sequence[dict[str, Any]], version: str) -> None:
         """Start from a list already made (before :meth:`start`): the watch resumes from ``version``."""
+        self._objects.setdefault(kind, {})
         self._take_list(kind, items, version)
+
+    def dra_lists(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]] | None:
+        """The ResourceSlices, ResourceClaims and DeviceClasses held; None where DRA is not watched."""
+        if not self.dra_api:
+            return None
+        with self._lock:
+            return self._dra_lists()
+
+    def _dra_lists(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        held = self._objects
+        return (list(held.get("resourceslices", {}).values()), list(held.get("resourceclaims", {}).values()),
+                list(held.get("deviceclasses", {}).values()))  # fmt: skip
 
     def objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
         """The nodes, the pods, and the ``resourceVersion`` of each kind they are complete up to."""
@@ -141,7 +181,7 @@ class ClusterMirror:
 
     @property
     def synced(self) -> bool:
-        return len(self._synced) == 2
+        return len(self._synced) == len(self.kinds)
 
     def gone_on(self, node: str) -> frozenset[str]:
         """The pods seen gone from ``node`` whose shares the ledger may still hold: a bind there frees them
@@ -199,6 +239,8 @@ class ClusterMirror:
             try:
                 if kube is None:
                     kube = self._connect()
+                    if kind in DRA_KINDS and self.dra_api:
+                        kube.dra_version = self.dra_api.rpartition("/")[2]
                 if not version:
                     items, version = kube.list_with_version(
                         kind, field_selector=self._selector(kind), item_type=self._item_type(kind), restarts=0
@@ -287,14 +329,18 @@ class LiveState(ClusterMirror):
         watch_timeout_s: int = 300,
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        dra_api: str | None = None,
     ) -> None:
-        super().__init__(connect, on_gone=on_gone, watch_timeout_s=watch_timeout_s, monotonic=monotonic)
+        super().__init__(
+            connect, on_gone=on_gone, watch_timeout_s=watch_timeout_s, monotonic=monotonic, dra_api=dra_api
+        )
         self.label_keys = tuple(label_keys)
         self.readings = readings
         self.min_interval_s = min_interval_s
         self._wall = wall
         self._uses: dict[str, PodUse] = {}  # each pod read once, when its event arrives
         self._facts: NodeFacts | None = None  # the nodes read once, again only when one changes
+        self._dra: DraFacts | None = None  # DRA's objects read once, again only when one changes
         self._changed: dict[str, float] = {}  # pod UID -> when its latest event arrived (monotonic)
         self._freed_on: set[str] = set()  # nodes a pod left since the last rebuild took the changes
         self._terminating: dict[str, set[str]] = {}  # node -> UIDs of its pods that have a deletionTimestamp
@@ -369,6 +415,7 @@ class LiveState(ClusterMirror):
             "published_resource_versions": dict(self.published_versions),
             "synced": state is not None,
             "nodes": state.table.n_nodes if state is not None else 0,
+            "dra_watched": bool(self.dra_api),
             **lag_quantiles(self.lag_s),
             "last_rebuild_ms": round(self.last_rebuild_ms, 2),
         }
@@ -386,16 +433,22 @@ class LiveState(ClusterMirror):
                     self._terminating.setdefault(_node_of(pod), set()).add(uid)
             self._changed.update(dict.fromkeys(fresh, self._monotonic()))
             self._uses = {uid: pod_use(pod) for uid, pod in fresh.items()}
-        else:
+        elif kind == "nodes":
             self._facts = None
+        else:
+            self._dra = None
 
     def _changed_one(self, kind: str, event: str, key: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         super()._changed_one(kind, event, key, obj, old)
         self._received += 1
-        if kind == "nodes" or event == "DELETED":  # what may free capacity; a bind only takes some
+        # What may free capacity (a bind only takes some); any DRA change may be a claim let go.
+        if kind != "pods" or event == "DELETED":
             self._freeing = self._received
-        if kind == "nodes":
-            self._facts = None
+        if kind != "pods":
+            if kind == "nodes":
+                self._facts = None
+            else:
+                self._dra = None
             return
         node = _node_of(old or obj)
         if event == "DELETED" or not (obj.get("metadata") or {}).get("deletionTimestamp"):
@@ -421,6 +474,7 @@ class LiveState(ClusterMirror):
             time.sleep(max(0.0, self._next_at - self._monotonic()))
             with self._wake:
                 nodes = list(self._objects["nodes"].values()) if self._facts is None else None
+                dra_objects = self._dra_lists() if self._dra is None and self.dra_api else None
                 uses = list(self._uses.values())
                 changed, self._changed = self._changed, {}
                 freed_on, self._freed_on = self._freed_on, set()
@@ -435,16 +489,25 @@ class LiveState(ClusterMirror):
             else:
                 assert self._facts is not None
                 facts = self._facts
-            if self._rebuild(facts, uses, changed, freed_on - {""}):
+            dra = self._dra
+            if dra_objects is not None:
+                dra = dra_facts(*dra_objects)
+                with self._wake:
+                    same = all(self.versions[kind] == versions[kind] for kind in DRA_KINDS)
+                    self._dra = dra if self._dra is None and same else None
+            if self._rebuild(facts, uses, changed, freed_on - {""}, dra):
                 with self._wake:
                     self.published_versions = versions
                     self._published = received
                     self._wake.notify_all()
 
-    def _rebuild(self, facts: NodeFacts, uses: list[PodUse], changed: dict[str, float], freed_on: set[str]) -> bool:
+    def _rebuild(
+        self, facts: NodeFacts, uses: list[PodUse], changed: dict[str, float], freed_on: set[str],
+        dra: DraFacts | None = None,
+    ) -> bool:  # fmt: skip
         started_wall, started = self._wall(), self._monotonic()
         try:
-            state = ClusterState.from_uses(facts, uses, label_keys=self.label_keys)
+            state = ClusterState.from_uses(facts, uses, label_keys=self.label_keys, dra=dra)
         except Exception:  # one bad object must not freeze the state: keep the last good one
             log.exception("rebuilding the live state failed; keeping the previous one")
             return False
@@ -495,7 +558,9 @@ def _node_of(pod: dict[str, Any]) -> str:
 def _key(kind: str, obj: dict[str, Any]) -> str:
     metadata = obj.get("metadata") or {}
     value = metadata.get("uid") if kind == "pods" else metadata.get("name")
-    return value if isinstance(value, str) else ""
+    if not isinstance(value, str):
+        return ""
+    return f"{metadata.get('namespace') or ''}/{value}" if kind == "resourceclaims" else value
 
 
 def prometheus_text(stats: dict[str, Any], prefix: str = "gpu_scheduler_live_state") -> str:

@@ -96,6 +96,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "free MIG slices on nodes where some profile of the layout has none free, by profile",
         ("profile",),
     ),
+    MetricSpec("DraNodes", NODE_STATE, "Count", "nodes whose GPUs DRA manages (they take no share)"),
+    MetricSpec("DraGpusPublished", NODE_STATE, "Count", "GPUs DRA publishes in complete ResourceSlice pools"),
+    MetricSpec("DraGpusClaimed", NODE_STATE, "Count", "GPUs that devices allocated to ResourceClaims hold"),
     # The deletion-cost refresher: one set per invocation (all passes), and the last pass's histogram.
     MetricSpec("PodsSeen", DELETION_COST, "Count", "managed pods listed"),
     MetricSpec("CostPatches", DELETION_COST, "Count", "deletion-cost annotations written"),

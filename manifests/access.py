@@ -8,7 +8,7 @@ calls each function makes (``adapters/kube.py``, ``adapters/binder.py`` and the 
 | identity | group | verbs |
 |---|---|---|
 | extender, only with sharing | ``gpu-scheduler:extender`` | pods get, nodes get, pods/binding create |
-| node-state refresher | ``gpu-scheduler:node-state`` | nodes list/watch/patch, pods list/watch |
+| node-state refresher | ``gpu-scheduler:node-state`` | nodes list/watch/patch, pods list/watch, DRA list/watch |
 | deletion-cost refresher | ``gpu-scheduler:deletion-cost`` | pods list/get/patch |
 
 With sharing, the extender's and node-state groups (and the second scheduler's ServiceAccount) also
@@ -20,7 +20,10 @@ watches (its watch mode, ``WATCH_S``, on by default: the snapshot a second after
 ``get`` adds nothing to a ``list`` on the same resource (a list returns every object); the
 deletion-cost refresher uses it to re-read one pod after a 409. The extender's bind reads the pod and
 its node, then posts a Binding that carries ``gpu-scheduler.io/assigned-gpus`` (the API server copies
-a Binding's annotations onto the pod), so it needs no pod patch at all.
+a Binding's annotations onto the pod), so it needs no pod patch at all. ``gpu-scheduler serve --watch``
+reads DRA's objects as the second scheduler's ServiceAccount, whose built-in ``system:kube-scheduler``
+role already reads them wherever the API server serves DRA; nobody here writes any of them. "DRA" above:
+``resource.k8s.io`` deviceclasses, resourceslices and resourceclaims.
 
 RBAC cannot say *which* label or annotation a patch may touch. ``admission_policies`` can: four
 ``ValidatingAdmissionPolicy`` objects (``admissionregistration.k8s.io/v1``, GA in Kubernetes 1.30):
@@ -45,6 +48,8 @@ from typing import Any
 from scheduler_core.k8s.names import (
     BIND_ANNOTATIONS,
     DELETION_COST_ANNOTATION,
+    DRA_GROUP,
+    DRA_OBJECTS,
     LABEL_COUNT,
     LABEL_MEMORY,
     LABEL_MODEL,
@@ -58,8 +63,8 @@ ADMISSION = "admissionregistration.k8s.io/v1"
 NODE_LABELS = (LABEL_MODEL, LABEL_MEMORY, LABEL_COUNT)
 
 
-def _rule(resource: str, *verbs: str) -> dict[str, Any]:
-    return {"apiGroups": [""], "resources": [resource], "verbs": list(verbs)}
+def _rule(resource: str, *verbs: str, group: str = "") -> dict[str, Any]:
+    return {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,8 +92,12 @@ NODE_STATE = LambdaIdentity(
     name="node-state",
     group="gpu-scheduler:node-state",
     # Lists for the snapshot and the reconcile, then a watch of both (WATCH_S); a merge patch of the GPU
-    # labels on nodes that changed.
-    rules=(_rule("nodes", "list", "watch", "patch"), _rule("pods", "list", "watch")),
+    # labels on nodes that changed. DRA's objects, listed and watched for the GPUs that claims hold.
+    rules=(
+        _rule("nodes", "list", "watch", "patch"),
+        _rule("pods", "list", "watch"),
+        *(_rule(kind, "list", "watch", group=DRA_GROUP) for kind in DRA_OBJECTS),
+    ),
 )
 DELETION_COST = LambdaIdentity(
     name="deletion-cost",

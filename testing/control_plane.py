@@ -182,14 +182,16 @@ class KubeBinaries:
     def dra(self) -> tuple[str, tuple[str, ...], dict[str, bool]] | None:
         """Dynamic Resource Allocation where these binaries have it: (the ``resource.k8s.io`` version
         served, kube-apiserver's extra flags, the feature gates kube-scheduler needs). 1.33 serves
-        ``v1beta2`` behind the ``DynamicResourceAllocation`` gate (off by default); from 1.34 it is GA,
+        ``v1beta2`` behind the ``DynamicResourceAllocation`` gate (off by default; with ``DRAPrioritizedList``
+        for ``firstAvailable`` requests); from 1.34 it is GA,
         ``v1`` and on by default. None before 1.33, whose alpha and beta shapes the product does not
         read."""
         major, minor = self.release[:2]
         if (major, minor) >= (1, 34):
             return ("resource.k8s.io/v1", (), {})
         if (major, minor) == (1, 33):
-            gate = {"DynamicResourceAllocation": True}
+            # firstAvailable (KEP-4816) is alpha in 1.33 and beta, on by default, from 1.34.
+            gate = {"DynamicResourceAllocation": True, "DRAPrioritizedList": True}
             runtime = "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
             return ("resource.k8s.io/v1beta2", (*feature_gate_flags(gate), runtime), gate)
         return None

@@ -20,7 +20,11 @@ fixtures pin it down (``tests/testing/test_kube_double.py`` checks that):
 - validation: label keys and values on nodes and pods, and the ``pod-deletion-cost`` annotation
   (422 ``Invalid`` with the server's message and causes);
 - authentication: 401 for an unknown bearer token, 403 for ``system:anonymous``;
-- fault injection (``fail_next``), for 429/5xx retries, and a request log for assertions.
+- fault injection (``fail_next``), for 429/5xx retries, and a request log for assertions;
+- with ``dra_api`` (``resource.k8s.io/v1``), DRA's group discovery and cluster-wide lists of
+  ``deviceclasses``, ``resourceslices`` and ``resourceclaims`` in that version, loaded with :meth:`load`
+  (no scheduler runs here: a claim is loaded as kube-scheduler leaves it, allocation and all); without
+  it, ``/apis/resource.k8s.io`` is 404, as on a server that does not serve DRA.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-_KINDS = {"nodes": "Node", "pods": "Pod"}
+_KINDS = {"nodes": "Node", "pods": "Pod", "deviceclasses": "DeviceClass", "resourceslices": "ResourceSlice",
+          "resourceclaims": "ResourceClaim"}  # fmt: skip
+_NAMESPACED = ("pods", "resourceclaims")
 _POD_FIELDS = ("metadata.name", "metadata.namespace", "spec.nodeName", "status.phase", "spec.schedulerName")
 _NODE_FIELDS = ("metadata.name", "spec.unschedulable")
 _SNAPSHOTS_KEPT = 8
@@ -134,12 +140,14 @@ class KubeApiDouble:
         authenticate: Callable[[str], bool] | None = None,
         resource_version: int = 1,
         reservations_report: bool = True,
+        dra_api: str = "",
     ) -> None:
         self.reservations_report = reservations_report
+        self.dra_api = dra_api
         self._tokens = None if tokens is None else set(tokens)
         self._authenticate = authenticate
         self._lock = threading.RLock()
-        self._collections = {"nodes": _Collection(), "pods": _Collection()}
+        self._collections = {kind: _Collection() for kind in _KINDS}
         self._rv = resource_version
         self._created = 0  # pods POSTed, for their UIDs
         self._snapshots: OrderedDict[tuple[str, int], tuple[list[str], dict[str, _Entry]]] = OrderedDict()
@@ -158,7 +166,7 @@ class KubeApiDouble:
                 obj.pop("kind", None)
                 obj.pop("apiVersion", None)
                 metadata = obj.setdefault("metadata", {})
-                if kind == "pods":
+                if kind in _NAMESPACED:
                     metadata.setdefault("namespace", "default")
                 if "resourceVersion" in metadata:
                     self._rv = max(self._rv, int(metadata["resourceVersion"]))
@@ -204,7 +212,7 @@ class KubeApiDouble:
 
     @staticmethod
     def _key(kind: str, namespace: str | None, name: str) -> str:
-        return f"{namespace}/{name}" if kind == "pods" else name
+        return f"{namespace}/{name}" if kind in _NAMESPACED else name
 
     # ---- server ------------------------------------------------------------------------------
     def __enter__(self) -> KubeApiDouble:
@@ -291,6 +299,13 @@ class KubeApiDouble:
     def _dispatch(
         self, method: str, route: _Route, query: Mapping[str, str], content_type: str, body: bytes
     ) -> tuple[int, bytes]:
+        if route.kind == "resource.k8s.io":
+            return 200, self._dra_group(method)
+        if route.kind not in ("nodes", "pods"):
+            if not self.dra_api or route.version != self.dra_api.rpartition("/")[2]:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+            if method != "GET":
+                raise ApiError(405, "MethodNotAllowed", "the double serves DRA's objects read-only (load them)")
         if route.binding:
             if method != "POST":
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on pods/binding")
@@ -314,6 +329,14 @@ class KubeApiDouble:
                 self._remove(route)
                 return 200, _with_kind(route.kind, entry.obj)
         raise ApiError(405, "MethodNotAllowed", f"the server does not allow the {method} method")
+
+    def _dra_group(self, method: str) -> bytes:
+        if not self.dra_api or method != "GET":
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        version = self.dra_api.rpartition("/")[2]
+        entry = {"groupVersion": self.dra_api, "version": version}
+        return encode({"kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io", "versions": [entry],
+                       "preferredVersion": entry})  # fmt: skip
 
     # ---- lists -------------------------------------------------------------------------------
     def _list(self, route: _Route, query: Mapping[str, str]) -> bytes:
@@ -374,7 +397,8 @@ class KubeApiDouble:
             if not query.get("labelSelector") and not query.get("fieldSelector"):
                 remaining = bisect.bisect_left(keys, prefix + "\U0010ffff") - position
                 metadata["remainingItemCount"] = remaining
-        head = encode({"kind": f"{_KINDS[route.kind]}List", "apiVersion": "v1", "metadata": metadata})
+        api = "v1" if route.kind in ("nodes", "pods") else self.dra_api
+        head = encode({"kind": f"{_KINDS[route.kind]}List", "apiVersion": api, "metadata": metadata})
         return head[:-2] + b',"items":[' + b",".join(items) + b"]}\n"
 
     # ---- writes ------------------------------------------------------------------------------
@@ -524,6 +548,7 @@ class _Route:
     namespace: str | None
     name: str | None
     binding: bool
+    version: str = "v1"
 
 
 _VERBS = {
@@ -541,6 +566,11 @@ _ROUTES = (
     (re.compile(r"^/api/v1/pods$"), "pods"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$"), "pods"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)(?P<binding>/binding)?$"), "pods"),
+    (re.compile(r"^/apis/resource\.k8s\.io$"), "resource.k8s.io"),
+    *(
+        (re.compile(rf"^/apis/resource\.k8s\.io/(?P<version>v1\w*)/{kind}$"), kind)
+        for kind in ("deviceclasses", "resourceslices", "resourceclaims")
+    ),
 )
 
 
@@ -561,7 +591,9 @@ def _route(method: str, path: str) -> _Route:
         match = pattern.match(path)
         if match:
             groups = match.groupdict()
-            return _Route(kind, groups.get("ns"), groups.get("name"), bool(groups.get("binding")))
+            return _Route(
+                kind, groups.get("ns"), groups.get("name"), bool(groups.get("binding")), groups.get("version") or "v1"
+            )
     raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
 
 

@@ -11,7 +11,8 @@ Metrics (EMF): ``NodesSeen``, ``NodesLabeled``, ``LabelPatchFailures``, ``LabelP
 ``RunMs``, ``RunFailures``, ``SnapshotsKeptNewer``; with ``WATCH_S``, ``SnapshotPublishes`` and
 ``WatchLagP99Ms``; with the ledger, ``LedgerDrift`` (by ``kind``), ``LedgerReconcileFailures`` and,
 with ``WATCH_S``, ``SharesReleased``; where a node has MIG, ``MigNodesUnsettled``, and ``MigSlicesFree`` and
-``MigSlicesStranded`` by ``profile``.
+``MigSlicesStranded`` by ``profile``; where the API serves DRA, ``DraNodes``, ``DraGpusPublished`` and
+``DraGpusClaimed``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ def emit(report: RunReport) -> None:
         for profile, counts in report.mig["slices"].items():
             for name, key in (("MigSlicesFree", "free"), ("MigSlicesStranded", "stranded")):
                 emit_count(name, counts[key], namespace=metrics.namespace, service=logger.service, profile=profile)
+    if report.dra:
+        for name, key in (
+            ("DraNodes", "nodes"),
+            ("DraGpusPublished", "gpus_published"),
+            ("DraGpusClaimed", "gpus_claimed"),
+        ):
+            metrics.add_metric(name=name, unit=MetricUnit.Count, value=report.dra[key])
     if report.watch:
         metrics.add_metric(name="SnapshotPublishes", unit=MetricUnit.Count, value=report.watch["publishes"])
         metrics.add_metric(name="WatchLagP99Ms", unit=MetricUnit.Milliseconds, value=1000 * report.watch["lag_p99_s"])

@@ -8,7 +8,9 @@ One run:
 2. looks up EC2 ``GpuInfo`` for the instance types of nodes without complete GFD labels (cached
    across invocations);
 3. lists the non-terminal pods bound to nodes (field selector, paginated), keeping only what
-   scheduling reads (decoded straight into :class:`adapters.kube_types.SchedulingPod`);
+   scheduling reads (decoded straight into :class:`adapters.kube_types.SchedulingPod`); where the API
+   serves ``resource.k8s.io`` (DRA), its DeviceClasses, ResourceSlices and ResourceClaims too: GPUs that
+   claims hold are in use, and nodes whose GPUs DRA manages take no share (:mod:`scheduler_core.k8s.dra`);
 4. runs one PromQL query for DCGM utilisation; if it fails, the last known values are carried over
    from the previous snapshot, with their age;
 5. builds the snapshot (whole-GPU and milli use per GPU) and writes it atomically to ``SNAPSHOT_URI``;
@@ -49,7 +51,7 @@ from typing import Any, cast
 from adapters.amp import PrometheusClient, PrometheusQueryError, utilization_by_node, utilization_query
 from adapters.ec2_gpu import GpuInfoCatalog
 from adapters.gpu_ledger import LedgerStore, LedgerStoreError
-from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
+from adapters.kube import DRA_KINDS, DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import SchedulingPod
 from adapters.live_state import ClusterMirror, lag_quantiles
 from adapters.reservations import Reservations
@@ -59,6 +61,7 @@ from manifests.placeholder import placeholder_pod
 from manifests.reservation import reserving
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.annotations import Pairs, trusted_assigned_gpus
+from scheduler_core.k8s.dra import DraFacts, dra_facts
 from scheduler_core.k8s.names import (
     ASSIGNED_GPUS_ANNOTATION,
     GFD_PRODUCT,
@@ -128,6 +131,7 @@ class RunReport:
     snapshot_revision: str = ""
     snapshots_kept_newer: int = 0  # writes skipped: the store already held a newer snapshot
     watch: dict[str, float] = field(default_factory=dict)  # WATCH_S: events, publishes, lag
+    dra: dict[str, Any] = field(default_factory=dict)  # the version read, nodes it manages, GPUs published and claimed
     mig: dict[str, Any] = field(default_factory=dict)  # MIG nodes by mode, slices by profile (ClusterState.mig_summary)
 
 
@@ -212,6 +216,8 @@ def refresh(
         report = replace(report, pods_seen=len(pods))
         if ledger_view is not None:
             _note_bound(ledger_view, pods)
+        with _phase(phases, "list_dra"):
+            dra_lists = _list_dra(kube)
     except (KubeApiError, DeadlineReachedError) as exc:
         logger.error("run failed before a snapshot could be built", extra={"error": str(exc)})
         return replace(
@@ -223,14 +229,16 @@ def refresh(
 
     utilization = _utilization(settings, services, now(), logger)
     report = replace(report, **utilization.report)
-    revision = Revision.of([nodes_version, pods_version])
+    revision = Revision.of([nodes_version, pods_version, *dra_lists.versions])
+    dra = dra_lists.facts()
     with _phase(phases, "build_snapshot"):
-        snapshot = _snapshot(settings, nodes, pods, utilization, now())
+        snapshot = _snapshot(settings, nodes, pods, utilization, now(), dra)
         data = write_snapshot(snapshot, revision=revision)
     for problem in snapshot.problems[:20]:
         logger.warning("snapshot input problem", extra={"problem": problem})
     report = replace(report, problems=len(snapshot.problems), snapshot_bytes=len(data),
-                     snapshot_revision=str(revision or ""), mig=snapshot.mig_summary())  # fmt: skip
+                     snapshot_revision=str(revision or ""), mig=snapshot.mig_summary(),
+                     dra=dra_lists.summary(dra))  # fmt: skip
     write_started = time.perf_counter()
     try:
         if services.store.put(data) is None:
@@ -258,7 +266,7 @@ def refresh(
                 report = replace(report, placeholders=_placeholders(kube, services.reservations.image, logger))
     if settings.watch_s > 0 and report.status == "ok":
         with _phase(phases, "watch"):
-            seed = _Seed(nodes, nodes_version, pods, pods_version, dict(plan))
+            seed = _Seed(nodes, nodes_version, pods, pods_version, dict(plan), dra_lists)
             watch_until = run_started + settings.watch_s
             watched = _watch(settings, services, seed, utilization,
                              lambda: min(watch_until - time.monotonic(), time_left() - settings.deadline_margin_s),
@@ -271,12 +279,44 @@ def refresh(
 
 def _snapshot(
     settings: NodeStateSettings, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], utilization: _Utilization,
-    at: float,
+    at: float, dra: DraFacts | None,
 ) -> Any:  # fmt: skip
     return build_snapshot(
         nodes, pods, cluster=settings.cluster_name or "local", generated_at=at,
-        gpu_utilization=utilization.by_node, utilization_at=utilization.measured_at,
+        gpu_utilization=utilization.by_node, utilization_at=utilization.measured_at, dra=dra,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _DraLists:
+    """DRA's objects as listed (``api`` "" where the API serves no version the product reads)."""
+
+    api: str = ""
+    lists: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    versions: tuple[str, ...] = ()
+
+    def facts(self) -> DraFacts | None:
+        if not self.api:
+            return None
+        return dra_facts(self.lists["resourceslices"], self.lists["resourceclaims"], self.lists["deviceclasses"])
+
+    def summary(self, facts: DraFacts | None) -> dict[str, Any]:
+        if facts is None:
+            return {}
+        return {"api": self.api, "nodes": len(facts.managed), "gpus_published": sum(facts.published.values()),
+                "gpus_claimed": sum(facts.claimed.values()), "extended_resource": facts.extended}  # fmt: skip
+
+
+def _list_dra(kube: KubeClient) -> _DraLists:
+    """DeviceClasses, ResourceSlices and ResourceClaims, where the API serves DRA."""
+    api = kube.dra_api()
+    if not api:
+        return _DraLists()
+    lists, versions = {}, []
+    for kind in DRA_KINDS:
+        lists[kind], version = kube.list_with_version(kind)
+        versions.append(version)
+    return _DraLists(api, lists, tuple(versions))
 
 
 @dataclass(frozen=True)
@@ -288,6 +328,7 @@ class _Seed:
     pods: list[dict[str, Any]]
     pods_version: str
     labels: dict[str, dict[str, str]]
+    dra: _DraLists
 
 
 def _watch(
@@ -301,7 +342,7 @@ def _watch(
 ) -> dict[str, float]:
     """Watch mode (see the module docstring) while ``left()`` is positive; the report's ``watch`` fields."""
     started = time.monotonic()
-    mirror = ClusterMirror(lambda: services.kube, watch_timeout_s=max(1, math.ceil(left())))
+    mirror = ClusterMirror(lambda: services.kube, watch_timeout_s=max(1, math.ceil(left())), dra_api=seed.dra.api)
     if services.ledger is not None:
         ledger = services.ledger
 
@@ -319,6 +360,8 @@ def _watch(
         mirror.on_gone = release
     mirror.seed("nodes", seed.nodes, seed.nodes_version)
     mirror.seed("pods", seed.pods, seed.pods_version)
+    for kind, version in zip(DRA_KINDS, seed.dra.versions, strict=False):  # none where DRA is not served
+        mirror.seed(kind, seed.dra.lists[kind], version)
     mirror.take()  # the run wrote these already
     lags: list[float] = []
     counts = {"publishes": 0, "kept_newer": 0, "publish_failures": 0}
@@ -334,9 +377,11 @@ def _watch(
                 changes = seed.labels.get(_node_name(node))
                 if changes:
                     node["metadata"].setdefault("labels", {}).update(changes)
-            revision = Revision.of([versions["nodes"], versions["pods"]])
+            revision = Revision.of(list(versions.values()))
+            dra_objects = mirror.dra_lists()
+            dra = None if dra_objects is None else dra_facts(*dra_objects)
             try:
-                data = write_snapshot(_snapshot(settings, nodes, pods, utilization, now()), revision=revision)
+                data = write_snapshot(_snapshot(settings, nodes, pods, utilization, now(), dra), revision=revision)
                 written = services.store.put(data)
             except (SnapshotStoreError, ValueError) as exc:
                 counts["publish_failures"] += 1

@@ -24,7 +24,6 @@ from scheduler_core.scoring.gpu_fit import (
     Reason,
     ScoreResult,
     ScoreWeights,
-    filter_nodes,
 )
 from scheduler_core.scoring.locality import LocalitySettings
 from scheduler_core.scoring.mig_fit import mig_preference
@@ -187,7 +186,7 @@ def filter_verdict(view: NodeView, demand: PodDemand, nodes: Sequence[Any] | Non
         # nodes where shares hold GPUs, which that count cannot see.
         held = view.held_by_shares()
         check_free = False if held is None else held > 0
-    result = filter_nodes(view.table, view.free, demand, check_free=check_free)
+    result = view.filter(demand, check_free)
     rows = np.flatnonzero(result.feasible).tolist()
     source = view.table.names if nodes is None else nodes
     kept = list(map(source.__getitem__, rows))
@@ -206,7 +205,7 @@ def prioritize_scores(
     pass the filter score 0, and so do the names the cluster state lacks (they cannot be ranked, and
     they must not vanish from the reply)."""
     # Nodes this view has no room on score 0 (they are no better than stale here), but are never refused.
-    feasible = filter_nodes(view.table, view.free, demand).feasible
+    feasible = view.filter(demand).feasible
     local = locality_inputs(view, demand, locality)
     fit = None
     if demand.mig and not demand.gpus:  # slices only: best fit on the nodes' layouts

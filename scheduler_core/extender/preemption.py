@@ -38,7 +38,6 @@ from scheduler_core.extender.wire import ExtenderPreemptionArgs, MetaVictims
 from scheduler_core.k8s.annotations import Pairs, trusted_assigned_gpus
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, GPU_RESOURCE, MILLI_PER_GPU, MILLI_RESOURCE
 from scheduler_core.k8s.pods import PodDemand, effective_requests
-from scheduler_core.scoring.gpu_fit import filter_nodes
 
 Holdings = Mapping[str, Mapping[str, Pairs]]
 """Per node, per pod UID, the ``(gpu, milli)`` pairs the ledger says the pod holds there."""
@@ -137,7 +136,7 @@ def candidates(args: ExtenderPreemptionArgs, holdings: Holdings) -> list[Candida
 def decide_on_view(demand: PodDemand, proposed: Sequence[Candidate], view: NodeView) -> PreemptOutcome:
     """:func:`decide` with the free milli and the filter's unresolvable reasons of ``view``, the
     proposed nodes as the filter sees them."""
-    result = filter_nodes(view.table, view.free, demand)
+    result = view.filter(demand)
     free_milli = view.free_milli if view.free_milli is not None else all_free(view.table)
     free_by_node = dict(zip(view.table.names, free_milli, strict=True))
     return decide(demand, proposed, free_by_node, result.failed_unresolvable)

@@ -21,7 +21,7 @@ from scheduler_core.extender.wire import ExtenderArgs
 from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand, effective_cpu_milli
-from scheduler_core.scoring.gpu_fit import free_gpus
+from scheduler_core.scoring.gpu_fit import FilterResult, filter_nodes, free_gpus
 from scheduler_core.scoring.locality import LocalitySettings, locality_scores, peer_placement
 from scheduler_core.scoring.policy import Fragmentation
 from scheduler_core.state.allocation import UNKNOWN_CPU
@@ -69,9 +69,19 @@ class NodeView:
         free = np.count_nonzero(free_milli >= need, axis=1).astype(np.int32)
         return replace(self, free=free, free_milli=free_milli)
 
+    def filter(self, demand: PodDemand, check_free: bool | npt.NDArray[np.bool_] = True) -> FilterResult:
+        """:func:`~scheduler_core.scoring.gpu_fit.filter_nodes` on this view: its free GPUs, the nodes whose
+        GPUs DRA manages by the state, and those where kube-scheduler serves ``nvidia.com/gpu`` from DRA."""
+        managed = serves = None
+        if self.state is not None and self.state_rows is not None:
+            managed, serves = self.state.dra_managed_at(self.state_rows), self.state.dra_serves_at(self.state_rows)
+        return filter_nodes(
+            self.table, self.free, demand, check_free=check_free, dra_managed=managed, dra_serves=serves
+        )
+
     def held_by_shares(self) -> npt.NDArray[np.int32] | None:
-        """GPUs per row that shares hold (by the state), which kube-scheduler's count cannot see; None
-        when the state does not say (:meth:`ClusterState.held_by_shares`)."""
+        """GPUs per row that shares or DRA claims hold (by the state), which kube-scheduler's count cannot
+        see; None when the state does not say (:meth:`ClusterState.held_by_shares`)."""
         if self.state is None or self.state_rows is None:
             return None
         return self.state.held_by_shares(self.state_rows)

@@ -38,12 +38,23 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 """The ``mixed`` strategy's resources, one per profile: ``nvidia.com/mig-1g.18gb``."""
 ACCEPT_MIG_ANNOTATION = "gpu-scheduler.io/accept-mig-slices"
 """``"true"`` on a pod that asks ``nvidia.com/gpu`` and accepts a MIG slice for each (``single`` nodes)."""
+# Dynamic Resource Allocation (scheduler_core/k8s/dra.py).
+DRA_GROUP = "resource.k8s.io"
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")
+"""The ``resource.k8s.io`` versions the product reads, the preferred first: ``v1`` (1.34, GA),
+``v1beta2`` (1.33) and ``v1beta1`` (1.32, whose devices wrap their attributes in ``basic``)."""
+DRA_OBJECTS = ("deviceclasses", "resourceslices", "resourceclaims")
+"""The DRA objects the state reads (list and watch)."""
+DRA_GPU_DRIVER = "gpu.nvidia.com"
+"""NVIDIA's DRA driver for GPUs (``kubernetes-sigs/dra-driver-nvidia-gpu``): its devices are GPUs, MIG
+devices and passthrough GPUs (attribute ``type``: ``gpu``, ``mig``, ``vfio``)."""
 # Well-known labels.
 LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 LABEL_HOSTNAME = "kubernetes.io/hostname"
 DAEMON_LABEL = "pod-template-generation"
 """The label the DaemonSet controller puts on every pod it creates (``DaemonSetTemplateGenerationKey``)."""
+
 
 # Pod annotations. The model and memory annotations share the node labels' keys.
 ASSIGNED_GPUS_ANNOTATION = "gpu-scheduler.io/assigned-gpus"

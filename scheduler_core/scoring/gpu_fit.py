@@ -45,6 +45,8 @@ class Reason(IntEnum):
     """The node's ``nvidia.com/gpu`` are MIG slices (``single``), and the pod asks a share or does not accept them."""
     NO_PROFILE = 8
     """The node offers fewer slices of the pod's MIG profile than the pod asks, free or not."""
+    DRA_MANAGED = 9
+    """DRA manages the node's GPUs (:mod:`scheduler_core.k8s.dra`), and the pod asks a milli share."""
 
     @property
     def unresolvable(self) -> bool:
@@ -209,7 +211,13 @@ def free_gpus(table: NodeTable, used_gpus: npt.ArrayLike) -> npt.NDArray[np.int3
 
 
 def filter_nodes(
-    table: NodeTable, free: npt.ArrayLike, demand: PodDemand, *, check_free: bool | npt.NDArray[np.bool_] = True
+    table: NodeTable,
+    free: npt.ArrayLike,
+    demand: PodDemand,
+    *,
+    check_free: bool | npt.NDArray[np.bool_] = True,
+    dra_managed: npt.NDArray[np.bool_] | None = None,
+    dra_serves: npt.NDArray[np.bool_] | None = None,
 ) -> FilterResult:
     """Decide for each node whether ``demand`` fits, and why not.
 
@@ -228,8 +236,16 @@ def filter_nodes(
         kube-scheduler counts the GPUs itself (``nvidia.com/gpu``, which it does not
         ignore) its count, which includes the pods it has just placed, is
         fresher than any state the extender has, and it already dropped the nodes without room; it
-        cannot see the GPUs that shares hold, though. Static facts (model, memory, GPU count) always
-        filter.
+        cannot see the GPUs that shares or DRA claims hold, though. Static facts (model, memory, GPU
+        count) always filter.
+    dra_managed : ndarray of shape (n_nodes,), bool, or None
+        The nodes whose GPUs DRA manages (:class:`~scheduler_core.k8s.dra.DraFacts`): they take no milli
+        share, since a claim may take any of their GPUs at any time without the ledger knowing.
+    dra_serves : ndarray of shape (n_nodes,), bool, or None
+        The nodes where kube-scheduler serves ``nvidia.com/gpu`` from DRA (KEP-5004,
+        :meth:`~scheduler_core.state.cluster.ClusterState.dra_serves_at`): they advertise no GPU, and
+        kube-scheduler counts and allocates theirs itself, so a whole-GPU pod is not refused there for the
+        count (the model and memory filters still apply).
 
     Examples
     --------
@@ -242,6 +258,11 @@ def filter_nodes(
     if demand.gpus < 0 or demand.min_memory_mib < 0:
         raise ValueError(f"demand must not be negative, got gpus={demand.gpus} memory={demand.min_memory_mib}")
     reason = _compute_reasons(table, free_arr, demand, check_free)
+    if dra_managed is not None and demand.milli_managed:
+        np.putmask(reason, dra_managed & (reason == Reason.FITS), np.int8(Reason.DRA_MANAGED))
+    if dra_serves is not None and demand.counted_by_scheduler:
+        counted = (reason == Reason.TOO_FEW_GPUS) | (reason == Reason.TOO_FEW_FREE)
+        np.putmask(reason, dra_serves & counted, np.int8(Reason.FITS))
     return FilterResult(table=table, demand=demand, reason=reason, free_gpus=free_arr)
 
 
@@ -551,6 +572,8 @@ def _message(table: NodeTable, demand: PodDemand, code: Reason, first: int, seco
         profile, count = demand.mig[second >> 3]
         mode = MIG_MODES[second & 7] if (second & 7) < len(MIG_MODES) else "unknown"
         return f"{first} {mig_resource(profile)} allocatable (MIG {mode}), pod needs {count}"
+    if code == Reason.DRA_MANAGED:
+        return f"DRA manages this node's GPUs (ResourceSlices): it takes no {MILLI_RESOURCE} share"
     if demand.share:
         return f"none of {second} GPUs has {demand.share} milli free (the pod's share)"
     return f"{first} of {second} GPUs free, pod needs {demand.gpus}"

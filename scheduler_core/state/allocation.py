@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.annotations import trusted_assigned_gpus
+from scheduler_core.k8s.dra import served_by_claim
 from scheduler_core.k8s.names import (
     ASSIGNED_GPUS_ANNOTATION,
     DAEMON_LABEL,
@@ -137,6 +138,8 @@ def pod_use(pod: Any, position: int = 0) -> PodUse:
         (gpus, milli), cpu, cpu_problem = requests_with_cpu(pod["spec"], _RESOURCES)
     except InvalidPodError as exc:
         return PodUse(node, name, problem=str(exc), labels=labels)
+    if gpus and served_by_claim(status):  # KEP-5004: the claim's devices count them (DraFacts.claimed)
+        gpus = 0
     try:
         mig, mig_problem = mig_request(pod["spec"]), ""
     except InvalidPodError as exc:  # its GPUs and CPU still count; its slices cannot
@@ -178,18 +181,26 @@ def gpu_usage(table: NodeTable, pods: Iterable[Any], max_gpus: int) -> GpuUsage:
     return usage_of(table, (pod_use(pod, position) for position, pod in enumerate(pods)), max_gpus)
 
 
-def usage_of(table: NodeTable, uses: Iterable[PodUse], max_gpus: int) -> GpuUsage:
-    """:func:`gpu_usage` from pods already read (:func:`pod_use`)."""
+def usage_of(
+    table: NodeTable, uses: Iterable[PodUse], max_gpus: int, claimed: Mapping[str, int] | None = None
+) -> GpuUsage:
+    """:func:`gpu_usage` from pods already read (:func:`pod_use`). ``claimed`` (node name -> GPUs) are
+    GPUs that DRA claims hold (:class:`~scheduler_core.k8s.dra.DraFacts`): busy, placed as the whole GPUs
+    that no annotation places are, but not in ``whole_gpus``, since kube-scheduler's count of
+    ``nvidia.com/gpu`` does not see them."""
     n_nodes = table.n_nodes
     whole_list = [0] * n_nodes  # Python ints in the loop: numpy scalar updates cost more than the parse
     place_list = [0] * n_nodes  # the whole GPUs no annotation places: they take the lowest free ones
+    index = table.index
+    for node, count in (claimed or {}).items():
+        if (at := index.get(node)) is not None:
+            place_list[at] += count
     cpu_list = [0] * n_nodes
     alloc_list = table.alloc_gpus.tolist()
     kinds: dict[tuple[int, int, int, object], int] = {}  # (cpu, gpus, milli, model annotation): pods
     shares: list[tuple[int, int, int]] = []  # (row, gpu, milli) from annotations
     unplaced: list[tuple[int, int, str]] = []  # (row, milli, pod) without a usable annotation
     problems: list[str] = []
-    index = table.index
     profile_column = {profile: k for k, profile in enumerate(table.mig_profiles)}
     mig_used = np.zeros((n_nodes, len(profile_column)), dtype=np.int32)
     for use in uses:

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import InvalidArgsError
+from scheduler_core.k8s.dra import DraFacts
 from scheduler_core.k8s.mig import MIG_MODES
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.scoring.gpu_fit import free_gpus
@@ -88,6 +89,15 @@ class ClusterState:
     mig_used: npt.NDArray[np.int32] | None = None
     """Shape (n_nodes, len(table.mig_profiles)): MIG slices of each profile that bound pods request; None
     if unknown (a snapshot from before this field)."""
+    dra_gpus: npt.NDArray[np.int32] | None = None
+    """Shape (n_nodes,): GPUs that DRA publishes on the node (:class:`~scheduler_core.k8s.dra.DraFacts`);
+    None if unknown (DRA not read)."""
+    claimed_gpus: npt.NDArray[np.int32] | None = None
+    """Shape (n_nodes,): GPUs that DRA claims hold on the node, whatever pod holds them: part of
+    ``used_gpus`` (and busy in ``free_milli``), not of ``whole_gpus``; None if unknown (DRA not read)."""
+    dra_extended: bool = False
+    """A DeviceClass maps ``nvidia.com/gpu`` to DRA devices (KEP-5004): kube-scheduler serves that request
+    from DRA on nodes that do not advertise it (:meth:`dra_serves_at`)."""
 
     @cached_property
     def workload(self) -> Workload:
@@ -107,6 +117,7 @@ class ClusterState:
         pods: Sequence[Any] = (),
         utilization: Mapping[str, Any] | None = None,
         label_keys: Sequence[str] = DEFAULT_LABEL_KEYS,
+        dra: DraFacts | None = None,
     ) -> ClusterState:
         """Build from v1 Node and Pod objects and an optional ``{node name: utilisation}`` map.
 
@@ -116,7 +127,7 @@ class ClusterState:
         [5]
         """
         uses = [pod_use(pod, position) for position, pod in enumerate(pods)]
-        return cls.from_uses(NodeFacts.of(nodes), uses, utilization, label_keys)
+        return cls.from_uses(NodeFacts.of(nodes), uses, utilization, label_keys, dra)
 
     @classmethod
     def from_uses(
@@ -125,12 +136,16 @@ class ClusterState:
         uses: Sequence[PodUse],
         utilization: Mapping[str, Any] | None = None,
         label_keys: Sequence[str] = DEFAULT_LABEL_KEYS,
+        dra: DraFacts | None = None,
     ) -> ClusterState:
         """:meth:`from_objects` from nodes and pods already read: a live state keeps both and rereads
-        only what changed (:class:`NodeFacts`, :func:`~scheduler_core.state.allocation.pod_use`)."""
+        only what changed (:class:`NodeFacts`, :func:`~scheduler_core.state.allocation.pod_use`).
+        ``dra``: what DRA publishes and claims hold, where it was read (None: it was not)."""
         table = facts.table
-        usage = usage_of(table, uses, facts.max_gpus)
+        usage = usage_of(table, uses, facts.max_gpus, dra.claimed if dra is not None else None)
         used, problems = usage.busy_gpus(table.alloc_gpus), list(usage.problems) + list(facts.problems)
+        if dra is not None:
+            problems.extend(dra.problems)
         apps = index_placements(table, ((u.node, u.labels) for u in uses if u.node and u.labels), label_keys)
         util = np.zeros(table.n_nodes, dtype=np.float64)
         for name, value in (utilization or {}).items():
@@ -152,6 +167,9 @@ class ClusterState:
             shapes=tuple(keep_typical(usage.shapes, limit=MAX_SHAPES)),
             whole_gpus=usage.whole_gpus.astype(np.int32),
             mig_used=usage.mig_used,
+            dra_gpus=None if dra is None else _per_row(table, dra.published),
+            claimed_gpus=None if dra is None else _per_row(table, dra.claimed),
+            dra_extended=dra is not None and dra.extended,
         )
 
     @classmethod
@@ -253,9 +271,27 @@ class ClusterState:
         }
         return summary
 
+    def dra_managed_at(self, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_] | None:
+        """Whether DRA manages the GPUs of the node at each of ``rows`` (False where a row is -1); None when
+        the state did not read DRA."""
+        if self.dra_gpus is None or self.claimed_gpus is None:
+            return None
+        managed: npt.NDArray[np.bool_] = values_at((self.dra_gpus > 0) | (self.claimed_gpus > 0), rows, False)
+        return managed.astype(bool)
+
+    def dra_serves_at(self, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_] | None:
+        """Whether kube-scheduler serves ``nvidia.com/gpu`` from DRA on the node at each of ``rows`` (KEP-5004:
+        a DeviceClass maps it, DRA publishes GPUs there, and the node advertises none itself); it counts and
+        allocates those GPUs itself, as claims. None where no DeviceClass maps it."""
+        if not self.dra_extended or self.dra_gpus is None:
+            return None
+        serves: npt.NDArray[np.bool_] = values_at((self.dra_gpus > 0) & (self.table.alloc_gpus == 0), rows, False)
+        return serves.astype(bool)
+
     def held_by_shares(self, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.int32] | None:
-        """GPUs at ``rows`` that shares hold and kube-scheduler's count of ``nvidia.com/gpu`` cannot
-        see (0 where a row is -1); None when the state does not know (no per-GPU figures).
+        """GPUs at ``rows`` that shares or DRA claims hold, which kube-scheduler's count of
+        ``nvidia.com/gpu`` cannot see (0 where a row is -1); None when the state does not know (no
+        per-GPU figures).
 
         >>> node = {"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "4"}}}
         >>> def pod(resources, annotation):
@@ -271,6 +307,15 @@ class ClusterState:
         shares = values_at(self.used_gpus - self.whole_gpus, rows, 0)
         held: npt.NDArray[np.int32] = np.maximum(shares, 0).astype(np.int32)
         return held
+
+
+def _per_row(table: NodeTable, counts: Mapping[str, int]) -> npt.NDArray[np.int32]:
+    """``counts`` by node name as a column of ``table`` (0 for the nodes it does not name)."""
+    column = np.zeros(table.n_nodes, dtype=np.int32)
+    for name, count in counts.items():
+        if (row := table.index.get(name)) is not None:
+            column[row] = count
+    return column
 
 
 def values_at(values: npt.NDArray[Any], rows: npt.NDArray[np.intp], fill: float) -> npt.NDArray[Any]:

@@ -27,6 +27,9 @@ are the arrays below plus ``header``, a UTF-8 JSON document stored as a uint8 ar
     whole_gpus        int32 (n_nodes,)       the part of used_gpus held as nvidia.com/gpu (optional:
                                              without it, the filter leaves whole-GPU counts to
                                              kube-scheduler on every node)
+    dra_gpus, claimed_gpus  int32 (n_nodes,) GPUs DRA publishes on each node, and GPUs its claims hold
+                                             there (in used_gpus); optional, together: where DRA was
+                                             not read, no node counts as DRA-managed
 
 Readers refuse a newer schema version, and report a truncated or corrupt file as
 :class:`SnapshotFormatError` naming what is wrong.
@@ -46,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import SchedulerCoreError
+from scheduler_core.k8s.dra import DraFacts
 from scheduler_core.k8s.mig import MIG_MODES, parse_profile
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex
@@ -117,6 +121,7 @@ def build_snapshot(
     gpu_utilization: Mapping[str, Sequence[float]] | None = None,
     utilization_at: float | None = None,
     app_label_keys: Sequence[str] = DEFAULT_LABEL_KEYS,
+    dra: DraFacts | None = None,
 ) -> ClusterState:
     """Build a snapshot (a :class:`ClusterState` with its name, stamp and per-GPU utilisation) from v1
     Node and Pod objects.
@@ -127,6 +132,7 @@ def build_snapshot(
         For example from DCGM ``DCGM_FI_DEV_GPU_UTIL / 100``. Missing GPUs, and NaN values, are unknown.
     utilization_at : when ``gpu_utilization`` was measured (Unix seconds), recorded in the header.
     app_label_keys : label keys indexed for locality, first present key wins per pod.
+    dra : the GPUs DRA publishes and its claims hold (:func:`~scheduler_core.k8s.dra.dra_facts`), where read.
 
     GPU use per GPU follows :func:`scheduler_core.state.allocation.gpu_usage`: fractional shares where
     ``gpu-scheduler.io/assigned-gpus`` puts them, whole GPUs on the lowest-index untouched GPUs.
@@ -138,7 +144,7 @@ def build_snapshot(
     >>> snap.free_milli.tolist()
     [[0, 1000, 1000, 1000]]
     """
-    state = ClusterState.from_objects(nodes, pods, label_keys=app_label_keys)
+    state = ClusterState.from_objects(nodes, pods, label_keys=app_label_keys, dra=dra)
     table, max_gpus = state.table, state.max_gpus
     problems = list(state.problems)
     util = np.full((table.n_nodes, max_gpus), np.nan, dtype=np.float32)
@@ -201,6 +207,8 @@ def write_snapshot(snapshot: ClusterState, *, revision: Revision | None = None) 
         "problems": list(snapshot.problems),
         "utilization_at": snapshot.utilization_at,
     }
+    if snapshot.dra_extended:
+        header["dra_extended"] = True
     if revision is not None:
         header["revision"] = str(revision)
     if snapshot.free_cpu is not None:
@@ -226,6 +234,8 @@ def write_snapshot(snapshot: ClusterState, *, revision: Revision | None = None) 
         arrays["mig_slices"] = table.mig_counts
         if snapshot.mig_used is not None:
             arrays["mig_used"] = snapshot.mig_used
+    if snapshot.dra_gpus is not None and snapshot.claimed_gpus is not None:
+        arrays["dra_gpus"], arrays["claimed_gpus"] = snapshot.dra_gpus, snapshot.claimed_gpus
     for column in _NODE_COLUMNS[:-1]:
         arrays[column] = getattr(table, column)
     buffer = io.BytesIO()
@@ -315,11 +325,19 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
     mig_used = members.get("mig_used")
     if mig_used is not None:
         _check_counts("mig_used", mig_used, table.mig_counts.shape)
+    dra = [members.get("dra_gpus"), members.get("claimed_gpus")]
+    if (dra[0] is None) != (dra[1] is None):
+        raise SnapshotFormatError("snapshot members 'dra_gpus' and 'claimed_gpus' come together; one is missing")
+    for name, array in zip(("dra_gpus", "claimed_gpus"), dra, strict=True):
+        if array is not None:
+            _check_counts(name, array, (n_nodes,))
+    dra_gpus, claimed = (None if a is None else np.ascontiguousarray(a, dtype=np.int32) for a in dra)
     return ClusterState(
         table, column["used_gpus"], node_utilization(util, table.alloc_gpus), problems, apps, free_milli, generated_at,
         free_cpu, shapes, str(header["cluster"]), util, float(measured) if isinstance(measured, int | float) else None,
         None if whole is None else np.ascontiguousarray(whole, dtype=np.int32),
-        None if mig_used is None else np.ascontiguousarray(mig_used, dtype=np.int32),
+        None if mig_used is None else np.ascontiguousarray(mig_used, dtype=np.int32), dra_gpus, claimed,
+        header.get("dra_extended") is True and dra_gpus is not None,
     )  # fmt: skip
 
 

@@ -229,6 +229,11 @@ def test_projected_pods_account_exactly_like_full_pods(api: KubeApiDouble) -> No
         slices = make_pod(f"slices-{i}", 0, node_name=nodes[0]["metadata"]["name"], phase="Running")
         slices["spec"]["containers"][0]["resources"]["limits"] = {f"nvidia.com/mig-{profile}": "1"}
         pods.append(slices)
+    # KEP-5004: a pod whose nvidia.com/gpu a DRA claim serves says so in its status; the claim counts them.
+    served = make_pod("served-by-claim", 4, node_name=nodes[1]["metadata"]["name"], phase="Running")
+    mapping = {"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "r0"}
+    served["status"]["extendedResourceClaimStatus"] = {"resourceClaimName": "x", "requestMappings": [mapping]}
+    pods.append(served)
     with KubeApiDouble(tokens=[TOKEN]) as double:
         double.load("nodes", nodes)
         double.load("pods", pods)
@@ -245,6 +250,10 @@ def test_projected_pods_account_exactly_like_full_pods(api: KubeApiDouble) -> No
     assert a.problems == b.problems
     assert a.mig_used is not None and b.mig_used is not None and a.mig_used.tolist() == b.mig_used.tolist()
     assert a.mig_used.sum() == 3
+    assert b.whole_gpus is not None and a.whole_gpus is not None and a.whole_gpus.tolist() == b.whole_gpus.tolist()
+    without = build_snapshot(nodes, [p for p in full if p["metadata"]["name"] != "served-by-claim"], cluster="c",
+                             generated_at=0.0)  # fmt: skip
+    assert without.whole_gpus is not None and without.whole_gpus.tolist() == a.whole_gpus.tolist()
 
 
 def test_a_page_that_does_not_fit_the_projection_is_decoded_in_full(api: KubeApiDouble) -> None:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from adapters.kube import KubeApiError, ListExpiredError
@@ -15,6 +16,7 @@ from adapters.ledger_readings import LedgerReadings
 from adapters.live_state import LiveState, prometheus_text
 from scheduler_core.errors import ClusterStateUnavailableError
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
+from testing.dra import allocated, device_classes, h200_devices, resource_slice
 from tests.conftest import make_nodes, make_pod
 
 
@@ -22,12 +24,22 @@ class ScriptedKube:
     """A Kubernetes source that lists what it is given and then plays the events pushed to it; a watch
     ends when the script says so (``None``), and a ``410`` pushed makes it raise ListExpiredError."""
 
-    def __init__(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
-        self.items = {"nodes": nodes, "pods": pods}
-        self.queues: dict[str, list[Any]] = {"nodes": [], "pods": []}
+    def __init__(
+        self,
+        nodes: list[dict[str, Any]],
+        pods: list[dict[str, Any]],
+        dra: dict[str, list[dict[str, Any]]] | None = None,
+    ) -> None:
+        self.items = {"nodes": nodes, "pods": pods, **(dra or {})}
+        self.queues: dict[str, list[Any]] = {kind: [] for kind in self.items}
         self.cond = threading.Condition()
-        self.lists = {"nodes": 0, "pods": 0}
+        self.lists = dict.fromkeys(self.items, 0)
         self.watched_from: list[tuple[str, str]] = []
+        self.dra = dra is not None
+        self.dra_version = ""
+
+    def dra_api(self) -> str:
+        return "resource.k8s.io/v1" if self.dra else ""
 
     def list_with_version(self, kind: str, **_: Any) -> tuple[list[dict[str, Any]], str]:
         self.lists[kind] += 1
@@ -212,6 +224,42 @@ def test_a_broken_watch_is_retried_and_the_last_good_state_stays_in_service(kube
         assert live() is before
         kube.push("nodes", ("ADDED", make_nodes("H100")[0] | {"metadata": {"name": "h100-9", "labels": {}}}))
         _until(lambda: "h100-9" in live().table.names)
+    finally:
+        live.close()
+
+
+def test_claims_watched_hold_their_gpus_and_one_let_go_frees_them_for_catch_up() -> None:
+    api = "resource.k8s.io/v1"
+    nodes = make_nodes("A100", "T4")
+    dra = {
+        "deviceclasses": device_classes(api),
+        "resourceslices": [resource_slice(api, "a100-0", h200_devices("a100-0", 8))],
+        "resourceclaims": [allocated(api, "t", "held", "a100-0", ["gpu-0", "gpu-1"], reserved_for="p")],
+    }
+    kube = ScriptedKube(nodes, [], dra)
+    live = LiveState(lambda: kube, min_interval_s=0.5).start()
+    try:
+        assert live.wait_synced(5)
+        state = live()
+        assert state.free_gpus.tolist() == [6, 4] and state.claimed_gpus is not None
+        assert state.dra_managed_at(np.array([0, 1])).tolist() == [True, False]
+        assert live.stats()["dra_watched"] is True and kube.lists["resourceclaims"] == 1
+        more = allocated(api, "t", "more", "a100-0", ["gpu-5"])
+        kube.push("resourceclaims", ("ADDED", more))
+        _until(lambda: live().free_gpus.tolist() == [5, 4])
+        kube.push("resourceclaims", ("DELETED", more))  # a claim let go may free a GPU: a refusal waits for it
+        _until(lambda: live.stats()["events"] == 2)
+        assert live.catch_up(3.0) is True and live().free_gpus.tolist() == [6, 4]
+    finally:
+        live.close()
+
+
+def test_without_dra_served_only_nodes_and_pods_are_watched(kube: ScriptedKube) -> None:
+    live = LiveState(lambda: kube, min_interval_s=0.0).start()
+    try:
+        assert live.wait_synced(5)
+        assert live().claimed_gpus is None and live.stats()["dra_watched"] is False
+        assert {kind for kind, _ in kube.watched_from} <= {"nodes", "pods"}
     finally:
         live.close()
 

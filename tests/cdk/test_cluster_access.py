@@ -96,22 +96,26 @@ def test_the_kubectl_providers_functions_log_to_groups_with_a_retention() -> Non
 
 # ---- what each group may do -------------------------------------------------------------------------
 def _granted(docs: list[dict[str, Any]], group: str) -> set[tuple[str, str]]:
-    """(resource, verb) pairs the ClusterRoles bound to ``group`` allow."""
+    """(resource, verb) pairs the ClusterRoles bound to ``group`` allow; a resource outside the core group
+    is named ``group/resource``."""
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
     granted = set()
     for binding in (d for d in docs if d["kind"] == "ClusterRoleBinding"):
         if {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group} in binding["subjects"]:
             for rule in roles[binding["roleRef"]["name"]]["rules"]:
-                assert rule["apiGroups"] == [""]
-                granted |= {(r, v) for r in rule["resources"] for v in rule["verbs"]}
+                (api_group,) = rule["apiGroups"]
+                prefix = f"{api_group}/" if api_group else ""
+                granted |= {(prefix + r, v) for r in rule["resources"] for v in rule["verbs"]}
     return granted
 
 
 def test_each_group_may_do_only_what_its_function_calls() -> None:
     docs = lambda_rbac(sharing=True)
     assert _granted(docs, EXTENDER.group) == {("pods", "get"), ("nodes", "get"), ("pods/binding", "create")}
+    dra = {(f"resource.k8s.io/{kind}", verb) for kind in ("deviceclasses", "resourceslices", "resourceclaims")
+           for verb in ("list", "watch")}  # fmt: skip
     assert _granted(docs, NODE_STATE.group) == {
-        ("nodes", "list"), ("nodes", "watch"), ("nodes", "patch"), ("pods", "list"), ("pods", "watch")
+        ("nodes", "list"), ("nodes", "watch"), ("nodes", "patch"), ("pods", "list"), ("pods", "watch"), *dra
     }  # fmt: skip
     assert _granted(docs, DELETION_COST.group) == {("pods", "list"), ("pods", "get"), ("pods", "patch")}
     assert not any(resource == "events" for group in (EXTENDER, NODE_STATE, DELETION_COST)

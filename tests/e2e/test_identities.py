@@ -32,7 +32,8 @@ from testing.control_plane import ControlPlane, KubeRest, generated_manifests, i
 NAMESPACE = "identities"
 A100 = next(shape for shape in CATALOGUE if shape.model == "A100")
 RESOURCES = ("pods", "pods/binding", "pods/status", "pods/eviction", "nodes", "nodes/status", "events", "secrets",
-             "configmaps", "namespaces", "serviceaccounts")  # fmt: skip
+             "configmaps", "namespaces", "serviceaccounts", *(f"{kind}.resource.k8s.io" for kind in (
+                 "deviceclasses", "resourceslices", "resourceclaims", "resourceclaims/status")))  # fmt: skip
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 
 
@@ -43,8 +44,9 @@ def policies_served(cluster: ControlPlane) -> bool:
 
 def allowed(api: KubeRest, resource: str, verb: str) -> bool:
     """What the API server's authorizer answers ``api``'s user for ``verb`` on ``resource``."""
+    resource, _, group = resource.partition(".")
     name, _, sub = resource.partition("/")
-    attributes = {"verb": verb, "resource": name, "namespace": NAMESPACE if name != "nodes" else ""}
+    attributes = {"verb": verb, "resource": name, "namespace": NAMESPACE if name != "nodes" else "", "group": group}
     if sub:
         attributes["subresource"] = sub
     review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
@@ -55,7 +57,8 @@ def allowed(api: KubeRest, resource: str, verb: str) -> bool:
 
 @pytest.mark.parametrize("identity", [EXTENDER, NODE_STATE, DELETION_COST], ids=lambda i: i.name)
 def test_each_lambda_identity_is_granted_exactly_its_functions_verbs(cluster: ControlPlane, identity: LambdaIdentity):
-    expected = {(r, v) for rule in identity.rules for r in rule["resources"] for v in rule["verbs"]}
+    expected = {(".".join(filter(None, (r, rule["apiGroups"][0]))), v)
+                for rule in identity.rules for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
     api = cluster.api_as(identity.name)
     granted = {(r, v) for r in RESOURCES for v in VERBS if allowed(api, r, v)}
     assert granted == expected

@@ -234,6 +234,11 @@ def test_each_lambda_group_may_do_exactly_what_its_function_calls() -> None:
             ("", "nodes", "patch"),
             ("", "pods", "list"),
             ("", "pods", "watch"),
+            *{
+                ("resource.k8s.io", kind, verb)
+                for kind in ("deviceclasses", "resourceslices", "resourceclaims")
+                for verb in ("list", "watch")
+            },
         },
         DELETION_COST.group: {("", "pods", "get"), ("", "pods", "list"), ("", "pods", "patch")},
     }

@@ -56,7 +56,8 @@ def test_the_version_decides_the_scheduler_config_api_and_dra(version: str, api:
 def test_dra_gate_goes_to_the_apiserver_and_the_scheduler_on_1_33_only() -> None:
     gated = KubeBinaries(Path("/nowhere"), "v1.33.3")
     assert gated.dra is not None
-    assert "--feature-gates=DynamicResourceAllocation=true" in gated.dra[1]
+    assert "--feature-gates=DRAPrioritizedList=true,DynamicResourceAllocation=true" in gated.dra[1]
+    assert gated.scheduler_gates["DRAPrioritizedList"] and gated.scheduler_gates["DynamicResourceAllocation"]
     assert any("resource.k8s.io/v1beta2=true" in flag for flag in gated.dra[1])
     assert KubeBinaries(Path("/nowhere"), "v1.34.1").dra == ("resource.k8s.io/v1", (), {})
 
@@ -64,7 +65,7 @@ def test_dra_gate_goes_to_the_apiserver_and_the_scheduler_on_1_33_only() -> None
 @pytest.mark.parametrize(
     ("version", "gates"),
     [
-        ("v1.33.3", {"DynamicResourceAllocation": True, "SchedulerAsyncPreemption": False}),
+        ("v1.33.3", {"DynamicResourceAllocation": True, "DRAPrioritizedList": True, "SchedulerAsyncPreemption": False}),
         ("v1.34.1", {}),
         ("v0.0.0-master+89aaf7c02dd33415ac994cecfddca7c02ed75834", {}),
     ],

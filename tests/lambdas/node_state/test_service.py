@@ -26,6 +26,7 @@ from scheduler_core.k8s.node_labels import OWNED_LABELS
 from scheduler_core.k8s.quantity import parse_quantity
 from scheduler_core.state.ledger import Demand
 from scheduler_core.state.snapshot import read_snapshot
+from testing.dra import allocated, h200_devices, resource_slice
 from testing.kube_double import KubeApiDouble
 from testing.synthetic import eks_cluster
 from tests.conftest import (
@@ -288,6 +289,10 @@ def test_lambda_handler_emits_the_metrics(
     slice_pod = make_pod("slice-3g", 0, node_name="mig-mixed", phase="Running")
     slice_pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-3g.40gb": "1"}
     api.load("pods", [slice_pod])
+    # DRA served: one node's GPUs in a ResourceSlice, one of them allocated to a claim.
+    api.dra_api = "resource.k8s.io/v1"
+    api.load("resourceslices", [resource_slice(api.dra_api, "gpu-00002", h200_devices("gpu-00002", 8))])
+    api.load("resourceclaims", [allocated(api.dra_api, "ml", "one", "gpu-00002", ["gpu-3"], reserved_for="p")])
     handler = fresh_handler(
         "lambdas.node_state.handler", LEDGER_TABLE=TABLE, KUBE_API_URL=api.url, KUBE_TOKEN=TOKEN, SNAPSHOT_URI=URI,
         WATCH_S="0.1",  # over before the run ends: the watch's metrics, none of its waiting
@@ -307,6 +312,7 @@ def test_lambda_handler_emits_the_metrics(
     assert last["NodesSeen"] == 502 and last["NodesLabeled"] == 425 and last["RunFailures"] == 0
     assert assert_catalogued(emf, NODE_STATE) == {m.name for m in CATALOGUE if m.service == NODE_STATE}
     assert last["MigNodesUnsettled"] == 1
+    assert (last["DraNodes"], last["DraGpusPublished"], last["DraGpusClaimed"]) == (1, 8, 1)
     by_profile = {(name, doc["profile"]): doc[name] for doc in emf for name in ("MigSlicesFree", "MigSlicesStranded")
                   if name in doc}  # fmt: skip
     assert by_profile == {("MigSlicesFree", "1g.10gb"): [2.0], ("MigSlicesStranded", "1g.10gb"): [2.0],

@@ -1,0 +1,207 @@
+"""GPUs that Dynamic Resource Allocation (``resource.k8s.io``) publishes and hands out, per node.
+
+With NVIDIA's DRA driver (:data:`~scheduler_core.k8s.names.DRA_GPU_DRIVER`) a node's GPUs are devices in
+``ResourceSlices``, and kube-scheduler itself allocates them to ``ResourceClaims``; neither shows in the
+node's ``nvidia.com/gpu`` or in any pod's requests. This module reads those objects (plain dicts, in the
+``v1``, ``v1beta2`` or ``v1beta1`` shapes) into per-node counts the state lays over the rest:
+
+- **published**: the GPUs the driver lists on the node, from the newest generation of each complete pool
+  (a pool whose newest generation has fewer slices than ``resourceSliceCount`` is being rewritten: its
+  devices are not counted as published, as kube-scheduler does not allocate from it either);
+- **claimed**: the GPUs held by devices allocated to claims, reserved for a pod or not yet, whatever pod
+  holds them (a pod whose only GPU is a claim never reaches the extender). A MIG device holds its parent
+  GPU: no whole-GPU pod and no share can have that GPU. A device allocated with ``adminAccess`` holds
+  nothing (it monitors a device that another claim may hold).
+
+A GPU is known by its ``uuid`` attribute, a MIG device's by its ``parentUUID``, so that two MIG devices of
+one GPU, or a GPU and its partitions (partitionable devices, 1.34), count it once; a device without those
+attributes is a GPU of its own. A claim's device that no slice lists (its slice was deleted or rewritten)
+still holds a GPU, on the node the allocation's node selector names.
+
+A ``DeviceClass`` with ``extendedResourceName: nvidia.com/gpu`` (KEP-5004, ``DRAExtendedResource``) lets a
+pod's ``nvidia.com/gpu`` request be served by a claim kube-scheduler makes for it; such a pod's
+``status.extendedResourceClaimStatus`` names it, and its GPUs are counted once, by the claim
+(:func:`served_by_claim`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_core.k8s.names import DRA_GPU_DRIVER, GPU_RESOURCE
+from scheduler_core.k8s.resources import _mapping
+
+GPU_TYPES = frozenset({"gpu", "mig", "vfio"})
+"""The NVIDIA driver's device types that are (parts of) GPUs."""
+
+
+@dataclass(frozen=True)
+class DraFacts:
+    """What DRA says about the GPUs of each node.
+
+    Attributes
+    ----------
+    published : node name -> GPUs the driver publishes there (complete pools, newest generation)
+    claimed : node name -> GPUs that devices allocated to claims hold there
+    extended : a DeviceClass maps ``nvidia.com/gpu`` to DRA devices (KEP-5004)
+    problems : what could not be read, one line each
+    """
+
+    published: Mapping[str, int] = field(default_factory=dict)
+    claimed: Mapping[str, int] = field(default_factory=dict)
+    extended: bool = False
+    problems: tuple[str, ...] = ()
+
+    @property
+    def managed(self) -> frozenset[str]:
+        """The nodes whose GPUs DRA manages: it publishes some there, or claims hold some."""
+        return frozenset(name for name, count in (*self.published.items(), *self.claimed.items()) if count > 0)
+
+
+NO_DRA = DraFacts()
+
+
+def dra_facts(
+    slices: Iterable[Any],
+    claims: Iterable[Any],
+    classes: Iterable[Any] = (),
+    drivers: Iterable[str] = (DRA_GPU_DRIVER,),
+) -> DraFacts:
+    """Read ResourceSlices, ResourceClaims and DeviceClasses (see the module docstring).
+
+    >>> def slice_(node, *devices, count=1, generation=1):
+    ...     return {"spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+    ...             "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+    ...             "devices": [{"name": d, "attributes": {"uuid": {"string": "GPU-" + d}}} for d in devices]}}
+    >>> claim = {"status": {"allocation": {"devices": {"results": [
+    ...     {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-1"}]}}}}
+    >>> facts = dra_facts([slice_("n1", "gpu-0", "gpu-1"), slice_("n2", "gpu-0", count=2)], [claim])
+    >>> dict(facts.published), dict(facts.claimed)
+    ({'n1': 2}, {'n1': 1})
+    """
+    wanted = frozenset(drivers)
+    problems: list[str] = []
+    pools: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    counts: dict[tuple[str, str], tuple[int, int]] = {}  # pool -> (newest generation, its slice count)
+    for position, item in enumerate(slices):
+        spec = _mapping(_mapping(item).get("spec"))
+        driver, about = spec.get("driver"), _mapping(spec.get("pool"))
+        name, generation, total = (
+            about.get("name"),
+            _count(about.get("generation")),
+            _count(about.get("resourceSliceCount")),
+        )
+        if driver not in wanted:
+            continue
+        if not isinstance(name, str) or generation < 0 or total < 1:
+            problems.append(f"{_name(item, position, 'resourceslices')}: no valid spec.pool (name, generation, "
+                            "resourceSliceCount); its devices are not counted")  # fmt: skip
+            continue
+        key = (driver, name)
+        newest = counts.get(key, (-1, 0))[0]
+        if generation > newest:
+            pools[key], counts[key] = [spec], (generation, total)
+        elif generation == newest:
+            pools[key].append(spec)
+    where: dict[tuple[str, str, str], tuple[str, str]] = {}  # (driver, pool, device) -> (node, GPU)
+    published: dict[str, set[str]] = {}
+    for (driver, pool), specs in pools.items():
+        complete = len(specs) == counts[(driver, pool)][1]
+        for spec in specs:
+            for device in _list(spec.get("devices")):
+                found = _device(driver, pool, spec, device)
+                if found is None:
+                    continue
+                node, gpu = found
+                where[(driver, pool, str(_mapping(device).get("name")))] = found
+                if complete:
+                    published.setdefault(node, set()).add(gpu)
+    claimed: dict[str, set[str]] = {}
+    for position, item in enumerate(claims):
+        status = _mapping(_mapping(item).get("status"))
+        allocation = _mapping(status.get("allocation"))
+        for result in _list(_mapping(allocation.get("devices")).get("results")):
+            result = _mapping(result)
+            driver = result.get("driver")
+            if driver not in wanted or result.get("adminAccess") is True:
+                continue
+            device = (str(driver), str(result.get("pool")), str(result.get("device")))
+            held = where.get(device)
+            if held is None:  # no slice lists it now: it still holds a GPU, where the allocation says
+                node = _selected_node(allocation.get("nodeSelector"))
+                if not node:
+                    problems.append(f"{_name(item, position, 'resourceclaims')}: device {'/'.join(device)} is in no"
+                                    " ResourceSlice and the allocation names no node; not counted")  # fmt: skip
+                    continue
+                held = (node, "/".join(device))
+            claimed.setdefault(held[0], set()).add(held[1])
+    extended = any(_mapping(_mapping(item).get("spec")).get("extendedResourceName") == GPU_RESOURCE for item in classes)
+    return DraFacts(
+        published={node: len(gpus) for node, gpus in published.items()},
+        claimed={node: len(gpus) for node, gpus in claimed.items()},
+        extended=extended,
+        problems=tuple(problems),
+    )
+
+
+def served_by_claim(status: Any) -> bool:
+    """Whether a pod's ``nvidia.com/gpu`` is served by a DRA claim (KEP-5004): its
+    ``status.extendedResourceClaimStatus`` maps that resource to a request of a claim.
+
+    >>> served_by_claim({"extendedResourceClaimStatus": {"resourceClaimName": "p-extended-resources-x",
+    ...     "requestMappings": [{"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "r0"}]}})
+    True
+    """
+    mappings = _mapping(_mapping(status).get("extendedResourceClaimStatus")).get("requestMappings")
+    return any(_mapping(m).get("resourceName") == GPU_RESOURCE for m in _list(mappings))
+
+
+def _device(driver: str, pool: str, spec: Mapping[str, Any], device: Any) -> tuple[str, str] | None:
+    """(node, the GPU it is or is part of) for a device of a node-local slice; None for another kind of
+    device, or one that is on no single node."""
+    device = _mapping(device)
+    name = device.get("name")
+    node = device.get("nodeName") if spec.get("perDeviceNodeSelection") else spec.get("nodeName")
+    if not isinstance(name, str) or not isinstance(node, str) or not node:
+        return None
+    attributes = _mapping(device.get("attributes") or _mapping(device.get("basic")).get("attributes"))
+    kind = _attribute(attributes, driver, "type")
+    if kind is not None and kind not in GPU_TYPES:
+        return None
+    gpu = _attribute(attributes, driver, "parentUUID" if kind == "mig" else "uuid")
+    return node, gpu if isinstance(gpu, str) and gpu else f"{pool}/{name}"
+
+
+def _attribute(attributes: Mapping[str, Any], driver: str, name: str) -> Any:
+    """A string attribute, by its short name or qualified by the driver's domain."""
+    value = _mapping(attributes.get(name) or attributes.get(f"{driver}/{name}"))
+    return value.get("string")
+
+
+def _selected_node(selector: Any) -> str:
+    """The node an allocation's node selector names (``metadata.name In [node]``), or ""."""
+    for term in _list(_mapping(selector).get("nodeSelectorTerms")):
+        for match in _list(_mapping(term).get("matchFields")):
+            match = _mapping(match)
+            values = _list(match.get("values"))
+            if match.get("key") == "metadata.name" and match.get("operator") == "In" and len(values) == 1:
+                return str(values[0])
+    return ""
+
+
+def _name(item: Any, position: int, kind: str) -> str:
+    metadata = _mapping(_mapping(item).get("metadata"))
+    name = metadata.get("name") or f"{kind}[{position}]"
+    namespace = metadata.get("namespace")
+    return f"{kind[:-1]} {namespace}/{name}" if namespace else f"{kind[:-1]} {name}"
+
+
+def _count(value: Any) -> int:
+    """A non-negative integer, or -1."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
