@@ -1,4 +1,5 @@
-"""A cluster source read from a JSON file (``{"nodes": [v1 Node], "pods": [v1 Pod]}``), for ``serve --cluster``
+"""A cluster source read from a JSON file (``{"nodes": [v1 Node], "pods": [v1 Pod]}``, and DRA's objects where
+given: :meth:`~scheduler_core.state.cluster.ClusterState.from_document`), for ``serve --cluster``
 and ``explain --cluster``: development and tests, beside the snapshot (:mod:`adapters.snapshot_store`) and
 the live watch (:mod:`adapters.live_state`).
 """

@@ -38,7 +38,7 @@ from adapters.errors import AdapterError
 from adapters.kube import DRA_KINDS, KubeClient, ListExpiredError
 from adapters.kube_types import SchedulingPod
 from scheduler_core.errors import ClusterStateUnavailableError
-from scheduler_core.k8s.dra import DraFacts, dra_facts
+from scheduler_core.k8s.dra import DraFacts, dra_facts_of
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS
 from scheduler_core.state.allocation import PodUse, pod_use
@@ -76,7 +76,8 @@ class ClusterMirror:
     on_gone : called with (node, pod UID) for a share pod that is gone or finished
     watch_timeout_s : how long one watch request lasts before it is resumed
     dra_api : the ``resource.k8s.io`` version to watch (``resource.k8s.io/v1beta2``), "" for none, or None
-        to ask the API server at :meth:`start` (:meth:`KubeClient.dra_api`)
+        to ask the API server once started (:meth:`KubeClient.dra_api`; asked again until it answers, and
+        the mirror is not synced until it has)
     """
 
     def __init__(
@@ -113,24 +114,38 @@ class ClusterMirror:
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> ClusterMirror:
         if self.dra_api is None:
-            self.dra_api = self._discover_dra()
-        for kind in self.kinds:
-            self._objects.setdefault(kind, {})
-            self.versions.setdefault(kind, "")
-            self._thread(self._watch_forever, kind, name=f"watch-{kind}")
+            self._thread(self._discover_dra, name="discover-dra")
+        self._watch_kinds(self.kinds)
         return self
 
-    def _discover_dra(self) -> str:
-        """The DRA version served, or "" (a failed discovery is retried, then logged: no DRA is read)."""
-        for attempt in range(3):
+    def _watch_kinds(self, kinds: Sequence[str]) -> None:
+        with self._lock:
+            for kind in kinds:
+                self._objects.setdefault(kind, {})
+                self.versions.setdefault(kind, "")
+        for kind in kinds:
+            self._thread(self._watch_forever, kind, name=f"watch-{kind}")
+
+    def _discover_dra(self) -> None:
+        """Ask the API server which DRA version it serves until it answers, then watch DRA's objects there
+        (none if it serves none). Until then the mirror is not synced: claims it has not read would count
+        their GPUs as free."""
+        backoff = 0.2
+        while not self._stop.is_set():
             try:
-                return self._connect().dra_api()
+                api = self._connect().dra_api()
+                break
             except AdapterError as exc:
-                log.warning("discovering resource.k8s.io failed (attempt %d of 3): %s", attempt + 1, exc)
-                self._stop.wait(0.5 * (attempt + 1))
-        log.error("resource.k8s.io could not be discovered: DRA's claims are not read, and their GPUs count as free")
-        self.counters["dra_discovery_failed"] = 1
-        return ""
+                self.counters["watch_errors"] += 1
+                log.warning("discovering resource.k8s.io failed, again in %.1f s: %s", backoff, exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+        else:
+            return
+        with self._wake:
+            self.dra_api = api
+            self._wake.notify_all()
+        self._watch_kinds(tuple(DRA_KINDS) if api else ())
 
     def _thread(self, target: Callable[..., None], *args: Any, name: str) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
@@ -148,17 +163,12 @@ class ClusterMirror:
         self._objects.setdefault(kind, {})
         self._take_list(kind, items, version)
 
-    def dra_lists(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]] | None:
-        """The ResourceSlices, ResourceClaims and DeviceClasses held; None where DRA is not watched."""
+    def _dra_lists(self) -> dict[str, list[dict[str, Any]]] | None:
+        """DRA's objects held, by kind (:func:`~scheduler_core.k8s.dra.dra_facts_of`); None where DRA is not
+        watched. Called with the lock held."""
         if not self.dra_api:
             return None
-        with self._lock:
-            return self._dra_lists()
-
-    def _dra_lists(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-        held = self._objects
-        return (list(held.get("resourceslices", {}).values()), list(held.get("resourceclaims", {}).values()),
-                list(held.get("deviceclasses", {}).values()))  # fmt: skip
+        return {kind: list(self._objects.get(kind, {}).values()) for kind in DRA_KINDS}
 
     def objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
         """The nodes, the pods, and the ``resourceVersion`` of each kind they are complete up to."""
@@ -173,15 +183,20 @@ class ClusterMirror:
                                 timeout=timeout_s)  # fmt: skip
             return None if self._stop.is_set() else self._dirty_since
 
-    def take(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str]]:
-        """:meth:`objects`, marking every change so far as taken."""
+    def take(
+        self,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str], dict[str, list[dict[str, Any]]] | None]:
+        """:meth:`objects` and DRA's objects by kind (None where DRA is not watched), all of one moment,
+        marking every change so far as taken."""
         with self._lock:
             self._dirty_since = None
-            return list(self._objects["nodes"].values()), list(self._objects["pods"].values()), dict(self.versions)
+            nodes, pods = list(self._objects["nodes"].values()), list(self._objects["pods"].values())
+            return nodes, pods, dict(self.versions), self._dra_lists()
 
     @property
     def synced(self) -> bool:
-        return len(self._synced) == len(self.kinds)
+        """Every kind listed once, DRA's included once discovery has said whether it is served."""
+        return self.dra_api is not None and self._synced >= set(self.kinds)
 
     def gone_on(self, node: str) -> frozenset[str]:
         """The pods seen gone from ``node`` whose shares the ledger may still hold: a bind there frees them
@@ -364,7 +379,7 @@ class LiveState(ClusterMirror):
         return self
 
     def wait_synced(self, timeout_s: float) -> bool:
-        """True once both lists are in and a state is built from them."""
+        """True once every list is in (:attr:`synced`) and a state is built from them."""
         deadline = self._monotonic() + timeout_s
         while self._monotonic() < deadline:
             if self._state is not None:
@@ -376,8 +391,13 @@ class LiveState(ClusterMirror):
     def __call__(self) -> ClusterState:
         state = self._state
         if state is None:
+            with self._lock:
+                waiting = [kind for kind in self.kinds if kind not in self._synced]
+                if self.dra_api is None:
+                    waiting.append("resource.k8s.io discovery")
             raise ClusterStateUnavailableError(
-                "the live state is still listing the cluster's nodes and pods; kube-scheduler retries the pod",
+                f"the live state is still listing the cluster ({', '.join(waiting) or 'building'});"
+                " kube-scheduler retries the pod",
                 kind="syncing",
             )
         return state
@@ -474,7 +494,7 @@ class LiveState(ClusterMirror):
             time.sleep(max(0.0, self._next_at - self._monotonic()))
             with self._wake:
                 nodes = list(self._objects["nodes"].values()) if self._facts is None else None
-                dra_objects = self._dra_lists() if self._dra is None and self.dra_api else None
+                dra_objects = self._dra_lists() if self._dra is None else None
                 uses = list(self._uses.values())
                 changed, self._changed = self._changed, {}
                 freed_on, self._freed_on = self._freed_on, set()
@@ -491,7 +511,11 @@ class LiveState(ClusterMirror):
                 facts = self._facts
             dra = self._dra
             if dra_objects is not None:
-                dra = dra_facts(*dra_objects)
+                try:
+                    dra = dra_facts_of(dra_objects)
+                except Exception:  # as _rebuild: one bad object must not freeze the state
+                    log.exception("reading DRA's objects failed; keeping the previous state")
+                    continue
                 with self._wake:
                     same = all(self.versions[kind] == versions[kind] for kind in DRA_KINDS)
                     self._dra = dra if self._dra is None and same else None

@@ -61,7 +61,7 @@ from manifests.placeholder import placeholder_pod
 from manifests.reservation import reserving
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.annotations import Pairs, trusted_assigned_gpus
-from scheduler_core.k8s.dra import DraFacts, dra_facts
+from scheduler_core.k8s.dra import DraFacts, dra_facts_of
 from scheduler_core.k8s.names import (
     ASSIGNED_GPUS_ANNOTATION,
     GFD_PRODUCT,
@@ -298,7 +298,7 @@ class _DraLists:
     def facts(self) -> DraFacts | None:
         if not self.api:
             return None
-        return dra_facts(self.lists["resourceslices"], self.lists["resourceclaims"], self.lists["deviceclasses"])
+        return dra_facts_of(self.lists)
 
     def summary(self, facts: DraFacts | None) -> dict[str, Any]:
         if facts is None:
@@ -372,14 +372,13 @@ def _watch(
             if first is None:
                 continue
             time.sleep(max(0.0, min(first + settings.publish_debounce_s - time.monotonic(), left())))
-            nodes, pods, versions = mirror.take()
+            nodes, pods, versions, dra_objects = mirror.take()
             for node in nodes:  # labels this run planned: what the API will show once the patches land
                 changes = seed.labels.get(_node_name(node))
                 if changes:
                     node["metadata"].setdefault("labels", {}).update(changes)
             revision = Revision.of(list(versions.values()))
-            dra_objects = mirror.dra_lists()
-            dra = None if dra_objects is None else dra_facts(*dra_objects)
+            dra = None if dra_objects is None else dra_facts_of(dra_objects)
             try:
                 data = write_snapshot(_snapshot(settings, nodes, pods, utilization, now(), dra), revision=revision)
                 written = services.store.put(data)

@@ -5,9 +5,10 @@ With NVIDIA's DRA driver (:data:`~scheduler_core.k8s.names.DRA_GPU_DRIVER`) a no
 node's ``nvidia.com/gpu`` or in any pod's requests. This module reads those objects (plain dicts, in the
 ``v1``, ``v1beta2`` or ``v1beta1`` shapes) into per-node counts the state lays over the rest:
 
-- **published**: the GPUs the driver lists on the node, from the newest generation of each complete pool
-  (a pool whose newest generation has fewer slices than ``resourceSliceCount`` is being rewritten: its
-  devices are not counted as published, as kube-scheduler does not allocate from it either);
+- **published**: the GPUs the driver lists on the node, from the newest generation of each pool. A pool
+  whose newest generation has fewer slices than ``resourceSliceCount`` is being rewritten: kube-scheduler
+  does not allocate from it, and it counts here by what it lists so far, so that its node stays
+  DRA-managed meanwhile (older generations never count: they may list what is gone);
 - **claimed**: the GPUs held by devices allocated to claims, reserved for a pod or not yet, whatever pod
   holds them (a pod whose only GPU is a claim never reaches the extender). A MIG device holds its parent
   GPU: no whole-GPU pod and no share can have that GPU. A device allocated with ``adminAccess`` holds
@@ -16,7 +17,8 @@ node's ``nvidia.com/gpu`` or in any pod's requests. This module reads those obje
 A GPU is known by its ``uuid`` attribute, a MIG device's by its ``parentUUID``, so that two MIG devices of
 one GPU, or a GPU and its partitions (partitionable devices, 1.34), count it once; a device without those
 attributes is a GPU of its own. A claim's device that no slice lists (its slice was deleted or rewritten)
-still holds a GPU, on the node the allocation's node selector names.
+still holds a GPU, on the node the allocation's node selector names: one per device, since no slice says
+which devices share a GPU (two MIG devices of one GPU then count two, which errs towards refusing).
 
 A ``DeviceClass`` with ``extendedResourceName: nvidia.com/gpu`` (KEP-5004, ``DRAExtendedResource``) lets a
 pod's ``nvidia.com/gpu`` request be served by a claim kube-scheduler makes for it; such a pod's
@@ -43,7 +45,7 @@ class DraFacts:
 
     Attributes
     ----------
-    published : node name -> GPUs the driver publishes there (complete pools, newest generation)
+    published : node name -> GPUs the driver publishes there (newest pool generations)
     claimed : node name -> GPUs that devices allocated to claims hold there
     extended : a DeviceClass maps ``nvidia.com/gpu`` to DRA devices (KEP-5004)
     problems : what could not be read, one line each
@@ -78,37 +80,31 @@ def dra_facts(
     >>> claim = {"status": {"allocation": {"devices": {"results": [
     ...     {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-1"}]}}}}
     >>> facts = dra_facts([slice_("n1", "gpu-0", "gpu-1"), slice_("n2", "gpu-0", count=2)], [claim])
-    >>> dict(facts.published), dict(facts.claimed)
-    ({'n1': 2}, {'n1': 1})
+    >>> dict(facts.published), dict(facts.claimed)  # n2's pool lacks a slice so far: it counts what it lists
+    ({'n1': 2, 'n2': 1}, {'n1': 1})
     """
     wanted = frozenset(drivers)
     problems: list[str] = []
-    pools: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    counts: dict[tuple[str, str], tuple[int, int]] = {}  # pool -> (newest generation, its slice count)
+    pools: dict[tuple[str, str], list[Mapping[str, Any]]] = {}  # (driver, pool) -> its newest generation's
+    newest: dict[tuple[str, str], int] = {}
     for position, item in enumerate(slices):
         spec = _mapping(_mapping(item).get("spec"))
         driver, about = spec.get("driver"), _mapping(spec.get("pool"))
-        name, generation, total = (
-            about.get("name"),
-            _count(about.get("generation")),
-            _count(about.get("resourceSliceCount")),
-        )
-        if driver not in wanted:
+        name, generation = about.get("name"), _count(about.get("generation"))
+        if not isinstance(driver, str) or driver not in wanted:
             continue
-        if not isinstance(name, str) or generation < 0 or total < 1:
+        if not isinstance(name, str) or generation < 0 or _count(about.get("resourceSliceCount")) < 1:
             problems.append(f"{_name(item, position, 'resourceslices')}: no valid spec.pool (name, generation, "
                             "resourceSliceCount); its devices are not counted")  # fmt: skip
             continue
         key = (driver, name)
-        newest = counts.get(key, (-1, 0))[0]
-        if generation > newest:
-            pools[key], counts[key] = [spec], (generation, total)
-        elif generation == newest:
+        if generation > newest.get(key, -1):
+            pools[key], newest[key] = [spec], generation
+        elif generation == newest[key]:
             pools[key].append(spec)
     where: dict[tuple[str, str, str], tuple[str, str]] = {}  # (driver, pool, device) -> (node, GPU)
     published: dict[str, set[str]] = {}
     for (driver, pool), specs in pools.items():
-        complete = len(specs) == counts[(driver, pool)][1]
         for spec in specs:
             for device in _list(spec.get("devices")):
                 found = _device(driver, pool, spec, device)
@@ -116,8 +112,7 @@ def dra_facts(
                     continue
                 node, gpu = found
                 where[(driver, pool, str(_mapping(device).get("name")))] = found
-                if complete:
-                    published.setdefault(node, set()).add(gpu)
+                published.setdefault(node, set()).add(gpu)
     claimed: dict[str, set[str]] = {}
     for position, item in enumerate(claims):
         status = _mapping(_mapping(item).get("status"))
@@ -125,7 +120,7 @@ def dra_facts(
         for result in _list(_mapping(allocation.get("devices")).get("results")):
             result = _mapping(result)
             driver = result.get("driver")
-            if driver not in wanted or result.get("adminAccess") is True:
+            if not isinstance(driver, str) or driver not in wanted or result.get("adminAccess") is True:
                 continue
             device = (str(driver), str(result.get("pool")), str(result.get("device")))
             held = where.get(device)
@@ -146,6 +141,13 @@ def dra_facts(
     )
 
 
+def dra_facts_of(objects: Mapping[str, Iterable[Any]]) -> DraFacts:
+    """:func:`dra_facts` of lists keyed by kind (:data:`~scheduler_core.k8s.names.DRA_OBJECTS`)."""
+    return dra_facts(
+        objects.get("resourceslices", ()), objects.get("resourceclaims", ()), objects.get("deviceclasses", ())
+    )
+
+
 def served_by_claim(status: Any) -> bool:
     """Whether a pod's ``nvidia.com/gpu`` is served by a DRA claim (KEP-5004): its
     ``status.extendedResourceClaimStatus`` maps that resource to a request of a claim.
@@ -162,22 +164,27 @@ def _device(driver: str, pool: str, spec: Mapping[str, Any], device: Any) -> tup
     """(node, the GPU it is or is part of) for a device of a node-local slice; None for another kind of
     device, or one that is on no single node."""
     device = _mapping(device)
+    basic = _mapping(device.get("basic"))  # v1beta1 wraps a device's fields in "basic"
     name = device.get("name")
-    node = device.get("nodeName") if spec.get("perDeviceNodeSelection") else spec.get("nodeName")
+    node = (
+        (device.get("nodeName") or basic.get("nodeName"))
+        if spec.get("perDeviceNodeSelection")
+        else spec.get("nodeName")
+    )
     if not isinstance(name, str) or not isinstance(node, str) or not node:
         return None
-    attributes = _mapping(device.get("attributes") or _mapping(device.get("basic")).get("attributes"))
+    attributes = _mapping(device.get("attributes") or basic.get("attributes"))
     kind = _attribute(attributes, driver, "type")
     if kind is not None and kind not in GPU_TYPES:
         return None
     gpu = _attribute(attributes, driver, "parentUUID" if kind == "mig" else "uuid")
-    return node, gpu if isinstance(gpu, str) and gpu else f"{pool}/{name}"
+    return node, gpu or f"{pool}/{name}"
 
 
-def _attribute(attributes: Mapping[str, Any], driver: str, name: str) -> Any:
-    """A string attribute, by its short name or qualified by the driver's domain."""
-    value = _mapping(attributes.get(name) or attributes.get(f"{driver}/{name}"))
-    return value.get("string")
+def _attribute(attributes: Mapping[str, Any], driver: str, name: str) -> str | None:
+    """A string attribute, by its short name or qualified by the driver's domain; None if it has none."""
+    value = _mapping(attributes.get(name) or attributes.get(f"{driver}/{name}")).get("string")
+    return value if isinstance(value, str) else None
 
 
 def _selected_node(selector: Any) -> str:

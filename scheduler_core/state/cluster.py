@@ -15,8 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.k8s.dra import DraFacts
+from scheduler_core.k8s.dra import DraFacts, dra_facts_of
 from scheduler_core.k8s.mig import MIG_MODES
+from scheduler_core.k8s.names import DRA_OBJECTS
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.scoring.gpu_fit import free_gpus
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex, index_placements
@@ -94,7 +95,8 @@ class ClusterState:
     None if unknown (DRA not read)."""
     claimed_gpus: npt.NDArray[np.int32] | None = None
     """Shape (n_nodes,): GPUs that DRA claims hold on the node, whatever pod holds them: part of
-    ``used_gpus`` (and busy in ``free_milli``), not of ``whole_gpus``; None if unknown (DRA not read)."""
+    ``used_gpus`` (and busy in ``free_milli``) up to the GPUs the node advertises, never of ``whole_gpus``;
+    None if unknown (DRA not read)."""
     dra_extended: bool = False
     """A DeviceClass maps ``nvidia.com/gpu`` to DRA devices (KEP-5004): kube-scheduler serves that request
     from DRA on nodes that do not advertise it (:meth:`dra_serves_at`)."""
@@ -174,7 +176,9 @@ class ClusterState:
 
     @classmethod
     def from_document(cls, document: Any) -> ClusterState:
-        """Build from ``{"nodes": [v1 Node...], "pods": [v1 Pod...], "utilization": {name: 0.3}}``.
+        """Build from ``{"nodes": [v1 Node...], "pods": [v1 Pod...], "utilization": {name: 0.3}}``, and DRA's
+        ``"resourceslices"``, ``"resourceclaims"`` and ``"deviceclasses"`` where any of them is given (lists
+        of those objects: :func:`~scheduler_core.k8s.dra.dra_facts`).
 
         Raises
         ------
@@ -192,7 +196,14 @@ class ClusterState:
             raise InvalidArgsError("cluster document: 'pods' must be a list of v1 Pod objects")
         if not isinstance(utilization, Mapping):
             raise InvalidArgsError("cluster document: 'utilization' must map node names to numbers in [0, 1]")
-        return cls.from_objects(nodes, pods, utilization)
+        dra = None
+        if any(kind in document for kind in DRA_OBJECTS):
+            lists = {kind: document.get(kind, []) for kind in DRA_OBJECTS}
+            for kind, items in lists.items():
+                if not isinstance(items, list):
+                    raise InvalidArgsError(f"cluster document: {kind!r} must be a list of resource.k8s.io objects")
+            dra = dra_facts_of(lists)
+        return cls.from_objects(nodes, pods, utilization, dra=dra)
 
     @property
     def max_gpus(self) -> int:

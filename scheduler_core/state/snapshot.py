@@ -372,8 +372,8 @@ def _mig_columns(members: Mapping[str, npt.NDArray[Any]], n_nodes: int) -> dict[
 
 
 def _check_counts(name: str, array: npt.NDArray[Any], shape: tuple[int, ...]) -> None:
-    """A member of non-negative integers, of ``shape``."""
-    if array.shape != shape or array.dtype.kind != "i" or array.min(initial=0) < 0:
+    """A member of non-negative integers that fit in int32, of ``shape``."""
+    if array.shape != shape or array.dtype.kind != "i" or array.min(initial=0) < 0 or array.max(initial=0) >= 2**31:
         raise SnapshotFormatError(f"snapshot member {name!r}: expected non-negative integers of shape {shape}")
 
 

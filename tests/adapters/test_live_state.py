@@ -37,8 +37,13 @@ class ScriptedKube:
         self.watched_from: list[tuple[str, str]] = []
         self.dra = dra is not None
         self.dra_version = ""
+        self.discovery_failures = 0
 
     def dra_api(self) -> str:
+        with self.cond:
+            if self.discovery_failures:
+                self.discovery_failures -= 1
+                raise KubeApiError(503, "ServiceUnavailable", "the API server is starting")
         return "resource.k8s.io/v1" if self.dra else ""
 
     def list_with_version(self, kind: str, **_: Any) -> tuple[list[dict[str, Any]], str]:
@@ -250,6 +255,24 @@ def test_claims_watched_hold_their_gpus_and_one_let_go_frees_them_for_catch_up()
         kube.push("resourceclaims", ("DELETED", more))  # a claim let go may free a GPU: a refusal waits for it
         _until(lambda: live.stats()["events"] == 2)
         assert live.catch_up(3.0) is True and live().free_gpus.tolist() == [6, 4]
+    finally:
+        live.close()
+
+
+def test_the_state_waits_for_dra_discovery_and_its_lists_before_it_serves() -> None:
+    api = "resource.k8s.io/v1"
+    claims = [allocated(api, "t", "held", "a100-0", ["gpu-0"], reserved_for="p")]
+    kube = ScriptedKube(make_nodes("A100"), [], {"deviceclasses": [], "resourceslices": [], "resourceclaims": claims})
+    kube.discovery_failures = 3
+    live = LiveState(lambda: kube, min_interval_s=0.0)
+    with kube.cond:  # discovery fails until released
+        live.start()
+        with pytest.raises(ClusterStateUnavailableError, match=r"resource\.k8s\.io discovery"):
+            live()
+    try:
+        assert live.wait_synced(10)
+        assert live().free_gpus.tolist() == [7] and kube.discovery_failures == 0
+        assert live.stats()["watch_errors"] == 3
     finally:
         live.close()
 

@@ -26,13 +26,16 @@ def test_a_node_publishes_its_gpus_once_each_its_mig_devices_counting_their_pare
     assert dict(facts.published) == {"n1": 8} and not facts.claimed and facts.managed == {"n1"}
 
 
-def test_only_the_newest_generation_of_a_complete_pool_is_published() -> None:
+def test_only_the_newest_generation_of_a_pool_is_published_and_one_being_rewritten_keeps_its_node_managed() -> None:
     old = resource_slice(API, "n1", h200_devices("n1", 8), generation=1)
     half = resource_slice(API, "n1", h200_devices("n1", 4), generation=2, count=2)
-    assert dict(dra_facts([old, half], []).published) == {}  # generation 2 lacks a slice: not complete
+    facts = dra_facts([old, half], [])
+    assert dict(facts.published) == {"n1": 4} and facts.managed == {"n1"}  # generation 2 lacks a slice so far
     other = resource_slice(API, "n1", h200_devices("n1", 8)[4:], generation=2, count=2, part=1)
     assert dict(dra_facts([old, half, other], []).published) == {"n1": 8}
     assert dict(dra_facts([half, other, old], []).published) == {"n1": 8}  # order does not matter
+    shrunk = resource_slice(API, "n1", h200_devices("n1", 2), generation=3)
+    assert dict(dra_facts([old, half, other, shrunk], []).published) == {"n1": 2}  # older generations never count
 
 
 def test_claims_hold_gpus_reserved_or_not_and_mig_devices_hold_their_parent() -> None:
@@ -65,6 +68,11 @@ def test_v1beta1_devices_and_per_device_node_selection_are_read() -> None:
     spread["spec"].update(perDeviceNodeSelection=True, nodeName=None)
     spread["spec"]["devices"][0]["nodeName"], spread["spec"]["devices"][1]["nodeName"] = "a", "b"
     assert dict(dra_facts([spread], []).published) == {"a": 1, "b": 1}
+    beta1_spread = resource_slice("resource.k8s.io/v1beta1", "ignored", h200_devices("a", 2, v1beta1=True))
+    beta1_spread["spec"].update(perDeviceNodeSelection=True, nodeName=None)
+    beta1_spread["spec"]["devices"][0]["basic"]["nodeName"] = "a"
+    beta1_spread["spec"]["devices"][1]["basic"]["nodeName"] = "b"
+    assert dict(dra_facts([beta1_spread], []).published) == {"a": 1, "b": 1}
 
 
 def test_other_drivers_device_types_and_unplaced_slices_are_not_gpus() -> None:
@@ -221,3 +229,12 @@ def test_where_a_class_maps_nvidia_gpu_a_dra_only_node_is_left_to_kube_scheduler
     share = PodDemand(share=250, milli_managed=True)
     view = node_view(state, ExtenderArgs(pod={}, nodes=nodes), share, NoReadings(), per_gpu=True)
     assert view.filter(share).reason.tolist()[0] == Reason.DRA_MANAGED
+
+
+def test_a_cluster_document_may_carry_dra_objects() -> None:
+    slices = [resource_slice(API, "dra", h200_devices("dra", 8))]
+    claims = [allocated(API, "t", "a", "dra", ["gpu-0", "gpu-1"])]
+    document = {"nodes": [h200_node("dra"), h200_node("plain")], "resourceslices": slices, "resourceclaims": claims}
+    state = ClusterState.from_document(document)
+    assert state.free_gpus.tolist() == [6, 8] and state.dra_gpus is not None and state.dra_gpus.tolist() == [8, 0]
+    assert ClusterState.from_document({"nodes": [h200_node("dra")]}).dra_gpus is None  # none given: not read
