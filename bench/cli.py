@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--repeat", type=int, default=200, help="timed iterations per size")
     ext.add_argument("--seed", type=int, default=1)
     ext.add_argument("--snapshot-nodes", type=int, default=0, help="time the Lambda path over a snapshot this big")
+    ext.add_argument(
+        "--dra-nodes", type=int, default=5000, help="filter/prioritize with and without DRA read (0: skip)"
+    )
     ext.add_argument("--names", type=int_list, default=[1000, 10000, 100000], help="NodeNames per request")
     ext.add_argument(
         "--share-names", type=int_list, default=[1000, 10000], help="names per share prioritize, by share policy"

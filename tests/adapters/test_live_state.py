@@ -38,6 +38,12 @@ class ScriptedKube:
         self.dra = dra is not None
         self.dra_version = ""
         self.discovery_failures = 0
+        self.closed = False
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
 
     def dra_api(self) -> str:
         with self.cond:
@@ -55,6 +61,8 @@ class ScriptedKube:
         while True:
             with self.cond:
                 while not self.queues[kind]:
+                    if self.closed:  # the test is over: end the watch, so that its thread ends too
+                        return
                     self.cond.wait(timeout=0.05)
                 item = self.queues[kind].pop(0)
             if item is None:
@@ -87,8 +95,10 @@ def _until(condition: Any, timeout_s: float = 5.0) -> None:
 
 
 @pytest.fixture
-def kube() -> ScriptedKube:
-    return ScriptedKube(make_nodes("A100", "T4"), [_bound("w", "a100-0", gpus=3)])
+def kube() -> Iterator[ScriptedKube]:
+    scripted = ScriptedKube(make_nodes("A100", "T4"), [_bound("w", "a100-0", gpus=3)])
+    yield scripted
+    scripted.close()
 
 
 def test_filter_waits_for_the_first_list_and_then_sees_it(kube: ScriptedKube) -> None:
@@ -257,6 +267,7 @@ def test_claims_watched_hold_their_gpus_and_one_let_go_frees_them_for_catch_up()
         assert live.catch_up(3.0) is True and live().free_gpus.tolist() == [6, 4]
     finally:
         live.close()
+        kube.close()
 
 
 def test_the_state_waits_for_dra_discovery_and_its_lists_before_it_serves() -> None:
@@ -275,6 +286,7 @@ def test_the_state_waits_for_dra_discovery_and_its_lists_before_it_serves() -> N
         assert live.stats()["watch_errors"] == 3
     finally:
         live.close()
+        kube.close()
 
 
 def test_without_dra_served_only_nodes_and_pods_are_watched(kube: ScriptedKube) -> None:

@@ -169,9 +169,14 @@ def test_both_node_forms_make_the_same_decisions(capsys):
 
 @pytest.mark.slow
 def test_bench_extender_reports_each_size_and_agreeing_results(capsys):
-    argv = ["bench", "extender", "--nodes", "300", "--payload-nodes", "20", "--repeat", "5"]
+    argv = ["bench", "extender", "--nodes", "300", "--payload-nodes", "20", "--repeat", "5", "--dra-nodes", "200"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
+    assert (
+        report["dra"]["snapshot_nodes"] == 200
+        and report["dra"]["filter"]["with_over_without_p50"] > 0
+        and "with_dra" in report["dra"]["filter"]["p50_us"]
+    )
     assert [c["nodes"] for c in report["core"]] == [300]
     assert [h["nodes"] for h in report["handle_full_nodes"]] == [20]
     core = report["core"][0]
