@@ -62,9 +62,6 @@ class DraFacts:
         return frozenset(name for name, count in (*self.published.items(), *self.claimed.items()) if count > 0)
 
 
-NO_DRA = DraFacts()
-
-
 def dra_facts(
     slices: Iterable[Any],
     claims: Iterable[Any],
