@@ -21,7 +21,7 @@ from scheduler_core.extender.wire import ExtenderArgs
 from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand, effective_cpu_milli
-from scheduler_core.scoring.gpu_fit import FilterResult, filter_nodes, free_gpus
+from scheduler_core.scoring.gpu_fit import FilterResult, filter_nodes, free_gpus, true_per_row
 from scheduler_core.scoring.locality import LocalitySettings, locality_scores, peer_placement
 from scheduler_core.scoring.policy import Fragmentation
 from scheduler_core.state.allocation import UNKNOWN_CPU
@@ -62,11 +62,13 @@ class NodeView:
 
     def per_gpu(self, free_milli: FreeMilli, demand: PodDemand) -> NodeView:
         """This view with per-GPU free milli; ``free`` then counts the GPUs that can take the pod's
-        share, or that are wholly free (which this instance's ledger readings may have changed)."""
+        share, or that are wholly free (which this instance's ledger readings may have changed), for a
+        pod that wants GPUs."""
         if free_milli is None:
             return self
-        need = demand.share or MILLI_PER_GPU
-        free = np.count_nonzero(free_milli >= need, axis=1).astype(np.int32)
+        if not demand.wants_gpu:  # nothing to count: a pod without GPUs reads the milli only to be placed
+            return replace(self, free_milli=free_milli)
+        free = true_per_row(free_milli >= (demand.share or MILLI_PER_GPU))
         return replace(self, free=free, free_milli=free_milli)
 
     def filter(self, demand: PodDemand, check_free: bool | npt.NDArray[np.bool_] = True) -> FilterResult:
@@ -277,14 +279,18 @@ def fragmentation_inputs(view: NodeView, pod: Any) -> Fragmentation | None:
     rows = view.state_rows
     assert rows is not None  # set whenever state is
     cpu = values_at(state.free_cpu, rows, UNKNOWN_CPU)
+    overlaid = None
     if view.pending:
         at = view.table.rows_of([r.node for r in view.pending]).tolist()
         taken = assumed_cpu(at, view.pending, view.table.n_nodes, state.generated_at)
         cpu = np.maximum(cpu - taken, 0)
+        overlaid = np.zeros(view.table.n_nodes, dtype=bool)
+        overlaid[[row for row in at if row >= 0]] = True
     model_id = values_at(state.table.model_id, rows, -1).astype(np.int64)
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     pod_cpu = effective_cpu_milli(spec) if isinstance(spec, Mapping) else 0
-    return Fragmentation(cpu, model_id, state.workload, pod_cpu)
+    key = (state.shapes, state.table.models)
+    return Fragmentation(cpu, model_id, state.workload, pod_cpu, rows, key, state, overlaid)
 
 
 def locality_inputs(view: NodeView, demand: PodDemand, settings: LocalitySettings) -> npt.NDArray[np.float64] | None:

@@ -33,7 +33,8 @@ kube-scheduler's; FGD reads the CPU only to judge which GPUs the typical pods co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
@@ -43,10 +44,11 @@ from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
-from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, ScoreResult, ScoreWeights, score_nodes
+from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, ScoreResult, ScoreWeights, score_nodes, true_per_row
 from scheduler_core.sharing.model import Cluster, Task, Workload
-from scheduler_core.sharing.policies import Context, Policy, registry
+from scheduler_core.sharing.policies import Context, Policy, Scores, registry
 from scheduler_core.sharing.policies.fgd import state_fragmentation
+from scheduler_core.sharing.policies.memo import ScoreMemo
 
 SHARE_POLICIES = tuple(name for name, policy in registry().items() if policy.extender)
 """The policies the extender offers, the default first."""
@@ -76,12 +78,26 @@ class Fragmentation:
         The typical pod shapes.
     pod_cpu : int
         The pod's own CPU request, milli-cores.
+    slots : ndarray of shape (n_rows,), intp, optional
+        Each row's stable position (its row in the cluster state; -1 where the state lacks the node),
+        under which a policy whose scores are per node keeps them between calls (:class:`ScoreMemo`);
+        None keeps nothing.
+    workload_key : hashable
+        What the scores kept under ``slots`` depend on besides the rows: the state's shapes and models.
+    source : object
+        The immutable cluster state the rows come from (None: not immutable); rows marked ``overlaid``
+        differ from it (ledger readings, CPU assumed taken).
+    overlaid : ndarray of shape (n_rows,), bool, optional
     """
 
     cpu_left: npt.NDArray[np.int64]
     model_id: npt.NDArray[np.int64]
     workload: Workload
     pod_cpu: int
+    slots: npt.NDArray[np.intp] | None = None
+    workload_key: Hashable = None
+    source: object = None
+    overlaid: npt.NDArray[np.bool_] | None = None
 
 
 def share_policy(name: str) -> SharePolicy:
@@ -110,6 +126,8 @@ class SharePolicy:
 
     name: str
     declared: Policy
+    memo: ScoreMemo = field(default_factory=ScoreMemo, compare=False, repr=False)
+    """The per-node scores kept between calls, for a policy whose scores are per node (FGD's)."""
 
     @property
     def reads_cpu(self) -> bool:
@@ -155,18 +173,36 @@ class SharePolicy:
             return np.zeros(0, dtype=np.int64)
         num_gpu = 1 if demand.share else demand.gpus
         milli = demand.share or (MILLI_PER_GPU if demand.gpus else 0)
-        left = free_milli[rows].astype(np.int64)
-        zeros = np.zeros(rows.size, dtype=np.int64)
-        cpu, model_id, workload, frag, pod_cpu = zeros, zeros, _NO_WORKLOAD, np.zeros(rows.size), 0
-        if policy.reads_cpu:
+        count = gpu_count[rows].astype(np.int64)
+        if not policy.reads_cpu:
+            zeros = np.zeros(rows.size, dtype=np.int64)
+            left = free_milli[rows].astype(np.int64)
+            task = Task(0, 0, num_gpu, milli)
+            scores, _ = _policy_scores(policy.declared, _NO_WORKLOAD, task, count, left, zeros, zeros)
+        else:
             assert fragmentation is not None  # effective() falls back without it
-            cpu, model_id, workload = fragmentation.cpu_left[rows], fragmentation.model_id[rows], fragmentation.workload
-            frag, pod_cpu = state_fragmentation(workload, left, cpu, model_id), fragmentation.pod_cpu
-        cluster = Cluster(cpu, zeros, left, gpu_count[rows].astype(np.int64), model_id, ())
-        context = Context(cluster, workload, frag, np.random.default_rng(0))
-        scores, _gpus = policy.declared(context, Task(pod_cpu, 0, num_gpu, milli), np.arange(rows.size))
+            frag, task = fragmentation, Task(fragmentation.pod_cpu, 0, num_gpu, milli)
+
+            def inputs(
+                positions: npt.NDArray[np.intp] | None,
+            ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+                at = rows if positions is None else rows[positions]
+                return free_milli[at].astype(np.int64), frag.cpu_left[at], frag.model_id[at]
+
+            def compute(positions: npt.NDArray[np.intp] | None) -> Scores:
+                at_count = count if positions is None else count[positions]
+                return _policy_scores(policy.declared, frag.workload, task, at_count, *inputs(positions))
+
+            if policy.declared.per_node and frag.slots is not None:
+                fixed = None if frag.overlaid is None else ~frag.overlaid[rows]
+                scores, _ = policy.memo.scores(
+                    frag.workload_key, task, frag.slots[rows], free_milli.shape[1], inputs, compute,
+                    frag.source, fixed,
+                )  # fmt: skip
+            else:
+                scores, _ = compute(None)
         if not demand.share and num_gpu and scores.min() == scores.max():
-            left_free = np.count_nonzero(left >= MILLI_PER_GPU, axis=1) - num_gpu
+            left_free = true_per_row(free_milli[rows] >= MILLI_PER_GPU) - num_gpu
             scores = scores * _TIE_LEVELS + (_TIE_LEVELS - 1 - np.clip(left_free, 0, _TIE_LEVELS - 1))
         return scores.astype(np.int64, copy=False)
 
@@ -240,6 +276,23 @@ class SharePolicy:
         result = score_nodes(table, free, utilization, demand, weights, feasible=feasible, locality=locality, fit=fit)
         break_top_tie(result.score, table)
         return result
+
+
+def _policy_scores(
+    declared: Policy,
+    workload: Workload,
+    task: Task,
+    gpu_count: npt.NDArray[np.int64],
+    left: npt.NDArray[np.int64],
+    cpu: npt.NDArray[np.int64],
+    model_id: npt.NDArray[np.int64],
+) -> Scores:
+    """``declared``'s scores for ``task`` on these candidate rows, each row's fragmentation computed
+    here when the policy reads CPU."""
+    frag = state_fragmentation(workload, left, cpu, model_id) if declared.reads_cpu else np.zeros(left.shape[0])
+    cluster = Cluster(cpu, np.zeros_like(cpu), left, gpu_count, model_id, ())
+    context = Context(cluster, workload, frag, np.random.default_rng(0))
+    return declared(context, task, np.arange(left.shape[0]))
 
 
 def break_top_tie(score: npt.NDArray[np.int64], table: NodeTable) -> None:

@@ -218,7 +218,10 @@ class Workload:
             & self.allowed[model_id]
         )
         per_shape = np.where(usable, small[:, of_shape], free[:, None]).astype(np.float64)
-        result: npt.NDArray[np.float64] = per_shape @ self.popularity
+        # Not ``per_shape @ popularity``: BLAS may sum a row in another order when the batch has another
+        # number of rows, and FGD's score of a task that changes nothing is the sign of F before minus F
+        # after, computed in different batches. Row by row, the same row always gives the same bits.
+        result: npt.NDArray[np.float64] = np.einsum("ij,j->i", per_shape, self.popularity)
         return result
 
 

@@ -173,7 +173,7 @@ def simulate(
     if tie not in TIES:
         raise ValueError(f"tie must be one of {', '.join(TIES)}, got {tie!r}")
     check_trace(cluster, tasks)
-    scorer = registry()[policy] if isinstance(policy, str) else policy
+    scorer = registry()[policy].incremental() if isinstance(policy, str) else policy
     name = policy if isinstance(policy, str) else getattr(policy, "__module__", "custom")
     rng = np.random.default_rng(seed)
     recorder = Recorder(cluster, tasks, workload)

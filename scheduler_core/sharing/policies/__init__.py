@@ -24,6 +24,7 @@ import numpy.typing as npt
 from scheduler_core.sharing.model import Task
 from scheduler_core.sharing.policies import bestfit, dotprod, fgd, fgd_cpu, gpu_clustering, gpu_packing, random
 from scheduler_core.sharing.policies.base import Context, Scorer, Scores
+from scheduler_core.sharing.policies.memo import ScoreMemo
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class Policy:
         and whole GPUs go by best fit and pods without GPUs by kube-scheduler's plugins.
     fallback : str
         The policy that places a pod when this one has nothing to score against ("" for none needed).
+    per_node : bool
+        A node's score depends on that node's row alone (free milli per GPU, free CPU, model) and the
+        typical shapes, so it can be kept until the row changes (:mod:`.memo`): FGD's.
     """
 
     score: Scorer
@@ -51,17 +55,44 @@ class Policy:
     reads_cpu: bool = False
     places_all_pods: bool = False
     fallback: str = ""
+    per_node: bool = False
 
     def __call__(self, ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
         return self.score(ctx, task, nodes)
 
+    def incremental(self) -> Scorer:
+        """This policy as a scorer for one run over one cluster whose rows change in place (the
+        simulator's): with :attr:`per_node`, each node's score is kept per task shape until its row
+        changes (a fresh :class:`~.memo.ScoreMemo` per call of this method); otherwise the policy."""
+        if not self.per_node:
+            return self
+        memo, score = ScoreMemo(), self.score
+
+        def scorer(ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
+            cluster = ctx.cluster
+
+            def inputs(
+                positions: npt.NDArray[np.intp],
+            ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+                at = nodes[positions]
+                return cluster.gpu_left[at], cluster.cpu_left[at], cluster.model_id[at]
+
+            return memo.scores(
+                None, task, nodes, cluster.gpu_left.shape[1], inputs,
+                lambda positions: score(ctx, task, nodes[positions]),
+            )  # fmt: skip
+
+        return scorer
+
 
 _POLICIES: dict[str, Policy] = {
-    "fgd_cpu": Policy(fgd_cpu.score, extender=True, reads_cpu=True, places_all_pods=True, fallback="gpu_packing"),
+    "fgd_cpu": Policy(
+        fgd_cpu.score, extender=True, reads_cpu=True, places_all_pods=True, fallback="gpu_packing", per_node=True
+    ),
     "gpu_packing": Policy(gpu_packing.score, extender=True),
     "bestfit": Policy(bestfit.score, extender=True),
     "dotprod": Policy(dotprod.score, extender=True),
-    "fgd": Policy(fgd.score),
+    "fgd": Policy(fgd.score, per_node=True),
     "gpu_clustering": Policy(gpu_clustering.score),
     "random": Policy(random.score),
 }

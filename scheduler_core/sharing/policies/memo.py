@@ -1,0 +1,273 @@
+"""Incremental scoring: a node's FGD score is kept, per task shape, until that node's inputs change.
+
+FGD scores a node from that node's row alone: its free milli per GPU, its free CPU and its GPU model
+(its fragmentation follows from those and the typical shapes). Between two decisions almost every
+row is the same: the simulator changes the one node it placed a task on; the extender's state changes
+the nodes a watch event or a new snapshot touched, and its ledger readings a few more. So
+:class:`ScoreMemo` keeps, per slot (a node's stable position: the state's row, the simulator's node),
+the inputs it last saw there, and per task shape the score and GPU computed for each slot, with the
+inputs' version they were computed on. A call compares the candidates' inputs with those seen (one
+vectorised pass), gathers the scores still valid, and computes only the rest with the policy's own
+scorer, in one batch. The result is the scorer's, row for row: the memo never changes a score, only
+when it is computed (``tests/scheduler_core/sharing/test_memo.py`` checks it against the scorer on
+every call of a simulation, and ``simulate`` places the same tasks with and without it).
+
+Rows are compared, not trusted: a slot whose node changed, moved (a node added before it in a new
+state) or was read with ledger readings laid over it is simply recomputed. Slots may repeat within a
+call; a slot that two candidates read with different inputs is computed for both and kept for none.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.sharing.model import Task
+from scheduler_core.sharing.policies.base import Scores
+
+MEMO_BYTES = 16 << 20
+"""What the kept scores may take, all task shapes together: 18 bytes per slot per shape."""
+MAX_TASKS = 64
+"""The most task shapes kept; the least recently used goes first. The typical shapes of openb's
+``default`` trace are 35, and the pods of a burst share a few."""
+
+Compute = Callable[[npt.NDArray[np.intp]], Scores]
+"""Scores for the candidates at the given positions of the call, computed by the policy itself."""
+Inputs = Callable[[npt.NDArray[np.intp]], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]]
+"""The candidates' rows at the given positions: free milli per GPU (n, width), free CPU and model row."""
+
+
+@dataclass
+class _Kept:
+    """One task shape's scores per slot, the input version each was computed on (0: never), and the
+    token under which each was last found valid (0: none)."""
+
+    version: npt.NDArray[np.int32]
+    score: npt.NDArray[np.int64]
+    gpu: npt.NDArray[np.int16]
+    checked: npt.NDArray[np.int32]
+
+
+class ScoreMemo:
+    """Scores per slot and task shape, kept while the slot's inputs stay the same (see the module).
+
+    A caller whose rows come from an immutable source (the extender's cluster state) passes it as
+    ``token``: a slot found valid under a token is taken without reading its inputs again, for the
+    candidates marked ``fixed`` (read as the token has them, without ledger readings laid over).
+
+    Thread-safe: one lock around each call (the extender may score from several threads).
+
+    >>> memo = ScoreMemo()
+    >>> calls = []
+    >>> left, cpu, model = np.array([[1000, 500], [1000, 1000]]), np.array([8000, 8000]), np.array([0, 0])
+    >>> def inputs(positions):
+    ...     return left[positions], cpu[positions], model[positions]
+    >>> def compute(positions):
+    ...     calls.append(positions.tolist())
+    ...     return 10 * positions.astype(np.int64), np.full(positions.size, -1)
+    >>> memo.scores("shapes", Task(1000, 0, 1, 1000), np.array([0, 1]), 2, inputs, compute)[0].tolist()
+    [0, 10]
+    >>> left[1, 1] = 0  # node 1 changed: only it is computed again
+    >>> memo.scores("shapes", Task(1000, 0, 1, 1000), np.array([0, 1]), 2, inputs, compute)[0].tolist()
+    [0, 10]
+    >>> calls
+    [[0, 1], [1]]
+    """
+
+    def __init__(self, budget_bytes: int = MEMO_BYTES, max_tasks: int = MAX_TASKS) -> None:
+        self._budget, self._max_tasks = budget_bytes, max_tasks
+        self._lock = threading.Lock()
+        self._token: object = None
+        self._token_id = 0
+        self._reset(None, 0, 0)
+
+    def _reset(self, workload_key: Hashable, slots: int, width: int) -> None:
+        self._workload_key = workload_key
+        self._seen_gpu = np.full((slots, width), -1, dtype=np.int64)
+        self._seen_cpu = np.full(slots, -1, dtype=np.int64)
+        self._seen_model = np.full(slots, -2, dtype=np.int64)
+        self._version = np.ones(slots, dtype=np.int32)
+        self._next_version = 2
+        self._tasks: OrderedDict[tuple[int, int, int], _Kept] = OrderedDict()
+
+    @property
+    def tasks_kept(self) -> int:
+        return len(self._tasks)
+
+    def scores(
+        self,
+        workload_key: Hashable,
+        task: Task,
+        slots: npt.NDArray[np.intp],
+        width: int,
+        inputs: Inputs,
+        compute: Compute,
+        token: object = None,
+        fixed: npt.NDArray[np.bool_] | None = None,
+    ) -> Scores:
+        """The scores and GPUs of ``task`` on the candidates, one per entry of ``slots``.
+
+        Parameters
+        ----------
+        workload_key : hashable
+            What the scores were computed against besides the rows (the typical shapes and the model
+            vocabulary): a different key drops everything kept.
+        slots : ndarray of shape (n,)
+            Each candidate's stable position; -1 for one that is never kept (a node the state lacks).
+        width : int
+            GPUs per row in the inputs: a different width drops everything kept.
+        inputs : callable
+            The candidates' rows at some positions of this call (:data:`Inputs`).
+        compute : callable
+            The policy's scores for the candidates at some positions of this call.
+        token : object, optional
+            The immutable source of the rows; valid slots under it are taken without reading inputs.
+        fixed : ndarray of shape (n,), bool, optional
+            The candidates read as ``token`` has them (all, when None).
+        """
+        with self._lock:
+            if token is None:
+                tok = 0
+            else:
+                if token is not self._token:
+                    self._token, self._token_id = token, self._token_id % (np.iinfo(np.int32).max - 1) + 1
+                tok = self._token_id
+            return self._scores(workload_key, task, slots, width, inputs, compute, tok, fixed)
+
+    def _scores(
+        self,
+        workload_key: Hashable,
+        task: Task,
+        slots: npt.NDArray[np.intp],
+        width: int,
+        inputs: Inputs,
+        compute: Compute,
+        tok: int,
+        fixed: npt.NDArray[np.bool_] | None,
+    ) -> Scores:
+        if slots.shape[0] == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        size = int(slots.max()) + 1
+        if workload_key != self._workload_key or width != self._seen_gpu.shape[1]:
+            self._reset(workload_key, size, width)
+        elif size > self._version.shape[0]:
+            self._grow(size)
+        if slots.min() < 0:  # the candidates the state lacks: computed every time, never kept
+            return self._partly_kept(workload_key, task, slots, width, inputs, compute, tok, fixed)
+        kept = self._kept(task)
+        if tok:
+            hit = kept.checked[slots] == tok
+            if fixed is not None:
+                hit &= fixed
+            if hit.all():
+                return kept.score[slots], kept.gpu[slots].astype(np.int64)
+            rest = np.flatnonzero(~hit)
+        else:
+            rest = np.arange(slots.shape[0])
+        at = slots[rest]
+        gpu_left, cpu_left, model_id = inputs(rest)
+        changed = (
+            (self._seen_gpu[at] != gpu_left).any(axis=1)
+            | (self._seen_cpu[at] != cpu_left)
+            | (self._seen_model[at] != model_id)
+        )
+        if changed.any():
+            moved = np.flatnonzero(changed)
+            self._seen_gpu[at[moved]] = gpu_left[moved]
+            self._seen_cpu[at[moved]] = cpu_left[moved]
+            self._seen_model[at[moved]] = model_id[moved]
+            self._version[at[moved]] = self._new_version()
+        missing = np.flatnonzero(kept.version[at] != self._version[at])
+        kept_now = np.ones(rest.shape[0], dtype=bool)
+        if missing.size:
+            score, gpu = compute(rest[missing])
+            # Keep only what matches the inputs now seen there (a slot repeated with other inputs does not).
+            there = at[missing]
+            same = (
+                (self._seen_gpu[there] == gpu_left[missing]).all(axis=1)
+                & (self._seen_cpu[there] == cpu_left[missing])
+                & (self._seen_model[there] == model_id[missing])
+            )
+            store = there[same]
+            kept.score[store] = score[same]
+            kept.gpu[store] = gpu[same]
+            kept.version[store] = self._version[store]
+            kept_now[missing[~same]] = False
+        # Valid under the token where read as the token has them; a score from other inputs is not.
+        as_token = kept_now if fixed is None else kept_now & fixed[rest]
+        kept.checked[at] = np.where(as_token, tok, 0)
+        result = kept.score[slots], kept.gpu[slots].astype(np.int64)
+        if missing.size and not kept_now.all():
+            result[0][rest[missing]], result[1][rest[missing]] = score, gpu
+        return result
+
+    def _partly_kept(
+        self,
+        workload_key: Hashable,
+        task: Task,
+        slots: npt.NDArray[np.intp],
+        width: int,
+        inputs: Inputs,
+        compute: Compute,
+        tok: int,
+        fixed: npt.NDArray[np.bool_] | None,
+    ) -> Scores:
+        """Kept slots through the memo, the others computed directly, merged in call order."""
+        inside, outside = np.flatnonzero(slots >= 0), np.flatnonzero(slots < 0)
+        score = np.empty(slots.shape[0], dtype=np.int64)
+        gpu = np.empty(slots.shape[0], dtype=np.int64)
+        score[outside], gpu[outside] = compute(outside)
+        score[inside], gpu[inside] = self._scores(
+            workload_key, task, slots[inside], width,
+            lambda positions: inputs(inside[positions]), lambda positions: compute(inside[positions]),
+            tok, None if fixed is None else fixed[inside],
+        )  # fmt: skip
+        return score, gpu
+
+    def _new_version(self) -> int:
+        if self._next_version >= np.iinfo(np.int32).max:  # every kept score is dropped, once per 2**31 changes
+            for kept in self._tasks.values():
+                kept.version[:] = 0
+            self._version[:] = 1
+            self._next_version = 2
+        version = self._next_version
+        self._next_version += 1
+        return version
+
+    def _grow(self, size: int) -> None:
+        extra = size - self._version.shape[0]
+        self._seen_gpu = np.concatenate([self._seen_gpu, np.full((extra, self._seen_gpu.shape[1]), -1)])
+        self._seen_cpu = np.concatenate([self._seen_cpu, np.full(extra, -1, dtype=np.int64)])
+        self._seen_model = np.concatenate([self._seen_model, np.full(extra, -2, dtype=np.int64)])
+        self._version = np.concatenate([self._version, np.ones(extra, dtype=np.int32)])
+        for key, kept in self._tasks.items():
+            self._tasks[key] = _Kept(
+                np.concatenate([kept.version, np.zeros(extra, dtype=np.int32)]),
+                np.concatenate([kept.score, np.zeros(extra, dtype=np.int64)]),
+                np.concatenate([kept.gpu, np.full(extra, -1, dtype=np.int16)]),
+                np.concatenate([kept.checked, np.zeros(extra, dtype=np.int32)]),
+            )
+
+    def _kept(self, task: Task) -> _Kept:
+        """This task shape's scores (FGD reads a task's CPU, GPUs and milli, not its memory or
+        models), the most recently used; a new one evicts the least recently used past the budget."""
+        key = (task.cpu, task.num_gpu, task.gpu_milli)
+        kept = self._tasks.get(key)
+        if kept is not None:
+            self._tasks.move_to_end(key)
+            return kept
+        slots = self._version.shape[0]
+        limit = max(1, min(self._max_tasks, self._budget // max(1, 18 * slots)))
+        while len(self._tasks) >= limit:
+            self._tasks.popitem(last=False)
+        kept = _Kept(
+            np.zeros(slots, dtype=np.int32), np.zeros(slots, dtype=np.int64), np.full(slots, -1, dtype=np.int16),
+            np.zeros(slots, dtype=np.int32),
+        )  # fmt: skip
+        self._tasks[key] = kept
+        return kept
