@@ -148,6 +148,8 @@ class LedgerBinder:
         self.ledger = ledger
         self._kube_factory = kube
         self._kube: KubeClient | None = None
+        self.store_client: Callable[[], Any] | None = None
+        """Makes the ledger's client anew (:meth:`reconnect`)."""
         self._kube_lock = threading.Lock()
         self._cluster = cluster or (lambda: None)
         self.readings = readings or LedgerReadings()
@@ -175,6 +177,15 @@ class LedgerBinder:
             if self._kube is None:
                 self._kube = self._kube_factory()
             return self._kube
+
+    def reconnect(self) -> None:
+        """New clients after a SnapStart restore: the ledger's from :attr:`store_client` (where set), and
+        the Kubernetes client made again on the next bind. Connections and credentials made before the
+        snapshot are not carried over."""
+        with self._kube_lock:
+            self._kube = None
+        if self.store_client is not None:
+            self.ledger.client = self.store_client()
 
     # -- bind --------------------------------------------------------------------------------------
     def bind(self, args: ExtenderBindingArgs, admit: Admit | None = None) -> BindOutcome:
@@ -605,9 +616,12 @@ def ledger_binder(
         client.deadline, client.min_call_s = binder.deadline, 0.1
         return client
 
-    # A copy: botocore rewrites the retries dict it is given (max_attempts into total_max_attempts).
-    dynamodb = session.client("dynamodb", config=Config(**copy.deepcopy(BIND_DYNAMODB)))
-    binder = LedgerBinder(LedgerStore(table, dynamodb), kube, cluster, readings)
+    def dynamodb() -> Any:
+        # A copy: botocore rewrites the retries dict it is given (max_attempts into total_max_attempts).
+        return session.client("dynamodb", config=Config(**copy.deepcopy(BIND_DYNAMODB)))
+
+    binder = LedgerBinder(LedgerStore(table, dynamodb()), kube, cluster, readings)
+    binder.store_client = dynamodb
     if reserving(reservation_image):
         binder.reservations = Reservations(lambda: binder.kube, reservation_image)
     return binder

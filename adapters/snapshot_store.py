@@ -119,6 +119,16 @@ class S3SnapshotStore:
         self.bucket, self.key, self.client = bucket, key, client
         self.uri = f"s3://{bucket}/{key}"
 
+    def reconnect(self) -> None:
+        """A fresh client, as this one was made (region, endpoint, settings): its connections and
+        credentials are not carried over a SnapStart restore."""
+        import boto3
+
+        meta = self.client.meta
+        self.client = boto3.client(
+            "s3", region_name=meta.region_name, endpoint_url=meta.endpoint_url, config=meta.config
+        )
+
     def fetch(self, etag: str | None) -> Fetched | None:
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -267,6 +277,12 @@ class SnapshotSource:
 
     def __call__(self) -> ClusterState:
         return self.current()
+
+    def expire(self) -> None:
+        """Look at the store again on the next call (a conditional read: the snapshot held is kept if
+        the store still has it), whatever the refresh interval says."""
+        with self._lock:
+            self._checked_at = float("-inf")
 
     def current(self) -> ClusterState:
         if self._monotonic() - self._checked_at >= self.refresh_s:

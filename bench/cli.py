@@ -75,6 +75,12 @@ def _synth(args: argparse.Namespace) -> dict[str, Any]:
     return run(args.runs, args.package_dir.resolve())
 
 
+def _snapstart(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.lambda_path import restore_stand_in
+
+    return restore_stand_in(args.runs, args.snapshot_nodes, args.seed)
+
+
 def _cold_start(args: argparse.Namespace) -> dict[str, Any]:
     from bench.lambda_path import cold_start
 
@@ -194,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     cold.add_argument("--runs", type=int, default=5)
     cold.add_argument("--snapshot-nodes", type=int, default=10000)
     cold.add_argument("--seed", type=int, default=1)
+    snap = suite("snapstart", _snapstart, "SnapStart's restore stood in for by a fork: first request against warm")
+    snap.add_argument("--runs", type=int, default=5)
+    snap.add_argument("--snapshot-nodes", type=int, default=10000)
+    snap.add_argument("--seed", type=int, default=1)
     e2e = suite("e2e", _e2e, "the product under a real kube-scheduler: throughput and packing (../shared/k8s)")
     e2e.add_argument("--nodes", type=int, default=500, help="8-GPU nodes for the whole-GPU runs")
     e2e.add_argument("--pods", type=int, default=1000, help="one-GPU pods per drain")

@@ -473,7 +473,9 @@ def _shares(work: Path, n_nodes: int, n_pods: int, knobs: Knobs, seed: int) -> d
         "without": {k: unreserved[k] for k in ("seconds", "pods_per_s", "extender_cpu_s")},
         "with": {k: ours[k] for k in ("seconds", "pods_per_s", "extender_cpu_s")},
         "wall_ratio": round(ours["seconds"] / unreserved["seconds"], 3) if unreserved["seconds"] else None,
-        "cpu_ratio": round(ours["extender_cpu_s"] / unreserved["extender_cpu_s"], 3) if unreserved["extender_cpu_s"] else None,
+        "cpu_ratio": round(ours["extender_cpu_s"] / unreserved["extender_cpu_s"], 3)
+        if unreserved["extender_cpu_s"]
+        else None,
         "after_burst": _agreement(reserved_burst),
         "after_churn_10s": _agreement(reserved_churn),
         "stand_in": stand_in,

@@ -30,6 +30,7 @@ its context key, and synth stops with all of them at once. A key the extender's 
 | ``extenderGpuPodsOnly`` | false | call the extender for GPU pods only (else for every pod of the profile) |
 | ``extenderReservedConcurrency`` | 20 | reserved concurrency of the extender function |
 | ``extenderProvisionedConcurrency`` | 0 | provisioned concurrency (0: none; >0 adds a ``live`` alias) |
+| ``extenderSnapStart`` | true | SnapStart on the extender's version, behind a ``live`` alias (not with provisioned) |
 | ``apiRateLimit`` / ``apiBurstLimit`` | 500 / 1000 | stage throttling, requests per second |
 | ``maxSnapshotAgeS`` | ``MAX_SNAPSHOT_AGE_S``'s | the extender refuses an older snapshot; the stale-snapshot alarm |
 | ``ledgerConflictsAlarmPer5m`` | 50 | GPU-ledger conflicts in 5 minutes that count as a spike |
@@ -95,6 +96,7 @@ class DeployConfig:
     extender_gpu_pods_only: bool = False
     extender_reserved_concurrency: int = 20
     extender_provisioned_concurrency: int = 0
+    extender_snap_start: bool = True
     api_rate_limit: int = 500
     api_burst_limit: int = 1000
     max_snapshot_age_s: int = int(default_of(ExtenderSettings, "max_snapshot_age_s"))  # as share_policy
@@ -109,6 +111,16 @@ class DeployConfig:
     @property
     def demo_vpc(self) -> bool:
         return not self.vpc_id
+
+    @property
+    def snap_start(self) -> bool:
+        """SnapStart on the extender: ``extenderSnapStart``, unless provisioned concurrency is set (Lambda
+        does not take both; provisioned environments are initialised before any request anyway).
+
+        >>> [DeployConfig(cluster_name="c", extender_provisioned_concurrency=n).snap_start for n in (0, 2)]
+        [True, False]
+        """
+        return self.extender_snap_start and not self.extender_provisioned_concurrency
 
     @property
     def vpc_endpoints(self) -> tuple[str, ...]:

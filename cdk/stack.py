@@ -106,6 +106,7 @@ class GpuSchedulerStack(Stack):
             # bind on a GPU waits for its reservation pod's UUID (manifests.scheduler.extender_entries).
             timeout=Duration.seconds(20 if config.sharing and reserving(config.reservation_image) else 5),
             reserved_concurrency=config.extender_reserved_concurrency,
+            snap_start=config.snap_start,
             **common,
         )
         node_state_dlq = DeadLetterQueue(self, "NodeStateDlq")
@@ -175,13 +176,14 @@ class GpuSchedulerStack(Stack):
             self.monitoring.notify(refresher.alarm)
 
         handler: lambda_.IFunction = self.extender.function
-        if config.extender_provisioned_concurrency:
+        if config.extender_provisioned_concurrency or config.snap_start:
+            # A published version behind an alias: SnapStart and provisioned concurrency apply only to versions.
             handler = lambda_.Alias(
                 self,
                 "ExtenderLive",
                 alias_name="live",
                 version=self.extender.function.current_version,
-                provisioned_concurrent_executions=config.extender_provisioned_concurrency,
+                provisioned_concurrent_executions=config.extender_provisioned_concurrency or None,
             )
         self.api = ExtenderApi(
             self,

@@ -25,6 +25,11 @@ from adapters.tracing import make_tracer
 from lambdas.extender.config import ExtenderSettings
 from lambdas.extender.service import Answer, build
 
+_HEALTHZ_EVENT = {
+    "resource": "/healthz", "path": "/healthz", "httpMethod": "GET", "headers": {}, "multiValueHeaders": {},
+    "queryStringParameters": None, "pathParameters": None, "body": None, "isBase64Encoded": False,
+    "requestContext": {"resourcePath": "/healthz", "httpMethod": "GET", "stage": "snapstart", "requestId": "warm-up"},
+}  # fmt: skip
 MAX_REPLY_BYTES = 5 * 2**20
 """The largest reply body sent: Lambda refuses a response over 6 MB, the proxy's JSON envelope
 included (which escapes every quote in the body)."""
@@ -44,6 +49,21 @@ SERVICE = build(
 )
 EXTENDER = SERVICE.extender
 app = APIGatewayRestResolver()
+
+try:  # SnapStart's hooks: the library ships with Lambda's Python runtimes (and the dev environment)
+    from snapshot_restore_py import register_after_restore, register_before_snapshot
+except ImportError:  # pragma: no cover - anywhere else, nothing snapshots this process
+    pass
+else:
+    register_before_snapshot(SERVICE.before_snapshot)
+    register_after_restore(SERVICE.after_restore)
+
+    def _resolve_once() -> None:
+        """The event resolver's first call (it reads each route's type hints then): ``GET /healthz``,
+        which records nothing."""
+        app.resolve(_HEALTHZ_EVENT, None)  # type: ignore[arg-type]  # the route reads no context
+
+    register_before_snapshot(_resolve_once)
 
 
 @app.post("/filter")

@@ -23,6 +23,7 @@ bind, and the cluster file and the live watch only when asked for.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -35,11 +36,11 @@ from adapters.ledger_readings import LedgerReadings
 from adapters.snapshot_store import RefreshEvent, SnapshotSource, open_store
 from adapters.telemetry import PrometheusTelemetry, Telemetry
 from lambdas.extender.config import ExtenderSettings
-from scheduler_core.errors import ConfigError
+from scheduler_core.errors import ClusterStateUnavailableError, ConfigError
 from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome
 from scheduler_core.extender.facade import SHARING_VERBS, VERBS, Accounting, BindOutcome, ClusterSource, Extender, Reply
 from scheduler_core.extender.preemption import PreemptOutcome
-from scheduler_core.extender.wire import error_body
+from scheduler_core.extender.wire import encode_json, error_body
 from scheduler_core.state.readings import DEFAULT_MARGIN_S
 
 ROUTED_VERBS = frozenset(VERBS + SHARING_VERBS)
@@ -58,6 +59,9 @@ LATENCY_METRIC = {
     "preempt": "PreemptLatencyMs",
 }
 INTERNAL_ERROR = "internal error in the extender; see its log"
+WARM_NAMES = 1000
+"""The nodes the warm-up request before SnapStart's snapshot names (kube-scheduler's requests name the
+feasible nodes, up to every node of the cluster)."""
 
 log = logging.getLogger("lambdas.extender")
 
@@ -192,6 +196,49 @@ class ExtenderService:
     def close(self) -> None:
         if self.live is not None:
             self.live.close()
+
+    # -- SnapStart ------------------------------------------------------------------------------
+    def before_snapshot(self) -> bool:
+        """What Lambda runs once, when it publishes a version, before it snapshots the initialised
+        function: the cluster snapshot read, and one filter and one prioritize decided on it (a one-GPU
+        pod over up to :data:`WARM_NAMES` of its nodes) by a throwaway extender of the same
+        configuration, which records nothing, so that the code, caches and allocations the first request
+        needs are in the snapshot. Whether a decision ran (there was a snapshot to decide on)."""
+        try:
+            state = self.source() if self.source is not None else None
+        except ClusterStateUnavailableError as exc:
+            self.log.info("no cluster snapshot to warm the decision path on before SnapStart's snapshot: %s", exc)
+            return False
+        if state is None or state.table.n_nodes == 0:
+            return False
+        pod = {
+            "metadata": {"name": "snapstart-warm-up", "namespace": "default", "uid": "snapstart-warm-up"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        }
+        body = encode_json({"Pod": pod, "Nodes": None, "NodeNames": list(state.table.names[:WARM_NAMES])})
+        probe = Extender(self.extender.config, lambda: state)
+        return all(probe.respond(verb, body).status == 200 for verb in ("filter", "prioritize"))
+
+    def after_restore(self) -> None:
+        """What Lambda runs in each environment it restores from the snapshot, before its first request:
+        new clients for the snapshot store and the GPU ledger (and a new Kubernetes client on the next
+        bind), since connections and credentials made before the snapshot do not carry over; the cluster
+        snapshot read again (a conditional read: kept if unchanged), here rather than in the first
+        request's time; and Python's ``random`` reseeded, which every restored environment would
+        otherwise share."""
+        random.seed()
+        if isinstance(self.source, SnapshotSource):
+            reconnect = getattr(self.source.store, "reconnect", None)
+            if reconnect is not None:
+                reconnect()
+            self.source.expire()
+            try:  # read again now (Lambda gives this hook 10 s), not in the first request's time
+                self.source()
+            except ClusterStateUnavailableError as exc:  # the first request answers it, as any request would
+                self.log.warning("after SnapStart's restore, the cluster snapshot is unavailable: %s", exc)
+        reconnect = getattr(self.extender.accounting, "reconnect", None)
+        if reconnect is not None:
+            reconnect()
 
     def metrics_text(self) -> str:
         """Prometheus text: the recorded metrics (with :class:`PrometheusTelemetry`), then the live

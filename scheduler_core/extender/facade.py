@@ -202,6 +202,9 @@ class Extender:
     ) -> None:
         self.config = (config or ExtenderConfig()).validated()
         self._cluster = cluster or (lambda: None)
+        # Checked once: an isinstance against a runtime Protocol reads its members each time (4 % of
+        # serve's time under a burst, measured with py-spy).
+        self._catching_up: CatchingUp | None = self._cluster if isinstance(self._cluster, CatchingUp) else None
         self.readings: Readings = readings or NoReadings()
         self.accounting = accounting
         self._last_args: tuple[bytes, ExtenderArgs] | None = None
@@ -297,8 +300,8 @@ class Extender:
         source has caught up: then filter decides again. kube-scheduler 1.33 retries a pod the extender
         refused on any cluster event, at once when its queue is empty, so it can ask before the source
         has seen the deletion that freed the node; refused again, the pod would wait for another event."""
-        source = self._cluster
-        if not isinstance(source, CatchingUp):
+        source = self._catching_up
+        if source is None:
             return False
         refused = np.flatnonzero(~result.feasible & ~result.unresolvable)
         if refused.size == 0:
@@ -358,17 +361,17 @@ class Extender:
         (:func:`~scheduler_core.extender.admission.room_refusal`), after waiting, as filter does, for a
         change it has received that may free room there. Any other source may be minutes old: what is in
         use there may only score, never refuse (DESIGN section 5)."""
-        source = self._cluster
+        source, watch = self._cluster, self._catching_up
         try:
             demand = pod_demand(pod)
             state = source()
             if state is None:
                 state = ClusterState.from_objects([node])
             refusal = bind_refusal(pod, node, demand, state)
-            if refusal or not isinstance(source, CatchingUp):
+            if refusal or watch is None:
                 return refusal
             refusal = room_refusal(pod, node, state)
-            if refusal and source.catch_up(CATCH_UP_S, [(node.get("metadata") or {}).get("name", "")]):
+            if refusal and watch.catch_up(CATCH_UP_S, [(node.get("metadata") or {}).get("name", "")]):
                 refusal = room_refusal(pod, node, source() or state)
         except InvalidPodError as exc:
             return str(exc)

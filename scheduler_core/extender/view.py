@@ -289,8 +289,7 @@ def fragmentation_inputs(view: NodeView, pod: Any) -> Fragmentation | None:
     model_id = values_at(state.table.model_id, rows, -1).astype(np.int64)
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     pod_cpu = effective_cpu_milli(spec) if isinstance(spec, Mapping) else 0
-    key = (state.shapes, state.table.models)
-    return Fragmentation(cpu, model_id, state.workload, pod_cpu, rows, key, state, overlaid)
+    return Fragmentation(cpu, model_id, state.workload, pod_cpu, rows, state.workload_key, state, overlaid)
 
 
 def locality_inputs(view: NodeView, demand: PodDemand, settings: LocalitySettings) -> npt.NDArray[np.float64] | None:

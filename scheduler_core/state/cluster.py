@@ -108,6 +108,13 @@ class ClusterState:
         return Workload.from_shapes(self.shapes, (*self.table.models, ""))
 
     @cached_property
+    def workload_key(self) -> tuple[object, ...]:
+        """What :attr:`workload` is, as a hashable: the shapes, their popularity and the models. Counts that
+        grow in proportion (a burst of one shape) leave it the same, so FGD's kept scores stay valid."""
+        shapes = tuple(shape for shape, _count in self.shapes)
+        return shapes, tuple(self.workload.popularity.tolist()), self.table.models
+
+    @cached_property
     def free_gpus(self) -> npt.NDArray[np.int32]:
         """Shape (n_nodes,): computed once, since the state never changes."""
         return free_gpus(self.table, self.used_gpus)

@@ -440,15 +440,43 @@ def test_provisioned_concurrency_fronts_the_api_with_a_live_alias(synth: Synthes
         "AWS::Lambda::Alias", {"Name": "live", "ProvisionedConcurrencyConfig": {"ProvisionedConcurrentExecutions": 4}}
     )
     (alias_id,) = synthesised.resources("AWS::Lambda::Alias")
-    uris = [
-        json.dumps(m["Properties"]["Integration"]["Uri"])
-        for m in synthesised.resources("AWS::ApiGateway::Method").values()
-    ]
+    uris = _api_uris(synthesised)
     assert uris and all(alias_id in uri for uri in uris)
 
 
-def test_without_provisioned_concurrency_there_is_no_alias(synth: Synthesise) -> None:
-    synth().template.resource_count_is("AWS::Lambda::Alias", 0)
+def _api_uris(synthesised: Synth) -> list[str]:
+    return [
+        json.dumps(m["Properties"]["Integration"]["Uri"])
+        for m in synthesised.resources("AWS::ApiGateway::Method").values()
+    ]
+
+
+def test_snapstart_is_on_for_the_extenders_published_version_and_the_api_calls_it_through_the_alias(
+    synth: Synthesise,
+) -> None:
+    synthesised = synth()
+    snapped = [fid for fid, f in _functions(synthesised).items() if "SnapStart" in f["Properties"]]
+    (extender,) = [fid for fid in _functions(synthesised) if fid.startswith("Extender")]
+    assert snapped == [extender]
+    assert _functions(synthesised)[extender]["Properties"]["SnapStart"] == {"ApplyOn": "PublishedVersions"}
+    ((version_id, version),) = synthesised.resources("AWS::Lambda::Version").items()
+    assert version["Properties"]["FunctionName"] == {"Ref": extender}
+    ((alias_id, alias),) = synthesised.resources("AWS::Lambda::Alias").items()
+    assert alias["Properties"]["Name"] == "live" and "ProvisionedConcurrencyConfig" not in alias["Properties"]
+    assert alias["Properties"]["FunctionVersion"] == {"Fn::GetAtt": [version_id, "Version"]}
+    uris = _api_uris(synthesised)
+    assert uris and all(alias_id in uri for uri in uris)
+
+
+def test_snapstart_turned_off_leaves_the_api_on_the_function_itself(synth: Synthesise) -> None:
+    synthesised = synth(extenderSnapStart=False)
+    synthesised.template.resource_count_is("AWS::Lambda::Alias", 0)
+    assert not any("SnapStart" in f["Properties"] for f in _functions(synthesised).values())
+
+
+def test_provisioned_concurrency_turns_snapstart_off(synth: Synthesise) -> None:
+    synthesised = synth(extenderProvisionedConcurrency=2)
+    assert not any("SnapStart" in f["Properties"] for f in _functions(synthesised).values())
 
 
 def _applied_documents(synthesised: Synth) -> list[dict[str, Any]]:
