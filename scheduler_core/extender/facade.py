@@ -208,6 +208,7 @@ class Extender:
         self.readings: Readings = readings or NoReadings()
         self.accounting = accounting
         self._last_args: tuple[bytes, ExtenderArgs] | None = None
+        self._last_demand: tuple[Any, PodDemand] | None = None
 
     @property
     def verbs(self) -> tuple[str, ...]:
@@ -389,6 +390,9 @@ class Extender:
         InvalidPodError
             An invalid GPU request or annotation, or a peer selector on a key that is not indexed.
         """
+        last = self._last_demand
+        if last is not None and last[0] is pod:  # prioritize of the args filter decoded (see _args)
+            return last[1]
         demand = pod_demand(pod)
         keys = self.config.locality.label_keys
         for peer in demand.peers:
@@ -397,6 +401,7 @@ class Extender:
                     f"annotation {PEERS_ANNOTATION}: label key {peer.key!r} (in {peer.selector!r}) is not indexed; "
                     f"use one of {', '.join(keys)}"
                 )
+        self._last_demand = (pod, demand)  # one tuple, swapped whole; holds the pod, so its id is not reused
         return demand
 
     def view(self, args: ExtenderArgs, demand: PodDemand, *, per_gpu: bool = False, assumed: bool = False) -> NodeView:

@@ -155,17 +155,18 @@ def node_view(
     return _with_milli(view, state, rows, demand, readings.pending(state.generated_at, assumed=assumed), per_gpu)
 
 
-_LAST_NAMES: weakref.WeakKeyDictionary[ClusterState, tuple[tuple[str, ...], NodeTable, npt.NDArray[np.intp], list[str]]]
+_LAST_NAMES: weakref.WeakKeyDictionary[NodeTable, tuple[tuple[str, ...], NodeTable, npt.NDArray[np.intp], list[str]]]
 _LAST_NAMES = weakref.WeakKeyDictionary()
 
 
 def _names_rows(state: ClusterState, names: list[str]) -> tuple[NodeTable, npt.NDArray[np.intp], list[str]]:
     """The state's sub-table for ``names`` (in their order), its rows in the state, and the names the
     state lacks. kube-scheduler sends the same list for pod after pod while the feasible nodes stay the
-    same, so the last one per state is kept: a hit skips the lookup and the sub-table (and keeps its
-    cached JSON names for the reply)."""
+    same, so the last one per node table is kept: a hit skips the lookup and the sub-table (and keeps its
+    cached JSON names for the reply). A live state rebuilt for pods only keeps its node table, so the
+    hit survives the rebuild after each bind."""
     key = tuple(names)
-    last = _LAST_NAMES.get(state)
+    last = _LAST_NAMES.get(state.table)
     if last is not None and last[0] == key:
         return last[1], last[2], list(last[3])
     found = state.table.rows_of(names)
@@ -178,7 +179,7 @@ def _names_rows(state: ClusterState, names: list[str]) -> tuple[NodeTable, npt.N
         unknown = [name for name, ok in zip(names, flags, strict=True) if not ok]
     rows = found[known]
     table = state.table.take(rows, names=known_names)
-    _LAST_NAMES[state] = (key, table, rows, unknown)
+    _LAST_NAMES[state.table] = (key, table, rows, unknown)
     return table, rows, list(unknown)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +36,11 @@ MAX_TASKS = 64
 """The most task shapes kept; the least recently used goes first. The typical shapes of openb's
 ``default`` trace are 35, and the pods of a burst share a few."""
 
+BY_CONTENT_ROWS = 256
+"""The most rows a call looks up by their inputs (:meth:`ScoreMemo._by_content`); more are computed."""
+BY_CONTENT_ENTRIES = 2_048
+"""The most row inputs remembered per task shape (about 200 bytes each: 0.4 MB per shape, 26 MB for
+:data:`MAX_TASKS`); past it, they are forgotten at once and relearned."""
 Compute = Callable[[npt.NDArray[np.intp]], Scores]
 """Scores for the candidates at the given positions of the call, computed by the policy itself."""
 Inputs = Callable[[npt.NDArray[np.intp]], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]]
@@ -51,6 +56,9 @@ class _Kept:
     score: npt.NDArray[np.int64]
     gpu: npt.NDArray[np.int16]
     checked: npt.NDArray[np.int32]
+    by_content: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    """Score and GPU by a row's inputs (its bytes), whatever its slot: many nodes pass through the same
+    states (empty, one pod of a shape, two...), so a node that changed often takes a state some node had."""
 
 
 class ScoreMemo:
@@ -185,7 +193,9 @@ class ScoreMemo:
         missing = np.flatnonzero(kept.version[at] != self._version[at])
         kept_now = np.ones(rest.shape[0], dtype=bool)
         if missing.size:
-            score, gpu = compute(rest[missing])
+            score, gpu = self._by_content(
+                kept, gpu_left[missing], cpu_left[missing], model_id[missing], rest[missing], compute
+            )
             # Keep only what matches the inputs now seen there (a slot repeated with other inputs does not).
             there = at[missing]
             same = (
@@ -205,6 +215,42 @@ class ScoreMemo:
         if missing.size and not kept_now.all():
             result[0][rest[missing]], result[1][rest[missing]] = score, gpu
         return result
+
+    def _by_content(
+        self,
+        kept: _Kept,
+        gpu_left: npt.NDArray[np.int64],
+        cpu_left: npt.NDArray[np.int64],
+        model_id: npt.NDArray[np.int64],
+        positions: npt.NDArray[np.intp],
+        compute: Compute,
+    ) -> Scores:
+        """Scores for these rows: those whose inputs some slot had before from :attr:`_Kept.by_content`,
+        the others computed (in one batch) and remembered there. At most :data:`BY_CONTENT_ROWS` rows are
+        looked up per call (a whole state's first scoring computes in one batch), and at most
+        :data:`BY_CONTENT_ENTRIES` remembered per task shape."""
+        if positions.shape[0] > BY_CONTENT_ROWS:
+            return compute(positions)
+        rows = np.column_stack([gpu_left, cpu_left, model_id]).astype(np.int64, copy=False)
+        keys = [row.tobytes() for row in rows]
+        table = kept.by_content
+        found = [table.get(key) for key in keys]
+        todo = np.array([hit is None for hit in found], dtype=bool)
+        score = np.empty(positions.shape[0], dtype=np.int64)
+        gpu = np.empty(positions.shape[0], dtype=np.int64)
+        if not todo.all():
+            hits = [hit for hit in found if hit is not None]
+            score[~todo] = [hit[0] for hit in hits]
+            gpu[~todo] = [hit[1] for hit in hits]
+        if todo.any():
+            at = np.flatnonzero(todo)
+            score[at], gpu[at] = compute(positions[at])
+            if len(table) + at.size > BY_CONTENT_ENTRIES:
+                table.clear()
+            table.update(
+                zip([keys[i] for i in at.tolist()], zip(score[at].tolist(), gpu[at].tolist(), strict=True), strict=True)
+            )
+        return score, gpu
 
     def _partly_kept(
         self,
@@ -251,6 +297,7 @@ class ScoreMemo:
                 np.concatenate([kept.score, np.zeros(extra, dtype=np.int64)]),
                 np.concatenate([kept.gpu, np.full(extra, -1, dtype=np.int16)]),
                 np.concatenate([kept.checked, np.zeros(extra, dtype=np.int32)]),
+                kept.by_content,
             )
 
     def _kept(self, task: Task) -> _Kept:
