@@ -83,11 +83,13 @@ class Fragmentation:
         under which a policy whose scores are per node keeps them between calls (:class:`ScoreMemo`);
         None keeps nothing.
     workload_key : hashable
-        What the scores kept under ``slots`` depend on besides the rows: the state's shapes and models.
+        What the scores kept under ``slots`` depend on besides the rows: the state's shapes, their
+        popularity and the models (:attr:`~scheduler_core.state.cluster.ClusterState.workload_key`).
     source : object
-        The immutable cluster state the rows come from (None: not immutable); rows marked ``overlaid``
-        differ from it (ledger readings, CPU assumed taken).
+        The immutable cluster state the rows come from (None: not immutable).
     overlaid : ndarray of shape (n_rows,), bool, optional
+        The rows whose inputs differ from ``source``'s for this request (ledger readings laid over, CPU
+        assumed taken): scored from the request's view, never kept under ``source``.
     """
 
     cpu_left: npt.NDArray[np.int64]
