@@ -97,9 +97,105 @@ def warm_path(snapshot_nodes: int, names: list[int], repeat: int, seed: int) -> 
                 row["prioritize_with_peers"] = time_us(call, max(5, repeat // 4))
                 reply = json.loads(handler.lambda_handler(_event("/filter", body), _Context())["body"])
                 row["filter_feasible"] = len(reply["NodeNames"])
+                row["fresh_names"] = _fresh_names(handler, all_names, len(picked), repeat, rng)
                 results.append(row)
         snapshot_bytes = path.stat().st_size
     return {"snapshot_nodes": snapshot_nodes, "snapshot_bytes": snapshot_bytes, "by_names": results}
+
+
+def _fresh_names(
+    handler: Any, all_names: np.ndarray, count: int, repeat: int, rng: np.random.Generator
+) -> dict[str, Any]:
+    """Filter and prioritize where every request names other nodes for another pod (kube-scheduler's
+    feasible nodes change from pod to pod, and its sampling rotates), so that nothing of the last
+    request's lookup is reused, beside the floor: what msgspec takes to decode the same body and
+    encode a names-only reply with as many names. Each path and the floor take turns, round by round,
+    so that the machine's drift hits all of them; the ratios are p99 over p99.
+
+    Through ``lambda_handler`` (the event and logs included) and through ``Extender.handle`` (the
+    bytes in, the bytes out: what the issue's floor compares with)."""
+    import msgspec
+
+    bodies = [
+        json.dumps({"Pod": make_pod(f"fresh-{i}", 1 + i % 2), "Nodes": None,
+                    "NodeNames": rng.choice(all_names, size=count, replace=False).tolist()})
+        for i in range(16)
+    ]  # fmt: skip
+    events = {verb: [_event(f"/{verb}", body) for body in bodies] for verb in ("filter", "prioritize")}
+    raw = [body.encode() for body in bodies]
+    decoder, encoder = msgspec.json.Decoder(), msgspec.json.Encoder()
+
+    def floor(body: bytes) -> None:
+        names = decoder.decode(body)["NodeNames"]
+        encoder.encode({"Nodes": None, "NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
+                        "Error": ""})  # fmt: skip
+
+    cases: dict[str, tuple[Any, list[Any]]] = {
+        "msgspec_floor": (floor, raw),
+        **{f"{verb}_handler": (lambda e: handler.lambda_handler(e, _Context()), events[verb]) for verb in events},
+        **{f"{verb}_extender": (partial(handler.EXTENDER.handle, verb), raw) for verb in events},
+    }
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    per_round = max(len(bodies), repeat // 10)
+    for _round in range(10):
+        for name, (call, inputs) in cases.items():
+            for i in range(per_round):
+                started = time.perf_counter_ns()
+                call(inputs[i % len(inputs)])
+                samples[name].append((time.perf_counter_ns() - started) / 1000)
+    out: dict[str, Any] = {
+        name: {"p50_us": round(float(np.percentile(v, 50)), 1), "p99_us": round(float(np.percentile(v, 99)), 1),
+               "n": len(v)}
+        for name, v in samples.items()
+    }  # fmt: skip
+    floor_p99 = out["msgspec_floor"]["p99_us"]
+    paths = [name for name in cases if name != "msgspec_floor"]
+    out["over_floor_p99"] = {name: round(out[name]["p99_us"] / floor_p99, 1) for name in paths}
+    out["phases_p50_us"] = _phases(handler.EXTENDER, raw, repeat)
+    return out
+
+
+def _phases(extender: Any, bodies: list[bytes], repeat: int) -> dict[str, dict[str, float]]:
+    """Where ``Extender.handle``'s time goes on those bodies, phase by phase (p50, microseconds): the
+    request decoded; the names' rows found (their hashes, then the index); the view built (the rows
+    found, the sub-table, free GPUs); the decision, which builds its own view; the reply written. Each
+    phase runs as a pass over the rotating bodies, so that no call reuses the last one's names; ``both``
+    holds the phases that filter and prioritize share."""
+    from scheduler_core.extender.wire import ExtenderArgs
+
+    args = [ExtenderArgs.decode(body) for body in bodies]
+    demands = [extender.demand(a.pod) for a in args]
+    table = extender.state().table
+    rounds = max(2, repeat // (10 * len(bodies)))
+
+    def p50(call: Any) -> float:
+        samples = []
+        for _round in range(rounds):
+            for i in range(len(bodies)):
+                started = time.perf_counter_ns()
+                call(i)
+                samples.append((time.perf_counter_ns() - started) / 1000)
+        return round(float(np.median(samples)), 1)
+
+    names = [a.node_names or [] for a in args]
+    out: dict[str, dict[str, float]] = {
+        "both": {
+            "decode": p50(lambda i: ExtenderArgs.decode(bodies[i])),
+            "hash_names": p50(lambda i: np.fromiter(map(hash, names[i]), np.int64, len(names[i]))),
+            "find_rows": p50(lambda i: table.rows_of(names[i])),
+        }
+    }
+    for verb in ("filter", "prioritize"):
+        decide = getattr(extender, verb)
+        outcomes = [decide(a) for a in args]
+        assumed = verb == "prioritize"
+        out[verb] = {
+            "view": p50(lambda i, assumed=assumed: extender.view(args[i], demands[i], assumed=assumed)),
+            "decision": p50(lambda i, decide=decide: decide(args[i])),
+            "reply": p50(lambda i, outcomes=outcomes: outcomes[i].to_json()),
+            "handle": p50(lambda i, verb=verb: extender.handle(verb, bodies[i])),
+        }
+    return out
 
 
 _CHILD = r"""

@@ -86,8 +86,8 @@ def test_the_product_has_no_import_cycle_not_even_through_a_lazy_import() -> Non
     assert cycles == [], f"modules on an import cycle: {cycles}"
 
 
-def test_the_core_imports_only_numpy_the_standard_library_and_itself() -> None:
-    allowed_roots = set(sys.stdlib_module_names) | {"numpy", "scheduler_core", "__future__"}
+def test_the_core_imports_only_numpy_msgspec_the_standard_library_and_itself() -> None:
+    allowed_roots = set(sys.stdlib_module_names) | {"numpy", "msgspec", "scheduler_core", "__future__"}
     found = {
         (name, imported)
         for name, path in modules("scheduler_core").items()

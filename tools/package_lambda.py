@@ -4,8 +4,8 @@
 
 - ``extender.zip``, ``node_state.zip``, ``deletion_cost.zip``: our code only (``scheduler_core``,
   ``adapters`` and that Lambda's package);
-- ``layer-<arch>.zip``: ``python/`` with numpy, Powertools and the X-Ray SDK, for every Lambda;
-- ``layer-kube-<arch>.zip``: ``python/`` with the ``kubernetes`` client and ``msgspec``, for the two
+- ``layer-<arch>.zip``: ``python/`` with numpy, msgspec, Powertools and the X-Ray SDK, for every Lambda;
+- ``layer-kube-<arch>.zip``: ``python/`` with the ``kubernetes`` client, for the two
   refreshers only. The extender never ships it (its hot path must not import ``kubernetes``);
 - ``package.json``: the size report below, which also tells the CDK app the architecture and Python.
 
@@ -27,11 +27,14 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYER_PACKAGES = ("numpy", "aws-lambda-powertools", "jmespath", "typing-extensions", "aws-xray-sdk", "wrapt")
+LAYER_PACKAGES = (
+    "numpy", "msgspec", "aws-lambda-powertools", "jmespath", "typing-extensions", "aws-xray-sdk", "wrapt",
+)  # fmt: skip
 # kubernetes' own imports at `import kubernetes` (config: yaml, oauthlib; stream: websocket; client:
-# pydantic, urllib3, dateutil), plus msgspec. aiohttp is left out: only kubernetes.aio uses it.
+# pydantic, urllib3, dateutil). aiohttp is left out: only kubernetes.aio uses it. msgspec is in the
+# layer every Lambda has (the extender decodes its requests with it).
 KUBE_LAYER_PACKAGES = (
-    "kubernetes", "msgspec", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+    "kubernetes", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
     "typing-extensions", "python-dateutil", "six", "pyyaml", "websocket-client", "requests",
     "requests-oauthlib", "oauthlib", "urllib3", "certifi", "idna", "charset-normalizer", "durationpy",
 )  # fmt: skip

@@ -275,7 +275,7 @@ class Extender:
         last = self._last_args
         if last is not None and body == last[0]:
             return last[1]
-        args = ExtenderArgs.from_wire(decode_json(body))
+        args = ExtenderArgs.decode(body)
         self._last_args = (body, args)  # one tuple, swapped whole: safe across request threads
         return args
 
@@ -287,12 +287,12 @@ class Extender:
             view = self.view(args, demand)
         except (InvalidPodError, ClusterStateUnavailableError) as exc:
             kind = exc.kind if isinstance(exc, ClusterStateUnavailableError) else "invalid_pod"
-            return FilterOutcome(args.names_only, [], error=str(exc), error_kind=kind)
+            return FilterOutcome(args.names_only, error=str(exc), error_kind=kind)
         outcome = filter_verdict(view, demand, args.nodes)
         if outcome.result is not None and self._refreshed_for(outcome.result):
             outcome = filter_verdict(self.view(args, demand), demand, args.nodes)
-        if outcome.result is not None and len(kept := np.flatnonzero(outcome.result.feasible)) == 1:
-            self._assume(view, int(kept[0]), demand, args.pod)  # kube-scheduler skips prioritize: its node
+        if len(outcome.kept_rows) == 1:
+            self._assume(view, int(outcome.kept_rows[0]), demand, args.pod)  # kube-scheduler skips prioritize: its node
         return outcome
 
     def _refreshed_for(self, result: FilterResult) -> bool:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from scheduler_core.errors import InvalidArgsError
 
 WireObject = dict[str, Any]
@@ -142,6 +144,38 @@ class ExtenderArgs:
         if nodes is not None and names is not None:
             names = None  # kube-scheduler sends one form; with both, the full objects are authoritative.
         return cls(pod=pod, nodes=nodes, node_names=names)
+
+    @classmethod
+    def decode(cls, body: bytes) -> ExtenderArgs:
+        """:meth:`from_wire` of the raw body. The names form exactly as kube-scheduler writes it (the Go
+        field names, ``Nodes`` null) is decoded and checked in one pass by msgspec, with no Python work
+        per name (a third of ``json.loads``'s time at 10,000 names); any other body, valid or not, takes
+        the general path, which gives every error its message.
+
+        >>> ExtenderArgs.decode(b'{"Pod":{},"Nodes":null,"NodeNames":["a"]}').node_names
+        ['a']
+        >>> ExtenderArgs.decode(b'{"Pod":{},"NodeNames":["a", 1]}')
+        Traceback (most recent call last):
+        ...
+        scheduler_core.errors.InvalidArgsError: NodeNames: expected a list of strings
+        """
+        try:
+            fast = _NAMES_FORM.decode(body)
+        except (ValueError, RecursionError):  # msgspec's errors, and invalid UTF-8, are ValueErrors
+            return cls.from_wire(decode_json(body))
+        return cls(pod=fast.Pod, node_names=fast.NodeNames)
+
+
+class _NamesForm(msgspec.Struct, forbid_unknown_fields=True):
+    """The names form of ``ExtenderArgs`` with its exact Go keys; any other key, a key in another case,
+    or a value of another type fails, and :meth:`ExtenderArgs.decode` then takes the general path."""
+
+    Pod: dict[str, Any]
+    NodeNames: list[str]
+    Nodes: None = None
+
+
+_NAMES_FORM = msgspec.json.Decoder(_NamesForm)
 
 
 @dataclass(frozen=True)

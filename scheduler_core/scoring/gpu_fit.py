@@ -133,17 +133,13 @@ class FilterResult:
         """Nodes that can never host the pod (``FailedAndUnresolvableNodes``)."""
         return self._named(unresolvable=True)
 
-    def failed_items(self, *, unresolvable: bool) -> tuple[list[str], list[int], tuple[str, ...]]:
-        """Failed node names, the index of each one's reason, and the distinct reasons.
-
-        The compact form of :attr:`failed` / :attr:`failed_unresolvable`, for writers that encode
-        each distinct reason once.
-        """
+    def failed_rows(self, *, unresolvable: bool) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], tuple[str, ...]]:
+        """Failed rows (shape (k,)), the index of each one's reason, and the distinct reasons: the
+        compact form of :attr:`failed` / :attr:`failed_unresolvable`, for writers that encode each
+        distinct reason once and gather the rows' names in C."""
         texts = self._texts
         picked = self.unresolvable[texts.rows] == unresolvable
-        rows = texts.rows[picked].tolist()
-        # map() keeps the per-row work in C: tens of thousands of failed nodes per call are common.
-        return list(map(self.table.names.__getitem__, rows)), texts.text_id[picked].tolist(), texts.texts
+        return texts.rows[picked], texts.text_id[picked], texts.texts
 
     def message_counts(self) -> dict[str, int]:
         """How many nodes got each distinct failure message."""
@@ -152,8 +148,9 @@ class FilterResult:
         return dict(zip(texts.texts, counts, strict=True))
 
     def _named(self, *, unresolvable: bool) -> dict[str, str]:
-        names, text_id, texts = self.failed_items(unresolvable=unresolvable)
-        return dict(zip(names, map(texts.__getitem__, text_id), strict=True))
+        rows, text_id, texts = self.failed_rows(unresolvable=unresolvable)
+        names = map(self.table.names.__getitem__, rows.tolist())
+        return dict(zip(names, map(texts.__getitem__, text_id.tolist()), strict=True))
 
 
 @dataclass(frozen=True, eq=False)

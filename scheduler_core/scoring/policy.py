@@ -178,7 +178,7 @@ class SharePolicy:
         count = gpu_count[rows].astype(np.int64)
         if not policy.reads_cpu:
             zeros = np.zeros(rows.size, dtype=np.int64)
-            left = free_milli[rows].astype(np.int64)
+            left = np.take(free_milli, rows, axis=0).astype(np.int64)
             task = Task(0, 0, num_gpu, milli)
             scores, _ = _policy_scores(policy.declared, _NO_WORKLOAD, task, count, left, zeros, zeros)
         else:
@@ -189,7 +189,7 @@ class SharePolicy:
                 positions: npt.NDArray[np.intp] | None,
             ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
                 at = rows if positions is None else rows[positions]
-                return free_milli[at].astype(np.int64), frag.cpu_left[at], frag.model_id[at]
+                return np.take(free_milli, at, axis=0).astype(np.int64), frag.cpu_left[at], frag.model_id[at]
 
             def compute(positions: npt.NDArray[np.intp] | None) -> Scores:
                 at_count = count if positions is None else count[positions]
@@ -204,7 +204,7 @@ class SharePolicy:
             else:
                 scores, _ = compute(None)
         if not demand.share and num_gpu and scores.min() == scores.max():
-            left_free = true_per_row(free_milli[rows] >= MILLI_PER_GPU) - num_gpu
+            left_free = true_per_row(np.take(free_milli, rows, axis=0) >= MILLI_PER_GPU) - num_gpu
             scores = scores * _TIE_LEVELS + (_TIE_LEVELS - 1 - np.clip(left_free, 0, _TIE_LEVELS - 1))
         return scores.astype(np.int64, copy=False)
 

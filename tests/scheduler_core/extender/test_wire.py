@@ -1,11 +1,19 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.extender.facade import BindOutcome, Extender
 from scheduler_core.extender.preemption import PreemptOutcome
-from scheduler_core.extender.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs
+from scheduler_core.extender.wire import (
+    _NAMES_FORM,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderPreemptionArgs,
+    decode_json,
+)
 from scheduler_core.state.cluster import ClusterState
 from tests.conftest import (
     captured_nodes,
@@ -112,6 +120,67 @@ def test_real_filter_and_prioritize_requests_parse(path):
     assert args.names_only == (meta["nodes_field"] == "NodeNames")
     names = args.node_names if args.names_only else [n["metadata"]["name"] for n in args.nodes]
     assert names == meta["node_names"]
+
+
+def general_path(body: bytes) -> ExtenderArgs | str:
+    """What the general decoder makes of ``body``: the args, or the error's message."""
+    try:
+        return ExtenderArgs.from_wire(decode_json(body))
+    except InvalidArgsError as exc:
+        return str(exc)
+
+
+def one_pass(body: bytes) -> ExtenderArgs | str:
+    try:
+        return ExtenderArgs.decode(body)
+    except InvalidArgsError as exc:
+        return str(exc)
+
+
+@requires_fixtures()
+@pytest.mark.parametrize("path", scheduler_requests("filter") + scheduler_requests("prioritize"), ids=fixture_id)
+def test_real_requests_in_the_names_form_take_the_one_pass_decoder_and_read_the_same(path):
+    raw = path.read_bytes()
+    meta = load_fixture(path.with_name(path.name.replace(".request.", ".meta.")))
+    if meta["nodes_field"] == "NodeNames":
+        _NAMES_FORM.decode(raw)  # kube-scheduler's own bytes: no fallback on the hot path
+    assert ExtenderArgs.decode(raw) == general_path(raw)
+
+
+KEYS = ["Pod", "pod", "NodeNames", "nodeNames", "Nodes", "Other"]
+VALUES = st.one_of(
+    st.none(),
+    st.dictionaries(st.sampled_from(["metadata", "spec"]), st.dictionaries(st.text(max_size=3), st.integers())),
+    st.lists(st.text(max_size=4), max_size=4),
+    st.lists(st.one_of(st.text(max_size=2), st.integers(), st.none()), max_size=3),
+    st.text(max_size=3),
+    st.integers(-(2**70), 2**70),
+    st.just({"items": []}),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=4))
+def test_the_one_pass_decoder_reads_every_body_as_the_general_path_does(body):
+    raw = json.dumps(body).encode()
+    assert one_pass(raw) == general_path(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b'{"Pod":{},"NodeNames":["a"],"NodeNames":["b"]}', id="duplicated key: the last wins"),
+        pytest.param(b'{"Pod":{"x":NaN},"NodeNames":["a"]}', id="NaN in the pod"),
+        pytest.param(b'{"Pod":{},"NodeNames":["\xff"]}', id="invalid UTF-8"),
+        pytest.param(b'{"Pod":{},"NodeNames":["\\ud800"]}', id="lone surrogate escape"),
+        pytest.param(b'{"Pod":{},"NodeNames":["a"]} x', id="trailing bytes"),
+        pytest.param(b'{"Pod":' + b"[" * 100_000 + b"]" * 100_000 + b',"NodeNames":[]}', id="deep nesting"),
+        pytest.param(b'{"Pod":{},"Nodes":{"items":[]},"NodeNames":["a"]}', id="both forms"),
+        pytest.param(b'{"Pod":{},"NodeNames":null}', id="names null"),
+    ],
+)
+def test_odd_bodies_get_the_general_paths_answer(raw):
+    assert one_pass(raw) == general_path(raw)
 
 
 @requires_fixtures()

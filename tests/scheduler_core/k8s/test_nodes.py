@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.k8s.nodes import NodeTable, gpu_facts
+from scheduler_core.k8s.nodes import NodeTable, _HashIndex, gpu_facts
 from tests.conftest import SCHEDULER_FIXTURES, load_fixture, make_nodes, requires_fixtures
 
 
@@ -150,3 +150,22 @@ def test_rows_of_agrees_with_the_name_index(names, extra):
     table = NodeTable.from_columns(alloc_gpus=[1] * len(names), names=names)
     queries = names[::2] + extra
     assert table.rows_of(queries).tolist() == [table.index.get(q, -1) for q in queries]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1) | st.sampled_from([0, 1, 2**40, -(2**40)]), max_size=300),
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=20),
+    st.integers(0, 5),
+)
+def test_the_hash_index_finds_each_keys_first_row(keys, others, crowd):
+    """Keys that repeat, the key 0 (an empty slot's), and keys crowded into one bucket past its eight
+    slots (``crowd``: multiples of a large power of two share their low bits) are all found, at the
+    first row that has them; keys absent are -1."""
+    keys = keys + [k << 20 for k in range(crowd * 4)]
+    index = _HashIndex.build(np.array(keys, dtype=np.int64))
+    first: dict[int, int] = {}
+    for row, key in enumerate(keys):
+        first.setdefault(key, row)
+    wanted = keys + others
+    assert index.find(np.array(wanted, dtype=np.int64)).tolist() == [first.get(k, -1) for k in wanted]
