@@ -363,6 +363,11 @@ class KubeClient:
     def get_node(self, name: str) -> dict[str, Any]:
         return self._json(self.core.read_node, name)
 
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        from kubernetes import client
+
+        return self._json(client.AppsV1Api(self.api_client).read_namespaced_deployment, name, namespace)
+
     # -- writes --
     def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> dict[str, Any]:
         """One merge patch of ``metadata.labels`` (a ``None`` value removes the label)."""

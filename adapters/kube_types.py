@@ -74,7 +74,16 @@ class SchedulingPod(TypedDict, total=False):
     status: PodPhase
 
 
-CostAnnotations = TypedDict("CostAnnotations", {"controller.kubernetes.io/pod-deletion-cost": str}, total=False)
+CostAnnotations = TypedDict(
+    "CostAnnotations",
+    {
+        "controller.kubernetes.io/pod-deletion-cost": str,
+        "karpenter.sh/disruption-cost": str,
+        "karpenter.sh/do-not-disrupt": str,
+        "gpu-scheduler.io/do-not-disrupt": str,
+    },
+    total=False,
+)
 
 
 class CostPodMetadata(TypedDict, total=False):

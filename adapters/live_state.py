@@ -364,6 +364,8 @@ class LiveState(ClusterMirror):
         # state includes (catch_up compares them).
         self._received = 0
         self._freeing = 0
+        self._node_changed = 0  # the last node list received: every node's facts may have changed
+        self._node_events: dict[str, int] = {}  # per node, its last event received
         self._published = 0
         self.lag_s: deque[float] = deque(maxlen=20_000)
         self.counters["rebuilds"] = 0
@@ -402,25 +404,32 @@ class LiveState(ClusterMirror):
             )
         return state
 
-    def catch_up(self, timeout_s: float, nodes: Collection[str] = ()) -> bool:
+    def catch_up(self, timeout_s: float, nodes: Collection[str] = (), *, node_facts: bool = False) -> bool:
         """Wait, at most ``timeout_s``, until the published state includes every change received so far
-        that may free capacity (a pod deleted or finished, a node added or changed, a new list). Where
-        none is pending but one of ``nodes`` holds a terminating pod, first wait up to
-        :data:`DELETION_WAIT_S` for such a change to arrive: kube-scheduler's own watch may have had the
-        pod's deletion a moment before this one. True when it waited for a change and it is in now; False
-        when there was none, or the wait timed out."""
+        that may free capacity (a pod deleted or finished, a node added or changed, a new list); with
+        ``node_facts``, every change received of ``nodes``, nodes this state is known to be behind on. Where
+        none is pending but one of ``nodes`` holds a terminating pod (with ``node_facts``: any of
+        ``nodes``), first wait up to :data:`DELETION_WAIT_S` for such a change to arrive:
+        kube-scheduler's own watch may have had it a moment before this one. True when it waited for a
+        change and it is in now; False when there was none, or the wait timed out."""
         deadline = self._monotonic() + timeout_s
+
+        def counter() -> int:
+            if not node_facts:
+                return self._freeing
+            return max([self._node_changed, *(self._node_events.get(node, 0) for node in nodes)])
+
         with self._wake:
-            target = self._freeing
+            target = counter()
             if target <= self._published:
-                if not any(self._terminating.get(node) for node in nodes):
+                if not (node_facts and nodes) and not any(self._terminating.get(node) for node in nodes):
                     return False
                 arrived = self._wake.wait_for(
-                    lambda: self._freeing > target or self._stop.is_set(), timeout=min(timeout_s, DELETION_WAIT_S)
+                    lambda: counter() > target or self._stop.is_set(), timeout=min(timeout_s, DELETION_WAIT_S)
                 )
                 if not arrived or self._stop.is_set():
                     return False
-                target = self._freeing
+                target = counter()
             self.counters["catch_ups"] += 1
             left = max(0.0, deadline - self._monotonic())
             caught = self._wake.wait_for(lambda: self._published >= target or self._stop.is_set(), timeout=left)
@@ -455,6 +464,7 @@ class LiveState(ClusterMirror):
             self._uses = {uid: pod_use(pod) for uid, pod in fresh.items()}
         elif kind == "nodes":
             self._facts = None
+            self._node_changed = self._received
         else:
             self._dra = None
 
@@ -467,6 +477,7 @@ class LiveState(ClusterMirror):
         if kind != "pods":
             if kind == "nodes":
                 self._facts = None
+                self._node_events[key] = self._received
             else:
                 self._dra = None
             return

@@ -26,6 +26,7 @@ COMMANDS = {
     "replay": "replay",
     "deletion-costs": "deletion_costs",
     "scheduler-config": "scheduler_config",
+    "autoscaler-affinity": "autoscaler_affinity",
     "refresh": "refresh",
     "ledger": "ledger",
     "bench": "bench",

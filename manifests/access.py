@@ -9,7 +9,7 @@ calls each function makes (``adapters/kube.py``, ``adapters/binder.py`` and the 
 |---|---|---|
 | extender, only with sharing | ``gpu-scheduler:extender`` | pods get, nodes get, pods/binding create |
 | node-state refresher | ``gpu-scheduler:node-state`` | nodes list/watch/patch, pods list/watch, DRA list/watch |
-| deletion-cost refresher | ``gpu-scheduler:deletion-cost`` | pods list/get/patch |
+| deletion-cost refresher | ``gpu-scheduler:deletion-cost`` | pods list/get/patch, Karpenter's Deployment get |
 
 With sharing, the extender's and node-state groups (and the second scheduler's ServiceAccount) also
 create, read and delete reservation pods in their own namespace only (``manifests/reservation.py``,
@@ -29,7 +29,9 @@ RBAC cannot say *which* label or annotation a patch may touch. ``admission_polic
 ``ValidatingAdmissionPolicy`` objects (``admissionregistration.k8s.io/v1``, GA in Kubernetes 1.30):
 
 - the node-state group may change only the ``gpu.nvidia.com/model|memory|count`` node labels;
-- the deletion-cost group may change only the ``controller.kubernetes.io/pod-deletion-cost`` annotation;
+- the deletion-cost group may change only the annotations that carry a pod's cost
+  (``controller.kubernetes.io/pod-deletion-cost``, or Karpenter's ``karpenter.sh/disruption-cost``) and
+  ``karpenter.sh/do-not-disrupt`` with its owner mark (:data:`COST_ANNOTATIONS`);
 - for both, everything else in the object stays as it was: the other labels and annotations, the
   ``spec``, ``ownerReferences`` (an owner that does not exist makes the garbage collector delete the
   object) and ``finalizers`` (one nobody removes keeps it from ever being deleted);
@@ -48,6 +50,9 @@ from typing import Any
 from scheduler_core.k8s.names import (
     BIND_ANNOTATIONS,
     DELETION_COST_ANNOTATION,
+    DISRUPTION_COST_ANNOTATION,
+    DO_NOT_DISRUPT_ANNOTATION,
+    DO_NOT_DISRUPT_OWNER,
     DRA_GROUP,
     DRA_OBJECTS,
     LABEL_COUNT,
@@ -61,6 +66,17 @@ DEFAULT_SCHEDULER_ACCOUNT = f"system:serviceaccount:kube-system:{SCHEDULER_NAME}
 RBAC = "rbac.authorization.k8s.io"
 ADMISSION = "admissionregistration.k8s.io/v1"
 NODE_LABELS = (LABEL_MODEL, LABEL_MEMORY, LABEL_COUNT)
+
+
+COST_ANNOTATIONS = (
+    DELETION_COST_ANNOTATION,
+    DISRUPTION_COST_ANNOTATION,
+    DO_NOT_DISRUPT_ANNOTATION,
+    DO_NOT_DISRUPT_OWNER,
+)
+"""What the deletion-cost refresher writes on a managed pod (``docs/deletion-cost.md#under-karpenter``)."""
+KARPENTER_DEPLOYMENT_NAME = "karpenter"
+"""The Deployment the deletion-cost refresher may read (``KARPENTER_DEPLOYMENT``'s name, the Helm chart's)."""
 
 
 def _rule(resource: str, *verbs: str, group: str = "") -> dict[str, Any]:
@@ -102,8 +118,12 @@ NODE_STATE = LambdaIdentity(
 DELETION_COST = LambdaIdentity(
     name="deletion-cost",
     group="gpu-scheduler:deletion-cost",
-    # Lists the managed pods, patches their cost, re-reads one pod after a 409.
-    rules=(_rule("pods", "get", "list", "patch"),),
+    # Lists the managed pods, patches their cost, re-reads one pod after a 409; reads Karpenter's
+    # Deployment (its feature gates: which annotation carries the cost), that one Deployment only.
+    rules=(
+        _rule("pods", "get", "list", "patch"),
+        {**_rule("deployments", "get", group="apps"), "resourceNames": [KARPENTER_DEPLOYMENT_NAME]},
+    ),
 )
 
 
@@ -305,7 +325,7 @@ def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDU
     )
     docs += _policy(
         f"{SCHEDULER_NAME}-deletion-cost-annotation",
-        _own_writes_only(DELETION_COST, "pods", "annotations", (DELETION_COST_ANNOTATION,), frozen="labels"),
+        _own_writes_only(DELETION_COST, "pods", "annotations", COST_ANNOTATIONS, frozen="labels"),
     )
     if sharing:
         docs += _policy(

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from manifests.access import CONTAINER, EXTENDER, NODE_STATE, RBAC, RESTRICTED, pod_shape_policy
+from scheduler_core.errors import InvalidPodError
+from scheduler_core.k8s.autoscaler import autoscaler_affinity
 from scheduler_core.k8s.names import (
     GPU_RESOURCE,
     PLACEHOLDER_APP,
@@ -29,6 +31,7 @@ from scheduler_core.k8s.names import (
     PLACEHOLDER_NAMESPACE,
     SCHEDULER_NAME,
 )
+from scheduler_core.k8s.pods import pod_demand
 
 NAMESPACE = PLACEHOLDER_NAMESPACE
 PRIORITY_CLASS = "gpu-share-placeholder"
@@ -77,8 +80,8 @@ def placeholder_pod(
     }
     for field in ("nodeSelector", "affinity", "tolerations"):
         if requirements.get(field):
-            spec[field] = requirements[field]
-    return {
+            spec[field] = copy.deepcopy(requirements[field])
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -89,6 +92,23 @@ def placeholder_pod(
         },
         "spec": spec,
     }
+    _for_autoscalers(pod)
+    return pod
+
+
+def _for_autoscalers(pod: dict[str, Any]) -> None:
+    """Write the shares' GPU model and memory into the placeholder's required node affinity, as Karpenter
+    and cluster-autoscaler read them (:func:`~scheduler_core.k8s.autoscaler.autoscaler_affinity`): the
+    placeholder is what they add a node for, and a node of another GPU would be refused to the shares.
+    Left as it is where nothing is to add or no known instance type fits (the shares then wait, and
+    ``explain`` says why)."""
+    try:
+        terms, _ = autoscaler_affinity(pod, pod_demand(pod))
+    except InvalidPodError:
+        return
+    if terms is not None:
+        node_affinity = pod["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": terms}
 
 
 def is_placeholder(pod: Mapping[str, Any]) -> bool:

@@ -45,6 +45,7 @@ from typing import Any
 import yaml
 
 from manifests.access import admission_policies, lambda_rbac
+from manifests.nodepool import CONSOLIDATION_POLICIES, gpu_nodepools
 from manifests.placeholder import placeholder_manifests
 from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
 from manifests.reservation import image_problems, reservation_manifests, reserving
@@ -128,6 +129,10 @@ class SchedulerOptions:
     gpu_pods_only: bool = False
     """Call the extender only for pods that request a GPU resource (``managedResources``); by default
     it is called for every pod of the profile, so that CPU-only pods strand no GPU."""
+    karpenter_node_class: str = ""
+    """The ``EC2NodeClass`` the GPU NodePools launch on (``manifests/nodepool.py``); empty: no NodePools."""
+    karpenter_consolidation: str = "WhenEmpty"
+    """The whole-GPU NodePool's ``consolidationPolicy`` (the shared pool's is always ``WhenEmpty``)."""
 
     def problems(self) -> list[str]:
         """Every invalid option, by name."""
@@ -159,6 +164,13 @@ class SchedulerOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 found.append(f"{name}: expected an integer >= 1, got {value!r}")
+        if self.karpenter_consolidation not in CONSOLIDATION_POLICIES:
+            found.append(
+                f"karpenter_consolidation: expected one of {', '.join(CONSOLIDATION_POLICIES)}, "
+                f"got {self.karpenter_consolidation!r}"
+            )
+        if self.karpenter_node_class and not _DNS_NAME.fullmatch(self.karpenter_node_class):
+            found.append(f"karpenter_node_class: expected an EC2NodeClass name, got {self.karpenter_node_class!r}")
         return found
 
     def validated(self) -> SchedulerOptions:
@@ -166,6 +178,10 @@ class SchedulerOptions:
         if problems:
             raise ConfigError("; ".join(problems))
         return self
+
+
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+"""A Kubernetes object name (DNS subdomain)."""
 
 
 def _loopback_http(url: str) -> bool:
@@ -476,12 +492,20 @@ def all_manifests(options: SchedulerOptions, *, admission_policy: bool = True) -
         reservations += share_env_mutation(options.mutating_policy)
     if not admission_policy:
         reservations = [doc for doc in reservations if not doc["kind"].startswith("ValidatingAdmission")]
+    pools = (
+        gpu_nodepools(
+            options.karpenter_node_class, sharing=options.sharing, consolidation=options.karpenter_consolidation
+        )
+        if options.karpenter_node_class
+        else []
+    )
     return [
         *lambda_rbac(sharing=options.sharing),
         *scraper_rbac(),
         *policies,
         *reservations,
         *scheduler_manifests(options),
+        *pools,
     ]
 
 

@@ -46,8 +46,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 _KINDS = {"nodes": "Node", "pods": "Pod", "deviceclasses": "DeviceClass", "resourceslices": "ResourceSlice",
-          "resourceclaims": "ResourceClaim"}  # fmt: skip
-_NAMESPACED = ("pods", "resourceclaims")
+          "resourceclaims": "ResourceClaim", "deployments": "Deployment"}  # fmt: skip
+_NAMESPACED = ("pods", "resourceclaims", "deployments")
 _POD_FIELDS = ("metadata.name", "metadata.namespace", "spec.nodeName", "status.phase", "spec.schedulerName")
 _NODE_FIELDS = ("metadata.name", "spec.unschedulable")
 _SNAPSHOTS_KEPT = 8
@@ -301,7 +301,10 @@ class KubeApiDouble:
     ) -> tuple[int, bytes]:
         if route.kind == "resource.k8s.io":
             return 200, self._dra_group(method)
-        if route.kind not in ("nodes", "pods"):
+        if route.kind == "deployments":
+            if method != "GET":
+                raise ApiError(405, "MethodNotAllowed", "the double serves Deployments read-only (load them)")
+        elif route.kind not in ("nodes", "pods"):
             if not self.dra_api or route.version != self.dra_api.rpartition("/")[2]:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
             if method != "GET":
@@ -567,6 +570,7 @@ _ROUTES = (
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$"), "pods"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)(?P<binding>/binding)?$"), "pods"),
     (re.compile(r"^/apis/resource\.k8s\.io$"), "resource.k8s.io"),
+    (re.compile(r"^/apis/apps/v1/namespaces/(?P<ns>[^/]+)/deployments/(?P<name>[^/]+)$"), "deployments"),
     *(
         (re.compile(rf"^/apis/resource\.k8s\.io/(?P<version>v1\w*)/{kind}$"), kind)
         for kind in ("deviceclasses", "resourceslices", "resourceclaims")
@@ -724,7 +728,7 @@ def _raw(obj: Mapping[str, Any]) -> bytes:
 
 
 def _with_kind(kind: str, obj: Mapping[str, Any]) -> bytes:
-    return encode({"kind": _KINDS[kind], "apiVersion": "v1", **obj})
+    return encode({"kind": _KINDS[kind], "apiVersion": "apps/v1" if kind == "deployments" else "v1", **obj})
 
 
 def _decode(body: bytes) -> Any:

@@ -56,7 +56,12 @@ def _kubernetes_identities() -> str:
 
     rows = ["| Lambda | Kubernetes group | may |", "|---|---|---|"]
     for identity in identities(sharing=True):
-        verbs = "; ".join(f"{', '.join(rule['resources'])}: {', '.join(rule['verbs'])}" for rule in identity.rules)
+        verbs = "; ".join(
+            f"{', '.join(rule['resources'])}"
+            + (f" (`{'`, `'.join(rule['resourceNames'])}` only)" if rule.get("resourceNames") else "")
+            + f": {', '.join(rule['verbs'])}"
+            for rule in identity.rules
+        )
         rows.append(f"| {identity.name} | `{identity.group}` | {verbs} |")
     return "\n".join(rows)
 
@@ -198,6 +203,18 @@ def _share_env() -> str:
     return "\n".join(rows)
 
 
+def _autoscaler_labels() -> str:
+    from scheduler_core.k8s.autoscaler import labels_table
+
+    return labels_table()
+
+
+def _gpu_instance_types() -> str:
+    from scheduler_core.k8s.autoscaler import instance_types_table
+
+    return instance_types_table()
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "scheduler-configuration": _scheduler_configuration,
     "pods-reaching-the-extender": _pods_reaching_the_extender,
@@ -209,6 +226,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "node-state-settings": _node_state_settings,
     "deletion-cost-settings": _deletion_cost_settings,
     "metric-catalogue": _metric_catalogue,
+    "autoscaler-labels": _autoscaler_labels,
+    "gpu-instance-types": _gpu_instance_types,
 }
 """Block name to the function that writes its body (Markdown, without the delimiting lines)."""
 

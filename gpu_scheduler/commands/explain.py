@@ -110,6 +110,8 @@ def table(explanation: Explanation) -> str:
     text += [
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)) + "  " + line[-1] for line in lines
     ]
+    if explanation.autoscaler:
+        text.append(f"autoscaler: {explanation.autoscaler}")
     return "\n".join(text)
 
 

@@ -47,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cost.add_argument("--prometheus", default="", help="the Prometheus or AMP URL the cost queries go to")
     cost.add_argument("--config", type=Path, help="the workload config JSON (default: the metrics policy)")
     cost.add_argument("--dry-run", action="store_true", help="compute and log the changes, write nothing")
+    cost.add_argument(
+        "--karpenter-deployment", help="Karpenter's Deployment, NAMESPACE/NAME ('' : never look; KARPENTER_DEPLOYMENT)"
+    )
+    cost.add_argument(
+        "--do-not-disrupt-from", type=int, help="pods of at least this cost get karpenter.sh/do-not-disrupt (0: none)"
+    )
 
 
 def _common(parser: argparse.ArgumentParser, *, every: str) -> None:
@@ -121,6 +127,10 @@ def _deletion_cost(
             overrides["config_json"] = args.config.read_text()
         except OSError as exc:
             raise UsageError(f"cannot read config file {args.config}: {exc.strerror}") from exc
+    if args.karpenter_deployment is not None:
+        overrides["karpenter_deployment"] = args.karpenter_deployment
+    if args.do_not_disrupt_from is not None:
+        overrides["do_not_disrupt_from"] = args.do_not_disrupt_from
     settings = DeletionCostSettings.from_env(
         **overrides,
         passes=1,

@@ -49,6 +49,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "1.36+: v1; "
         "the API server must serve it). Without it, share pods carry the env entries themselves",
     )
+    parser.add_argument(
+        "--karpenter-node-class",
+        default="",
+        help="add Karpenter NodePools for GPU nodes (whole GPUs; with --sharing, shares too) on this EC2NodeClass "
+        "(docs/autoscalers.md)",
+    )
+    parser.add_argument(
+        "--karpenter-consolidation",
+        choices=("WhenEmpty", "WhenEmptyOrUnderutilized"),
+        default="WhenEmpty",
+        help="the whole-GPU NodePool's consolidation policy (default WhenEmpty; the shared pool's is always WhenEmpty)",
+    )
     parser.add_argument("--namespace", default="kube-system")
     parser.add_argument("--out", type=Path, help="write here (default: stdout)")
 
@@ -65,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         mutating_policy=f"admissionregistration.k8s.io/{args.mutating_policy}" if args.mutating_policy else "",
         node_cache_capable=not args.full_nodes,
         gpu_pods_only=args.gpu_pods_only,
+        karpenter_node_class=args.karpenter_node_class,
+        karpenter_consolidation=args.karpenter_consolidation,
         client_qps=args.client_qps,
         client_burst=args.client_burst,
         image=args.image or DEFAULT_IMAGE,

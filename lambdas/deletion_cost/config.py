@@ -36,6 +36,17 @@ class DeletionCostSettings(ClusterAccess):
     deadline_margin_s: float = setting(
         "DEADLINE_MARGIN_S", 5.0, "no pass or write starts this close to the Lambda deadline"
     )
+    karpenter_deployment: str = setting(
+        "KARPENTER_DEPLOYMENT",
+        "kube-system/karpenter",
+        "Karpenter's Deployment, NAMESPACE/NAME: with its PodDeletionCostManagement gate on, costs go to "
+        "`karpenter.sh/disruption-cost`; empty: never look",
+    )
+    do_not_disrupt_from: int = setting(
+        "DO_NOT_DISRUPT_FROM",
+        0,
+        "pods whose cost is at least this carry `karpenter.sh/do-not-disrupt` (taken away again below it); 0: none",
+    )
     metrics_namespace: str = setting(
         "POWERTOOLS_METRICS_NAMESPACE", NAMESPACE, "CloudWatch namespace of the EMF metrics"
     )
@@ -62,4 +73,9 @@ class DeletionCostSettings(ClusterAccess):
             found.append(f"PASSES: expected 1..10, got {self.passes}")
         if self.interval_s < 0 or self.deadline_margin_s < 0:
             found.append("INTERVAL_S and DEADLINE_MARGIN_S: must be non-negative")
+        namespace, _, name = self.karpenter_deployment.partition("/")
+        if self.karpenter_deployment and not (namespace and name and "/" not in name):
+            found.append(f"KARPENTER_DEPLOYMENT: expected NAMESPACE/NAME or empty, got {self.karpenter_deployment!r}")
+        if self.do_not_disrupt_from < 0:
+            found.append(f"DO_NOT_DISRUPT_FROM: must be non-negative, got {self.do_not_disrupt_from}")
         return found

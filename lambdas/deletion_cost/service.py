@@ -29,12 +29,15 @@ from adapters.amp import PrometheusClient, PrometheusQueryError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import CostPod
 from lambdas.deletion_cost.config import DeletionCostSettings
+from scheduler_core.deletion_cost.karpenter import cost_annotation
 from scheduler_core.deletion_cost.plan import (
     CostChange,
+    GuardChange,
     costs_for,
     current_cost,
     metrics_by_pod,
     plan_changes,
+    plan_guards,
     pod_key,
     render_queries,
 )
@@ -56,6 +59,10 @@ class PassReport:
     planned: int = 0
     deferred: int = 0  # planned, but over the write budget or out of time: next pass or run
     query_failures: int = 0
+    cost_annotation: str = DELETION_COST_ANNOTATION
+    """Where the costs went: ``karpenter.sh/disruption-cost`` where Karpenter manages the other one."""
+    guards_set: int = 0
+    guards_cleared: int = 0
     cost_ranges: dict[str, int] = field(default_factory=dict)
     phases_ms: dict[str, float] = field(default_factory=dict)
 
@@ -165,6 +172,7 @@ def _one_pass(
         phases[name] = round(1000 * (time.perf_counter() - mark), 1)
         mark = time.perf_counter()
 
+    annotation = _cost_annotation(settings, services.kube)
     listed = services.kube.list_all("pods", label_selector=MANAGED_SELECTOR, item_type=CostPod)
     pods = [p for p in listed if _live(p)]
     phase("list_pods")
@@ -172,9 +180,11 @@ def _one_pass(
     results, query_failures = _query_metrics(services.prometheus, queries, logger)
     phase("query_metrics")
     costs = costs_for(pods, metrics_by_pod(config, pods, results, queries), config, now)
-    changes, unchanged = plan_changes(pods, costs, config.hysteresis)
+    changes, unchanged = plan_changes(pods, costs, config.hysteresis, annotation)
+    guards = plan_guards(pods, costs, settings.do_not_disrupt_from, annotation)
     phase("compute_costs")
-    written = _apply(changes, settings, services.kube, config, budget, logger)
+    written = _apply(changes, settings, services.kube, config, budget, logger, annotation)
+    guarded = _apply_guards(guards, settings, services.kube, budget, logger)
     phase("write")
     return PassReport(
         pods_seen=len(pods),
@@ -182,10 +192,30 @@ def _one_pass(
         metrics_missing=sum(cost is None for cost in costs.values()),
         planned=len(changes),
         query_failures=query_failures,
-        cost_ranges=_ranges(pods, costs),
+        cost_annotation=annotation,
+        cost_ranges=_ranges(pods, costs, annotation),
         phases_ms=phases,
         **written,
+        **guarded,
     )
+
+
+def _cost_annotation(settings: DeletionCostSettings, kube: KubeClient) -> str:
+    """The annotation this pass writes (:func:`scheduler_core.deletion_cost.karpenter.cost_annotation`),
+    from Karpenter's Deployment as it is now. No such Deployment: the usual one. One that cannot be read
+    fails the pass (a :class:`KubeApiError`): writing the usual annotation under a Karpenter that manages
+    it would fight it every minute."""
+    if not settings.karpenter_deployment:
+        return DELETION_COST_ANNOTATION
+    namespace, _, name = settings.karpenter_deployment.partition("/")
+    try:
+        deployment = kube.get_deployment(namespace, name)
+    except KubeApiError as exc:
+        if exc.status == 404:
+            return DELETION_COST_ANNOTATION
+        message = f"reading Karpenter's Deployment {namespace}/{name}: {exc.message}"
+        raise KubeApiError(exc.status, exc.reason, message) from exc
+    return cost_annotation(deployment)
 
 
 def _apply(
@@ -195,6 +225,7 @@ def _apply(
     config: CostConfig,
     budget: _Budget,
     logger: Any,
+    annotation: str,
 ) -> dict[str, int]:
     """Write the changes, most needed first, within the budget and the deadline; the pass's write counts."""
     counts = {"cost_patches": 0, "pods_gone": 0, "patch_failures": 0, "deferred": 0}
@@ -207,7 +238,7 @@ def _apply(
             logger.warning("write budget reached", extra={"deferred": counts["deferred"]})
             break
         try:
-            outcome = _write(kube, change, config.hysteresis, logger)
+            outcome = _write(kube, change, config.hysteresis, logger, annotation)
         except DeadlineReachedError:
             counts["deferred"] = len(changes) - index
             logger.warning("deadline reached: writes deferred", extra={"deferred": counts["deferred"]})
@@ -243,14 +274,40 @@ def _query_metrics(
     return results, failures
 
 
-def _write(kube: KubeClient, change: CostChange, hysteresis: int, logger: Any) -> str:
+def _apply_guards(
+    guards: list[GuardChange], settings: DeletionCostSettings, kube: KubeClient, budget: _Budget, logger: Any
+) -> dict[str, int]:
+    """Set or take away ``karpenter.sh/do-not-disrupt``, within the same write budget as the costs."""
+    counts = {"guards_set": 0, "guards_cleared": 0}
+    for change in guards:
+        what = {"pod": change.key, "do_not_disrupt": change.guard}
+        if settings.dry_run:
+            logger.info("dry run: would change do-not-disrupt", extra=what)
+            continue
+        if not budget.take():
+            logger.warning("write budget reached: do-not-disrupt changes deferred", extra=what)
+            break
+        try:
+            kube.patch_pod_annotations(change.namespace, change.name, change.annotations())
+        except DeadlineReachedError:
+            break
+        except KubeApiError as exc:
+            if exc.status != 404:
+                logger.warning("do-not-disrupt write failed", extra={**what, "error": str(exc)})
+            continue
+        counts["guards_set" if change.guard else "guards_cleared"] += 1
+        logger.info("do-not-disrupt changed", extra=what)
+    return counts
+
+
+def _write(kube: KubeClient, change: CostChange, hysteresis: int, logger: Any, annotation: str) -> str:
     """Patch one pod: "patched", "gone", "skipped" (someone else already set it) or "failed"."""
     for attempt in (1, 2):
         try:
             kube.patch_pod_annotations(
                 change.namespace,
                 change.name,
-                {DELETION_COST_ANNOTATION: format_cost(change.new)},
+                {annotation: format_cost(change.new)},
                 retry_conflicts=False,
             )
             logger.info("deletion cost set", extra=_change_log(change))
@@ -272,7 +329,7 @@ def _write(kube: KubeClient, change: CostChange, hysteresis: int, logger: Any) -
             if exc.status == 404:
                 return "gone"
             return "failed"
-        current = current_cost(fresh)
+        current = current_cost(fresh, annotation)
         if current is not None and abs(current - change.new) < max(hysteresis, 1):
             return "skipped"
     return "failed"
@@ -282,13 +339,13 @@ def _change_log(change: CostChange) -> dict[str, Any]:
     return {"pod": change.key, "old_cost": change.old, "new_cost": change.new}
 
 
-def _ranges(pods: Sequence[Mapping[str, Any]], costs: Mapping[str, int | None]) -> dict[str, int]:
+def _ranges(pods: Sequence[Mapping[str, Any]], costs: Mapping[str, int | None], annotation: str) -> dict[str, int]:
     """Pods per cost range, counting the cost each pod will carry (the new one, else its current one)."""
     counts = {name: 0 for name, _, _ in COST_RANGES}
     for pod in pods:
         cost = costs.get(pod_key(pod))
         if cost is None:
-            cost = current_cost(pod) or 0
+            cost = current_cost(pod, annotation) or 0
         for name, low, high in COST_RANGES:
             if low <= cost <= high:
                 counts[name] += 1

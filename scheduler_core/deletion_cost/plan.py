@@ -25,7 +25,7 @@ from scheduler_core.deletion_cost.policy import (
 )
 from scheduler_core.deletion_cost.replicaset import scale_down_order
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.k8s.names import DELETION_COST_ANNOTATION
+from scheduler_core.k8s.names import DELETION_COST_ANNOTATION, DO_NOT_DISRUPT_ANNOTATION, DO_NOT_DISRUPT_OWNER
 
 
 def pod_list(document: Any) -> list[Mapping[str, Any]]:
@@ -110,8 +110,10 @@ def workload_index(config: CostConfig, pod: Mapping[str, Any]) -> int | None:
     return None if workload is None else config.workloads.index(workload)
 
 
-def current_cost(pod: Mapping[str, Any]) -> int | None:
-    return parse_cost(((pod.get("metadata") or {}).get("annotations") or {}).get(DELETION_COST_ANNOTATION))
+def current_cost(pod: Mapping[str, Any], annotation: str = DELETION_COST_ANNOTATION) -> int | None:
+    """The cost ``pod`` carries in ``annotation`` (the refresher writes one of two:
+    :func:`scheduler_core.deletion_cost.karpenter.cost_annotation`); None when absent or invalid."""
+    return parse_cost(((pod.get("metadata") or {}).get("annotations") or {}).get(annotation))
 
 
 @dataclass(frozen=True)
@@ -129,11 +131,14 @@ class CostChange:
 
 
 def plan_changes(
-    pods: Sequence[Mapping[str, Any]], costs: Mapping[str, int | None], hysteresis: int
+    pods: Sequence[Mapping[str, Any]],
+    costs: Mapping[str, int | None],
+    hysteresis: int,
+    annotation: str = DELETION_COST_ANNOTATION,
 ) -> tuple[list[CostChange], int]:
     """The writes worth making, most needed first, and how many pods are left as they are.
 
-    A pod is written when it has a new cost and its annotation is missing or invalid, or the cost
+    A pod is written when it has a new cost and its ``annotation`` is missing or invalid, or the cost
     moved by at least ``hysteresis``. Missing or invalid annotations come first, then the largest moves.
 
     >>> pod = {"metadata": {"namespace": "ns", "name": "a", "annotations": {DELETION_COST_ANNOTATION: "100"}}}
@@ -148,7 +153,7 @@ def plan_changes(
         new = costs.get(pod_key(pod))
         if new is None:
             continue
-        old = current_cost(pod)
+        old = current_cost(pod, annotation)
         if old is not None and abs(new - old) < max(hysteresis, 1):
             unchanged += 1
             continue
@@ -156,6 +161,62 @@ def plan_changes(
         changes.append(CostChange(str(metadata.get("namespace", "default")), str(metadata.get("name", "")), old, new))
     changes.sort(key=lambda c: (c.old is not None, -abs(c.new - (c.old or 0))))
     return changes, unchanged
+
+
+@dataclass(frozen=True)
+class GuardChange:
+    """``karpenter.sh/do-not-disrupt`` set on a pod (``guard``) or taken away from it."""
+
+    namespace: str
+    name: str
+    guard: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def annotations(self) -> dict[str, str | None]:
+        """The merge patch: the annotation and its owner mark together, or both removed."""
+        if self.guard:
+            return {DO_NOT_DISRUPT_ANNOTATION: "true", DO_NOT_DISRUPT_OWNER: GUARD_OWNER}
+        return {DO_NOT_DISRUPT_ANNOTATION: None, DO_NOT_DISRUPT_OWNER: None}
+
+
+GUARD_OWNER = "deletion-cost"
+
+
+def plan_guards(
+    pods: Sequence[Mapping[str, Any]],
+    costs: Mapping[str, int | None],
+    threshold: int,
+    annotation: str = DELETION_COST_ANNOTATION,
+) -> list[GuardChange]:
+    """Which pods get ``karpenter.sh/do-not-disrupt``: those whose cost (the new one, else the one they
+    carry in ``annotation``) is at least ``threshold`` (0: none); and which lose it, of those this
+    refresher guarded (its owner mark), once their cost falls below it or the threshold is off. A pod
+    that already carries the annotation by anyone else's hand is never touched.
+
+    >>> pod = {"metadata": {"namespace": "ns", "name": "a", "annotations": {}}}
+    >>> plan_guards([pod], {"ns/a": 900}, 800)
+    [GuardChange(namespace='ns', name='a', guard=True)]
+    >>> plan_guards([pod], {"ns/a": 700}, 800)
+    []
+    """
+    changes = []
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        present = metadata.get("annotations") or {}
+        owned = present.get(DO_NOT_DISRUPT_OWNER) == GUARD_OWNER
+        cost = costs.get(pod_key(pod))
+        if cost is None:
+            cost = current_cost(pod, annotation)
+        wanted = threshold > 0 and cost is not None and cost >= threshold
+        namespace, name = str(metadata.get("namespace", "default")), str(metadata.get("name", ""))
+        if wanted and DO_NOT_DISRUPT_ANNOTATION not in present:
+            changes.append(GuardChange(namespace, name, True))
+        elif not wanted and owned:
+            changes.append(GuardChange(namespace, name, False))
+    return changes
 
 
 def render_queries(config: CostConfig, pods: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, str]]]:

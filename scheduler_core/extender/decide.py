@@ -56,6 +56,9 @@ class FilterOutcome:
     error_kind: str = ""
     view: NodeView | None = None
     nodes: Sequence[Any] | None = None
+    hint: str = ""
+    """Where no node passes: what an autoscaler could add (:func:`~scheduler_core.k8s.autoscaler.autoscaler_hint`),
+    ended to every refusal in the reply, which kube-scheduler's ``FailedScheduling`` event quotes."""
 
     @cached_property
     def kept(self) -> list[Any]:
@@ -80,6 +83,8 @@ class FilterOutcome:
     def _failed(self, *, unresolvable: bool) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.intp], tuple[str, ...]]:
         assert self.result is not None
         rows, text_id, texts = self.result.failed_rows(unresolvable=unresolvable)
+        if self.hint:
+            texts = tuple(f"{text}; {self.hint}" for text in texts)
         return self.result.table.json_names_at(rows), text_id, texts
 
     def _envelope(self, failed: str, unresolvable: str) -> bytes:

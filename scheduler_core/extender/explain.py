@@ -58,6 +58,9 @@ class Explanation:
 
     demand: PodDemand
     nodes: list[NodeExplanation]
+    autoscaler: str = ""
+    """Where no node passes: what an autoscaler could add, as the filter's refusals end
+    (:func:`~scheduler_core.k8s.autoscaler.autoscaler_hint`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +69,7 @@ class Explanation:
             "share_milli": self.demand.share,
             "mig": {profile: count for profile, count in self.demand.mig},
             "nodes": [row.to_json() for row in self.nodes],
+            "autoscaler": self.autoscaler,
         }
 
 
@@ -100,7 +104,8 @@ def explain(extender: Extender, pod: Mapping[str, Any]) -> Explanation:
         if verdict.error_kind == "invalid_pod":
             raise InvalidPodError(verdict.error)
         raise ClusterStateUnavailableError(verdict.error, verdict.error_kind)
-    return Explanation(verdict.demand or PodDemand(), explanation_rows(verdict, extender.prioritize(args)))
+    rows = explanation_rows(verdict, extender.prioritize(args))
+    return Explanation(verdict.demand or PodDemand(), rows, verdict.hint)
 
 
 def explanation_rows(verdict: FilterOutcome, scored: PrioritizeOutcome) -> list[NodeExplanation]:

@@ -21,7 +21,7 @@ and answers 500.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -39,9 +39,10 @@ from scheduler_core.extender.wire import (
     encode_json,
     error_body,
 )
+from scheduler_core.k8s.autoscaler import autoscaler_hint
 from scheduler_core.k8s.names import MILLI_PER_GPU, PEERS_ANNOTATION
 from scheduler_core.k8s.pods import PodDemand, assumed_cpu_milli, pod_demand
-from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, FilterResult, ScoreWeights
+from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, FilterResult, Reason, ScoreWeights
 from scheduler_core.scoring.locality import LocalitySettings
 from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, SharePolicy, share_policy
 from scheduler_core.state.cluster import ClusterState
@@ -69,10 +70,13 @@ generated ``httpTimeout`` of 3 s)."""
 class CatchingUp(Protocol):
     """A :data:`ClusterSource` that knows when changes it has received are not in its state yet
     (``adapters.live_state.LiveState``): ``catch_up(timeout_s, nodes)`` waits for those that may free
-    capacity (and, briefly, for the deletion of a terminating pod on one of ``nodes`` to arrive), and
-    says whether it waited for one that is in the state now."""
+    capacity (and, briefly, for the deletion of a terminating pod on one of ``nodes`` to arrive), or with
+    ``node_facts`` for changes of ``nodes`` themselves (their labels or allocatable), and says whether it
+    waited for one that is in the state now."""
 
-    def catch_up(self, timeout_s: float, nodes: Collection[str] = ()) -> bool: ...
+    def catch_up(self, timeout_s: float, nodes: Collection[str] = (), *, node_facts: bool = False) -> bool: ...
+
+    # node_facts: wait for changes of ``nodes`` only, nodes the caller knows the state is behind on.
 
 
 @dataclass(frozen=True)
@@ -291,24 +295,36 @@ class Extender:
         outcome = filter_verdict(view, demand, args.nodes)
         if outcome.result is not None and self._refreshed_for(outcome.result):
             outcome = filter_verdict(self.view(args, demand), demand, args.nodes)
+        if not len(outcome.kept_rows) and outcome.result is not None and len(outcome.result.reason):
+            outcome = replace(outcome, hint=autoscaler_hint(args.pod, demand))
         if len(outcome.kept_rows) == 1:
             self._assume(view, int(outcome.kept_rows[0]), demand, args.pod)  # kube-scheduler skips prioritize: its node
         return outcome
 
     def _refreshed_for(self, result: FilterResult) -> bool:
-        """Whether a refusal of some node for what is in use there (``FailedNodes``: GPUs or milli
-        taken, which a deletion frees) met a source behind on a change that may free capacity, and the
-        source has caught up: then filter decides again. kube-scheduler 1.33 retries a pod the extender
-        refused on any cluster event, at once when its queue is empty, so it can ask before the source
-        has seen the deletion that freed the node; refused again, the pod would wait for another event."""
+        """Whether a refusal met a source behind on a change that may undo it, and the source has caught
+        up: then filter decides again. A refusal for what is in use there (``FailedNodes``: GPUs or milli
+        taken, which a deletion frees) waits for any change that may free capacity. One for a node's own
+        facts (``FailedAndUnresolvableNodes``) waits only where the state is known to be behind on that
+        node: too few allocatable GPUs for a whole-GPU pod that kube-scheduler, which counts
+        ``nvidia.com/gpu`` itself, sent the node for. kube-scheduler 1.33 retries a pod the extender
+        refused on a cluster event, at once when its queue is empty, so it can ask before the source has
+        the change: a deletion that freed the node, or a new node's GPUs, which its device plugin reports
+        after the node registered. Refused again as unresolvable, the pod would wait minutes for another
+        event."""
         source = self._catching_up
-        if source is None:
-            return False
-        refused = np.flatnonzero(~result.feasible & ~result.unresolvable)
-        if refused.size == 0:
+        if source is None or result.feasible.all():
             return False
         names = result.table.names
-        return source.catch_up(CATCH_UP_S, [names[row] for row in refused.tolist()])
+        refused = np.flatnonzero(~result.feasible & ~result.unresolvable)
+        if refused.size:
+            return source.catch_up(CATCH_UP_S, [names[row] for row in refused.tolist()])
+        if not result.demand.counted_by_scheduler:
+            return False
+        behind = np.flatnonzero(result.reason == Reason.TOO_FEW_GPUS)
+        return bool(behind.size) and source.catch_up(
+            CATCH_UP_S, [names[row] for row in behind.tolist()], node_facts=True
+        )
 
     def prioritize(self, args: ExtenderArgs) -> PrioritizeOutcome:
         """Score every node of ``args``; nodes that would not pass the filter score 0.

@@ -48,6 +48,13 @@ DRA_OBJECTS = ("deviceclasses", "resourceslices", "resourceclaims")
 DRA_GPU_DRIVER = "gpu.nvidia.com"
 """NVIDIA's DRA driver for GPUs (``kubernetes-sigs/dra-driver-nvidia-gpu``): its devices are GPUs, MIG
 devices and passthrough GPUs (attribute ``type``: ``gpu``, ``mig``, ``vfio``)."""
+# Karpenter's AWS provider labels a node, and an instance type before it launches one, with its GPUs
+# (aws/karpenter-provider-aws computeRequirements; scheduler_core/k8s/autoscaler.py has the table).
+KARPENTER_GPU_NAME = "karpenter.k8s.aws/instance-gpu-name"
+KARPENTER_GPU_MANUFACTURER = "karpenter.k8s.aws/instance-gpu-manufacturer"
+KARPENTER_GPU_COUNT = "karpenter.k8s.aws/instance-gpu-count"
+KARPENTER_GPU_MEMORY = "karpenter.k8s.aws/instance-gpu-memory"
+KARPENTER_NODEPOOL = "karpenter.sh/nodepool"
 # Well-known labels.
 LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
@@ -78,6 +85,13 @@ PEERS_ANNOTATION = "gpu-scheduler.io/peers"
 
 # Pod deletion cost.
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+DISRUPTION_COST_ANNOTATION = "karpenter.sh/disruption-cost"
+"""Karpenter's own cost of evicting a pod, read instead of the one above where its ``PodDeletionCostManagement``
+gate is on (:mod:`scheduler_core.deletion_cost.karpenter`)."""
+DO_NOT_DISRUPT_ANNOTATION = "karpenter.sh/do-not-disrupt"
+"""``"true"``: Karpenter's consolidation, drift and expiry leave the pod's node alone while it runs."""
+DO_NOT_DISRUPT_OWNER = "gpu-scheduler.io/do-not-disrupt"
+"""Beside a ``karpenter.sh/do-not-disrupt`` the deletion-cost refresher wrote: the one it may take away again."""
 DELETION_COST_LABEL = "gpu-scheduler.io/deletion-cost"
 MANAGED_SELECTOR = f"{DELETION_COST_LABEL}=managed"
 """Pods opt in to deletion-cost management with this label; no other pod is read or written."""

@@ -29,6 +29,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from scheduler_core.k8s.gpu_models import normalize_model
+from scheduler_core.k8s.names import GFD_PRODUCT, KARPENTER_GPU_NAME, LABEL_MODEL
+
 LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 FIELD_OPERATORS = ("In", "NotIn")
 NAME_FIELD = "metadata.name"
@@ -166,6 +169,43 @@ def unmet(affinity: RequiredAffinity | None, name: str, labels: Mapping[str, Any
             failed += [r for r in term.fields if not _field_mask(r, columns)[0]]
         reasons.append(str(failed[0]) if failed else "a term that matches no node")
     return reasons or ["no nodeSelectorTerms"]
+
+
+MODEL_KEYS = (KARPENTER_GPU_NAME, LABEL_MODEL, GFD_PRODUCT)
+"""The node labels that name a node's GPU model: Karpenter's (``h100``), the product's (``H100``) and GFD's
+(``NVIDIA-H100-80GB-HBM3``), each read through :func:`~scheduler_core.k8s.gpu_models.normalize_model`."""
+
+
+def affinity_models(affinity: RequiredAffinity | None) -> frozenset[str] | None:
+    """The GPU models the required node affinity allows, by ``In`` on a :data:`MODEL_KEYS` label: for each
+    term, the models every such expression of it allows; over the terms (ORed), their union. None when
+    some term constrains no model, or there is no affinity or no term that parses: any model then, as
+    far as models go. Other operators (``NotIn``, ``Exists``...) and terms that do not parse (which match
+    no node) are the affinity check's to apply, kube-scheduler's and the bind's.
+
+    >>> pod = {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    ...     "nodeSelectorTerms": [
+    ...         {"matchExpressions": [{"key": "karpenter.k8s.aws/instance-gpu-name", "operator": "In",
+    ...                                "values": ["h100", "a100"]}]},
+    ...         {"matchExpressions": [{"key": "gpu.nvidia.com/model", "operator": "In", "values": ["H200"]}]}]}}}}}
+    >>> sorted(affinity_models(required_affinity(pod)))
+    ['A100', 'H100', 'H200']
+    """
+    if affinity is None or all(term.problem for term in affinity.terms):
+        return None
+    allowed: set[str] = set()
+    for term in affinity.terms:
+        if term.problem:
+            continue
+        in_term: set[str] | None = None
+        for requirement in term.expressions:
+            if requirement.key in MODEL_KEYS and requirement.operator == "In":
+                models = {m for m in map(normalize_model, requirement.values) if m is not None}
+                in_term = models if in_term is None else in_term & models
+        if in_term is None:
+            return None
+        allowed |= in_term
+    return frozenset(allowed)
 
 
 class _NodeColumns:

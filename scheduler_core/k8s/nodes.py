@@ -26,6 +26,9 @@ from scheduler_core.k8s.names import (
     GFD_MEMORY,
     GFD_PRODUCT,
     GPU_RESOURCE,
+    KARPENTER_GPU_COUNT,
+    KARPENTER_GPU_MEMORY,
+    KARPENTER_GPU_NAME,
     LABEL_COUNT,
     LABEL_INSTANCE_TYPE,
     LABEL_MEMORY,
@@ -476,7 +479,9 @@ def _node_parts(node: Any, row: int) -> tuple[str, Mapping[str, Any], Mapping[st
 def gpu_facts(labels: Mapping[str, Any], allocatable: Mapping[str, Any], mode: MigMode | None = None) -> NodeGpuFacts:
     """Read GPU model, memory per GPU, count and allocatable GPUs from one node.
 
-    GFD labels win over the project labels, fact by fact. If the winning value of any fact is
+    GFD labels win over the project labels, and those over Karpenter's (an instance type's EC2 facts, as
+    the project's are where GFD is absent: a node Karpenter just launched carries them before anything
+    else labels it), fact by fact. If the winning value of any fact is
     garbled, the node gets no GPU information at all (model ``None``, memory 0, count 0) and
     ``error`` names the label and the value. Allocatable GPUs come from ``status.allocatable``.
 
@@ -484,14 +489,7 @@ def gpu_facts(labels: Mapping[str, Any], allocatable: Mapping[str, Any], mode: M
     ...           {"nvidia.com/gpu": "8"})
     NodeGpuFacts(model='H100', memory_mib=81559, count=0, allocatable=8, error='')
     """
-    picked = [
-        (key, labels.get(key))
-        for key in (
-            GFD_PRODUCT if GFD_PRODUCT in labels else LABEL_MODEL,
-            GFD_MEMORY if GFD_MEMORY in labels else LABEL_MEMORY,
-            GFD_COUNT if GFD_COUNT in labels else LABEL_COUNT,
-        )
-    ]
+    picked = [(key, labels.get(key)) for key in (_first(labels, keys) for keys in _FACT_KEYS)]
     raw_alloc = allocatable.get(GPU_RESOURCE, 0)
     refused = mig_refusal(labels, mig_mode(labels, allocatable) if mode is None else mode)
     if refused:  # no GPU facts: GPU pods are refused there, with this reason; CPU-only pods are not
@@ -506,6 +504,22 @@ def gpu_facts(labels: Mapping[str, Any], allocatable: Mapping[str, Any], mode: M
         # Nodes of one instance type share their label values: parse each combination once.
         return _facts_cached(keys, values)
     return _facts(keys, values)
+
+
+_FACT_KEYS = (
+    (GFD_PRODUCT, LABEL_MODEL, KARPENTER_GPU_NAME),
+    (GFD_MEMORY, LABEL_MEMORY, KARPENTER_GPU_MEMORY),
+    (GFD_COUNT, LABEL_COUNT, KARPENTER_GPU_COUNT),
+)
+"""Per fact (model, MiB per GPU, GPUs), the labels that give it, the first present winning."""
+
+
+def _first(labels: Mapping[str, Any], keys: tuple[str, ...]) -> str:
+    """The first of ``keys`` that ``labels`` has (the last when none: it reads as absent)."""
+    for key in keys[:-1]:
+        if key in labels:
+            return key
+    return keys[-1]
 
 
 def _mig_slices(allocatable: Mapping[str, Any]) -> dict[str, int]:

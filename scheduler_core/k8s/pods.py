@@ -29,6 +29,7 @@ from scheduler_core.k8s.names import (
     PEERS_ANNOTATION,
     TERMINAL_PHASES,
 )
+from scheduler_core.k8s.node_affinity import affinity_models, required_affinity
 from scheduler_core.k8s.quantity import MIB, parse_quantity, parse_whole_count, plain_int, shown, unitless
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -128,7 +129,7 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
         name=_text(metadata.get("name")),
         uid=_text(metadata.get("uid")),
         **_gpu_request(spec or {}),
-        models=parse_models(annotations.get(LABEL_MODEL)),
+        models=_allowed_models(parse_models(annotations.get(LABEL_MODEL)), pod),
         min_memory_mib=_parse_memory_mib(annotations.get(LABEL_MEMORY)),
         peers=parse_peers(annotations[PEERS_ANNOTATION]) if PEERS_ANNOTATION in annotations else (),
         labels=_string_map(metadata.get("labels")),
@@ -484,6 +485,29 @@ def parse_models(value: object) -> frozenset[str] | None:
             raise InvalidPodError(f"{where}: {shown(item.strip())} is not a GPU model name (in {shown(value)})")
         models.add(model)
     return frozenset(models)
+
+
+def _allowed_models(annotated: frozenset[str] | None, pod: Mapping[str, Any]) -> frozenset[str] | None:
+    """The models both the annotation and the required node affinity allow: a pod may say its models
+    either way, on the product's annotation or on the labels an autoscaler knows
+    (:func:`~scheduler_core.k8s.node_affinity.affinity_models`), and both hold.
+
+    Raises
+    ------
+    InvalidPodError
+        When no model is left (none in both, or the affinity's terms contradict themselves).
+    """
+    affinity = affinity_models(required_affinity(pod))
+    if affinity is None:
+        return annotated
+    allowed = affinity if annotated is None else annotated & affinity
+    if not allowed:
+        said = "" if annotated is None else f"annotation {LABEL_MODEL} allows {','.join(sorted(annotated))} and "
+        raise InvalidPodError(
+            f"{said}the required node affinity allows {','.join(sorted(affinity)) or 'no GPU model'}: "
+            "no GPU model is left"
+        )
+    return allowed
 
 
 def _parse_memory_mib(value: object) -> int:

@@ -3,6 +3,7 @@ hands gone shares to the ledger; lists again on 410. The real API server's side 
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Iterator
@@ -188,6 +189,35 @@ def test_catch_up_waits_briefly_for_the_deletion_of_a_terminating_pod_on_a_refus
         threading.Timer(0.01, kube.push, ("pods", ("DELETED", terminating))).start()
         assert live.catch_up(1.0, ["a100-0"]) is True  # it came: the state has it now
         assert live().free_gpus.tolist() == [8, 4]
+    finally:
+        live.close()
+
+
+def test_catch_up_for_node_facts_waits_for_a_node_change_only(kube: ScriptedKube) -> None:
+    """A refusal for a node's own facts waits for a node change received but not built, never for a pod
+    deletion; for a node known to be behind (kube-scheduler passed its GPU count) it waits briefly for
+    the change to arrive."""
+    live = LiveState(lambda: kube, min_interval_s=1.0).start()  # rebuilds at least 1 s apart
+    try:
+        assert live.wait_synced(5)
+        _until(lambda: live.catch_up(0.0) is False)
+        kube.push("pods", ("DELETED", _bound("w", "a100-0", gpus=3, rv=102)))
+        _until(lambda: live.stats()["events"] == 1)
+        assert live.catch_up(1.0, node_facts=True) is False  # a deletion moves no node's facts
+        other = copy.deepcopy(kube.items["nodes"][0])
+        other["metadata"]["labels"]["e2e"] = "changed"
+        kube.push("nodes", ("MODIFIED", other))
+        _until(lambda: live.stats()["events"] == 2)
+        assert live.catch_up(1.0, ["t4-1"], node_facts=True) is False  # another node's change: no wait for it
+        started = time.monotonic()
+        assert live.catch_up(1.0, ["t4-1"], node_facts=True) is False  # behind, but its change does not come
+        assert 0.04 <= time.monotonic() - started < 0.9
+        more = copy.deepcopy(kube.items["nodes"][1])
+        more["status"]["allocatable"]["nvidia.com/gpu"] = "8"
+        more["metadata"]["resourceVersion"] = "103"
+        threading.Timer(0.01, kube.push, ("nodes", ("MODIFIED", more))).start()
+        assert live.catch_up(3.0, ["t4-1"], node_facts=True) is True
+        assert live().table.alloc_gpus.tolist() == [8, 8]
     finally:
         live.close()
 

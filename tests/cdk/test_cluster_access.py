@@ -13,6 +13,7 @@ from aws_cdk.assertions import Template
 
 from cdk.cluster_access import CLUSTER_ADMIN_POLICY, ClusterAccess, KubernetesIdentity
 from manifests.access import (
+    COST_ANNOTATIONS,
     DELETION_COST,
     EXTENDER,
     NODE_LABELS,
@@ -117,7 +118,9 @@ def test_each_group_may_do_only_what_its_function_calls() -> None:
     assert _granted(docs, NODE_STATE.group) == {
         ("nodes", "list"), ("nodes", "watch"), ("nodes", "patch"), ("pods", "list"), ("pods", "watch"), *dra
     }  # fmt: skip
-    assert _granted(docs, DELETION_COST.group) == {("pods", "list"), ("pods", "get"), ("pods", "patch")}
+    assert _granted(docs, DELETION_COST.group) == {
+        ("pods", "list"), ("pods", "get"), ("pods", "patch"), ("apps/deployments", "get")
+    }  # fmt: skip
     assert not any(resource == "events" for group in (EXTENDER, NODE_STATE, DELETION_COST)
                    for resource, _ in _granted(docs, group.group))  # fmt: skip
 
@@ -167,7 +170,9 @@ def test_each_identity_may_change_only_its_own_label_or_annotation() -> None:
     assert cost["matchConstraints"]["resourceRules"][0]["resources"] == ["pods"]
     assert cost["matchConditions"][0]["expression"] == "'gpu-scheduler:deletion-cost' in request.userInfo.groups"
     text = _expressions(cost)
-    assert f"['{DELETION_COST_ANNOTATION}']" in text and "metadata.labels" in text
+    allowed = ", ".join(f"'{key}'" for key in COST_ANNOTATIONS)
+    assert f"k in [{allowed}]" in text and "metadata.labels" in text
+    assert COST_ANNOTATIONS[0] == DELETION_COST_ANNOTATION and "karpenter.sh/disruption-cost" in COST_ANNOTATIONS
     bindings = policies["gpu-scheduler-extender-bindings"]
     assert bindings["matchConstraints"]["resourceRules"][0]["resources"] == ["pods/binding"]
     assert f"k in ['{ASSIGNED_GPUS_ANNOTATION}', '{VISIBLE_DEVICES_ANNOTATION}'" in _expressions(bindings)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_core.k8s.names import DELETION_COST_ANNOTATION, DELETION_COST_LABEL
+from scheduler_core.k8s.names import DELETION_COST_ANNOTATION, DELETION_COST_LABEL, DISRUPTION_COST_ANNOTATION
 from testing.control_plane import ControlPlane
 from testing.prometheus import MISSING, PROMETHEUS, PROMTOOL, prometheus_with
 from tests.e2e.conftest import start_scheduler
@@ -142,3 +142,51 @@ def test_the_refresher_writes_costs_from_prometheus_and_a_scale_down_removes_the
     # A second run with nothing changed writes nothing.
     again = refresh_once(cluster, prometheus, config)
     assert again["status"] == "ok" and again["passes"][0]["cost_patches"] == 0, again
+
+
+def karpenter(gate: bool) -> dict[str, Any]:
+    """Karpenter's Deployment as its Helm chart writes it (no replicas: only its spec is read here)."""
+    env = [{"name": "FEATURE_GATES", "value": f"SpotToSpotConsolidation=false,PodDeletionCostManagement={gate}"}]
+    container = {"name": "controller", "image": "public.ecr.aws/karpenter/controller:1.14.1", "env": env}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "karpenter", "namespace": "kube-system"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "karpenter"}},
+                 "template": {"metadata": {"labels": {"app": "karpenter"}}, "spec": {"containers": [container]}}},
+    }  # fmt: skip
+
+
+def test_with_karpenters_gate_on_the_refresher_writes_its_disruption_cost_and_no_pod_deletion_cost(
+    cluster: ControlPlane, frontend: list[str], prometheus: str, tmp_path: Path
+):
+    """Karpenter's ``PodDeletionCostManagement`` gate, read from its Deployment by the refresher's own
+    identity: on, the costs go to ``karpenter.sh/disruption-cost`` and ``pod-deletion-cost`` is left to
+    Karpenter; off again, the refresher writes ``pod-deletion-cost`` as before. Runs after the scale-down
+    above: the two replicas left carry their ``pod-deletion-cost``."""
+    config = tmp_path / "costs.json"
+    config.write_text(json.dumps(CONFIG))
+    path = "/apis/apps/v1/namespaces/kube-system/deployments"
+    cluster.api.request("POST", path, karpenter(True))
+    managed = sorted(set(bound(cluster)) & set(frontend))
+    before = {name: bound(cluster)[name]["metadata"]["annotations"][DELETION_COST_ANNOTATION] for name in managed}
+    # Karpenter, as the gate makes it, takes pod-deletion-cost over: what it writes there stays.
+    for name in managed:
+        cluster.api.patch(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}",
+                          {"metadata": {"annotations": {DELETION_COST_ANNOTATION: "-7"}}})  # fmt: skip
+
+    on = refresh_once(cluster, prometheus, config)
+
+    assert on["status"] == "ok" and on["passes"][0]["cost_annotation"] == DISRUPTION_COST_ANNOTATION, on
+    pods = bound(cluster)
+    written = {name: pods[name]["metadata"]["annotations"].get(DISRUPTION_COST_ANNOTATION) for name in managed}
+    assert written == before, json.dumps(on["passes"])
+    assert {pods[name]["metadata"]["annotations"][DELETION_COST_ANNOTATION] for name in managed} == {"-7"}
+
+    gate_off = karpenter(False)
+    gate_off["metadata"]["resourceVersion"] = cluster.api.get(f"{path}/karpenter")["metadata"]["resourceVersion"]
+    cluster.api.request("PUT", f"{path}/karpenter", gate_off)
+    off = refresh_once(cluster, prometheus, config)
+
+    assert off["status"] == "ok" and off["passes"][0]["cost_annotation"] == DELETION_COST_ANNOTATION, off
+    pods = bound(cluster)
+    assert {name: pods[name]["metadata"]["annotations"][DELETION_COST_ANNOTATION] for name in managed} == before
+    cluster.api.request("DELETE", f"{path}/karpenter")

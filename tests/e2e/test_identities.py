@@ -32,8 +32,12 @@ from testing.control_plane import ControlPlane, KubeRest, generated_manifests, i
 NAMESPACE = "identities"
 A100 = next(shape for shape in CATALOGUE if shape.model == "A100")
 RESOURCES = ("pods", "pods/binding", "pods/status", "pods/eviction", "nodes", "nodes/status", "events", "secrets",
-             "configmaps", "namespaces", "serviceaccounts", *(f"{kind}.resource.k8s.io" for kind in (
+             "configmaps", "namespaces", "serviceaccounts", "deployments.apps",
+             *(f"{kind}.resource.k8s.io" for kind in (
                  "deviceclasses", "resourceslices", "resourceclaims", "resourceclaims/status")))  # fmt: skip
+NAMED = {"deployments.apps": "karpenter"}
+"""Resources granted by name only, and the name asked about (the deletion-cost refresher reads Karpenter's
+Deployment and no other)."""
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 
 
@@ -42,11 +46,14 @@ def policies_served(cluster: ControlPlane) -> bool:
     return cluster.binaries.release[:2] >= (1, 30)
 
 
-def allowed(api: KubeRest, resource: str, verb: str) -> bool:
-    """What the API server's authorizer answers ``api``'s user for ``verb`` on ``resource``."""
+def allowed(api: KubeRest, resource: str, verb: str, object_name: str = "") -> bool:
+    """What the API server's authorizer answers ``api``'s user for ``verb`` on ``resource`` (the object
+    ``object_name``, where given)."""
     resource, _, group = resource.partition(".")
     name, _, sub = resource.partition("/")
     attributes = {"verb": verb, "resource": name, "namespace": NAMESPACE if name != "nodes" else "", "group": group}
+    if object_name:
+        attributes["name"] = object_name
     if sub:
         attributes["subresource"] = sub
     review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
@@ -60,8 +67,10 @@ def test_each_lambda_identity_is_granted_exactly_its_functions_verbs(cluster: Co
     expected = {(".".join(filter(None, (r, rule["apiGroups"][0]))), v)
                 for rule in identity.rules for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
     api = cluster.api_as(identity.name)
-    granted = {(r, v) for r in RESOURCES for v in VERBS if allowed(api, r, v)}
+    granted = {(r, v) for r in RESOURCES for v in VERBS if allowed(api, r, v, NAMED.get(r, ""))}
     assert granted == expected
+    for resource, name in NAMED.items():  # by name only: no other object of that kind
+        assert not any(allowed(api, resource, verb, f"not-{name}") for verb in VERBS)
 
 
 def node_state_watch(cluster: ControlPlane, tmp_path: Path) -> dict[str, Any]:

@@ -450,3 +450,43 @@ def test_serve_names_a_bad_setting_by_its_flag(no_settings_env, capsys):
     err = capsys.readouterr().err
     assert "--max-snapshot-age-s: must be a non-negative number of seconds, got -1.0" in err
     assert "--share-policy: share policy 'fgd': expected one of fgd_cpu" in err
+
+
+def test_autoscaler_affinity_prints_the_pod_with_both_terms_and_refuses_what_no_instance_type_meets(tmp_path, capsys):
+    import yaml
+
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(yaml.safe_dump(make_pod("train", 8, models="A100", memory="80Gi")))
+    assert main(["autoscaler-affinity", str(pod)]) == 0
+    written = yaml.safe_load(capsys.readouterr().out)
+    terms = written["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchExpressions": [
+            {"key": "karpenter.k8s.aws/instance-gpu-name", "operator": "In", "values": ["a100"]},
+            {"key": "karpenter.k8s.aws/instance-gpu-memory", "operator": "Gt", "values": ["40960"]}]},
+        {"matchExpressions": [
+            {"key": "gpu.nvidia.com/model", "operator": "In", "values": ["A100"]},
+            {"key": "gpu.nvidia.com/memory", "operator": "Gt", "values": ["81919"]}]},
+    ]  # fmt: skip
+    assert written["metadata"] == make_pod("train", 8, models="A100", memory="80Gi")["metadata"]
+    # Written once, it is left as it is; an H100 with 80Gi (its GPUs report 81559 MiB) is refused.
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump(written))
+    assert main(["autoscaler-affinity", str(again), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == written
+    pod.write_text(yaml.safe_dump(make_pod("train", 1, models="H100", memory="80Gi")))
+    assert main(["autoscaler-affinity", str(pod)]) == 2
+    assert "p5.48xlarge: 81559" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("[1, 2", "not JSON or YAML"), ("kind: Node\n", "expected a v1 Pod"),
+     ('{"metadata": {"annotations": {"gpu.nvidia.com/model": "A100!"}}}', "is not a GPU model name")],
+)  # fmt: skip
+def test_autoscaler_affinity_bad_input_exits_2_naming_it(tmp_path, text, message, capsys):
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(text)
+    assert main(["autoscaler-affinity", str(pod)]) == 2
+    assert message in capsys.readouterr().err
+    assert main(["autoscaler-affinity", str(tmp_path / "absent.yaml")]) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -240,8 +241,13 @@ def test_each_lambda_group_may_do_exactly_what_its_function_calls() -> None:
                 for verb in ("list", "watch")
             },
         },
-        DELETION_COST.group: {("", "pods", "get"), ("", "pods", "list"), ("", "pods", "patch")},
-    }
+        DELETION_COST.group: {
+            ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "patch"), ("apps", "deployments", "get"),
+        },
+    }  # fmt: skip
+    # Of Deployments, Karpenter's only (its feature gates decide which annotation carries the costs).
+    (named,) = [rule for rule in roles[DELETION_COST.role_name]["rules"] if "resourceNames" in rule]
+    assert named["resourceNames"] == ["karpenter"] and named["resources"] == ["deployments"]
     assert EXTENDER.group not in {d["subjects"][0]["name"] for d in lambda_rbac(sharing=False)
                                   if d["kind"] == "ClusterRoleBinding"}  # fmt: skip
 
@@ -352,3 +358,17 @@ def test_cli_writes_the_manifests_for_a_url(tmp_path: Path) -> None:
 def test_cli_refuses_a_plain_http_url(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["scheduler-config", "--url", "http://10.0.0.1:8888"]) == 2
     assert "extender_url: expected an https:// URL" in capsys.readouterr().err
+
+
+def test_the_karpenter_nodepools_come_with_a_node_class_and_shares_get_their_own_pool():
+    base = SchedulerOptions(extender_url=URL, sharing=True)
+    assert not [d for d in all_manifests(base) if d["kind"] == "NodePool"]
+    pools = [d for d in all_manifests(replace(base, karpenter_node_class="gpu")) if d["kind"] == "NodePool"]
+    assert [p["metadata"]["name"] for p in pools] == ["gpu-whole", "gpu-shared"]
+    assert {p["spec"]["template"]["spec"]["nodeClassRef"]["name"] for p in pools} == {"gpu"}
+    assert [p["spec"]["disruption"]["consolidationPolicy"] for p in pools] == ["WhenEmpty", "WhenEmpty"]
+    loose = replace(base, karpenter_node_class="gpu", karpenter_consolidation="WhenEmptyOrUnderutilized")
+    policies = [d["spec"]["disruption"]["consolidationPolicy"] for d in all_manifests(loose) if d["kind"] == "NodePool"]
+    assert policies == ["WhenEmptyOrUnderutilized", "WhenEmpty"]  # shares' pool: only empty nodes, always
+    problems = replace(base, karpenter_node_class="GPU pool", karpenter_consolidation="Sometimes").problems()
+    assert any("karpenter_node_class" in p for p in problems) and any("karpenter_consolidation" in p for p in problems)

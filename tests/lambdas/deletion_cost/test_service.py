@@ -20,7 +20,12 @@ from lambdas.deletion_cost.config import DeletionCostSettings
 from scheduler_core.deletion_cost.policy import CostConfig
 from scheduler_core.deletion_cost.replicaset import scale_down_order
 from scheduler_core.errors import ConfigError
-from scheduler_core.k8s.names import DELETION_COST_ANNOTATION
+from scheduler_core.k8s.names import (
+    DELETION_COST_ANNOTATION,
+    DISRUPTION_COST_ANNOTATION,
+    DO_NOT_DISRUPT_ANNOTATION,
+    DO_NOT_DISRUPT_OWNER,
+)
 from testing.kube_double import KubeApiDouble
 from tests.conftest import FakeLambdaContext, assert_catalogued, prometheus_with, requires_prometheus
 
@@ -151,11 +156,9 @@ def run(api: KubeApiDouble, amp_url: str | None, *, config: Any = CONFIG, time_l
     )  # fmt: skip
 
 
-def annotations(api: KubeApiDouble) -> dict[str, str | None]:
+def annotations(api: KubeApiDouble, key: str = DELETION_COST_ANNOTATION) -> dict[str, str | None]:
     return {
-        f"{p['metadata']['namespace']}/{p['metadata']['name']}": (p["metadata"].get("annotations") or {}).get(
-            DELETION_COST_ANNOTATION
-        )
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}": (p["metadata"].get("annotations") or {}).get(key)
         for p in api.objects("pods")
     }
 
@@ -323,3 +326,57 @@ def test_lambda_handler_emits_counts_and_the_cost_histogram(
     ranges = {k: v[0] if isinstance(v, list) else v for k, v in ranges.items()}
     assert set(ranges) == {"warming", "default", "medium", "high"} and sum(ranges.values()) == 270
     assert assert_catalogued(docs, DELETION_COST) == {m.name for m in CATALOGUE if m.service == DELETION_COST}
+
+
+def karpenter(gates: str) -> dict[str, Any]:
+    """Karpenter's Deployment as its Helm chart writes it, with these ``FEATURE_GATES``."""
+    env = [{"name": "FEATURE_GATES", "value": gates}, {"name": "LOG_LEVEL", "value": "info"}]
+    container = {"name": "controller", "image": "public.ecr.aws/karpenter/controller:1.14.1", "env": env}
+    return {"metadata": {"name": "karpenter", "namespace": "kube-system"},
+            "spec": {"template": {"spec": {"containers": [container]}}}}  # fmt: skip
+
+
+def test_under_karpenters_pod_deletion_cost_management_costs_go_to_its_disruption_cost(api: KubeApiDouble) -> None:
+    api.load("deployments", [karpenter("NodeRepair=false,PodDeletionCostManagement=true")])
+    (on,) = run(api, None).passes
+    assert on.cost_annotation == DISRUPTION_COST_ANNOTATION and on.cost_patches == 92
+    assert annotations(api, DISRUPTION_COST_ANNOTATION)["batch/loader-000"] == "50"
+    assert annotations(api, DISRUPTION_COST_ANNOTATION)["web/frontend-004"] == "-100"
+    assert set(annotations(api).values()) == {None}  # pod-deletion-cost is Karpenter's now: never written
+    assert run(api, None).passes[0].cost_patches == 0  # read back from where they went: nothing to do
+    # The gate off: the usual annotation, as before Karpenter was looked at.
+    api.load("deployments", [karpenter("PodDeletionCostManagement=false")])
+    (off,) = run(api, None).passes
+    assert off.cost_annotation == DELETION_COST_ANNOTATION and off.cost_patches == 92
+    assert annotations(api)["batch/loader-000"] == "50"
+
+
+def test_a_karpenter_deployment_that_cannot_be_read_fails_the_pass_and_writes_nothing(api: KubeApiDouble) -> None:
+    api.fail_next("GET", r"/deployments/karpenter$", 403)
+    report = run(api, None)
+    assert report.status == "failed" and "Karpenter's Deployment kube-system/karpenter" in report.error
+    assert api.writes() == []
+    assert run(api, None).passes[0].cost_annotation == DELETION_COST_ANNOTATION  # none there (404): the usual one
+    assert not [r for r in api.requests if "deployments" in r.path and r.method != "GET"]
+    before = len([r for r in api.requests if "deployments" in r.path])
+    assert run(api, None, karpenter_deployment="").status == "ok"  # never looked for
+    assert len([r for r in api.requests if "deployments" in r.path]) == before
+
+
+def test_pods_at_the_threshold_carry_do_not_disrupt_and_lose_only_the_refreshers_own(api: KubeApiDouble) -> None:
+    guarded_by_hand = api.get("pods", "loader-010", "batch")
+    guarded_by_hand["metadata"].setdefault("annotations", {})[DO_NOT_DISRUPT_ANNOTATION] = "30m"
+    api.load("pods", [guarded_by_hand])
+    (first,) = run(api, None, do_not_disrupt_from=40).passes
+    assert first.guards_set == 89  # batch's 90 at 50, but the one guarded by hand
+    guards, owners = annotations(api, DO_NOT_DISRUPT_ANNOTATION), annotations(api, DO_NOT_DISRUPT_OWNER)
+    assert guards["batch/loader-000"] == "true" and owners["batch/loader-000"] == "deletion-cost"
+    assert guards["batch/loader-010"] == "30m" and owners["batch/loader-010"] is None
+    assert guards["web/frontend-003"] is None  # -50: cheap to lose
+    (again,) = run(api, None, do_not_disrupt_from=40).passes
+    assert again.guards_set == again.guards_cleared == 0
+    (raised,) = run(api, None, do_not_disrupt_from=60).passes
+    assert raised.guards_cleared == 89 and raised.guards_set == 0
+    guards, owners = annotations(api, DO_NOT_DISRUPT_ANNOTATION), annotations(api, DO_NOT_DISRUPT_OWNER)
+    assert guards["batch/loader-000"] is None and owners["batch/loader-000"] is None
+    assert guards["batch/loader-010"] == "30m"  # someone else's: never touched

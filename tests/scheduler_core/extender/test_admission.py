@@ -115,7 +115,7 @@ class Watch:
     def __call__(self) -> ClusterState:
         return self.states[0]
 
-    def catch_up(self, timeout_s: float, nodes: Collection[str] = ()) -> bool:
+    def catch_up(self, timeout_s: float, nodes: Collection[str] = (), *, node_facts: bool = False) -> bool:
         self.catch_ups += 1
         if len(self.states) > 1:
             self.states.pop(0)

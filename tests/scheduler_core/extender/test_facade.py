@@ -269,12 +269,16 @@ def test_filter_and_prioritize_json_read_as_the_decision_they_carry(models, used
 def reference_filter_reply(outcome):
     """kube-scheduler's ``ExtenderFilterResult`` for ``outcome``, built as a dict."""
     result = outcome.result
-    failed = {**result.failed, **dict.fromkeys(outcome.unknown, "node is not in the cluster state")}
+
+    def hinted(texts):  # where no node passes, each refusal ends with what an autoscaler could add
+        return {node: f"{text}; {outcome.hint}" if outcome.hint else text for node, text in texts.items()}
+
+    failed = {**hinted(result.failed), **dict.fromkeys(outcome.unknown, "node is not in the cluster state")}
     return {
         "Nodes": None if outcome.names_only else {"metadata": {}, "items": outcome.kept},
         "NodeNames": outcome.kept if outcome.names_only else None,
         "FailedNodes": failed,
-        "FailedAndUnresolvableNodes": result.failed_unresolvable,
+        "FailedAndUnresolvableNodes": hinted(result.failed_unresolvable),
         "Error": outcome.error,
     }
 
@@ -633,9 +637,9 @@ class CatchingUpSource:
     def __call__(self) -> ClusterState:
         return self.states[0]
 
-    def catch_up(self, timeout_s: float, nodes: Collection[str] = ()) -> bool:
+    def catch_up(self, timeout_s: float, nodes: Collection[str] = (), *, node_facts: bool = False) -> bool:
         self.waited.append(timeout_s)
-        self.nodes = list(nodes)
+        self.nodes, self.node_facts = list(nodes), node_facts
         if not self.behind:
             return False
         self.states.pop(0)
@@ -673,6 +677,19 @@ def test_filter_does_not_wait_on_a_refusal_no_deletion_can_change():
     assert "t4-0" in reply["FailedAndUnresolvableNodes"] and source.waited == []
 
 
+def test_a_node_whose_allocatable_gpus_the_state_has_not_caught_up_with_is_decided_again():
+    """kube-scheduler sent the node, so its own count of nvidia.com/gpu passed: a state that says the node
+    has too few is behind on it (a new node whose device plugin reported its GPUs after it registered).
+    Filter waits for the node's change instead of refusing it as unresolvable, which would leave the pod
+    waiting minutes for another event."""
+    registered = make_nodes("H100")
+    registered[0]["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+    before, after = ClusterState.from_objects(registered, []), ClusterState.from_objects(make_nodes("H100"), [])
+    source = CatchingUpSource(before, after)
+    _, reply = call(Extender(cluster=source), "filter", body(make_pod("p", 8, models="H100"), names=["h100-0"]))
+    assert reply["NodeNames"] == ["h100-0"] and source.node_facts and source.nodes == ["h100-0"]
+
+
 def test_filter_never_refuses_a_node_for_what_a_request_predicted_and_prioritize_forgets_it_in_time():
     """A request body is input from the network: four filter calls for invented 999-milli pods on an
     empty T4 used to make a real 250-milli pod fail there. Predictions move prioritize's scores only,
@@ -695,3 +712,55 @@ def test_filter_never_refuses_a_node_for_what_a_request_predicted_and_prioritize
         readings.assume("t4-0", None, f"cpu-only-{i}", 100_000_000)
     kept = readings.pending(None, assumed=True)
     assert len(kept) == MAX_ASSUMED and kept[0].uid == "cpu-only-50"  # the oldest went first
+
+
+ADD_AFFINITY = "add the node affinity `gpu-scheduler autoscaler-affinity` writes (docs/autoscalers.md)"
+
+
+def test_a_pod_no_node_takes_is_told_what_an_autoscaler_could_add_and_what_to_write_for_it():
+    """kube-scheduler's FailedScheduling event quotes the filter's refusals: where no node passes, each
+    ends with the known instance types whose GPUs would, and, for a pod whose GPU needs an autoscaler
+    cannot read, what to write."""
+    from scheduler_core.k8s.autoscaler import autoscaler_affinity
+    from scheduler_core.k8s.pods import pod_demand
+
+    state = ClusterState.from_objects(make_nodes("T4", "A100"), [])
+    extender = Extender(cluster=lambda: state)
+    pod = make_pod("p", 1, models="L40S")
+    _, reply = call(extender, "filter", body(pod, names=["t4-0", "a100-1"]))
+    reasons = reply["FailedAndUnresolvableNodes"]
+    assert reasons["t4-0"] == (
+        "GPU model T4 not in L40S; instance types that fit: g6e.xlarge, g6e.12xlarge, g6e.48xlarge; an autoscaler "
+        f"cannot see this pod's GPU needs: {ADD_AFFINITY}"
+    )
+    assert reasons["a100-1"].startswith("GPU model A100 not in L40S; instance types that fit: g6e.xlarge")
+    terms, _ = autoscaler_affinity(pod, pod_demand(pod))
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": terms}}}  # fmt: skip
+    _, reply = call(extender, "filter", body(pod, names=["t4-0"]))
+    assert reply["FailedAndUnresolvableNodes"]["t4-0"].endswith(
+        "instance types that fit: g6e.xlarge, g6e.12xlarge, g6e.48xlarge"
+    )
+    # A node that passes: the refusals of the others say nothing more.
+    _, reply = call(extender, "filter", body(make_pod("p", 1, models="A100"), names=["t4-0", "a100-1"]))
+    assert (
+        reply["NodeNames"] == ["a100-1"] and reply["FailedAndUnresolvableNodes"]["t4-0"] == "GPU model T4 not in A100"
+    )
+    # Needs no known instance type meets: the figures.
+    _, reply = call(extender, "filter", body(make_pod("p", 1, models="H100", memory="80Gi"), names=["t4-0"]))
+    assert (
+        "no instance type the product knows has H100 GPUs that report 81920 MiB"
+        in reply["FailedAndUnresolvableNodes"]["t4-0"]
+    )
+    # A pod that names no model or memory: nothing to say.
+    _, reply = call(extender, "filter", body(make_pod("p", 16), names=["t4-0"]))
+    assert reply["FailedAndUnresolvableNodes"]["t4-0"] == "4 GPUs allocatable, pod needs 16"
+
+
+def test_explain_says_what_an_autoscaler_could_add_where_no_node_passes():
+    from scheduler_core.extender.explain import explain
+
+    state = ClusterState.from_objects(make_nodes("T4"), [])
+    explained = explain(Extender(cluster=lambda: state), make_pod("p", 1, models="L4"))
+    assert explained.to_json()["autoscaler"].startswith("instance types that fit: g6.xlarge, g6.12xlarge")
+    assert explain(Extender(cluster=lambda: state), make_pod("p", 1, models="T4")).autoscaler == ""
