@@ -9,14 +9,17 @@ one line that says what is missing and where to get it.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from adapters.gpu_ledger import LedgerStore
 from testing.control_plane import ControlPlane, generated_scheduler_config, missing
-from testing.moto import aws_env, moto_server
+from testing.moto import aws_env, dynamodb_client, moto_server
 from testing.product import Processes
 from testing.reservation_kubelet import ReservationKubelet
 
@@ -58,6 +61,16 @@ def moto_env() -> Iterator[dict[str, str]]:
     """moto's server for the module, and the environment that points the product's AWS clients at it."""
     with moto_server() as endpoint:
         yield {**os.environ, **aws_env(endpoint)}
+
+
+def create_ledger(env: dict[str, str], table: str) -> LedgerStore:
+    """``gpu-scheduler ledger create --table TABLE`` on moto's DynamoDB, and a store over it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_scheduler", "ledger", "create", "--table", table],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return LedgerStore(table, dynamodb_client(env["AWS_ENDPOINT_URL_DYNAMODB"]))
 
 
 def start_scheduler(cluster: ControlPlane, url: str, *flags: str) -> dict[str, Any]:

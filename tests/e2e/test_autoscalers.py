@@ -29,10 +29,9 @@ from adapters.gpu_ledger import LedgerStore
 from manifests.nodepool import gpu_nodepools
 from testing.control_plane import ControlPlane, KubeError
 from testing.karpenter import karpenter_node, karpenter_source, launchable, pending
-from testing.moto import dynamodb_client
 from testing.product import Processes
 from testing.reservation_kubelet import ReservationKubelet
-from tests.e2e.conftest import start_scheduler
+from tests.e2e.conftest import create_ledger, start_scheduler
 from tests.scheduler_core.test_autoscaler_shapes import BY_TYPE, POOLS, SHAPES
 
 TABLE = "gpu-ledger-autoscalers"
@@ -42,12 +41,7 @@ ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
 
 @pytest.fixture(scope="module")
 def ledger(moto_env: dict[str, str]) -> LedgerStore:
-    done = subprocess.run(
-        [sys.executable, "-m", "gpu_scheduler", "ledger", "create", "--table", TABLE],
-        capture_output=True, text=True, timeout=60, env=moto_env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return LedgerStore(TABLE, dynamodb_client(moto_env["AWS_ENDPOINT_URL_DYNAMODB"]))
+    return create_ledger(moto_env, TABLE)
 
 
 @pytest.fixture(scope="module")

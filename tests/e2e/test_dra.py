@@ -42,10 +42,9 @@ from testing.dra import (
     h200_devices,
     resource_slice,
 )
-from testing.moto import dynamodb_client
 from testing.product import Processes
 from testing.reservation_kubelet import ReservationKubelet
-from tests.e2e.conftest import start_scheduler
+from tests.e2e.conftest import create_ledger, start_scheduler
 
 H200 = InstanceShape("p5e.48xlarge", "H200", "NVIDIA-H200", 8, 143771, "191450m", "1999Gi")
 NS = "dra"
@@ -92,10 +91,7 @@ def pinned(pod: dict[str, Any], node: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def ledger(moto_env: dict[str, str]) -> LedgerStore:
-    done = subprocess.run([sys.executable, "-m", "gpu_scheduler", "ledger", "create", "--table", TABLE],
-                          capture_output=True, text=True, timeout=60, env=moto_env)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return LedgerStore(TABLE, dynamodb_client(moto_env["AWS_ENDPOINT_URL_DYNAMODB"]))
+    return create_ledger(moto_env, TABLE)
 
 
 @pytest.fixture(scope="module")
