@@ -182,3 +182,30 @@ def test_a_mig_resource_that_is_no_profile_is_refused_naming_it(world: World) ->
     assert len(reply["Error"]) < 300
     status, reply = world.call("prioritize", filter_body(pod, ["a100-1"]))
     assert status == 400 and "is not a MIG profile" in reply["Error"]
+
+
+POD = json.dumps(make_pod("cpu-only", 0))
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "expected"),
+    [
+        ('{"Pod":' + "[" * 100_000 + "]" * 100_000 + ',"NodeNames":[]}', 400, "nested too deeply"),
+        ('{"Pod":' + POD + ',"NodeNames":["t4-0"]} trailing', 400, "request body is not valid JSON"),
+        ('{"Pod":' + POD + ',"NodeNames":["t4-0", 7]}', 400, "NodeNames: expected a list of strings"),
+        ('{"Pod":' + POD + ',"NodeNames":["nowhere"],"NodeNames":["t4-0"]}', 200, ["t4-0"]),  # the last, as Go
+        ('{"Pod":' + POD + ',"nodenames":["t4-0"],"Nodes":null}', 200, ["t4-0"]),  # any case, as Go's decoder
+    ],
+    ids=["deep nesting", "trailing bytes", "a name not a string", "NodeNames twice", "another case"],
+)
+def test_bodies_off_the_one_pass_decoders_form_get_the_general_paths_answer(
+    world: World, raw: str, status: int, expected: Any
+) -> None:
+    """The names form is decoded in one pass only as kube-scheduler writes it; anything else, hostile or
+    merely unusual, is read by the general path, with its messages."""
+    got, reply = world.call("filter", raw.encode())
+    assert got == status
+    if status == 400:
+        assert expected in reply["Error"]
+    else:
+        assert reply["NodeNames"] == expected and reply["Error"] == ""
