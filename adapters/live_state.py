@@ -357,6 +357,10 @@ class LiveState(ClusterMirror):
         self._facts: NodeFacts | None = None  # the nodes read once, again only when one changes
         self._dra: DraFacts | None = None  # DRA's objects read once, again only when one changes
         self._changed: dict[str, float] = {}  # pod UID -> when its latest event arrived (monotonic)
+        # UIDs of the pods whose latest event shows them placed (bound to a node) or gone: the rebuild that
+        # takes them forgets the extender's readings about them. A pending pod's event (its creation, a
+        # status update) is not among them: prioritize's prediction for it stands until it binds.
+        self._settled: set[str] = set()
         self._freed_on: set[str] = set()  # nodes a pod left since the last rebuild took the changes
         self._terminating: dict[str, set[str]] = {}  # node -> UIDs of its pods that have a deletionTimestamp
         self._state: ClusterState | None = None
@@ -461,6 +465,8 @@ class LiveState(ClusterMirror):
                 if (pod.get("metadata") or {}).get("deletionTimestamp"):
                     self._terminating.setdefault(_node_of(pod), set()).add(uid)
             self._changed.update(dict.fromkeys(fresh, self._monotonic()))
+            self._settled.update(uid for uid, pod in fresh.items() if _node_of(pod))
+            self._settled.update(uid for uid in previous if uid not in fresh)
             self._uses = {uid: pod_use(pod) for uid, pod in fresh.items()}
         elif kind == "nodes":
             self._facts = None
@@ -492,6 +498,10 @@ class LiveState(ClusterMirror):
         else:
             self._uses[key] = pod_use(obj)
         self._changed[key] = self._monotonic()
+        if event == "DELETED" or _node_of(obj):
+            self._settled.add(key)
+        else:
+            self._settled.discard(key)  # pending again (a relist's stale view): nothing to confirm yet
 
     # -- rebuilding ---------------------------------------------------------------------------
     def _build_forever(self) -> None:
@@ -508,6 +518,7 @@ class LiveState(ClusterMirror):
                 dra_objects = self._dra_lists() if self._dra is None else None
                 uses = list(self._uses.values())
                 changed, self._changed = self._changed, {}
+                settled, self._settled = self._settled, set()
                 freed_on, self._freed_on = self._freed_on, set()
                 self._dirty_since = None
                 versions = dict(self.versions)
@@ -530,15 +541,15 @@ class LiveState(ClusterMirror):
                 with self._wake:
                     same = all(self.versions[kind] == versions[kind] for kind in DRA_KINDS)
                     self._dra = dra if self._dra is None and same else None
-            if self._rebuild(facts, uses, changed, freed_on - {""}, dra):
+            if self._rebuild(facts, uses, changed, settled, freed_on - {""}, dra):
                 with self._wake:
                     self.published_versions = versions
                     self._published = received
                     self._wake.notify_all()
 
     def _rebuild(
-        self, facts: NodeFacts, uses: list[PodUse], changed: dict[str, float], freed_on: set[str],
-        dra: DraFacts | None = None,
+        self, facts: NodeFacts, uses: list[PodUse], changed: dict[str, float], settled: set[str],
+        freed_on: set[str], dra: DraFacts | None = None,
     ) -> bool:  # fmt: skip
         started_wall, started = self._wall(), self._monotonic()
         try:
@@ -556,8 +567,8 @@ class LiveState(ClusterMirror):
         self._next_at = done + max(self.min_interval_s, REBUILD_SPACING * (done - started))
         self.counters["rebuilds"] += 1
         self.lag_s.extend(done - at for at in changed.values())
-        if self.readings is not None and changed:
-            self.readings.forget(changed)  # bound somewhere, or gone: the state says which now
+        if self.readings is not None and settled:
+            self.readings.forget(settled)  # bound somewhere, or gone: the state says which now
         return True
 
 

@@ -136,6 +136,36 @@ def test_events_reach_the_state_and_forget_the_readings_about_their_pods(kube: S
         live.close()
 
 
+def test_a_pending_pods_event_keeps_the_prediction_made_for_it(kube: ScriptedKube) -> None:
+    """kube-scheduler asks about a pod moments after it is created, so the state's rebuild for the pod's
+    ADDED event often comes after prioritize predicted its node: that rebuild shows the pod pending,
+    and must not drop the prediction (the next pod would be scored on the node as if this one were not
+    coming). Its binding, or its deletion, does."""
+    readings = LedgerReadings(margin_s=60)
+    live = LiveState(lambda: kube, readings=readings, min_interval_s=0.0).start()
+    try:
+        assert live.wait_synced(5)
+        pending = make_pod("p", 0, milli=250)
+        uid = pending["metadata"]["uid"]
+        readings.assume("t4-1", ((0, 250),), uid)  # prioritize's prediction
+        kube.push("pods", ("ADDED", pending))
+        kube.push("pods", ("ADDED", _bound("other", "a100-0", gpus=1, rv=102)))
+        _until(lambda: live().free_gpus.tolist() == [4, 4])  # a state built after both events
+        assert [r.uid for r in readings.pending(None, assumed=True)] == [uid]
+        kube.push("pods", ("MODIFIED", _bound("p", "t4-1", gpus=0, milli=250, assigned="0:250", rv=103)))
+        _until(lambda: live().free_milli is not None and live().free_milli[1, 0] == 750)
+        assert readings.pending(None, assumed=True) == []  # the state shows it bound: the prediction goes
+        gone = make_pod("q", 0, milli=250)
+        readings.assume("t4-1", ((0, 250),), gone["metadata"]["uid"])
+        kube.push("pods", ("ADDED", gone))
+        kube.push("pods", ("DELETED", gone))  # deleted before it was scheduled
+        kube.push("pods", ("DELETED", _bound("other", "a100-0", gpus=1, rv=104)))
+        _until(lambda: live().free_gpus.tolist() == [5, 3])  # p's share holds one of t4-1's GPUs
+        assert readings.pending(None, assumed=True) == []
+    finally:
+        live.close()
+
+
 def test_a_gone_or_finished_share_is_handed_to_the_ledger(kube: ScriptedKube) -> None:
     released: list[tuple[str, str]] = []
     live = LiveState(lambda: kube, on_gone=lambda node, uid: released.append((node, uid)), min_interval_s=0.0)
