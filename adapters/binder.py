@@ -252,7 +252,7 @@ class LedgerBinder:
         try:
             held = self._record(args.node, gpu_count, args.pod_uid, ledger_demand)
         except NoRoomError as exc:
-            self.readings.observe(args.node, exc.free)  # the snapshot was stale here: the next filter knows
+            self.readings.observe(args.node, exc.free, holds=exc.holds)  # the view was stale here: the next one knows
             return failed("no_room", self._logged(pod_key, args.node, "no room in the GPU ledger", exc))
         except LedgerConflictError as exc:
             cause = self._logged(pod_key, args.node, "the GPU ledger write failed", exc)
@@ -271,7 +271,7 @@ class LedgerBinder:
                 return failed("reservation_error", cause, rolled_back=rolled)
         # Other instances' binds there, and this one (its CPU as well, which fgd_cpu reads), before the
         # wait for a GPU's UUID: filter and prioritize count this share meanwhile (a failed bind forgets it).
-        self.readings.observe(args.node, held.free, args.pod_uid, cpu)
+        self.readings.observe(args.node, held.free, args.pod_uid, cpu, holds=held.holds)
         shared: dict[str, str] = {}
         if demand.share and self.reservations is not None:
             try:

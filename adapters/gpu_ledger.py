@@ -43,9 +43,10 @@ class NoRoomError(LedgerStoreError):
     """The node's ledger has no room for the demand (the snapshot was stale); ``free`` is what it has,
     milli per GPU."""
 
-    def __init__(self, message: str, free: tuple[int, ...] = ()) -> None:
+    def __init__(self, message: str, free: tuple[int, ...] = (), holds: frozenset[str] | None = None) -> None:
         super().__init__(message)
         self.free = free
+        self.holds = holds  # the pods the item holds with ``free``
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Assigned:
     free: tuple[int, ...] = ()  # the node's free milli per GPU after it, as the ledger has it
     opened: tuple[int, ...] = ()  # its GPUs that held no share before it: their reservation pods are new
     emptied: tuple[int, ...] = ()  # GPUs the same write left without shares (it dropped pods that are gone)
+    holds: frozenset[str] | None = None  # the pods (UIDs) the node's item holds with ``free``
 
     @property
     def annotation(self) -> str:
@@ -312,14 +314,15 @@ class _Placement:
 
     def results(self, conflicts: int, after: NodeLedger) -> dict[str, Assigned | NoRoomError]:
         free = tuple(after.free().tolist())
-        node = after.node
+        node, holds = after.node, frozenset(after.assignments)
         found: dict[str, Assigned | NoRoomError] = {}
         for uid, pairs in self.already.items():
-            found[uid] = Assigned(node, pairs, conflicts, True, free)
+            found[uid] = Assigned(node, pairs, conflicts, True, free, holds=holds)
         for uid, pairs in self.pairs.items():
-            found[uid] = Assigned(node, pairs, conflicts, False, free, self.opened.get(uid, ()), self.emptied)
+            opened = self.opened.get(uid, ())
+            found[uid] = Assigned(node, pairs, conflicts, False, free, opened, self.emptied, holds)
         for uid, message in self.no_room.items():
-            found[uid] = NoRoomError(message, free)
+            found[uid] = NoRoomError(message, free, holds)
         return found
 
 

@@ -43,24 +43,30 @@ class LedgerReadings:
         self._seen: list[Observed] = []
         self._assumed: OrderedDict[str, Observed] = OrderedDict()  # by pod UID, oldest first
 
-    def observe(self, node: str, free: Sequence[int] | None, uid: str = "", cpu: int = 0) -> None:
+    def observe(
+        self, node: str, free: Sequence[int] | None, uid: str = "", cpu: int = 0, holds: Iterable[str] | None = None
+    ) -> None:
         """The ledger says ``node`` has ``free`` milli per GPU now (after ``uid``'s bind, when it names a
-        pod; None: no GPU figures), and ``uid`` takes ``cpu`` milli-cores there."""
+        pod; None: no GPU figures), holding the pods ``holds`` there (None: not known), and ``uid`` takes
+        ``cpu`` milli-cores there."""
+        held = None if holds is None else frozenset(holds)
         with self._lock:
             if uid:  # the latest word about a pod replaces the earlier ones
                 self._seen = [seen for seen in self._seen if seen.uid != uid]
                 self._assumed.pop(uid, None)
-            self._seen.append(Observed(node, self._clock(), _figures(free), uid, int(cpu)))
+            self._seen.append(Observed(node, self._clock(), _figures(free), uid, int(cpu), holds=held))
 
-    def assume(self, node: str, free: Sequence[int] | None, uid: str, cpu: int = 0) -> None:
+    def assume(self, node: str, taken: Sequence[tuple[int, int]], uid: str, cpu: int = 0) -> None:
         """A prediction about ``uid``, a pod named in a request (see
-        :class:`~scheduler_core.state.readings.Readings`): kept :data:`ASSUMED_TTL_S`, the oldest of more
-        than :data:`MAX_ASSUMED` dropped, seen by prioritize only. Constant time, whatever is kept."""
+        :class:`~scheduler_core.state.readings.Readings`): it takes ``taken`` ((GPU, milli) pairs) and
+        ``cpu`` milli-cores on ``node``. Kept :data:`ASSUMED_TTL_S`, the oldest of more than
+        :data:`MAX_ASSUMED` dropped, seen by prioritize only. Constant time, whatever is kept."""
         if not uid:
             return
+        pairs = tuple((int(gpu), int(milli)) for gpu, milli in taken)
         with self._lock:
             self._assumed.pop(uid, None)
-            self._assumed[uid] = Observed(node, self._clock(), _figures(free), uid, int(cpu))
+            self._assumed[uid] = Observed(node, self._clock(), None, uid, int(cpu), taken=pairs)
             while len(self._assumed) > MAX_ASSUMED:
                 self._assumed.popitem(last=False)
 

@@ -442,16 +442,13 @@ class Extender:
         node = view.table.names[row]
         if not demand.gpus:
             if cpu and self.config.policy.assumes_cpu_only():
-                self.readings.assume(node, None, demand.uid, cpu)
+                self.readings.assume(node, (), demand.uid, cpu)
             return
-        free = view.free_milli_at(row).astype(np.int64)
         need = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
-        pairs = choose_gpus(free, need)
+        pairs = choose_gpus(view.free_milli_at(row).astype(np.int64), need)
         if pairs is None:
             return
-        for gpu, milli in pairs:
-            free[gpu] -= milli
-        self.readings.assume(node, free.tolist(), demand.uid, cpu)
+        self.readings.assume(node, pairs, demand.uid, cpu)
 
     def state(self) -> ClusterState | None:
         """The cluster state this extender decides from now (may raise, as the source does)."""

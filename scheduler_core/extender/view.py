@@ -232,7 +232,12 @@ def _row_free_milli(
         free = state.free_milli[state_row].copy()
     node = table.names[row]
     mine = [reading for reading in pending if reading.node == node]
-    return apply_readings(free[None, :], [0] * len(mine), mine)[0] if mine else free
+    if not mine:
+        return free
+    capped: npt.NDArray[np.int32] = apply_readings(
+        free[None, :], [0] * len(mine), mine, None if state is None else state.generated_at
+    )[0]
+    return capped
 
 
 def _free_milli(
@@ -254,7 +259,8 @@ def _free_milli(
         # The readings' nodes as rows of the state (its hash index is built once per state), then of the view.
         view_row = np.full(state.table.n_nodes + 1, -1, dtype=np.intp)  # the extra last entry: unknown (-1)
         view_row[rows[rows >= 0]] = np.flatnonzero(rows >= 0)
-        free = apply_readings(free, view_row[state.table.rows_of([r.node for r in pending])].tolist(), pending)
+        at = view_row[state.table.rows_of([r.node for r in pending])].tolist()
+        free = apply_readings(free, at, pending, state.generated_at)
     return free
 
 

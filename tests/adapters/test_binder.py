@@ -133,6 +133,35 @@ def test_the_binds_reading_is_made_before_the_binding_so_the_watch_of_it_can_for
     assert seen_at_binding == [[args.pod_uid]]  # a live state's forget() of it can only come later
 
 
+def test_binds_that_land_out_of_order_leave_the_view_as_full_as_the_pods_on_their_way_make_it(
+    api: KubeApiDouble, ledger: LedgerStore
+) -> None:
+    """Four quarter shares are predicted onto t4-0's GPU 0; kube-scheduler binds each on its own, so the
+    fourth's bind can reach the ledger before the second's and third's. Its reading (750 + 250 taken)
+    replaces its prediction, but the second and third are still on their way: the next share must see
+    GPU 0 full, or it is sent where the ledger has no room."""
+    import json
+
+    from scheduler_core.extender.facade import Extender, ExtenderConfig
+
+    binder = make_binder(api, ledger)
+    state = ClusterState.from_objects(NODES)
+    extender = Extender(ExtenderConfig(share_policy="gpu_packing"), cluster=lambda: state, readings=binder.readings)
+    args = [pending(api, f"q{i}", milli=250) for i in range(1, 6)]
+
+    def predict(name: str) -> tuple[tuple[int, int], ...]:
+        pod = api.get("pods", name, "default")
+        status, _ = extender.handle("prioritize", json.dumps({"Pod": pod, "NodeNames": ["t4-0"]}).encode())
+        assert status == 200
+        (prediction,) = [r for r in binder.readings.pending(None, assumed=True) if r.uid == pod["metadata"]["uid"]]
+        return prediction.taken
+
+    assert [predict(f"q{i}") for i in range(1, 5)] == [((0, 250),)] * 4
+    assert binder.bind(args[0]).assigned == "0:250" and binder.bind(args[3]).assigned == "0:250"
+    assert predict("q5") == ((1, 250),)  # GPU 0 is taken by q1..q4, two of them still on their way
+    assert [binder.bind(a).assigned for a in (args[1], args[2], args[4])] == ["0:250", "0:250", "1:250"]
+
+
 def test_a_binding_that_may_have_landed_keeps_its_gpus(api: KubeApiDouble, ledger: LedgerStore) -> None:
     """A 5xx (or a timeout) may come from a Binding that commits after the read-back: releasing its GPUs
     would let the next pod take the same milli. They stay for the reconcile."""

@@ -545,8 +545,8 @@ def test_the_only_node_a_filter_keeps_takes_the_pod_at_once_in_the_extenders_vie
     extender = Extender(cluster=lambda: state, readings=readings)
     _, reply = call(extender, "filter", body(_with_uid(make_pod("p", 3, models="T4"), "u-1"), names=["a100-0", "t4-1"]))
     assert reply["NodeNames"] == ["t4-1"]
-    assert [(r.node, r.free[:4], r.uid) for r in readings.pending(None, assumed=True)] == [
-        ("t4-1", (0, 0, 0, 1000), "u-1")
+    assert [(r.node, r.taken, r.uid) for r in readings.pending(None, assumed=True)] == [
+        ("t4-1", ((0, 1000), (1, 1000), (2, 1000)), "u-1")
     ]
     _, scores = call(extender, "prioritize", body(make_pod("q", 1), names=["a100-0", "t4-1"]))
     assert {p["Host"]: p["Score"] for p in scores}["t4-1"] == 10  # one GPU left there: the best fit now
@@ -564,8 +564,8 @@ def test_prioritizes_one_best_node_is_assumed_and_a_tie_always_goes_to_the_same_
     assert first == again  # every instance breaks the tie the same way
     winner = next(p["Host"] for p in first if p["Score"] == 10)
     assert sorted(p["Score"] for p in first) == [9, 9, 10]
-    assert [(r.node, r.free[:3], r.uid) for r in readings.pending(None, assumed=True)] == [
-        (winner, (0, 0, 1000), "u-1")
+    assert [(r.node, r.taken, r.uid) for r in readings.pending(None, assumed=True)] == [
+        (winner, ((0, 1000), (1, 1000)), "u-1")
     ]
     # The next pod packs onto the assumed node: 6 GPUs left there, a better fit than 8.
     second = call(extender, "prioritize", body(_with_uid(make_pod("q", 2), "u-2"), names=names))[1]
@@ -582,7 +582,7 @@ def test_a_share_is_assumed_on_the_tightest_gpu_as_the_ledger_would_choose():
     extender = Extender(ExtenderConfig(share_policy="gpu_packing"), cluster=lambda: state, readings=readings)
     _, reply = call(extender, "filter", body(_with_uid(make_pod("p", 0, milli=300), "u-3"), names=["t4-0"]))
     assert reply["NodeNames"] == ["t4-0"]
-    assert [(r.free[:4], r.uid) for r in readings.pending(None, assumed=True)] == [((100, 1000, 1000, 1000), "u-3")]
+    assert [(r.taken, r.uid) for r in readings.pending(None, assumed=True)] == [(((0, 300),), "u-3")]  # 100 left
 
 
 def test_an_assumed_pods_cpu_counts_for_the_next_pod_before_the_state_shows_it():
@@ -612,7 +612,7 @@ def test_an_assumed_pods_cpu_counts_for_the_next_pod_before_the_state_shows_it()
     assert second["t4-1"] == 10 and second["t4-0"] < 9
     # The GPUs alone assumed (pod 1 holding no CPU): a tie, which the fixed order breaks.
     gpus_only = LedgerReadings()
-    gpus_only.observe("t4-0", readings.pending(None, assumed=True)[0].free, "u-one")
+    gpus_only.assume("t4-0", readings.pending(None, assumed=True)[0].taken, "u-one")
     blind = Extender(cluster=lambda: state, readings=gpus_only)
     assert sorted(p["Score"] for p in call(blind, "prioritize", body(pod("two", "5"), names=names))[1]) == [9, 10]
 
@@ -709,7 +709,7 @@ def test_filter_never_refuses_a_node_for_what_a_request_predicted_and_prioritize
     now[0] += ASSUMED_TTL_S + 0.1
     assert readings.pending(None, assumed=True) == []
     for i in range(MAX_ASSUMED + 50):
-        readings.assume("t4-0", None, f"cpu-only-{i}", 100_000_000)
+        readings.assume("t4-0", (), f"cpu-only-{i}", 100_000_000)
     kept = readings.pending(None, assumed=True)
     assert len(kept) == MAX_ASSUMED and kept[0].uid == "cpu-only-50"  # the oldest went first
 
