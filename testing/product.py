@@ -109,8 +109,9 @@ def requests_served(url: str) -> Counter[str]:
 
 def share_usage(pods: Sequence[Mapping[str, Any]], ledger: Sequence[Any]) -> dict[str, Any]:
     """What the bound pods' ``assigned-gpus`` annotations hold, checked against the ledger's items
-    (``LedgerStore.scan()``): GPUs and nodes in use, GPUs over 1000 milli, bound pods without an
-    annotation, and whether the ledger holds exactly the annotations (pod UID by pod UID)."""
+    (``LedgerStore.scan()``): GPUs and nodes in use, GPUs over 1000 milli, those under it (node/GPU to
+    milli), bound pods without an annotation, and whether the ledger holds exactly the annotations (pod
+    UID by pod UID)."""
     per_gpu: Counter[tuple[str, int]] = Counter()
     annotated: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {}
     unannotated = 0
@@ -131,6 +132,7 @@ def share_usage(pods: Sequence[Mapping[str, Any]], ledger: Sequence[Any]) -> dic
         "gpus_used": len(per_gpu),
         "nodes_used": len({node for node, _ in per_gpu}),
         "gpus_over_1000_milli": sum(1 for milli in per_gpu.values() if milli > 1000),
+        "gpus_partly_used": {f"{node}/{gpu}": milli for (node, gpu), milli in sorted(per_gpu.items()) if milli < 1000},
         "bound_without_annotation": unannotated,
         "ledger_equals_annotations": held == annotated,
         "ledger_extra_pods": sum(len(set(held.get(n, {})) - set(annotated.get(n, {}))) for n in held),

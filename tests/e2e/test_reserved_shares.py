@@ -239,29 +239,31 @@ def test_400_quarter_shares_on_200_nodes_each_gpu_reserved_once_and_after_churn_
     own; the ledger equals the annotations. Then half the shares go and 200 more come: 10 s after the
     last bind, no reservation pod is left without shares and no GPU with shares lacks one."""
     work = "reserved-burst"
-    cluster.add_nodes([make_node(f"h100-{i:03d}", SHAPE["H100"], "us-east-1b") for i in range(200)])
-    bind_all(cluster, [share(f"q-{i:03d}", 250, "H100", work) for i in range(400)])
-    pods = cluster.pods(work)
-    usage = share_usage(pods, ledger.scan())
-    assert usage["gpus_used"] <= 101 and usage["gpus_over_1000_milli"] == 0
-    assert usage["ledger_equals_annotations"] and usage["bound_without_annotation"] == 0
-    found = reservation_agreement(pods, reservations(cluster))
-    assert (found["missing"], found["orphans"]) == ([], []), found
-    assert found["reservation_pods"] == usage["gpus_used"]
-    assert found["uuids"] == usage["gpus_used"] and found["uuid_clashes"] == 0
-    containers_get_their_gpu(found, 400)
+    try:
+        cluster.add_nodes([make_node(f"h100-{i:03d}", SHAPE["H100"], "us-east-1b") for i in range(200)])
+        bind_all(cluster, [share(f"q-{i:03d}", 250, "H100", work) for i in range(400)])
+        pods = cluster.pods(work)
+        usage = share_usage(pods, ledger.scan())
+        assert usage["gpus_used"] <= 101 and usage["gpus_over_1000_milli"] == 0, usage
+        assert usage["ledger_equals_annotations"] and usage["bound_without_annotation"] == 0
+        found = reservation_agreement(pods, reservations(cluster))
+        assert (found["missing"], found["orphans"]) == ([], []), found
+        assert found["reservation_pods"] == usage["gpus_used"]
+        assert found["uuids"] == usage["gpus_used"] and found["uuid_clashes"] == 0
+        containers_get_their_gpu(found, 400)
 
-    for i in range(0, 400, 2):
-        cluster.delete_pod(work, f"q-{i:03d}")
-    bind_all(cluster, [share(f"r-{i:03d}", 250, "H100", work) for i in range(200)])
-    time.sleep(10)
-    found = agreement(cluster, work)
-    assert (found["missing"], found["orphans"]) == ([], []), found
-    usage = share_usage(cluster.pods(work), ledger.scan())
-    assert usage["ledger_equals_annotations"] and found["reservation_pods"] == usage["gpus_used"]
-    containers_get_their_gpu(found, 400)
-    cluster.delete_namespace_pods(work)
-    cluster.wait_for(lambda: not reservations(cluster), 30, "the reservation pods to go with their shares")
+        for i in range(0, 400, 2):
+            cluster.delete_pod(work, f"q-{i:03d}")
+        bind_all(cluster, [share(f"r-{i:03d}", 250, "H100", work) for i in range(200)])
+        time.sleep(10)
+        found = agreement(cluster, work)
+        assert (found["missing"], found["orphans"]) == ([], []), found
+        usage = share_usage(cluster.pods(work), ledger.scan())
+        assert usage["ledger_equals_annotations"] and found["reservation_pods"] == usage["gpus_used"]
+        containers_get_their_gpu(found, 400)
+    finally:  # what a failure left would fail the tests after it
+        cluster.delete_namespace_pods(work)
+        cluster.wait_for(lambda: not reservations(cluster), 30, "the reservation pods to go with their shares")
 
 
 def test_the_reconcile_creates_a_missing_reservation_pod_and_removes_one_without_shares(
