@@ -14,7 +14,8 @@ API agree, for whichever process saw the change:
   old pod still there (a 409) has been answered, and the DELETE came after it: the second read sees
   that bind's write, because the write came before its POST;
 - **reconcile**, by the node-state refresher's run: the reservation pods it listed against the ledger
-  items, node by node, each difference checked against a fresh read of the node's item first.
+  items, node by node, each difference checked against a fresh read of the node's item first, the
+  deletions before the creations.
 
 Each write names the pod by node and GPU (:func:`manifests.reservation.reservation_name`): two processes
 that open the same GPU make one pod.
@@ -243,10 +244,12 @@ class Reservations:
             try:
                 fresh = read(node)
                 plan = plan_reservations(fresh, pods)
-                done["reservations_created"] += self.open(node, plan.create)
+                # Deletions first: the GPUs the device plugin gave those pods are free again before the new
+                # pods ask for theirs (on a node whose GPUs are all held, a new pod would find none).
                 closed = [slot for slot, name in pods.items() if name in plan.delete]
                 again = self.close(node, closed, lambda node=node: read(node).shared_slots())  # type: ignore[misc]
                 done["reservations_deleted"] += len(closed) - len(again)
+                done["reservations_created"] += self.open(node, plan.create)
             except (KubeApiError, DeadlineReachedError, LedgerStoreError) as exc:
                 done["reservation_errors"] += 1
                 log.warning("reconciling the reservation pods of %s failed: %s", node, exc)
