@@ -98,6 +98,13 @@ def reservations(cluster: ControlPlane) -> list[dict[str, Any]]:
     return cluster.pods(RESERVATIONS)
 
 
+def clear(cluster: ControlPlane, work: str) -> None:
+    """What a test may leave when it fails, gone: its pods and every reservation pod (which the tests
+    after it count)."""
+    cluster.delete_namespace_pods(work)
+    cluster.delete_namespace_pods(RESERVATIONS)
+
+
 def agreement(cluster: ControlPlane, namespace: str) -> dict[str, Any]:
     return reservation_agreement(cluster.pods(namespace), reservations(cluster))
 
@@ -261,9 +268,10 @@ def test_400_quarter_shares_on_200_nodes_each_gpu_reserved_once_and_after_churn_
         usage = share_usage(cluster.pods(work), ledger.scan())
         assert usage["ledger_equals_annotations"] and found["reservation_pods"] == usage["gpus_used"]
         containers_get_their_gpu(found, 400)
-    finally:  # what a failure left would fail the tests after it
         cluster.delete_namespace_pods(work)
         cluster.wait_for(lambda: not reservations(cluster), 30, "the reservation pods to go with their shares")
+    finally:
+        clear(cluster, work)
 
 
 def test_the_reconcile_creates_a_missing_reservation_pod_and_removes_one_without_shares(
@@ -272,32 +280,35 @@ def test_the_reconcile_creates_a_missing_reservation_pod_and_removes_one_without
     """What no release saw: a reservation pod deleted by hand under a share, and one made for a GPU that
     holds none. One ``refresh node-state`` run, as the node-state identity, puts both right."""
     work = "reserved-reconcile"
-    cluster.create_pods([share("kept", 400, "A100", work)])
-    assert cluster.wait_bound(work, "kept") == SOLO
-    (slot,) = [int(cluster.pod(work, "kept")["metadata"]["annotations"][ASSIGNED_GPUS_ANNOTATION].split(":")[0])]
-    cluster.delete_pod(RESERVATIONS, reservation_name(SOLO, slot))
-    stray = 7 if slot != 7 else 6
-    cluster.create_pods([reservation_pod(SOLO, stray)])
-    assert {p["metadata"]["name"] for p in reservations(cluster)} == {reservation_name(SOLO, stray)}
+    try:
+        cluster.create_pods([share("kept", 400, "A100", work)])
+        assert cluster.wait_bound(work, "kept") == SOLO
+        (slot,) = [int(cluster.pod(work, "kept")["metadata"]["annotations"][ASSIGNED_GPUS_ANNOTATION].split(":")[0])]
+        cluster.delete_pod(RESERVATIONS, reservation_name(SOLO, slot))
+        stray = 7 if slot != 7 else 6
+        cluster.create_pods([reservation_pod(SOLO, stray)])
+        assert {p["metadata"]["name"] for p in reservations(cluster)} == {reservation_name(SOLO, stray)}
 
-    report = refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")
-    assert report["reservations"]["reservations_created"] == 1, report
-    assert report["reservations"]["reservations_deleted"] == 1, report
-    assert {p["metadata"]["name"] for p in reservations(cluster)} == {reservation_name(SOLO, slot)}
-    cluster.wait_for(
-        lambda: RESERVED_GPU_ANNOTATION in (cluster.pod(RESERVATIONS, reservation_name(SOLO, slot))["metadata"]
-                                            .get("annotations") or {}),
-        30, "the re-created reservation pod's UUID",
-    )  # fmt: skip
-    assert refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")["reservations"]["uuid_mismatches"] == 0
-    # The device plugin gave the re-created pod another GPU than the share's Binding named (here: its
-    # report rewritten by hand): the reconcile says so.
-    other = {"metadata": {"annotations": {RESERVED_GPU_ANNOTATION: gpu_uuid("elsewhere", 0)}}}
-    cluster.api.request("PATCH", f"/api/v1/namespaces/{RESERVATIONS}/pods/{reservation_name(SOLO, slot)}", other,
-                        content_type="application/merge-patch+json")  # fmt: skip
-    assert refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")["reservations"]["uuid_mismatches"] == 1
-    cluster.delete_pod(work, "kept")
-    cluster.wait_for(lambda: not reservations(cluster), 10, "the reservation pod to go with its share")
+        report = refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")
+        assert report["reservations"]["reservations_created"] == 1, report
+        assert report["reservations"]["reservations_deleted"] == 1, report
+        assert {p["metadata"]["name"] for p in reservations(cluster)} == {reservation_name(SOLO, slot)}
+        cluster.wait_for(
+            lambda: RESERVED_GPU_ANNOTATION in (cluster.pod(RESERVATIONS, reservation_name(SOLO, slot))["metadata"]
+                                                .get("annotations") or {}),
+            30, "the re-created reservation pod's UUID",
+        )  # fmt: skip
+        assert refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")["reservations"]["uuid_mismatches"] == 0
+        # The device plugin gave the re-created pod another GPU than the share's Binding named (here: its
+        # report rewritten by hand): the reconcile says so.
+        other = {"metadata": {"annotations": {RESERVED_GPU_ANNOTATION: gpu_uuid("elsewhere", 0)}}}
+        cluster.api.request("PATCH", f"/api/v1/namespaces/{RESERVATIONS}/pods/{reservation_name(SOLO, slot)}", other,
+                            content_type="application/merge-patch+json")  # fmt: skip
+        assert refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")["reservations"]["uuid_mismatches"] == 1
+        cluster.delete_pod(work, "kept")
+        cluster.wait_for(lambda: not reservations(cluster), 10, "the reservation pod to go with its share")
+    finally:
+        clear(cluster, work)
 
 
 def refresh_once(cluster: ControlPlane, moto_env: dict[str, str], snapshot: Any) -> dict[str, Any]:
