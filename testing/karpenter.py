@@ -323,14 +323,24 @@ def karpenter_node(name: str, gpus: InstanceGpus, pool: NodePool, zone: str = "u
     }
 
 
+SHARED_KARPENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "karpenter"
+"""Where ``../shared`` keeps Karpenter's files (its README says which tag and commit each is from)."""
+
+
 def karpenter_source() -> Path | str:
     """The folder of Karpenter's own files the tests read: the NodePool and EC2NodeClass CRDs of
     ``aws/karpenter-provider-aws`` v1.14.1 (``pkg/apis/crds/``) and its generated instance-type reference
     (``website/content/en/v1.14`` and ``v1.12/reference/instance-types.md``). ``$KARPENTER_SOURCE_DIR``
-    where it is set, else the machine's cache folder beside the Kubernetes binaries; like them, they are
-    kept on the machine and never committed. A reason (str) when the folder lacks them."""
+    where it is set, else ``../shared/fixtures/karpenter`` where it has them, else the machine's cache
+    folder beside the Kubernetes binaries; none of them is ever committed. A reason (str) when the folder
+    lacks them."""
     explicit = os.environ.get("KARPENTER_SOURCE_DIR")
-    folder = Path(explicit) if explicit else machine_folder().parent / "karpenter"
+    if explicit:
+        folder = Path(explicit)
+    elif all((SHARED_KARPENTER / name).is_file() for name in SOURCE_FILES):
+        folder = SHARED_KARPENTER
+    else:
+        folder = machine_folder().parent / "karpenter"
     missing = [name for name in SOURCE_FILES if not (folder / name).is_file()]
     if missing:
         shown = ", ".join(missing)

@@ -47,7 +47,9 @@ def test_garbled_slices_and_claims_never_raise_and_never_count_what_no_node_has(
     slices = [garbled(s, data) for s in slices] + [data.draw(JSON)]
     claims = [garbled(c, data) for c in claims] + [data.draw(JSON)]
     facts = dra_facts(slices, claims, [data.draw(JSON)])
-    assert all(isinstance(n, str) and 0 < count <= 4 for n, count in facts.published.items())
+    # 4 GPUs in 5 devices (GPU 3 as two MIG devices): a device whose GPU is garbled away counts as a GPU of its
+    # own (the module docstring: it errs towards refusing), so at most one per device.
+    assert all(isinstance(n, str) and 0 < count <= 5 for n, count in facts.published.items()), facts
     assert all(isinstance(n, str) and count > 0 for n, count in facts.claimed.items())
     assert all(isinstance(p, str) for p in facts.problems)
     assert isinstance(served_by_claim(data.draw(JSON)), bool)
