@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.errors import AdapterError
+from scheduler_core.k8s.limits import MAX_GPUS_PER_NODE
 from scheduler_core.k8s.quantity import plain_int
 
 DEFAULT_UTILIZATION_QUERY = "avg by ({node_label}, {gpu_label}) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[{window}]))"
@@ -121,6 +122,9 @@ def utilization_by_node(
         index = plain_int(gpu, max_digits=4)
         if not node or index is None:
             problems.append(f"sample without {node_label!r} or a numeric {gpu_label!r}: {dict(sample.labels)}")
+            continue
+        if index >= MAX_GPUS_PER_NODE:  # no node has that GPU: a list that long would size nothing real
+            problems.append(f"sample of GPU {index} on {node!r}: past the cap of {MAX_GPUS_PER_NODE} GPUs per node")
             continue
         per_node.setdefault(node, {})[index] = min(max(sample.value / 100.0, 0.0), 1.0)
     by_node = {}

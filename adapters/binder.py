@@ -144,6 +144,7 @@ class LedgerBinder:
         node_of: Callable[[str], Mapping[str, Any] | None] | None = None,
         reservations: Reservations | None = None,
         uuid_wait_s: float = UUID_WAIT_S,
+        share_device: str = "cdi",
     ) -> None:
         self.ledger = ledger
         self._kube_factory = kube
@@ -164,6 +165,7 @@ class LedgerBinder:
         # Reservation pods, one per GPU that holds shares (None: Kubernetes does not count those GPUs).
         self.reservations = reservations
         self.uuid_wait_s = uuid_wait_s
+        self.share_device = share_device  # how a share's GPU reaches its containers (SHARE_DEVICE)
         self._until = threading.local()  # this thread's bind deadline (time.monotonic)
 
     def deadline(self) -> float:
@@ -276,7 +278,7 @@ class LedgerBinder:
         if demand.share and self.reservations is not None:
             try:
                 shared = self._share_annotations(args.node, node, held, demand.share)
-            except ReservationPendingError as exc:
+            except (ReservationPendingError, ValueError) as exc:  # ValueError: a value not of the bind's shape
                 # The reservation pod stays (the reconcile removes it if no share comes): the retry finds
                 # it started, where a new one would start over.
                 rolled = self._roll_back(args, gpu_count, close=False)
@@ -302,7 +304,7 @@ class LedgerBinder:
         finally:  # the wait does not count against the bind's own budget, and adds nothing to it either
             self._until.at = None if budget is None else budget + (time.monotonic() - started)
         memory_mib = int(NodeTable.from_nodes([obj]).memory_mib[0])
-        return share_annotations(uuid, milli, memory_mib)
+        return share_annotations(uuid, milli, memory_mib, device=self.share_device)
 
     def _retire_placeholder(self, args: ExtenderBindingArgs, failed: Callable[..., BindOutcome]) -> BindOutcome:
         """A placeholder that kube-scheduler would bind has done its job: a node with room for its shares
@@ -601,10 +603,12 @@ def ledger_binder(
     cluster: Callable[[], ClusterState | None] | None = None,
     readings: LedgerReadings | None = None,
     reservation_image: str = "",
+    share_device: str = "cdi",
 ) -> LedgerBinder:
     """The binder a deployment uses: the ledger ``table`` through ``session`` (boto3's default when None),
     and the API ``access`` names, connected on the first bind with :data:`BIND_RETRY`; with
-    ``reservation_image``, a reservation pod running it holds each GPU that shares are bound to."""
+    ``reservation_image``, a reservation pod running it holds each GPU that shares are bound to, and its
+    GPU reaches the shares' containers as ``share_device`` says (``SHARE_DEVICE``)."""
     import boto3
     from botocore.config import Config
 
@@ -620,7 +624,7 @@ def ledger_binder(
         # A copy: botocore rewrites the retries dict it is given (max_attempts into total_max_attempts).
         return session.client("dynamodb", config=Config(**copy.deepcopy(BIND_DYNAMODB)))
 
-    binder = LedgerBinder(LedgerStore(table, dynamodb()), kube, cluster, readings)
+    binder = LedgerBinder(LedgerStore(table, dynamodb()), kube, cluster, readings, share_device=share_device)
     binder.store_client = dynamodb
     if reserving(reservation_image):
         binder.reservations = Reservations(lambda: binder.kube, reservation_image)

@@ -448,6 +448,7 @@ class LiveState(ClusterMirror):
             "published_resource_versions": dict(self.published_versions),
             "synced": state is not None,
             "nodes": state.table.n_nodes if state is not None else 0,
+            "invalid_nodes": len(state.table.invalid) if state is not None else 0,  # over a cap: refused
             "dra_watched": bool(self.dra_api),
             **lag_quantiles(self.lag_s),
             "last_rebuild_ms": round(self.last_rebuild_ms, 2),

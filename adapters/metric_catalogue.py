@@ -71,6 +71,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("PreemptNodesDropped", EXTENDER, "Count", "proposed nodes where the victims free too little GPU"),
     # The node-state refresher: one set per run.
     MetricSpec("NodesSeen", NODE_STATE, "Count", "nodes listed"),
+    MetricSpec(
+        "NodesInvalid", NODE_STATE, "Count", "nodes over a cap of GPUs, slices or devices: refused to every pod"
+    ),
     MetricSpec("NodesLabeled", NODE_STATE, "Count", "nodes whose GPU labels were patched"),
     MetricSpec("LabelPatchFailures", NODE_STATE, "Count", "label patches that failed"),
     MetricSpec("LabelPatchesSkipped", NODE_STATE, "Count", "label patches left for the next run (deadline)"),
@@ -87,6 +90,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("SharesReleased", NODE_STATE, "Count", "shares of gone pods freed from the watch (LEDGER_TABLE)"),
     MetricSpec("LedgerDrift", NODE_STATE, "Count", "ledger entries the reconcile corrected, by kind", ("kind",)),
     MetricSpec("LedgerReconcileFailures", NODE_STATE, "Count", "reconciles of the GPU ledger that failed"),
+    MetricSpec(
+        "PlaceholdersHeldBack",
+        NODE_STATE,
+        "Count",
+        "whole GPUs of unschedulable shares left without a placeholder by its caps",
+    ),
     MetricSpec("MigNodesUnsettled", NODE_STATE, "Count", "nodes whose MIG layout is changing or invalid"),
     MetricSpec("MigSlicesFree", NODE_STATE, "Count", "MIG slices no bound pod requests, by profile", ("profile",)),
     MetricSpec(

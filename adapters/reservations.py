@@ -33,7 +33,9 @@ from typing import Any
 from adapters.gpu_ledger import LedgerStoreError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from manifests.reservation import DEFAULT_IMAGE, NAMESPACE, reservation_name, reservation_pod
+from scheduler_core.k8s.annotations import gpu_uuid
 from scheduler_core.k8s.names import RESERVED_GPU_ANNOTATION, TERMINAL_PHASES
+from scheduler_core.k8s.quantity import shown
 from scheduler_core.state.ledger import NodeLedger, plan_reservations
 
 log = logging.getLogger(__name__)
@@ -146,6 +148,11 @@ class Reservations:
                 if where != node:
                     raise ReservationPendingError(f"the reservation pod of GPU {slot} is bound to another node")
                 uuid = ((pod.get("metadata") or {}).get("annotations") or {}).get(RESERVED_GPU_ANNOTATION)
+                if uuid and gpu_uuid(uuid) is None:  # only a GPU UUID names one GPU ("all" names every one)
+                    raise ReservationPendingError(
+                        f"the reservation pod of GPU {slot} reported {shown(uuid)}, which is not a GPU UUID; "
+                        "no share is bound to it"
+                    )
                 if uuid and _alive(pod):
                     return str(uuid)
                 if (pod.get("status") or {}).get("phase") == "Failed":

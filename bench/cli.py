@@ -39,6 +39,12 @@ def _node_state(args: argparse.Namespace) -> dict[str, Any]:
     return run(args.nodes, args.pods, args.seed, args.concurrency)
 
 
+def _node_caps(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.node_caps import run
+
+    return run(args.nodes, args.pods_per_node, args.repeat, args.seed, args.liar_gpus)
+
+
 def _ledger(args: argparse.Namespace) -> dict[str, Any]:
     from bench.ledger import run
 
@@ -165,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     ns.add_argument("--pods", type=int, default=200_000)
     ns.add_argument("--seed", type=int, default=0)
     ns.add_argument("--concurrency", type=int, default=8, help="label patches in flight")
+    caps = suite("node-caps", _node_caps, "one node saying 2**31-1 GPUs: both state builders, beside the healthy nodes")
+    caps.add_argument("--nodes", type=int, default=499, help="healthy nodes (the liar is one more)")
+    caps.add_argument("--pods-per-node", type=float, default=10.0, help="bound pods per healthy node")
+    caps.add_argument("--repeat", type=int, default=5, help="runs of each builder on each cluster (medians)")
+    caps.add_argument("--seed", type=int, default=0)
+    caps.add_argument("--liar-gpus", type=int, default=2**31 - 1, help="the GPUs the one hostile node says it has")
     led = suite("ledger", _ledger, "GPU-ledger binds under contention against moto's DynamoDB server")
     led.add_argument("--threads", type=int, default=8)
     led.add_argument("--pods", type=int, default=2000)

@@ -26,6 +26,8 @@ its context key, and synth stops with all of them at once. A key the extender's 
 | ``schedulerImage`` | upstream kube-scheduler | match the cluster's minor version |
 | ``sharing`` | false | fractional GPUs: the extender's bind and preempt verbs on the DynamoDB GPU ledger |
 | ``sharePolicy`` | ``SHARE_POLICY``'s | the extender's share policy (``SHARE_POLICY``: its default and its check) |
+| ``shareDevice`` | cdi | how a share's GPU reaches its containers (``SHARE_DEVICE``; ``docs/sharing.md``) |
+| ``placeholdersPerNamespace`` / ``placeholdersTotal`` | 16 / 64 | placeholders standing at once (``PLACEHOLDERS_*``) |
 | ``extenderWeight`` | 5 | the extender's weight in kube-scheduler |
 | ``extenderGpuPodsOnly`` | false | call the extender for GPU pods only (else for every pod of the profile) |
 | ``extenderReservedConcurrency`` | 20 | reserved concurrency of the extender function |
@@ -55,6 +57,7 @@ from cdk.functions import RETENTION_NAMES
 from cdk.network import GATEWAY_SERVICES, INTERFACE_SERVICES, SERVICES
 from cdk.prometheus import DCGM_NAMESPACE, KSM_NAMESPACE
 from lambdas.extender.config import ExtenderSettings
+from lambdas.node_state.config import NodeStateSettings
 from manifests.scheduler import DEFAULT_IMAGE, SchedulerOptions
 from scheduler_core.deletion_cost.policy import CostConfig
 from scheduler_core.errors import ConfigError
@@ -92,6 +95,9 @@ class DeployConfig:
     sharing: bool = False
     share_policy: str = default_of(ExtenderSettings, "share_policy")  # declared with the extender's settings
     reservation_image: str = default_of(ExtenderSettings, "reservation_image")  # as share_policy
+    share_device: str = default_of(ExtenderSettings, "share_device")  # as share_policy
+    placeholders_per_namespace: int = default_of(NodeStateSettings, "placeholders_per_namespace")  # as share_policy
+    placeholders_total: int = default_of(NodeStateSettings, "placeholders_total")  # as share_policy
     extender_weight: int = 5
     extender_gpu_pods_only: bool = False
     extender_reserved_concurrency: int = 20
@@ -149,6 +155,7 @@ class DeployConfig:
             image=self.scheduler_image,
             gpu_pods_only=self.extender_gpu_pods_only,
             reservation_image=self.reservation_image,
+            share_device=self.share_device,
         )
 
     @classmethod
@@ -179,9 +186,16 @@ class DeployConfig:
 
     def _extender_problems(self) -> list[str]:
         """The extender's own validation (``ExtenderSettings.problems``) of the keys the deployment passes
-        on to it (those whose settings declare a context key), named by those keys."""
+        on to it (those whose settings declare a context key), named by those keys; and the node-state
+        refresher's placeholder caps, likewise."""
         passed = {name: getattr(self, name) for name in context_keys(ExtenderSettings)}
-        return [context_named(ExtenderSettings, problem) for problem in ExtenderSettings(**passed).problems()]
+        found = [context_named(ExtenderSettings, problem) for problem in ExtenderSettings(**passed).problems()]
+        caps = NodeStateSettings(**{name: getattr(self, name) for name in context_keys(NodeStateSettings)})
+        return found + [
+            context_named(NodeStateSettings, problem)
+            for problem in caps.problems()
+            if problem.startswith("PLACEHOLDERS_")
+        ]
 
     def problems(self) -> list[str]:
         found = []

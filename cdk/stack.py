@@ -23,6 +23,7 @@ from cdk.network import SchedulerNetwork
 from cdk.refreshers import DeadLetterQueue, ScheduledRefresher
 from cdk.state import SchedulerState
 from lambdas.extender.config import ExtenderSettings
+from lambdas.node_state.config import NodeStateSettings
 from manifests import access as lambda_identities
 from manifests.reservation import reserving
 from manifests.scheduler import all_manifests
@@ -121,7 +122,7 @@ class GpuSchedulerStack(Stack):
                 "SNAPSHOT_URI": self.state.snapshot_uri,
                 "AMP_QUERY_URL": self.monitoring.query_url,
                 **(
-                    {"LEDGER_TABLE": self.state.ledger.table_name, "RESERVATION_IMAGE": config.reservation_image}
+                    {"LEDGER_TABLE": self.state.ledger.table_name, **environment(NodeStateSettings, config)}
                     if config.sharing
                     else {}
                 ),

@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from lambdas.extender.service import ROUTED_VERBS, Answer, ExtenderService
-from scheduler_core.extender.wire import encode_json
+from scheduler_core.extender.wire import encode_json, error_body
 from scheduler_core.k8s.quantity import plain_int
 
 log = logging.getLogger("gpu_scheduler.server")
@@ -165,7 +165,9 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
         """The request line and headers, as ``BaseHTTPRequestHandler.parse_request`` reads them for the
         requests an extender gets (HTTP/1.0 and 1.1), into :class:`Headers`."""
         self.command = None  # type: ignore[assignment]  # set in case of an error on the first line
-        self.request_version = self.default_request_version
+        # Not the base class's HTTP/0.9 default, under which a malformed first line ("GET /", junk) got a
+        # bare body with no status line.
+        self.request_version = "HTTP/1.0"
         self.close_connection = True
         self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
         words = self.requestline.split()
@@ -253,6 +255,12 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
                     break
         finally:
             self.server.disarm(self.connection)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Every refusal the request's own parsing makes (a bad first line, a header too long, a method with
+        no handler), as the rest are answered: a status line, and ``{"Error": ...}``; the connection closes."""
+        self.close_connection = True
+        self._reply(Answer(int(code), error_body(message or HTTPStatus(code).phrase)))
 
     def _reply(self, answer: Answer, content_type: str = "application/json", verb: str | None = None) -> None:
         """Write the answer; with ``verb``, count it first, so that ``/metrics`` read after it includes it."""

@@ -47,8 +47,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler_core.k8s.annotations import BIND_ANNOTATION_SHAPES
 from scheduler_core.k8s.names import (
     BIND_ANNOTATIONS,
+    CDI_ANNOTATION_PREFIXES,
     DELETION_COST_ANNOTATION,
     DISRUPTION_COST_ANNOTATION,
     DO_NOT_DISRUPT_ANNOTATION,
@@ -164,6 +166,22 @@ def _cel_list(values: Sequence[str]) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
 
 
+TRUSTED_NAMESPACE_LABEL = "gpu-scheduler.io/gpu-env"
+"""A namespace labelled ``gpu-scheduler.io/gpu-env=trusted``, and ``kube-system``, are exempt from
+``manifests.share_env.share_env_policy``'s check on ``NVIDIA_VISIBLE_DEVICES`` and from the ban on CDI
+device annotations (:func:`admission_policies`): the NVIDIA device plugin's and the GPU Operator's own
+pods set it to ``all`` (label the GPU Operator's namespace before applying the policies, or its pods are
+refused on their next restart)."""
+
+
+TRUSTED_NAMESPACE = (
+    "namespaceObject.metadata.name == 'kube-system' || (has(namespaceObject.metadata.labels) && "
+    f"'{TRUSTED_NAMESPACE_LABEL}' in namespaceObject.metadata.labels && "
+    f"namespaceObject.metadata.labels['{TRUSTED_NAMESPACE_LABEL}'] == 'trusted')"
+)
+"""CEL: the request's namespace is ``kube-system`` or labelled :data:`TRUSTED_NAMESPACE_LABEL` ``trusted``."""
+
+
 FROZEN_LISTS = ("ownerReferences", "finalizers")
 """Metadata lists no identity may change: the garbage collector deletes an object whose owner does not
 exist, and a finalizer nobody removes keeps one from ever going."""
@@ -224,8 +242,23 @@ RESTRICTED = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 """The container securityContext of every pod the product creates: Pod Security's ``restricted``."""
+POD_RESTRICTED = {
+    "runAsNonRoot": True,
+    "runAsUser": 65534,
+    "runAsGroup": 65534,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""The pod securityContext of every pod the product creates: ``restricted`` at the pod level too."""
 CONTAINER = "object.spec.containers[0]"
 """The one container of a pod the product creates, in a shape policy's expressions."""
+_SC = f"{CONTAINER}.securityContext"
+_PSC = "object.spec.securityContext"
+
+
+def _absent(obj: str, *fields: str) -> str:
+    return " && ".join(f"!has({obj}.{field})" for field in fields)
+
+
 POD_SHAPE_CHECKS = (
     ("object.spec.containers.size() == 1", "one container"),
     (
@@ -234,18 +267,50 @@ POD_SHAPE_CHECKS = (
         "no other containers",
     ),
     (
-        f"has({CONTAINER}.securityContext) && has({CONTAINER}.securityContext.allowPrivilegeEscalation) && "
-        f"!{CONTAINER}.securityContext.allowPrivilegeEscalation && "
-        f"(!has({CONTAINER}.securityContext.privileged) || !{CONTAINER}.securityContext.privileged)",
+        f"has({_SC}) && has({_SC}.allowPrivilegeEscalation) && !{_SC}.allowPrivilegeEscalation && "
+        f"(!has({_SC}.privileged) || !{_SC}.privileged)",
         "no privilege",
     ),
     (
+        f"has({_SC}.runAsNonRoot) && {_SC}.runAsNonRoot && has({_SC}.runAsUser) && {_SC}.runAsUser == 65534 && "
+        f"has({_SC}.readOnlyRootFilesystem) && {_SC}.readOnlyRootFilesystem && "
+        f"has({_SC}.seccompProfile) && {_SC}.seccompProfile.type == 'RuntimeDefault' && "
+        f"has({_SC}.capabilities) && has({_SC}.capabilities.drop) && {_SC}.capabilities.drop == ['ALL'] && "
+        f"(!has({_SC}.capabilities.add) || {_SC}.capabilities.add.size() == 0) && "
+        f"{_absent(_SC, 'seLinuxOptions', 'windowsOptions', 'appArmorProfile', 'runAsGroup')} && "
+        f"(!has({_SC}.procMount) || {_SC}.procMount == 'Default')",
+        "the restricted container securityContext (non-root user 65534, read-only root, RuntimeDefault seccomp, "
+        "every capability dropped, none added)",
+    ),
+    (
+        f"has({_PSC}) && has({_PSC}.runAsNonRoot) && {_PSC}.runAsNonRoot && has({_PSC}.runAsUser) && "
+        f"{_PSC}.runAsUser == 65534 && has({_PSC}.runAsGroup) && {_PSC}.runAsGroup == 65534 && "
+        f"has({_PSC}.seccompProfile) && {_PSC}.seccompProfile.type == 'RuntimeDefault' && "
+        f"{_absent(_PSC, 'sysctls', 'seLinuxOptions', 'windowsOptions', 'appArmorProfile', 'supplementalGroups')} && "
+        f"{_absent(_PSC, 'fsGroup', 'fsGroupChangePolicy', 'seLinuxChangePolicy')}",
+        "the restricted pod securityContext (user and group 65534, RuntimeDefault seccomp, nothing else)",
+    ),
+    (
+        f"{_absent(CONTAINER, 'lifecycle', 'livenessProbe', 'readinessProbe', 'startupProbe')} && "
+        f"(!has({CONTAINER}.ports) || {CONTAINER}.ports.size() == 0) && !has({CONTAINER}.volumeDevices) && "
+        f"(!has({CONTAINER}.resources.claims) || {CONTAINER}.resources.claims.size() == 0)",
+        "no lifecycle hooks, probes, ports, devices or resource claims",
+    ),
+    (
         "!(has(object.spec.hostNetwork) && object.spec.hostNetwork) && !(has(object.spec.hostPID) && "
-        "object.spec.hostPID) && !(has(object.spec.hostIPC) && object.spec.hostIPC)",
+        "object.spec.hostPID) && !(has(object.spec.hostIPC) && object.spec.hostIPC) && "
+        "!(has(object.spec.shareProcessNamespace) && object.spec.shareProcessNamespace)",
         "no host namespaces",
     ),
+    (
+        "!has(object.spec.runtimeClassName) && "
+        "(!has(object.spec.resourceClaims) || object.spec.resourceClaims.size() == 0)",
+        "no runtime class and no resource claims",
+    ),
 )
-"""What every pod the product creates must be, checked by its namespace's shape policy."""
+"""What every pod the product creates must be, checked by its namespace's shape policy: one container, the
+restricted securityContext at the pod and container level, nothing that runs code beside its command
+(hooks, exec or HTTP probes), no host namespace, port or device, no runtime class, no DRA claim."""
 
 
 def pod_shape_policy(name: str, namespace: str, kind: str, checks: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
@@ -261,6 +326,35 @@ def pod_shape_policy(name: str, namespace: str, kind: str, checks: Sequence[tupl
         ],
     }
     return _policy(name, spec)
+
+
+def priority_class_policy(owners: Mapping[str, str]) -> list[dict[str, Any]]:
+    """A policy and its binding that admit a pod naming one of the product's PriorityClasses (``owners``:
+    class -> the namespace whose pods it is for) only in that namespace: the reservation pods' class is the
+    highest a user's class may have, and a tenant's pod of it could be preempted by nothing."""
+    classes = _cel_list(sorted(owners))
+    owner = "{" + ", ".join(f"'{name}': '{namespace}'" for name, namespace in sorted(owners.items())) + "}"
+    spec = {
+        "matchConstraints": {"resourceRules": [_rules("pods", "CREATE")]},
+        "matchConditions": [
+            {
+                "name": "names-a-product-class",
+                "expression": f"has(object.spec.priorityClassName) && object.spec.priorityClassName in {classes}",
+            }
+        ],
+        "validations": [
+            {
+                "expression": f"request.namespace == {owner}[object.spec.priorityClassName]",
+                "messageExpression": (
+                    f"'PriorityClass ' + object.spec.priorityClassName + ' belongs to eks-gpu-scheduler: only pods "
+                    f"in ' + {owner}[object.spec.priorityClassName] + ' may use it'"
+                ),
+                "message": f"the PriorityClasses {', '.join(sorted(owners))} are eks-gpu-scheduler's own",
+                "reason": "Forbidden",
+            }
+        ],
+    }
+    return _policy(f"{SCHEDULER_NAME}-priority-classes", spec)
 
 
 def _own_writes_only(
@@ -315,6 +409,15 @@ def _bind_annotations(obj: str, *, when: str = "") -> str:
     )
 
 
+def _device_annotations(obj: str, *, when: str = "") -> str:
+    """The annotations of ``obj`` under :data:`CDI_ANNOTATION_PREFIXES` (a runtime's device requests), as a
+    list of ``key=value``, or ``[]`` (as :func:`_bind_annotations`)."""
+    guard = f"{when} && " if when else ""
+    annotations = f"{obj}.metadata.annotations"
+    prefixed = " || ".join(f"k.startsWith('{prefix}')" for prefix in CDI_ANNOTATION_PREFIXES)
+    return f"{guard}has({annotations}) ? {annotations}.filter(k, {prefixed}).map(k, k + '=' + {annotations}[k]) : []"
+
+
 def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDULER_ACCOUNT) -> list[dict[str, Any]]:
     """The ValidatingAdmissionPolicies and their bindings (Kubernetes 1.30 or newer), in apply order.
     ``scheduler_account`` is the second scheduler's ServiceAccount as a user name, which may write
@@ -328,19 +431,31 @@ def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDU
         _own_writes_only(DELETION_COST, "pods", "annotations", COST_ANNOTATIONS, frozen="labels"),
     )
     if sharing:
+        binder = f"{_in_group(EXTENDER.group)} || request.userInfo.username == '{scheduler_account}'"
+        shapes = " && ".join(
+            f"(!('{key}' in variables.annotations) || variables.annotations['{key}'].matches('{pattern}'))"
+            for key, pattern in BIND_ANNOTATION_SHAPES.items()
+        )
         docs += _policy(
             f"{SCHEDULER_NAME}-extender-bindings",
             {
                 "matchConstraints": {"resourceRules": [_rules("pods/binding", "CREATE")]},
-                "matchConditions": [{"name": "is-extender", "expression": _in_group(EXTENDER.group)}],
+                "matchConditions": [{"name": "is-a-binder", "expression": binder}],
+                "variables": [{"name": "annotations", "expression": _map("object", "annotations")}],
                 "validations": [
                     {
-                        "expression": f"({_map('object', 'annotations')}).all(k, k in {_cel_list(BIND_ANNOTATIONS)})",
-                        "message": (
-                            f"{EXTENDER.group} Bindings may carry no annotation but {', '.join(BIND_ANNOTATIONS)}"
-                        ),
+                        "expression": f"variables.annotations.all(k, k in {_cel_list(BIND_ANNOTATIONS)})",
+                        "message": f"Bindings may carry no annotation but {', '.join(BIND_ANNOTATIONS)}",
                         "reason": "Forbidden",
-                    }
+                    },
+                    {
+                        "expression": shapes,
+                        "message": (
+                            "a Binding's gpu-scheduler annotations must be of the bind's shapes (GPU index:milli "
+                            "pairs, a GPU UUID, its CDI device, the share's size)"
+                        ),
+                        "reason": "Invalid",
+                    },
                 ],
             },
         )
@@ -367,6 +482,11 @@ def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDU
                     "name": "oldAssigned",
                     "expression": _bind_annotations("oldObject", when="request.operation == 'UPDATE'"),
                 },
+                {"name": "devices", "expression": _device_annotations("object")},
+                {
+                    "name": "oldDevices",
+                    "expression": _device_annotations("oldObject", when="request.operation == 'UPDATE'"),
+                },
             ],
             "validations": [
                 {
@@ -378,7 +498,21 @@ def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDU
                         f"only the gpu-scheduler extender may set, change or remove {', '.join(BIND_ANNOTATIONS)}"
                     ),
                     "reason": "Forbidden",
-                }
+                },
+                {
+                    # A container runtime may inject any device these name (docs/sharing.md): a tenant who could
+                    # write one would take a GPU nobody gave it. kube-system and namespaces labelled trusted
+                    # (a cluster administrator's) keep their own.
+                    "expression": (
+                        f"({TRUSTED_NAMESPACE}) || (request.operation == 'UPDATE' ? "
+                        "variables.devices == variables.oldDevices : size(variables.devices) == 0)"
+                    ),
+                    "message": (
+                        f"only the gpu-scheduler extender may give a pod CDI devices (annotations "
+                        f"{' and '.join(p + '*' for p in CDI_ANNOTATION_PREFIXES)})"
+                    ),
+                    "reason": "Forbidden",
+                },
             ],
         },
     )

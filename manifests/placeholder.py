@@ -21,7 +21,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from manifests.access import CONTAINER, EXTENDER, NODE_STATE, RBAC, RESTRICTED, pod_shape_policy
+from manifests.access import CONTAINER, EXTENDER, NODE_STATE, POD_RESTRICTED, RBAC, RESTRICTED, pod_shape_policy
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.autoscaler import autoscaler_affinity
 from scheduler_core.k8s.names import (
@@ -65,6 +65,7 @@ def placeholder_pod(
         "priorityClassName": PRIORITY_CLASS,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 0,
+        "securityContext": copy.deepcopy(POD_RESTRICTED),
         "containers": [
             {
                 "name": "placeholder",
@@ -150,6 +151,8 @@ def placeholder_manifests(image: str, scheduler_account: str) -> list[dict[str, 
         (f"object.spec.schedulerName == '{SCHEDULER_NAME}' && object.spec.priorityClassName == '{PRIORITY_CLASS}'",
          f"the {SCHEDULER_NAME} profile and the {PRIORITY_CLASS} priority"),
         ("!has(object.spec.nodeName) || object.spec.nodeName == ''", "no nodeName"),
+        ("has(object.spec.automountServiceAccountToken) && !object.spec.automountServiceAccountToken",
+         "no ServiceAccount token"),
     ]  # fmt: skip
     keeper = [{"apiGroup": RBAC, "kind": "Group", "name": NODE_STATE.group}]
     retirer = [

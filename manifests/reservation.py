@@ -41,6 +41,7 @@ from manifests.access import (
     EXTENDER,
     FROZEN_LISTS,
     NODE_STATE,
+    POD_RESTRICTED,
     RESTRICTED,
     _list,
     _map,
@@ -48,6 +49,7 @@ from manifests.access import (
     _policy,
     pod_shape_policy,
 )
+from scheduler_core.k8s.annotations import GPU_UUID
 from scheduler_core.k8s.names import (
     GPU_RESOURCE,
     RESERVATION_APP,
@@ -68,8 +70,8 @@ DEFAULT_IMAGE = "public.ecr.aws/docker/library/python:3.12-slim"
 NO_RESERVATIONS = "none"
 """The image setting that turns reservation pods off (an empty variable keeps the default)."""
 PRIORITY_CLASS = "gpu-reservation"
-UUID_PATTERN = "^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
-"""How NVML writes a GPU's UUID (``nvmlDeviceGetUUID``)."""
+UUID_PATTERN = f"^{GPU_UUID.pattern}$"
+"""How NVML writes a GPU's UUID (``nvmlDeviceGetUUID``), for CEL's ``matches``."""
 UUID_WAIT_S = 10.0
 """How long the bind of a share waits for its GPU's reservation pod to report the UUID (the kubelet starts
 the pod, the device plugin allocates, the program reports): a share is bound only with its GPU's UUID.
@@ -115,6 +117,11 @@ def reservation_name(node: str, slot: int) -> str:
     return f"{ACCOUNT}-{node[: MAX_NAME - len(ACCOUNT) - 1 - len(tail)].rstrip('.-')}{tail}"
 
 
+ENV_NAMES = ("POD_NAME", "POD_NAMESPACE", "NVIDIA_DRIVER_CAPABILITIES", "PYTHONUNBUFFERED")
+"""The reservation program's environment (:func:`reservation_pod`): no other name is admitted, so that no
+``NVIDIA_VISIBLE_DEVICES`` (every GPU) or ``PYTHON*`` variable that runs other code reaches it."""
+
+
 def reservation_pod(node: str, slot: int, *, image: str = DEFAULT_IMAGE) -> dict[str, Any]:
     """The reservation pod of GPU ``slot`` on ``node``: bound there directly (``nodeName``: it is the
     share's node, chosen already), one ``nvidia.com/gpu``, every taint tolerated (GPU nodes are often
@@ -141,6 +148,7 @@ def reservation_pod(node: str, slot: int, *, image: str = DEFAULT_IMAGE) -> dict
             "priorityClassName": PRIORITY_CLASS,
             "tolerations": [{"operator": "Exists"}],
             "terminationGracePeriodSeconds": 5,
+            "securityContext": copy.deepcopy(POD_RESTRICTED),
             "containers": [
                 {
                     "name": "reserve",
@@ -287,6 +295,7 @@ def keeper_access(scheduler_account: str, *, image: str = DEFAULT_IMAGE) -> list
     account_namespace, account = scheduler_account.removeprefix("system:serviceaccount:").split(":", 1)
     container = CONTAINER
     command = ", ".join(f"'{part}'" for part in ("python3", f"{MOUNT}/{PROGRAM.name}"))
+    env_names = ", ".join(f"'{name}'" for name in ENV_NAMES)
     root_ca = "has(s.configMap) && s.configMap.name == 'kube-root-ca.crt'"
     allowed_sources = f"has(s.serviceAccountToken) || has(s.downwardAPI) || ({root_ca})"
     checks = [
@@ -299,12 +308,21 @@ def keeper_access(scheduler_account: str, *, image: str = DEFAULT_IMAGE) -> list
             "env values or fieldRefs only",
         ),
         (
+            f"!has({container}.env) || {container}.env.all(e, e.name in [{env_names}])",
+            f"no env but {', '.join(ENV_NAMES)}",
+        ),
+        (f"object.spec.priorityClassName == '{PRIORITY_CLASS}'", f"the {PRIORITY_CLASS} priority"),
+        (
             f"has({container}.resources.limits) && '{GPU_RESOURCE}' in {container}.resources.limits && "
             f"string({container}.resources.limits['{GPU_RESOURCE}']) == '1'",
             f"one {GPU_RESOURCE}",
         ),
         (f"object.spec.serviceAccountName == '{ACCOUNT}'", f"the ServiceAccount {ACCOUNT}"),
         ("has(object.spec.nodeName) && object.spec.nodeName != ''", "a nodeName (the shares' node)"),
+        (
+            f"!has(object.metadata.annotations) || !('{RESERVED_GPU_ANNOTATION}' in object.metadata.annotations)",
+            f"no {RESERVED_GPU_ANNOTATION} yet (the pod reports its GPU itself)",
+        ),
         (
             "!has(object.spec.volumes) || object.spec.volumes.all(v, "
             f"(has(v.configMap) && v.configMap.name == '{PROGRAM_CONFIG_MAP}') || "

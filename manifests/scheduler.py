@@ -44,15 +44,19 @@ from typing import Any
 
 import yaml
 
-from manifests.access import admission_policies, lambda_rbac
+from manifests.access import admission_policies, lambda_rbac, priority_class_policy
 from manifests.nodepool import CONSOLIDATION_POLICIES, gpu_nodepools
+from manifests.placeholder import NAMESPACE as PLACEHOLDER_NAMESPACE
+from manifests.placeholder import PRIORITY_CLASS as PLACEHOLDER_CLASS
 from manifests.placeholder import placeholder_manifests
 from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
+from manifests.reservation import NAMESPACE as RESERVATION_NAMESPACE
+from manifests.reservation import PRIORITY_CLASS as RESERVATION_CLASS
 from manifests.reservation import image_problems, reservation_manifests, reserving
 from manifests.share_env import MUTATING_APIS, share_env_mutation, share_env_policy
 from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.mig import known_mig_resources
-from scheduler_core.k8s.names import MILLI_RESOURCE
+from scheduler_core.k8s.names import MILLI_RESOURCE, SHARE_DEVICES
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SCHEDULER_NAME = "gpu-scheduler"
@@ -126,6 +130,9 @@ class SchedulerOptions:
     """With reservation pods: the ``admissionregistration.k8s.io`` version of the MutatingAdmissionPolicy
     that gives share pods their environment (``manifests.share_env.MUTATING_APIS``), where the API server
     serves one; empty (EKS, 2026): none, and share pods carry the entries themselves."""
+    share_device: str = "cdi"
+    """With reservation pods: how a share's GPU reaches its containers (the extender's ``SHARE_DEVICE``): the
+    share-env policy asks each container for ``NVIDIA_VISIBLE_DEVICES``'s entry with ``env`` only."""
     gpu_pods_only: bool = False
     """Call the extender only for pods that request a GPU resource (``managedResources``); by default
     it is called for every pod of the profile, so that CPU-only pods strand no GPU."""
@@ -154,6 +161,8 @@ class SchedulerOptions:
         if not isinstance(self.image, str) or not self.image or any(c.isspace() for c in self.image):
             found.append(f"image: expected a container image reference, got {self.image!r}")
         found += image_problems("reservation_image", self.reservation_image)
+        if self.share_device not in SHARE_DEVICES:
+            found.append(f"share_device: expected one of {', '.join(SHARE_DEVICES)}, got {self.share_device!r}")
         if self.mutating_policy not in ("", *MUTATING_APIS):
             found.append(
                 f"mutating_policy: expected one of {', '.join(MUTATING_APIS)} or empty, got {self.mutating_policy!r}"
@@ -483,13 +492,15 @@ def all_manifests(options: SchedulerOptions, *, admission_policy: bool = True) -
     policies = admission_policies(sharing=options.sharing, scheduler_account=account) if admission_policy else []
     made = options.sharing and reserving(options.reservation_image)
     image = options.reservation_image
+    owners = {RESERVATION_CLASS: RESERVATION_NAMESPACE, PLACEHOLDER_CLASS: PLACEHOLDER_NAMESPACE}
     reservations = (
-        [*reservation_manifests(account, image=image), *placeholder_manifests(image, account), *share_env_policy()]
+        [*reservation_manifests(account, image=image), *placeholder_manifests(image, account),
+         *share_env_policy(options.share_device), *priority_class_policy(owners)]
         if made
         else []
-    )
+    )  # fmt: skip
     if made and options.mutating_policy:
-        reservations += share_env_mutation(options.mutating_policy)
+        reservations += share_env_mutation(options.mutating_policy, options.share_device)
     if not admission_policy:
         reservations = [doc for doc in reservations if not doc["kind"].startswith("ValidatingAdmission")]
     pools = (

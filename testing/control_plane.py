@@ -479,6 +479,7 @@ class ControlPlane:
              "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
              f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
              "--service-cluster-ip-range=10.0.0.0/24", "--disable-admission-plugins=ServiceAccount",
+             "--allow-privileged=true",  # as EKS runs it: what refuses a privileged pod is admission
              *found.apiserver_flags],
         )  # fmt: skip
         self.url = f"https://127.0.0.1:{api_port}"

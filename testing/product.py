@@ -140,17 +140,18 @@ def share_usage(pods: Sequence[Mapping[str, Any]], ledger: Sequence[Any]) -> dic
 
 
 def reservation_agreement(
-    pods: Sequence[Mapping[str, Any]], reservations: Sequence[Mapping[str, Any]]
+    pods: Sequence[Mapping[str, Any]], reservations: Sequence[Mapping[str, Any]], device: str = "cdi"
 ) -> dict[str, Any]:
     """Whether the reservation pods (those of ``manifests/reservation.py``'s namespace, ``reservations``)
     are exactly one per GPU that the bound shares among ``pods`` hold, by their ``assigned-gpus``: the GPUs
     that have none (``missing``), the reservation pods of GPUs without shares (``orphans``), and how many
     report their GPU's UUID (``uuids``, all distinct on a node, counted in ``uuid_clashes`` otherwise).
-    Each bound share's containers are given the environment a kubelet would resolve from their ``env``:
-    ``containers_wrong_gpu`` counts those whose ``NVIDIA_VISIBLE_DEVICES`` is not the UUID their GPU's
-    reservation pod reported (of ``containers_checked``)."""
+    Each bound share's containers are given the GPUs a runtime set up for ``SHARE_DEVICE`` ``device`` would
+    give them (:func:`manifests.share_env.container_gpus`: the CDI devices the pod's annotations name, or the
+    ``NVIDIA_VISIBLE_DEVICES`` the kubelet resolves from their ``env``): ``containers_wrong_gpu`` counts those
+    not given exactly the UUID their GPU's reservation pod reported (of ``containers_checked``)."""
     from manifests.reservation import reservation_name
-    from manifests.share_env import container_env
+    from manifests.share_env import container_gpus
     from scheduler_core.k8s.names import MILLI_PER_GPU, RESERVED_GPU_ANNOTATION
     from scheduler_core.state.allocation import reservation_of
 
@@ -184,7 +185,7 @@ def reservation_agreement(
             1
             for slot, pod in on_gpu
             for container in pod["spec"]["containers"]
-            if not held.get(slot) or container_env(pod, container).get("NVIDIA_VISIBLE_DEVICES") != held[slot]
+            if not held.get(slot) or container_gpus(pod, container, device) != (held[slot],)
         ),
     }
 

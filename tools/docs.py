@@ -193,13 +193,24 @@ def _extender_timeouts() -> str:
 
 
 def _share_env() -> str:
-    """What a share's containers are given, variable by variable (``manifests.share_env.SHARE_ENV``)."""
+    """What a share's containers are given: its GPU (``SHARE_DEVICE``), then variable by variable
+    (``manifests.share_env.SHARE_ENV``)."""
     from manifests.share_env import SHARE_ENV, share_annotations
+    from scheduler_core.k8s.names import CDI_DEVICE_ANNOTATION
 
-    example = share_annotations("GPU-8f9c…", 250, 143771)  # a quarter of an H200
-    rows = ["| variable | from the annotation | a quarter of an H200 | enforced by |", "|---|---|---|---|"]
+    uuid = "GPU-8f9c0d1e-2a3b-4c5d-6e7f-8091a2b3c4d5"
+    example = share_annotations(uuid, 250, 143771)  # a quarter of an H200
+    rows = [
+        "| the containers get | from the annotation | a quarter of an H200 | with `SHARE_DEVICE` | enforced by |",
+        "|---|---|---|---|---|",
+        f"| its GPU, as a CDI device | `{CDI_DEVICE_ANNOTATION}` | `{example[CDI_DEVICE_ANNOTATION]}` | `cdi` | "
+        "the toolkit's NRI plugin and containerd: every container of the pod gets this GPU |",
+    ]
     for env in SHARE_ENV:
-        rows.append(f"| `{env.name}` | `{env.annotation}` | `{example[env.annotation]}` | {env.enforced_by} |")
+        modes = "`env`" if env.name == "NVIDIA_VISIBLE_DEVICES" else "both"
+        rows.append(
+            f"| `{env.name}` | `{env.annotation}` | `{example[env.annotation]}` | {modes} | {env.enforced_by} |"
+        )
     return "\n".join(rows)
 
 

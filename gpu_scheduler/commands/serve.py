@@ -23,7 +23,7 @@ HELP = "run the extender as a local HTTP server"
 log = logging.getLogger("gpu_scheduler.serve")
 SOURCE = ("snapshot_uri",)
 LIMITS = ("snapshot_refresh_s", "max_snapshot_age_s", "max_body_bytes", "share_policy")
-LEDGER = ("ledger_table", "reservation_image")
+LEDGER = ("ledger_table", "reservation_image", "share_device")
 ACCESS = ("cluster_name", "kube_api_url", "kube_token", "kubeconfig")
 SETTINGS = (*SOURCE, *LIMITS, *SCORING, *LEDGER, *ACCESS)
 """The extender settings ``serve`` takes as flags (:func:`adapters.settings.add_flags`), by group: the

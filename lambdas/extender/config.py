@@ -21,11 +21,18 @@ from adapters.snapshot_store import DEFAULT_MAX_AGE_S, DEFAULT_REFRESH_S
 from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
 from manifests.reservation import image_problems
 from scheduler_core.extender.facade import ExtenderConfig
+from scheduler_core.k8s.names import SHARE_DEVICES
 from scheduler_core.scoring.gpu_fit import ScoreWeights
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, LocalitySettings
 from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 
 LAMBDA_MAX_BODY_BYTES = 6 * 2**20
+ENV_DEVICE_WARNING = (
+    "SHARE_DEVICE=env: shares get their GPU through NVIDIA_VISIBLE_DEVICES, which the NVIDIA container toolkit "
+    "must then accept from unprivileged containers; any pod on a GPU node that sets it through envFrom or its "
+    "image's config sees every GPU it names (docs/sharing.md#from-pod-to-container-the-gpu-and-the-shares-size). "
+    "Use SHARE_DEVICE=cdi."
+)
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,15 @@ class ExtenderSettings(ClusterAccess):
         "Kubernetes' own count (docs/sharing.md); `none`: no reservation pods",
         context="reservationImage",
     )
+    share_device: str = setting(
+        "SHARE_DEVICE",
+        "cdi",
+        "with `LEDGER_TABLE`: how a share's GPU reaches its containers. `cdi`: a CDI device named in the "
+        "Binding, which no tenant may write (docs/sharing.md says how to set up the runtime); `env`: "
+        "`NVIDIA_VISIBLE_DEVICES` read from the Binding's annotation, which needs the NVIDIA toolkit to take "
+        "that variable from any unprivileged container: every pod on a GPU node can then name every GPU there",
+        context="shareDevice",
+    )
     metrics_namespace: str = setting(
         "POWERTOOLS_METRICS_NAMESPACE", NAMESPACE, "CloudWatch namespace of the EMF metrics"
     )
@@ -135,7 +151,16 @@ class ExtenderSettings(ClusterAccess):
         if self.ledger_table:
             found.extend(problem + " (bind needs the API)" for problem in self.access_problems())
         found += image_problems(env_name(cls, "reservation_image"), self.reservation_image)
+        if self.share_device not in SHARE_DEVICES:
+            found.append(f"SHARE_DEVICE: expected one of {', '.join(SHARE_DEVICES)}, got {self.share_device!r}")
         return found
+
+    @property
+    def env_device_warning(self) -> str:
+        """What to log at start-up when shares get their GPU through ``NVIDIA_VISIBLE_DEVICES`` ("" when not)."""
+        if not (self.ledger_table and self.share_device == "env"):
+            return ""
+        return ENV_DEVICE_WARNING
 
     def score_weights(self) -> ScoreWeights:
         return ScoreWeights(fit=self.weight_fit, utilization=self.weight_utilization, locality=self.weight_locality)

@@ -127,8 +127,35 @@ def _response(answer: Answer) -> Response[str]:
     return Response(answer.status, "application/json", answer.body.decode())
 
 
+def not_api_gateway(event: Any) -> str:
+    """Why ``event`` is not an API Gateway REST proxy event (payload v1) the routes can read ("" when it is
+    one): the function is invoked that way only, but anyone who may invoke it can send anything.
+
+    >>> not_api_gateway({"httpMethod": "POST", "path": "/filter", "requestContext": {}, "body": "{}"})
+    ''
+    >>> not_api_gateway({"version": "2.0", "routeKey": "POST /filter"})
+    'not an API Gateway REST proxy event: httpMethod is missing or not a string'
+    """
+    if not isinstance(event, dict):
+        return f"not an API Gateway REST proxy event: a {type(event).__name__}, not an object"
+    for key in ("httpMethod", "path"):
+        if not isinstance(event.get(key), str):
+            return f"not an API Gateway REST proxy event: {key} is missing or not a string"
+    if not isinstance(event.get("requestContext"), dict):
+        return "not an API Gateway REST proxy event: requestContext is missing or not an object"
+    for key, kinds in (("headers", (dict, type(None))), ("body", (str, type(None)))):
+        if key in event and not isinstance(event[key], kinds):
+            return f"not an API Gateway REST proxy event: {key} is a {type(event[key]).__name__}"
+    return ""
+
+
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    refused = not_api_gateway(event)
+    if refused:  # a clean 400: Powertools' resolver would raise on it (KeyError: 'httpMethod')
+        answer = SERVICE.bad_request("event", refused)
+        return {"statusCode": answer.status, "headers": {"Content-Type": "application/json"},
+                "body": answer.body.decode(), "isBase64Encoded": False}  # fmt: skip
     return app.resolve(event, context)

@@ -385,7 +385,10 @@ def build(
             cluster=source,
             readings=readings,
             reservation_image=settings.reservation_image,
+            share_device=settings.share_device,
         )
+        if settings.env_device_warning:
+            logger.warning(settings.env_device_warning)
         if live is not None:
             live.on_gone, binder.gone, binder.node_of = binder.release_pod, live.gone_on, live.node
         accounting = binder

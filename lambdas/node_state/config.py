@@ -13,6 +13,7 @@ from adapters.settings import ClusterAccess, load_settings, setting
 from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
 from manifests.reservation import image_problems
 from scheduler_core.k8s.node_labels import LABEL_POLICIES
+from scheduler_core.state.demand import PlaceholderCaps
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,19 @@ class NodeStateSettings(ClusterAccess):
         "GPU's is removed when the watch sees its last share go. `none`: reservation pods are left alone",
         context="reservationImage",
     )
+    placeholders_per_namespace: int = setting(
+        "PLACEHOLDERS_PER_NAMESPACE",
+        PlaceholderCaps.per_namespace,
+        "with `LEDGER_TABLE`: the most placeholders that stand at once for the shares of one namespace "
+        "(metric `PlaceholdersHeldBack` counts the whole GPUs the caps hold back)",
+        context="placeholdersPerNamespace",
+    )
+    placeholders_total: int = setting(
+        "PLACEHOLDERS_TOTAL",
+        PlaceholderCaps.total,
+        "with `LEDGER_TABLE`: the most placeholders that stand at once in all, shared out namespace by namespace",
+        context="placeholdersTotal",
+    )
     metrics_namespace: str = setting(
         "POWERTOOLS_METRICS_NAMESPACE", NAMESPACE, "CloudWatch namespace of the EMF metrics"
     )
@@ -82,6 +96,10 @@ class NodeStateSettings(ClusterAccess):
         """
         return load_settings(cls, environ, overrides)
 
+    @property
+    def placeholder_caps(self) -> PlaceholderCaps:
+        return PlaceholderCaps(self.placeholders_per_namespace, self.placeholders_total)
+
     def problems(self) -> list[str]:
         found = self.access_problems()
         if not self.snapshot_uri:
@@ -92,6 +110,12 @@ class NodeStateSettings(ClusterAccess):
             found.append(f"PATCH_CONCURRENCY: expected 1..64, got {self.patch_concurrency}")
         if self.ledger_table:
             found += image_problems("RESERVATION_IMAGE", self.reservation_image)
+        found += [
+            problem.replace("placeholders.per_namespace", "PLACEHOLDERS_PER_NAMESPACE").replace(
+                "placeholders.total", "PLACEHOLDERS_TOTAL"
+            )
+            for problem in self.placeholder_caps.problems()
+        ]
         if self.watch_s < 0:
             found.append(f"WATCH_S: must be non-negative, got {self.watch_s}")
         if not 0.05 <= self.publish_debounce_s <= 30:

@@ -6,11 +6,13 @@ log line.
 Settings, Powertools and the clients are built once, at import: a bad deployment fails at start-up
 with every problem named (``lambdas/node_state/config.py``).
 
-Metrics (EMF): ``NodesSeen``, ``NodesLabeled``, ``LabelPatchFailures``, ``LabelPatchesSkipped``,
-``NodesWithoutGpuInfo``, ``SnapshotBytes``, ``SnapshotWriteMs``, ``AmpQueryMs``, ``AmpQueryFailures``,
-``RunMs``, ``RunFailures``, ``SnapshotsKeptNewer``; with ``WATCH_S``, ``SnapshotPublishes`` and
-``WatchLagP99Ms``; with the ledger, ``LedgerDrift`` (by ``kind``), ``LedgerReconcileFailures`` and,
-with ``WATCH_S``, ``SharesReleased``; where a node has MIG, ``MigNodesUnsettled``, and ``MigSlicesFree`` and
+Metrics (EMF): ``NodesSeen``, ``NodesInvalid`` (over a cap: refused to every pod), ``NodesLabeled``,
+``LabelPatchFailures``, ``LabelPatchesSkipped``, ``NodesWithoutGpuInfo``, ``SnapshotBytes``,
+``SnapshotWriteMs``, ``AmpQueryMs``, ``AmpQueryFailures``, ``RunMs``, ``RunFailures``,
+``SnapshotsKeptNewer``; with ``WATCH_S``, ``SnapshotPublishes`` and ``WatchLagP99Ms``; with the ledger,
+``LedgerDrift`` (by ``kind``), ``LedgerReconcileFailures``, ``PlaceholdersHeldBack`` (whole GPUs of
+unschedulable shares' demand that the placeholder caps leave without a placeholder) and, with ``WATCH_S``,
+``SharesReleased``; where a node has MIG, ``MigNodesUnsettled``, and ``MigSlicesFree`` and
 ``MigSlicesStranded`` by ``profile``; where the API serves DRA, ``DraNodes``, ``DraGpusPublished`` and
 ``DraGpusClaimed``.
 """
@@ -37,6 +39,7 @@ SERVICES = build_services(SETTINGS, boto3.session.Session(region_name=SETTINGS.r
 
 _METRICS = (
     ("NodesSeen", "nodes_seen", MetricUnit.Count),
+    ("NodesInvalid", "nodes_invalid", MetricUnit.Count),
     ("NodesLabeled", "nodes_labeled", MetricUnit.Count),
     ("LabelPatchFailures", "label_patch_failures", MetricUnit.Count),
     ("LabelPatchesSkipped", "label_patches_skipped", MetricUnit.Count),
@@ -76,6 +79,9 @@ def emit(report: RunReport) -> None:
             metrics.add_metric(name="SharesReleased", unit=MetricUnit.Count, value=report.watch["shares_released"])
     if SETTINGS.ledger_table:
         metrics.add_metric(name="LedgerReconcileFailures", unit=MetricUnit.Count, value=int(bool(report.ledger_error)))
+        if report.placeholders:
+            held = report.placeholders.get("held_back", 0)
+            metrics.add_metric(name="PlaceholdersHeldBack", unit=MetricUnit.Count, value=held)
         for kind, count in report.ledger_drift.items():
             emit_count("LedgerDrift", count, namespace=metrics.namespace, service=logger.service, kind=kind)
     (logger.info if report.status == "ok" else logger.error)("node-state run", extra={"report": asdict(report)})

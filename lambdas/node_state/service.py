@@ -60,7 +60,7 @@ from lambdas.node_state.config import NodeStateSettings
 from manifests.placeholder import placeholder_pod
 from manifests.reservation import reserving
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.k8s.annotations import Pairs, trusted_assigned_gpus
+from scheduler_core.k8s.annotations import Pairs, gpu_uuid, trusted_assigned_gpus
 from scheduler_core.k8s.dra import DraFacts, dra_facts_of
 from scheduler_core.k8s.names import (
     ASSIGNED_GPUS_ANNOTATION,
@@ -79,7 +79,7 @@ from scheduler_core.k8s.node_labels import LabelPolicy, desired_info, label_chan
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import effective_requests
 from scheduler_core.state.allocation import reservation_of
-from scheduler_core.state.demand import plan_placeholders, share_demand
+from scheduler_core.state.demand import PlaceholderCaps, cap_demand, plan_placeholders, share_demand
 from scheduler_core.state.ledger import NodeLedger, reconcile
 from scheduler_core.state.snapshot import (
     Revision,
@@ -105,6 +105,7 @@ class RunReport:
     status: str = "ok"  # "ok", or "failed" when no snapshot could be written
     error: str = ""
     nodes_seen: int = 0
+    nodes_invalid: int = 0  # over a cap of scheduler_core.k8s.limits: refused to every pod
     pods_seen: int = 0
     nodes_labeled: int = 0
     label_patch_failures: int = 0
@@ -236,7 +237,10 @@ def refresh(
         data = write_snapshot(snapshot, revision=revision)
     for problem in snapshot.problems[:20]:
         logger.warning("snapshot input problem", extra={"problem": problem})
-    report = replace(report, problems=len(snapshot.problems), snapshot_bytes=len(data),
+    invalid = snapshot.table.invalid
+    for row, reason in list(invalid.items())[:20]:
+        logger.warning("node refused: over a cap", extra={"node": snapshot.table.names[row], "reason": reason})
+    report = replace(report, problems=len(snapshot.problems), snapshot_bytes=len(data), nodes_invalid=len(invalid),
                      snapshot_revision=str(revision or ""), mig=snapshot.mig_summary(),
                      dra=dra_lists.summary(dra))  # fmt: skip
     write_started = time.perf_counter()
@@ -256,14 +260,17 @@ def refresh(
         report = replace(report, ledger_drift=drift, ledger_error=ledger_view.error)
         if ledger_view.items is not None and services.ledger is not None:
             with _phase(phases, "reconcile_ledger"):
-                gpu_counts = dict(zip(snapshot.table.names, snapshot.table.alloc_gpus.tolist(), strict=True))
+                table = snapshot.table  # a node over a cap has no GPU count to rebuild an item with
+                gpu_counts = {name: count for row, (name, count) in enumerate(zip(table.names,
+                              table.alloc_gpus.tolist(), strict=True)) if row not in table.invalid}  # fmt: skip
                 report = replace(
                     report,
                     **_reconcile(services.ledger, ledger_view, gpu_counts, drift, logger, services.reservations),
                 )
         if services.reservations is not None:
             with _phase(phases, "placeholders"):
-                report = replace(report, placeholders=_placeholders(kube, services.reservations.image, logger))
+                placeholders = _placeholders(kube, services.reservations.image, settings.placeholder_caps, logger)
+                report = replace(report, placeholders=placeholders)
     if settings.watch_s > 0 and report.status == "ok":
         with _phase(phases, "watch"):
             seed = _Seed(nodes, nodes_version, pods, pods_version, dict(plan), dra_lists)
@@ -429,8 +436,8 @@ def _note_bound(view: _LedgerView, pods: list[dict[str, Any]]) -> None:
         held_for = reservation_of(pod)
         if held_for is not None:
             view.reservations.setdefault(held_for[0], {})[held_for[1]] = str(metadata.get("name") or "")
-            if annotations.get(RESERVED_GPU_ANNOTATION):
-                view.reported[held_for] = str(annotations[RESERVED_GPU_ANNOTATION])
+            if (uuid := gpu_uuid(annotations.get(RESERVED_GPU_ANNOTATION))) is not None:
+                view.reported[held_for] = uuid
         view.live.add(uid)
         view.bound_to[uid] = node
         text = annotations.get(ASSIGNED_GPUS_ANNOTATION)
@@ -513,11 +520,11 @@ def _uuid_mismatches(view: _LedgerView, logger: Any) -> int:
     return len(found)
 
 
-def _placeholders(kube: KubeClient, image: str, logger: Any) -> dict[str, int]:
-    """Keep one placeholder pod per whole GPU that the unschedulable shares need, by group
+def _placeholders(kube: KubeClient, image: str, caps: PlaceholderCaps, logger: Any) -> dict[str, int]:
+    """Keep one placeholder pod per whole GPU that the unschedulable shares need, by group, within ``caps``
     (:mod:`scheduler_core.state.demand`, ``manifests/placeholder.py``); the report's counts. An API
     error ends the step, logged: the next run tries again."""
-    done = {"demand_gpus": 0, "unschedulable_shares": 0, "created": 0, "deleted": 0, "errors": 0}
+    done = {"demand_gpus": 0, "unschedulable_shares": 0, "held_back": 0, "created": 0, "deleted": 0, "errors": 0}
     try:
         pending = kube.list_all("pods", field_selector=PENDING_SHARES)
         existing = kube.list_all(
@@ -525,9 +532,14 @@ def _placeholders(kube: KubeClient, image: str, logger: Any) -> dict[str, int]:
             label_selector=f"app.kubernetes.io/name={PLACEHOLDER_APP}",
             field_selector=f"metadata.namespace={PLACEHOLDER_NAMESPACE}",
         )
-        demand = share_demand(pending)
+        demand = cap_demand(share_demand(pending), caps)
         done["demand_gpus"] = sum(d.gpus for d in demand)
         done["unschedulable_shares"] = sum(d.shares for d in demand)
+        done["held_back"] = sum(d.held_back for d in demand)
+        if done["held_back"]:
+            logger.warning("placeholders held back by their caps", extra={
+                "gpus": done["held_back"], "per_namespace": caps.per_namespace, "total": caps.total,
+                "namespaces": sorted({d.namespace for d in demand if d.held_back})[:20]})  # fmt: skip
         plan = plan_placeholders(demand, existing)
         for name in plan.delete:
             try:

@@ -11,11 +11,22 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, MILLI_PER_GPU, PEERS_ANNOTATION, SCHEDULER_NAME
+from scheduler_core.k8s.names import (
+    ASSIGNED_GPUS_ANNOTATION,
+    CDI_DEVICE_ANNOTATION,
+    CDI_DEVICE_KIND,
+    GPU_PORTION_ANNOTATION,
+    MILLI_PER_GPU,
+    MPS_MEMORY_ANNOTATION,
+    MPS_THREADS_ANNOTATION,
+    PEERS_ANNOTATION,
+    SCHEDULER_NAME,
+    VISIBLE_DEVICES_ANNOTATION,
+)
 from scheduler_core.k8s.quantity import plain_int, shown
 
 Pairs = tuple[tuple[int, int], ...]
@@ -243,6 +254,46 @@ def parse_assigned_gpus(value: object) -> tuple[tuple[int, int], ...]:
             raise InvalidPodError(f"{where}: GPU {index} appears twice")
         pairs[index] = milli
     return tuple(pairs.items())
+
+
+GPU_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""How NVML writes a GPU's UUID (``nvmlDeviceGetUUID``): the only shape a reservation pod may report."""
+
+
+def gpu_uuid(value: object) -> str | None:
+    """``value`` if it is a GPU UUID (:data:`GPU_UUID`), else None: ``all``, a list or an index is not one.
+
+    >>> gpu_uuid("GPU-8a1b2c3d-0000-1111-2222-333344445555"), gpu_uuid("all"), gpu_uuid("GPU-8A1B")
+    ('GPU-8a1b2c3d-0000-1111-2222-333344445555', None, None)
+    """
+    return value if isinstance(value, str) and GPU_UUID.fullmatch(value) else None
+
+
+_PAIR = "[0-9]{1,4}:[0-9]{1,4}"
+BIND_ANNOTATION_SHAPES = {
+    ASSIGNED_GPUS_ANNOTATION: f"^{_PAIR}(,{_PAIR})*$",
+    VISIBLE_DEVICES_ANNOTATION: f"^{GPU_UUID.pattern}$",
+    GPU_PORTION_ANNOTATION: "^0[.][0-9]{1,3}$",
+    MPS_THREADS_ANNOTATION: "^[0-9]{1,3}$",
+    MPS_MEMORY_ANNOTATION: "^0=[0-9]{1,9}MB$",
+    CDI_DEVICE_ANNOTATION: f"^{CDI_DEVICE_KIND.replace('.', '[.]')}={GPU_UUID.pattern}$",
+}
+"""The one shape of each value the bind writes (RE2, as CEL's ``matches`` reads it, without a backslash):
+checked before the bind writes them (:func:`bind_annotation_problems`) and by the admission policy on every
+Binding that carries them."""
+
+
+def bind_annotation_problems(annotations: Mapping[str, str]) -> list[str]:
+    """What is wrong with the bind's annotations in ``annotations`` (the others are not looked at).
+
+    >>> bind_annotation_problems({"gpu-scheduler.io/visible-devices": "all", "gpu-scheduler.io/gpu-portion": "0.25"})
+    ["gpu-scheduler.io/visible-devices: 'all' is not of the bind's shape"]
+    """
+    return [
+        f"{key}: {shown(annotations[key])} is not of the bind's shape"
+        for key, pattern in BIND_ANNOTATION_SHAPES.items()
+        if key in annotations and not (isinstance(annotations[key], str) and re.fullmatch(pattern, annotations[key]))
+    ]
 
 
 def format_assigned_gpus(pairs: Iterable[tuple[int, int]]) -> str:

@@ -20,6 +20,13 @@ attributes is a GPU of its own. A claim's device that no slice lists (its slice 
 still holds a GPU, on the node the allocation's node selector names: one per device, since no slice says
 which devices share a GPU (two MIG devices of one GPU then count two, which errs towards refusing).
 
+A pool is known by its driver, its name *and its node*: a node's kubelet may write slices of any pool
+name, and a pool of another node's name must not replace that node's devices (one node's pools are never
+another's). A node whose slices list more than :data:`~scheduler_core.k8s.limits.MAX_DRA_DEVICES_PER_NODE`
+devices, or more GPUs than :data:`~scheduler_core.k8s.limits.MAX_GPUS_PER_NODE` (published, or held by
+claims), is invalid on its own (:attr:`DraFacts.over_cap`): the state refuses every pod there and counts
+none of its GPUs.
+
 A ``DeviceClass`` with ``extendedResourceName: nvidia.com/gpu`` (KEP-5004, ``DRAExtendedResource``) lets a
 pod's ``nvidia.com/gpu`` request be served by a claim kube-scheduler makes for it; such a pod's
 ``status.extendedResourceClaimStatus`` names it, and its GPUs are counted once, by the claim
@@ -32,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler_core.k8s.limits import MAX_DRA_DEVICES_PER_NODE, MAX_GPUS_PER_NODE, over_cap
 from scheduler_core.k8s.names import DRA_GPU_DRIVER, GPU_RESOURCE
 from scheduler_core.k8s.resources import _mapping
 
@@ -49,12 +57,15 @@ class DraFacts:
     claimed : node name -> GPUs that devices allocated to claims hold there
     extended : a DeviceClass maps ``nvidia.com/gpu`` to DRA devices (KEP-5004)
     problems : what could not be read, one line each
+    over_cap : node name -> why it is invalid (a cap of :mod:`scheduler_core.k8s.limits`); such a node is in
+        neither ``published`` nor ``claimed``
     """
 
     published: Mapping[str, int] = field(default_factory=dict)
     claimed: Mapping[str, int] = field(default_factory=dict)
     extended: bool = False
     problems: tuple[str, ...] = ()
+    over_cap: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def managed(self) -> frozenset[str]:
@@ -82,8 +93,8 @@ def dra_facts(
     """
     wanted = frozenset(drivers)
     problems: list[str] = []
-    pools: dict[tuple[str, str], list[Mapping[str, Any]]] = {}  # (driver, pool) -> its newest generation's
-    newest: dict[tuple[str, str], int] = {}
+    pools: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}  # (driver, pool, node) -> newest generation's
+    newest: dict[tuple[str, str, str], int] = {}
     for position, item in enumerate(slices):
         spec = _mapping(_mapping(item).get("spec"))
         driver, about = spec.get("driver"), _mapping(spec.get("pool"))
@@ -94,22 +105,34 @@ def dra_facts(
             problems.append(f"{_name(item, position, 'resourceslices')}: no valid spec.pool (name, generation, "
                             "resourceSliceCount); its devices are not counted")  # fmt: skip
             continue
-        key = (driver, name)
+        node = spec.get("nodeName")
+        key = (driver, name, node if isinstance(node, str) else "")  # a pool is one node's: no node takes another's
         if generation > newest.get(key, -1):
             pools[key], newest[key] = [spec], generation
         elif generation == newest[key]:
             pools[key].append(spec)
-    where: dict[tuple[str, str, str], tuple[str, str]] = {}  # (driver, pool, device) -> (node, GPU)
+    where: dict[tuple[str, str, str], dict[str, str]] = {}  # (driver, pool, device) -> node -> the GPU it holds
     published: dict[str, set[str]] = {}
-    for (driver, pool), specs in pools.items():
+    devices: dict[str, int] = {}  # node -> devices its slices list
+    over: dict[str, str] = {}
+    for (driver, pool, _), specs in pools.items():
         for spec in specs:
             for device in _list(spec.get("devices")):
                 found = _device(driver, pool, spec, device)
                 if found is None:
                     continue
                 node, gpu = found
-                where[(driver, pool, str(_mapping(device).get("name")))] = found
-                published.setdefault(node, set()).add(gpu)
+                if node in over:
+                    continue
+                devices[node] = devices.get(node, 0) + 1
+                gpus = published.setdefault(node, set())
+                gpus.add(gpu)
+                reason = over_cap("the devices its ResourceSlices list", devices[node], MAX_DRA_DEVICES_PER_NODE)
+                reason = reason or over_cap("the GPUs DRA publishes on it", len(gpus), MAX_GPUS_PER_NODE)
+                if reason:  # stop reading it: what a node over a cap lists sizes nothing
+                    over[node] = reason
+                    continue
+                where.setdefault((driver, pool, str(_mapping(device).get("name"))), {})[node] = gpu
     claimed: dict[str, set[str]] = {}
     for position, item in enumerate(claims):
         status = _mapping(_mapping(item).get("status"))
@@ -120,21 +143,30 @@ def dra_facts(
             if not isinstance(driver, str) or driver not in wanted or result.get("adminAccess") is True:
                 continue
             device = (str(driver), str(result.get("pool")), str(result.get("device")))
-            held = where.get(device)
-            if held is None:  # no slice lists it now: it still holds a GPU, where the allocation says
-                node = _selected_node(allocation.get("nodeSelector"))
-                if not node:
+            selected = _selected_node(allocation.get("nodeSelector"))
+            candidates = where.get(device, {})
+            held = [(selected, candidates[selected])] if selected in candidates else list(candidates.items())
+            if not held:  # no slice lists it now: it still holds a GPU, where the allocation says
+                if not selected:
                     problems.append(f"{_name(item, position, 'resourceclaims')}: device {'/'.join(device)} is in no"
                                     " ResourceSlice and the allocation names no node; not counted")  # fmt: skip
                     continue
-                held = (node, "/".join(device))
-            claimed.setdefault(held[0], set()).add(held[1])
+                held = [(selected, "/".join(device))]
+            for node, gpu in held:  # a device two nodes' pools list, and no selector decides: held on both
+                if node in over:
+                    continue
+                gpus = claimed.setdefault(node, set())
+                gpus.add(gpu)
+                reason = over_cap("the GPUs DRA claims hold on it", len(gpus), MAX_GPUS_PER_NODE)
+                if reason:
+                    over[node] = reason
     extended = any(_mapping(_mapping(item).get("spec")).get("extendedResourceName") == GPU_RESOURCE for item in classes)
     return DraFacts(
-        published={node: len(gpus) for node, gpus in published.items()},
-        claimed={node: len(gpus) for node, gpus in claimed.items()},
+        published={node: len(gpus) for node, gpus in published.items() if node not in over},
+        claimed={node: len(gpus) for node, gpus in claimed.items() if node not in over},
         extended=extended,
         problems=tuple(problems),
+        over_cap=over,
     )
 
 

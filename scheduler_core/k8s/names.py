@@ -72,12 +72,26 @@ VISIBLE_DEVICES_ANNOTATION = "gpu-scheduler.io/visible-devices"
 GPU_PORTION_ANNOTATION = "gpu-scheduler.io/gpu-portion"
 MPS_THREADS_ANNOTATION = "gpu-scheduler.io/mps-thread-percentage"
 MPS_MEMORY_ANNOTATION = "gpu-scheduler.io/mps-memory-limit"
+CDI_DEVICE_ANNOTATION = "nvidia.cdi.k8s.io/pod"
+"""The CDI devices every container of a pod is given: the NVIDIA container toolkit's NRI plugin reads it from
+the pod and has containerd inject them (``docs/sharing.md``, "From pod to container"). The bind writes a
+share's GPU there, in the Binding; no tenant may write any key of :data:`CDI_ANNOTATION_PREFIXES`."""
+CDI_DEVICE_KIND = "k8s.device-plugin.nvidia.com/gpu"
+"""The CDI kind of the GPUs the NVIDIA device plugin publishes with a CDI strategy (device names are UUIDs)."""
+CDI_ANNOTATION_PREFIXES = ("cdi.k8s.io/", "nvidia.cdi.k8s.io/")
+"""Pod annotation prefixes a container runtime may read devices from: CDI's own (containerd's ``pod_annotations``
+pass-through to the NVIDIA runtime) and the toolkit's NRI plugin's."""
+SHARE_DEVICES = ("cdi", "env")
+"""How a share's GPU reaches its containers: a CDI device in :data:`CDI_DEVICE_ANNOTATION` (no tenant can
+write it), or ``NVIDIA_VISIBLE_DEVICES`` read from :data:`VISIBLE_DEVICES_ANNOTATION` (which needs the
+toolkit to accept that variable from unprivileged containers: any container can then name any GPU)."""
 BIND_ANNOTATIONS = (
     ASSIGNED_GPUS_ANNOTATION,
     VISIBLE_DEVICES_ANNOTATION,
     GPU_PORTION_ANNOTATION,
     MPS_THREADS_ANNOTATION,
     MPS_MEMORY_ANNOTATION,
+    CDI_DEVICE_ANNOTATION,
 )
 """What only the bind writes, in the Binding (``manifests.access``'s ``gpu-scheduler-assigned-gpus`` policy)."""
 PEERS_ANNOTATION = "gpu-scheduler.io/peers"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Any
 
@@ -20,6 +20,13 @@ import numpy.typing as npt
 
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.k8s.gpu_models import normalize_model
+from scheduler_core.k8s.limits import (
+    MAX_GPUS_PER_NODE,
+    MAX_INT32,
+    MAX_MIG_PROFILES_PER_NODE,
+    MAX_MIG_SLICES_PER_NODE,
+    over_cap,
+)
 from scheduler_core.k8s.mig import MigMode, mig_mode, resource_profile
 from scheduler_core.k8s.names import (
     GFD_COUNT,
@@ -36,7 +43,7 @@ from scheduler_core.k8s.names import (
     LABEL_ZONE,
     MIG_CONFIG_STATE,
 )
-from scheduler_core.k8s.quantity import parse_whole_count, plain_int
+from scheduler_core.k8s.quantity import CountOutOfRangeError, parse_whole_count, plain_int
 
 IntArray = npt.NDArray[np.int32]
 
@@ -98,6 +105,9 @@ class NodeTable:
         The MIG profiles some node of the table offers as ``nvidia.com/mig-<profile>`` (``mixed``).
     mig_slices : ndarray of shape (n_nodes, len(mig_profiles)), int32
         Allocatable slices of each profile per node.
+    invalid : mapping of node index to reason
+        Nodes over a cap of :mod:`scheduler_core.k8s.limits`: their row has no GPU, slice or model, and
+        every pod is refused there with the reason (``Reason.NODE_INVALID``).
     """
 
     names: tuple[str, ...]
@@ -114,6 +124,7 @@ class NodeTable:
     mig_mode: IntArray | None = None
     mig_profiles: tuple[str, ...] = ()
     mig_slices: IntArray | None = None
+    invalid: Mapping[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n_nodes = len(self.names)
@@ -167,6 +178,41 @@ class NodeTable:
         mask = np.zeros(self.n_nodes, dtype=bool)
         mask[list(self.gpu_info_errors)] = True
         return mask
+
+    @cached_property
+    def invalid_mask(self) -> npt.NDArray[np.bool_]:
+        """Shape (n_nodes,): True where the node is over a cap (:attr:`invalid`)."""
+        mask = np.zeros(self.n_nodes, dtype=bool)
+        mask[list(self.invalid)] = True
+        return mask
+
+    def with_invalid(self, reasons: Mapping[int, str]) -> NodeTable:
+        """This table with the rows of ``reasons`` (row -> why) made invalid as well: no GPU, slice, model or
+        memory there any more. Derived from names alone, the row lookup and the tie order are shared.
+
+        >>> table = NodeTable.from_columns(alloc_gpus=[8, 4], names=["a", "b"]).with_invalid({1: "too many"})
+        >>> table.alloc_gpus.tolist(), table.invalid, table.rows_of(["b"]).tolist()
+        ([8, 0], {1: 'too many'}, [1])
+        """
+        if not reasons:
+            return self
+        rows = np.fromiter(reasons, dtype=np.intp, count=len(reasons))
+        if rows.min() < 0 or rows.max() >= self.n_nodes:
+            raise ValueError(f"invalid rows: expected rows in 0..{self.n_nodes - 1}, got {sorted(reasons)[:5]}")
+        zeroed = {name: getattr(self, name).copy() for name in ("gpu_count", "memory_mib", "alloc_gpus")}
+        model_id, mig_mode, mig_slices = self.model_id.copy(), self.mig_modes.copy(), self.mig_counts.copy()
+        for column in zeroed.values():
+            column[rows] = 0
+        model_id[rows], mig_mode[rows], mig_slices[rows] = -1, 0, 0
+        errors = {row: reason for row, reason in self.gpu_info_errors.items() if row not in reasons}
+        table = replace(
+            self, **zeroed, model_id=model_id, mig_mode=mig_mode, mig_slices=mig_slices, gpu_info_errors=errors,
+            invalid={**self.invalid, **reasons},
+        )  # fmt: skip
+        for kept in ("index", "_hash_index", "tie_rank", "json_names", "_taken_from"):  # names alone: the same
+            if kept in self.__dict__:
+                table.__dict__[kept] = self.__dict__[kept]
+        return table
 
     @cached_property
     def gpu_shapes(self) -> GpuShapes:
@@ -254,6 +300,10 @@ class NodeTable:
             garbled = np.flatnonzero(self.gpu_info_error_mask[picked])
             old_rows = picked[garbled].tolist()
             errors = {new: self.gpu_info_errors[old] for new, old in zip(garbled.tolist(), old_rows, strict=True)}
+        invalid = {}
+        if self.invalid:
+            flagged = np.flatnonzero(self.invalid_mask[picked])
+            invalid = {new: self.invalid[int(picked[new])] for new in flagged.tolist()}
         if names is None:
             names = list(map(self.names.__getitem__, picked.tolist()))
         shapes = self.gpu_shapes
@@ -272,6 +322,7 @@ class NodeTable:
             mig_mode=self.mig_modes[picked],
             mig_profiles=self.mig_profiles,
             mig_slices=np.take(self.mig_counts, picked, axis=0),  # 2-D rows: np.take is ~10x a fancy index
+            invalid=invalid,
         )
         # Share the parent's shapes (cached_property storage): no np.unique per sub-table.
         table.__dict__["gpu_shapes"] = GpuShapes(
@@ -314,16 +365,21 @@ class NodeTable:
         errors: dict[int, str] = {}
         profiles = _Vocabulary()
         slices: dict[tuple[int, int], int] = {}
+        invalid: dict[int, str] = {}
         for row, node in enumerate(nodes):
             name, labels, allocatable = _node_parts(node, row)
             names.append(name)
             mode = mig_mode(labels, allocatable)
             facts = gpu_facts(labels, allocatable, mode)
+            offered = _mig_slices(allocatable) if mode == MigMode.MIXED else {}
+            reason = _over_caps(facts, offered)
+            if reason:  # invalid on its own: no GPU, slice or model, and its figures size nothing
+                invalid[row] = reason
+                facts, mode, offered = NodeGpuFacts(None, 0, 0, 0), MigMode.NONE, {}
             if facts.error:
                 errors[row] = facts.error
-            if mode == MigMode.MIXED:
-                for profile, count in _mig_slices(allocatable).items():
-                    slices[row, profiles.id_of(profile)] = count
+            for profile, count in offered.items():
+                slices[row, profiles.id_of(profile)] = count
             rows.append(
                 (
                     zones.id_of(labels.get(LABEL_ZONE)),
@@ -356,6 +412,7 @@ class NodeTable:
             mig_mode=np.ascontiguousarray(columns[6]),
             mig_profiles=mig_profiles,
             mig_slices=mig_slices,
+            invalid=invalid,
         )
 
     @classmethod
@@ -494,7 +551,9 @@ def gpu_facts(labels: Mapping[str, Any], allocatable: Mapping[str, Any], mode: M
     refused = mig_refusal(labels, mig_mode(labels, allocatable) if mode is None else mode)
     if refused:  # no GPU facts: GPU pods are refused there, with this reason; CPU-only pods are not
         try:
-            alloc = min(parse_whole_count(raw_alloc, what=f"allocatable {GPU_RESOURCE}"), int(np.iinfo(np.int32).max))
+            alloc = min(parse_whole_count(raw_alloc, what=f"allocatable {GPU_RESOURCE}"), MAX_INT32)
+        except CountOutOfRangeError:
+            alloc = MAX_INT32  # a figure past any cap: the node is invalid
         except ValueError:
             alloc = 0
         return NodeGpuFacts(None, 0, 0, alloc, refused)
@@ -531,12 +590,25 @@ def _mig_slices(allocatable: Mapping[str, Any]) -> dict[str, int]:
         if profile is None:
             continue
         try:
-            count = parse_whole_count(raw, what=f"allocatable {resource}")
+            count = min(parse_whole_count(raw, what=f"allocatable {resource}"), MAX_INT32)
+        except CountOutOfRangeError:
+            count = MAX_INT32  # a figure past any cap: the node is invalid
         except ValueError:
             continue
         if count > 0:
-            found[profile.name] = min(count, int(np.iinfo(np.int32).max))
+            found[profile.name] = count
     return found
+
+
+def _over_caps(facts: NodeGpuFacts, slices: Mapping[str, int]) -> str:
+    """Why a node's GPU facts are over a cap of :mod:`scheduler_core.k8s.limits` ("" when none is)."""
+    found = [
+        over_cap(f"allocatable {GPU_RESOURCE}", facts.allocatable, MAX_GPUS_PER_NODE),
+        over_cap("its GPU count label", facts.count, MAX_GPUS_PER_NODE),
+        over_cap("its MIG profiles offered", len(slices), MAX_MIG_PROFILES_PER_NODE),
+        over_cap("its allocatable MIG slices", min(sum(slices.values()), MAX_INT32), MAX_MIG_SLICES_PER_NODE),
+    ]
+    return "; ".join(filter(None, found))
 
 
 def mig_refusal(labels: Mapping[str, Any], mode: MigMode | None = None) -> str:
@@ -567,13 +639,15 @@ def mig_refusal(labels: Mapping[str, Any], mode: MigMode | None = None) -> str:
 def _facts(keys: tuple[str, ...], values: tuple[Any, ...]) -> NodeGpuFacts:
     model_key, memory_key, count_key = keys
     raw_model, raw_memory, raw_count, raw_alloc = values
-    int32_max = int(np.iinfo(np.int32).max)
+    int32_max = MAX_INT32
     alloc_error = ""
     try:
         alloc = parse_whole_count(raw_alloc, what=f"allocatable {GPU_RESOURCE}")
+    except CountOutOfRangeError:
+        alloc = int32_max  # a figure past any cap: from_nodes makes the node invalid, naming it
     except ValueError as exc:
         alloc, alloc_error = 0, str(exc)
-    # Clamp to int32: no node has 2**31 GPUs; a larger value is garbage, not a reason to overflow.
+    # Clamp to int32: no node has 2**31 GPUs; a larger figure is over the cap (limits.MAX_GPUS_PER_NODE).
     alloc = min(alloc, int32_max)
 
     errors: list[str] = []

@@ -196,13 +196,12 @@ def _gpu_request(spec: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidPodError(
             f"requests both {GPU_RESOURCE}={whole} and {MILLI_RESOURCE}={milli}; ask for one or the other"
         )
-    if milli > 1000 and milli % 1000:
+    if milli >= 1000:  # no device plugin would give such a pod a device, and no reservation pod holds its GPUs
         raise InvalidPodError(
-            f"{MILLI_RESOURCE}={milli}: a share is of one GPU (1..1000); more than that must be whole GPUs"
-            " (a multiple of 1000)"
+            f"{MILLI_RESOURCE}={milli}: a share is 1..999 milli of one GPU; ask for whole GPUs as {GPU_RESOURCE}"
+            f" ({milli // 1000 if milli % 1000 == 0 else 'a whole number of'}), which the device plugin gives"
+            " their devices"
         )
-    if milli % 1000 == 0:
-        return {"gpus": milli // 1000, "share": 0, "milli_managed": True}
     return {"gpus": 1, "share": milli, "milli_managed": True}
 
 

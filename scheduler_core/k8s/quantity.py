@@ -114,6 +114,10 @@ def plain_int(value: object, *, max_digits: int = 18) -> int | None:
     return None
 
 
+class CountOutOfRangeError(ValueError):
+    """A whole count past :data:`MAX_COUNT`: a figure, only too large (a cap's business, not a garble)."""
+
+
 def parse_whole_count(value: object, *, what: str) -> int:
     """Parse a quantity that must be a non-negative whole number, such as ``nvidia.com/gpu``.
 
@@ -130,7 +134,7 @@ def parse_whole_count(value: object, *, what: str) -> int:
     if quantity < 0 or quantity != quantity.to_integral_value():
         raise ValueError(f"{what}: must be a non-negative whole number, got {shown(value)}")
     if quantity > MAX_COUNT:
-        raise ValueError(f"{what}: {shown(value)} is out of range (at most {MAX_COUNT})")
+        raise CountOutOfRangeError(f"{what}: {shown(value)} is out of range (at most {MAX_COUNT})")
     return int(quantity)
 
 

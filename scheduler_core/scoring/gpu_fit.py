@@ -47,6 +47,9 @@ class Reason(IntEnum):
     """The node offers fewer slices of the pod's MIG profile than the pod asks, free or not."""
     DRA_MANAGED = 9
     """DRA manages the node's GPUs (:mod:`scheduler_core.k8s.dra`), and the pod asks a milli share."""
+    NODE_INVALID = 10
+    """The node is over a cap of :mod:`scheduler_core.k8s.limits` (``NodeTable.invalid``): no pod goes there,
+    whether it asks a GPU or not, until the node says something a node can be."""
 
     @property
     def unresolvable(self) -> bool:
@@ -239,7 +242,8 @@ def filter_nodes(
 
     Checks, in order: GPU information present (when the pod constrains model or memory), model
     allowed, memory per GPU, allocatable GPUs, free GPUs. The first four are unresolvable.
-    A pod that requests no GPU fits every node.
+    A pod that requests no GPU fits every node but an invalid one (``table.invalid``, a node over a cap:
+    every pod is refused there, first of all).
 
     Parameters
     ----------
@@ -279,6 +283,8 @@ def filter_nodes(
     if dra_serves is not None and demand.counted_by_scheduler:
         counted = (reason == Reason.TOO_FEW_GPUS) | (reason == Reason.TOO_FEW_FREE)
         np.putmask(reason, dra_serves & counted, np.int8(Reason.FITS))
+    if table.invalid:  # over a cap: refused to every pod, whatever else held
+        np.putmask(reason, table.invalid_mask, np.int8(Reason.NODE_INVALID))
     return FilterResult(table=table, demand=demand, reason=reason, free_gpus=free_arr)
 
 
@@ -526,6 +532,7 @@ def _failure_texts(result: FilterResult) -> _FailureTexts:
     ).astype(np.int64)
     # Nodes with their own label error (or MIG refusal) get their own message: key those by row instead.
     own_error = ((code == Reason.NO_GPU_INFO) | (code == Reason.MIG_UNSETTLED)) & table.gpu_info_error_mask[rows]
+    own_error |= code == Reason.NODE_INVALID
     first = np.where(own_error, rows, first)
     second = np.where(own_error, 1, second)
     limit = (1 << 24) - 1
@@ -588,6 +595,8 @@ def _message(table: NodeTable, demand: PodDemand, code: Reason, first: int, seco
         profile, count = demand.mig[second >> 3]
         mode = MIG_MODES[second & 7] if (second & 7) < len(MIG_MODES) else "unknown"
         return f"{first} {mig_resource(profile)} allocatable (MIG {mode}), pod needs {count}"
+    if code == Reason.NODE_INVALID:
+        return f"node refused: {table.invalid[first]}"
     if code == Reason.DRA_MANAGED:
         return f"DRA manages this node's GPUs (ResourceSlices): it takes no {MILLI_RESOURCE} share"
     if demand.share:

@@ -203,13 +203,14 @@ def usage_of(
     problems: list[str] = []
     profile_column = {profile: k for k, profile in enumerate(table.mig_profiles)}
     mig_used = np.zeros((n_nodes, len(profile_column)), dtype=np.int32)
+    invalid = table.invalid  # nodes over a cap: what is on them counts nowhere, as on a node not in the table
     for use in uses:
         if not use.node:
             if use.problem:
                 problems.append(f"{use.name}: {use.problem}")
             continue
         row = index.get(use.node)
-        if row is None:
+        if row is None or (invalid and row in invalid):
             continue
         if use.problem:
             problems.append(f"pod {use.name} on {use.node}: {use.problem}")

@@ -151,6 +151,9 @@ class ClusterState:
         only what changed (:class:`NodeFacts`, :func:`~scheduler_core.state.allocation.pod_use`).
         ``dra``: what DRA publishes and claims hold, where it was read (None: it was not)."""
         table = facts.table
+        if dra is not None and dra.over_cap:  # nodes DRA makes invalid: as those over a cap of their own
+            index = table.index
+            table = table.with_invalid({index[name]: why for name, why in dra.over_cap.items() if name in index})
         usage = usage_of(table, uses, facts.max_gpus, dra.claimed if dra is not None else None)
         used, problems = usage.busy_gpus(table.alloc_gpus), list(usage.problems) + list(facts.problems)
         if dra is not None:

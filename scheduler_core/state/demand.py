@@ -1,14 +1,22 @@
 """Whole-GPU demand for shares that fit nowhere: what the placeholder pods stand for.
 
 A pending share requests ``gpu-scheduler.io/gpu-milli``, which no autoscaler can provision for (an
-unknown extended resource). So the shares that kube-scheduler marked ``Unschedulable`` are grouped by
-what a node must have for them (their GPU model and memory annotations, node selector, required node
-affinity and tolerations), and each group's shares are packed onto whole GPUs, first fit by decreasing
-milli (as the ledger packs them: two 600-milli shares take two GPUs): one one-GPU placeholder pod per GPU
-(``manifests/placeholder.py``), asking the CPU and memory of the shares on it, with the group's
-requirements, is what Karpenter or cluster-autoscaler sees and adds nodes for. A placeholder is never
-bound (the extender's bind deletes one it would bind: its node has room for the shares); those beyond the
-demand go too. Everything here is pure; ``lambdas/node_state/service.py`` lists and writes.
+unknown extended resource). So the shares that kube-scheduler marked ``Unschedulable`` are grouped, per
+namespace, by what an autoscaler acts on when it picks a node for a pod (their GPU model and memory
+annotations, which become required node affinity; their node selector and required node affinity; and the
+tolerations that can matter to a taint: ``NoSchedule`` and ``NoExecute`` ones, without their seconds,
+sorted and once each), and each group's shares are packed onto whole GPUs, first fit by decreasing
+milli (as the ledger packs them: two 600-milli shares take two GPUs, twenty 1-milli shares one): one
+one-GPU placeholder pod per GPU (``manifests/placeholder.py``), asking the CPU and memory of the shares on
+it, with the group's requirements, is what Karpenter or cluster-autoscaler sees and adds nodes for. A
+placeholder is never bound (the extender's bind deletes one it would bind: its node has room for the
+shares); those beyond the demand go too. Everything here is pure; ``lambdas/node_state/service.py`` lists
+and writes.
+
+Placeholders live outside their tenants' namespaces and quotas, and autoscalers buy nodes for them, so
+their number is capped (:class:`PlaceholderCaps`): per namespace of the shares, and in all. The caps are
+shared out one GPU at a time, namespace by namespace in turn, each namespace's largest group first; what
+they hold back is counted (:attr:`ShareDemand.held_back`) and reported.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler_core.errors import InvalidPodError
@@ -37,20 +45,52 @@ REQUIREMENT_ANNOTATIONS = (LABEL_MODEL, LABEL_MEMORY)
 
 
 @dataclass(frozen=True)
+class PlaceholderCaps:
+    """How many placeholders may stand at once: per namespace of the shares they stand for, and in all."""
+
+    per_namespace: int = 16
+    total: int = 64
+
+    def problems(self, path: str = "placeholders") -> list[str]:
+        return [
+            f"{path}.{name}: expected an integer in 0..{MAX_PLACEHOLDERS}, got {value!r}"
+            for name, value in (("per_namespace", self.per_namespace), ("total", self.total))
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PLACEHOLDERS
+        ]
+
+
+MAX_PLACEHOLDERS = 10_000
+"""The largest cap a setting may give: a bound on what one refresher run creates, whatever it is told."""
+
+
+@dataclass(frozen=True)
 class ShareDemand:
-    """One group of pending shares with the same node requirements: the whole GPUs they pack onto, each
-    with the CPU (milli) and memory (bytes) its shares request (``per_gpu``), and the ``requirements``
-    a placeholder carries (``annotations``, ``nodeSelector``, ``affinity`` with the required node
-    affinity only, ``tolerations``). ``key`` names the group (a digest of the requirements)."""
+    """One group of pending shares of one namespace with the same node requirements: the whole GPUs they
+    pack onto, each with the CPU (milli) and memory (bytes) its shares request (``per_gpu``), and the
+    ``requirements`` a placeholder carries (``annotations``, ``nodeSelector``, ``affinity`` with the
+    required node affinity only, ``tolerations``). ``key`` names the group (a digest of the namespace and
+    the requirements); ``allowed`` is how many of its GPUs the caps let placeholders stand for (all of them
+    until :func:`cap_demand` says otherwise)."""
 
     key: str
     shares: int
     per_gpu: tuple[tuple[int, int], ...]
     requirements: Mapping[str, Any] = field(default_factory=dict)
+    namespace: str = ""
+    allowed: int = -1
 
     @property
     def gpus(self) -> int:
         return len(self.per_gpu)
+
+    @property
+    def placeholders(self) -> int:
+        """The placeholders this group gets: its GPUs, or fewer where the caps hold it back."""
+        return self.gpus if self.allowed < 0 else min(self.allowed, self.gpus)
+
+    @property
+    def held_back(self) -> int:
+        return self.gpus - self.placeholders
 
 
 def unschedulable_share(pod: Mapping[str, Any]) -> int:
@@ -83,13 +123,14 @@ def unschedulable_share(pod: Mapping[str, Any]) -> int:
 
 
 def requirements_of(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What a node must have for ``pod``, as a placeholder carries it."""
+    """What a node must have for ``pod``, as a placeholder carries it: only what an autoscaler acts on
+    (see the module docstring; :func:`taint_tolerations`)."""
     spec, metadata = pod.get("spec") or {}, pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     found: dict[str, Any] = {
         "annotations": {k: annotations[k] for k in REQUIREMENT_ANNOTATIONS if isinstance(annotations.get(k), str)},
         "nodeSelector": dict(spec.get("nodeSelector") or {}),
-        "tolerations": list(spec.get("tolerations") or []),
+        "tolerations": taint_tolerations(spec.get("tolerations")),
     }
     required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
@@ -98,6 +139,34 @@ def requirements_of(pod: Mapping[str, Any]) -> dict[str, Any]:
         {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}} if required else {}
     )
     return found
+
+
+_TOLERATION_FIELDS = ("key", "operator", "value", "effect")
+_BLOCKING = ("", "NoSchedule", "NoExecute")
+"""The effects a taint keeps a pod off a node with (an empty effect tolerates them all)."""
+
+
+def taint_tolerations(tolerations: Any) -> list[dict[str, str]]:
+    """The tolerations of a pod that can let it onto a tainted node, as an autoscaler reads them: those of
+    a blocking effect (``PreferNoSchedule`` keeps no pod off a node), without ``tolerationSeconds`` (how long
+    a pod stays once tainted, not where it may go), each once, sorted; anything not a toleration is
+    dropped.
+
+    >>> for kept in taint_tolerations([{"key": "b", "operator": "Exists", "effect": "NoSchedule"},
+    ...         {"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+    ...         {"key": "b", "operator": "Exists", "effect": "NoSchedule"},
+    ...         {"key": "c", "effect": "PreferNoSchedule"}, "junk"]):
+    ...     print(kept)
+    {'effect': 'NoExecute', 'key': 'a', 'operator': 'Exists'}
+    {'effect': 'NoSchedule', 'key': 'b', 'operator': 'Exists'}
+    """
+    found: dict[tuple[str, ...], dict[str, str]] = {}
+    for toleration in tolerations if isinstance(tolerations, list) else ():
+        if not isinstance(toleration, Mapping) or toleration.get("effect", "") not in _BLOCKING:
+            continue
+        kept = {k: v for k in _TOLERATION_FIELDS if isinstance(v := toleration.get(k), str) and v}
+        found.setdefault(tuple(f"{k}={v}" for k, v in sorted(kept.items())), dict(sorted(kept.items())))
+    return [found[key] for key in sorted(found)]
 
 
 def group_key(requirements: Mapping[str, Any]) -> str:
@@ -124,21 +193,60 @@ def share_demand(pods: Sequence[Mapping[str, Any]]) -> list[ShareDemand]:
     [(10, 40), (3, 3)]
     """
     shares: dict[str, list[tuple[int, int, int]]] = {}  # key -> (milli, cpu milli, memory bytes)
-    requirements: dict[str, dict[str, Any]] = {}
+    requirements: dict[str, tuple[str, dict[str, Any]]] = {}  # key -> (namespace, requirements)
     for pod in pods:
         share = unschedulable_share(pod)
         if not share:
             continue
         needs = requirements_of(pod)
-        key = group_key(needs)
-        requirements.setdefault(key, needs)
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        key = group_key({"namespace": namespace, **needs})
+        requirements.setdefault(key, (namespace, needs))
         try:
             asks = pod_requests(pod)
         except InvalidPodError:
             continue
         shares.setdefault(key, []).append((share, int(asks[CPU]), int(asks[MEMORY])))
-    groups = [ShareDemand(key, len(found), _pack(found), requirements[key]) for key, found in shares.items()]
+    groups = [
+        ShareDemand(key, len(found), _pack(found), requirements[key][1], requirements[key][0])
+        for key, found in shares.items()
+    ]
     return sorted(groups, key=lambda d: (-d.gpus, d.key))
+
+
+def cap_demand(demand: Sequence[ShareDemand], caps: PlaceholderCaps) -> list[ShareDemand]:
+    """``demand`` with :attr:`ShareDemand.allowed` set by ``caps``: GPUs are given out one at a time, each
+    namespace in turn (by name), each namespace's groups largest first, until a namespace has
+    ``caps.per_namespace`` or all have ``caps.total``.
+
+    >>> def group(key, namespace, gpus):
+    ...     return ShareDemand(key, gpus, ((1, 1),) * gpus, namespace=namespace)
+    >>> capped = cap_demand([group("a", "team-a", 5), group("b", "team-a", 3), group("c", "team-b", 2)],
+    ...                     PlaceholderCaps(per_namespace=4, total=5))
+    >>> [(d.key, d.placeholders, d.held_back) for d in capped]
+    [('a', 3, 2), ('b', 0, 3), ('c', 2, 0)]
+    """
+    queues: dict[str, list[ShareDemand]] = {}
+    for group in sorted(demand, key=lambda d: (-d.gpus, d.key)):
+        queues.setdefault(group.namespace, []).append(group)
+    given = {group.key: 0 for group in demand}
+    per_namespace = dict.fromkeys(queues, 0)
+    left = caps.total
+    while left > 0:
+        progressed = False
+        for namespace in sorted(queues):
+            if left == 0 or per_namespace[namespace] >= caps.per_namespace:
+                continue
+            short = next((g for g in queues[namespace] if given[g.key] < g.gpus), None)
+            if short is None:
+                continue
+            given[short.key] += 1
+            per_namespace[namespace] += 1
+            left -= 1
+            progressed = True
+        if not progressed:
+            break
+    return [replace(group, allowed=given[group.key]) for group in demand]
 
 
 def _pack(shares: list[tuple[int, int, int]]) -> tuple[tuple[int, int], ...]:
@@ -184,7 +292,7 @@ def plan_placeholders(demand: Sequence[ShareDemand], placeholders: Sequence[Mapp
     >>> plan_placeholders(demand, existing[1:])
     PlaceholderPlan(create=(('k', 0), ('k', 1)), delete=('p-k-5',))
     """
-    wanted = {d.key: d.gpus for d in demand}
+    wanted = {d.key: d.placeholders for d in demand}
     kept: dict[str, set[int]] = {}
     landed: set[str] = set()
     delete: list[str] = []
@@ -201,6 +309,10 @@ def plan_placeholders(demand: Sequence[ShareDemand], placeholders: Sequence[Mapp
         elif not metadata.get("deletionTimestamp"):
             kept.setdefault(key, set()).add(int(index))
     create = tuple(
-        (d.key, i) for d in demand if d.key not in landed for i in range(d.gpus) if i not in kept.get(d.key, set())
+        (d.key, i)
+        for d in demand
+        if d.key not in landed
+        for i in range(d.placeholders)
+        if i not in kept.get(d.key, set())
     )
     return PlaceholderPlan(create, tuple(sorted(delete)))

@@ -9,6 +9,8 @@ are the arrays below plus ``header``, a UTF-8 JSON document stored as a uint8 ar
     header            {"schema_version", "generated_at" (Unix seconds), "cluster", "n_nodes",
                        "max_gpus", "zones", "instance_types", "models", "apps",
                        "gpu_info_errors" {row: reason}, "problems" [..],
+                       "invalid_nodes" {row: reason} (optional: nodes over a cap of
+                       scheduler_core.k8s.limits, refused to every pod),
                        "utilization_at" (Unix seconds or null; optional),
                        "shapes" [[cpu milli, GPU milli, GPUs, models "A|B" or "", pods], ..]
                        (optional: the typical GPU pod shapes, for FGD),
@@ -50,6 +52,7 @@ import numpy.typing as npt
 
 from scheduler_core.errors import SchedulerCoreError
 from scheduler_core.k8s.dra import DraFacts
+from scheduler_core.k8s.limits import MAX_GPUS_PER_NODE
 from scheduler_core.k8s.mig import MIG_MODES, parse_profile
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex
@@ -205,6 +208,7 @@ def write_snapshot(snapshot: ClusterState, *, revision: Revision | None = None) 
         "apps": list(snapshot.apps.apps),
         "gpu_info_errors": {str(row): reason for row, reason in table.gpu_info_errors.items()},
         "problems": list(snapshot.problems),
+        "invalid_nodes": {str(row): reason for row, reason in table.invalid.items()},
         "utilization_at": snapshot.utilization_at,
     }
     if snapshot.dra_extended:
@@ -292,7 +296,13 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
     if len(names) != n_nodes:
         raise SnapshotFormatError(f"snapshot has {len(names)} node names for n_nodes={n_nodes}")
     errors = {int(row): str(reason) for row, reason in header.get("gpu_info_errors", {}).items()}
+    invalid = {int(row): str(reason) for row, reason in header.get("invalid_nodes", {}).items()}
+    if any(not 0 <= row < n_nodes for row in invalid):
+        raise SnapshotFormatError(f"snapshot header invalid_nodes names rows outside 0..{n_nodes - 1}")
     column = {name: np.ascontiguousarray(members[name], dtype=np.int32) for name in _NODE_COLUMNS}
+    alloc = column["alloc_gpus"]
+    if alloc.size and (alloc.min() < 0 or alloc.max() > max_gpus):
+        raise SnapshotFormatError(f"snapshot member 'alloc_gpus': expected GPU counts in 0..{max_gpus} (max_gpus)")
     table = NodeTable(
         names=tuple(names),
         zone_id=column["zone_id"],
@@ -306,6 +316,7 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
         alloc_gpus=column["alloc_gpus"],
         gpu_info_errors=errors,
         **_mig_columns(members, n_nodes),
+        invalid=invalid,
     )
     _check_ids(table)
     util = np.ascontiguousarray(members["gpu_utilization"], dtype=np.float32)
@@ -424,6 +435,10 @@ def _header(members: Mapping[str, npt.NDArray[Any]]) -> dict[str, Any]:
     for key in ("n_nodes", "max_gpus"):
         if not isinstance(header[key], int) or header[key] < 0:
             raise SnapshotFormatError(f"snapshot header {key} must be a non-negative integer, got {header[key]!r}")
+    if header["max_gpus"] > MAX_GPUS_PER_NODE:
+        raise SnapshotFormatError(
+            f"snapshot header max_gpus is {header['max_gpus']}, over the cap of {MAX_GPUS_PER_NODE} GPUs per node"
+        )
     if not isinstance(header["generated_at"], int | float):
         raise SnapshotFormatError(f"snapshot header generated_at must be Unix seconds, got {header['generated_at']!r}")
     return header

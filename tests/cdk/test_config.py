@@ -194,15 +194,37 @@ def test_the_keys_passed_to_the_extender_take_its_declared_default_and_reach_its
 
     deploy_fields = {f.name: f for f in fields(DeployConfig)}
     assert context_keys(ExtenderSettings) == {
-        "max_snapshot_age_s": "maxSnapshotAgeS", "share_policy": "sharePolicy", "reservation_image": "reservationImage"
+        "max_snapshot_age_s": "maxSnapshotAgeS", "share_policy": "sharePolicy", "reservation_image": "reservationImage",
+        "share_device": "shareDevice",
     }  # fmt: skip
     for name, key in context_keys(ExtenderSettings).items():
         assert _camel(name) == key  # the context key DeployConfig reads for its field of that name
         assert deploy_fields[name].default == default_of(ExtenderSettings, name)
     config = DeployConfig.from_context(
-        {"clusterName": "c", "sharePolicy": "bestfit", "maxSnapshotAgeS": "240", "reservationImage": "r.example/p:1"}
-    )
+        {"clusterName": "c", "sharePolicy": "bestfit", "maxSnapshotAgeS": "240", "reservationImage": "r.example/p:1",
+         "shareDevice": "env"}
+    )  # fmt: skip
     assert environment(ExtenderSettings, config) == {
-        "MAX_SNAPSHOT_AGE_S": "240", "SHARE_POLICY": "bestfit", "RESERVATION_IMAGE": "r.example/p:1"
+        "MAX_SNAPSHOT_AGE_S": "240", "SHARE_POLICY": "bestfit", "RESERVATION_IMAGE": "r.example/p:1",
+        "SHARE_DEVICE": "env",
     }  # fmt: skip
-    assert config.scheduler_options("https://x.example/p").reservation_image == "r.example/p:1"
+    options = config.scheduler_options("https://x.example/p")
+    assert (options.reservation_image, options.share_device) == ("r.example/p:1", "env")
+
+
+def test_the_node_state_refreshers_placeholder_caps_are_deployment_keys_checked_by_its_own_rule() -> None:
+    from adapters.settings import context_keys, environment
+    from lambdas.node_state.config import NodeStateSettings
+
+    assert context_keys(NodeStateSettings) == {
+        "reservation_image": "reservationImage", "placeholders_per_namespace": "placeholdersPerNamespace",
+        "placeholders_total": "placeholdersTotal",
+    }  # fmt: skip
+    config = DeployConfig.from_context({"clusterName": "c", "placeholdersPerNamespace": "4", "placeholdersTotal": "9"})
+    assert environment(NodeStateSettings, config) == {
+        "RESERVATION_IMAGE": config.reservation_image, "PLACEHOLDERS_PER_NAMESPACE": "4", "PLACEHOLDERS_TOTAL": "9",
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match=r"placeholdersTotal: expected an integer in 0\.\.10000, got 20000"):
+        DeployConfig.from_context({"clusterName": "c", "placeholdersTotal": "20000"})
+    with pytest.raises(ConfigError, match=r"shareDevice: expected one of cdi, env, got 'nvlink'"):
+        DeployConfig.from_context({"clusterName": "c", "shareDevice": "nvlink"})

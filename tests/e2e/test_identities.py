@@ -202,3 +202,101 @@ def test_a_tenant_may_not_write_assigned_gpus_through_the_pod_or_its_status(
     assert patch_as(tenant, path, {"metadata": {"annotations": {"note": "mine"}}})[0] == 200  # the rest is theirs
     stored = cluster.pod(NAMESPACE, "tenants")["metadata"]["annotations"]
     assert ASSIGNED_GPUS_ANNOTATION not in stored and stored["note"] == "mine"
+
+
+# ---- the product's own pods and PriorityClasses -----------------------------------------------------
+def create_dry(api: KubeRest, pod: dict[str, Any]) -> tuple[int, str]:
+    """The status and message of creating ``pod`` as ``api``'s user, admission and all, with nothing
+    stored (``dryRun=All``)."""
+    namespace = pod["metadata"]["namespace"]
+    status, raw = api.raw(
+        "POST", f"/api/v1/namespaces/{namespace}/pods?dryRun=All", json.dumps(pod).encode(), "application/json"
+    )
+    return status, (json.loads(raw).get("message", "") if raw else "")
+
+
+@pytest.fixture(scope="module")
+def runtime_class(cluster: ControlPlane) -> str:
+    """The RuntimeClass the hostile shapes name (the RuntimeClass admission plugin refuses one that does not
+    exist before any policy sees the pod): a privileged runtime, as a cluster may well have."""
+    body = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia-privileged"},
+            "handler": "nvidia"}  # fmt: skip
+    status, raw = cluster.api.raw("POST", "/apis/node.k8s.io/v1/runtimeclasses", json.dumps(body).encode(),
+                                  "application/json")  # fmt: skip
+    assert status in (201, 409), raw[:300]
+    return "nvidia-privileged"
+
+
+KEEPERS = ("extender", "scheduler", "node-state")
+
+
+def refused_by_the_policy(status: int, message: str, policy: str, refusal: str, what: str) -> None:
+    """A 403 or 422 from the product's admission policies: the namespace's shape ``policy`` saying
+    ``refusal``, or another of the product's policies that caught the same pod first (the API server names
+    the first that denies; ``tests/security/test_reservation_pods.py`` shows the shape policy refuses each)."""
+    assert status in (403, 422), (what, status, message)
+    assert "ValidatingAdmissionPolicy 'gpu-scheduler-" in message, (what, message)
+    assert f"'{policy}'" not in message or refusal in message, (what, message)
+
+
+"""Who creates reservation pods (``manifests.reservation.keeper_access``); the node-state group alone creates
+placeholders."""
+
+
+@pytest.mark.parametrize("keeper", KEEPERS)
+@pytest.mark.usefixtures("runtime_class")
+def test_a_keeper_credential_runs_nothing_but_the_products_own_reservation_pod(cluster: ControlPlane, keeper: str):
+    """Item 2 of "Safe to deploy, third pass", live: as each identity that may create reservation pods, every
+    shape that would run code or gain privilege next to a GPU is refused by the shape policy, named in the
+    refusal, and the product's own pod is admitted."""
+    from manifests.reservation import reservation_pod
+    from tests.security.test_reservation_pods import HOSTILE
+
+    if not policies_served(cluster):
+        pytest.skip("no ValidatingAdmissionPolicy before 1.30: the shapes are not checked there (docs/sharing.md)")
+    api = cluster.api_as(keeper)
+    status, message = create_dry(api, reservation_pod("a100-0", 3))
+    assert status == 201, message
+    for name, (change, refusal) in sorted(HOSTILE.items()):
+        pod = reservation_pod("a100-0", 3)
+        change(pod)
+        status, message = create_dry(api, pod)
+        refused_by_the_policy(status, message, "gpu-scheduler-reservation-pods", refusal, name)
+
+
+@pytest.mark.usefixtures("runtime_class")
+def test_the_node_state_credential_creates_nothing_but_the_products_own_placeholder(cluster: ControlPlane):
+    """The same for placeholders, which the node-state group alone creates."""
+    from manifests.placeholder import placeholder_pod
+    from manifests.reservation import DEFAULT_IMAGE
+    from tests.security.test_reservation_pods import PLACEHOLDER_HOSTILE
+
+    if not policies_served(cluster):
+        pytest.skip("no ValidatingAdmissionPolicy before 1.30: the shapes are not checked there (docs/sharing.md)")
+    api = cluster.api_as("node-state")
+    requirements = {"annotations": {LABEL_MODEL: "H100"}, "nodeSelector": {"pool": "gpu"}}
+    status, message = create_dry(api, placeholder_pod("0a1b2c3d4e", 0, requirements, image=DEFAULT_IMAGE))
+    assert status == 201, message
+    for name, (change, refusal) in sorted(PLACEHOLDER_HOSTILE.items()):
+        pod = placeholder_pod("0a1b2c3d4e", 0, requirements, image=DEFAULT_IMAGE)
+        change(pod)
+        status, message = create_dry(api, pod)
+        refused_by_the_policy(status, message, "gpu-scheduler-placeholder-pods", refusal, name)
+
+
+@pytest.mark.parametrize("priority_class", ["gpu-reservation", "gpu-share-placeholder"])
+def test_a_tenant_pod_may_not_take_the_products_priority_classes(
+    cluster: ControlPlane, tenant: KubeRest, priority_class: str
+):
+    """Item 4, live: the product's PriorityClasses are refused to a pod anywhere but the product's own
+    namespace; a tenant's pod without them is admitted."""
+    if not policies_served(cluster):
+        pytest.skip("no ValidatingAdmissionPolicy before 1.30 (docs/security.md)")
+    pod = make_pod("greedy", 1, namespace=NAMESPACE)
+    pod["spec"]["priorityClassName"] = priority_class
+    status, message = create_dry(tenant, pod)
+    assert status == 403 and "gpu-scheduler-priority-classes" in message, (status, message)
+    assert f"PriorityClass {priority_class} belongs to eks-gpu-scheduler" in message
+    del pod["spec"]["priorityClassName"]
+    status, message = create_dry(tenant, pod)
+    assert status == 201, message

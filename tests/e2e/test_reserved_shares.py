@@ -24,8 +24,14 @@ from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from manifests.placeholder import NAMESPACE as PLACEHOLDERS
 from manifests.reservation import NAMESPACE as RESERVATIONS
 from manifests.reservation import reservation_name, reservation_pod
-from manifests.share_env import SHARE_ENV, share_env
-from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, RESERVED_GPU_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
+from manifests.share_env import share_env, shared_env
+from scheduler_core.k8s.names import (
+    ASSIGNED_GPUS_ANNOTATION,
+    CDI_DEVICE_ANNOTATION,
+    CDI_DEVICE_KIND,
+    RESERVED_GPU_ANNOTATION,
+    VISIBLE_DEVICES_ANNOTATION,
+)
 from testing.control_plane import BindWatch, ControlPlane, find_binaries, identities
 from testing.moto import dynamodb_client
 from testing.product import Processes, reservation_agreement, share_usage
@@ -133,7 +139,7 @@ def test_the_first_share_on_a_gpu_brings_its_reservation_pod_and_kube_scheduler_
     containers_get_their_gpu(found, 3)
     for i in range(3):  # the mutating policy's entries, or the tenant's own: once each, not twice
         names = [e["name"] for e in cluster.pod(work, f"s-{i}")["spec"]["containers"][0]["env"]]
-        assert sorted(names) == sorted(env.name for env in SHARE_ENV), names
+        assert sorted(names) == sorted(env.name for env in shared_env("cdi")), names
 
     cluster.create_pods([make_pod("six", 6, namespace=work, models="A100")])
     assert "Insufficient nvidia.com/gpu" in cluster.wait_failed(work, "six")
@@ -218,15 +224,23 @@ def test_a_tenant_cannot_give_a_container_a_gpu_the_ledger_did_not(
     )
     status, message = create(greedy)
     assert status == 403 and "may only be read from the gpu-scheduler.io annotations" in message, message
+    for key in (CDI_DEVICE_ANNOTATION, "nvidia.cdi.k8s.io/container.main", "cdi.k8s.io/mine"):  # a CDI device itself
+        device = make_pod("device", 0, namespace=work)
+        device["metadata"]["annotations"][key] = f"{CDI_DEVICE_KIND}={gpu_uuid(SOLO, 3)}"
+        status, message = create(device)
+        assert status == 403 and "only the gpu-scheduler extender may" in message, (key, message)
 
     status, message = create(share("honest", 250, "A100", work))
     assert status == 201, message
     assert cluster.wait_bound(work, "honest") == SOLO
     containers_get_their_gpu(agreement(cluster, work), 1)
     path = f"/api/v1/namespaces/{work}/pods/honest"
-    swap = {"metadata": {"annotations": {VISIBLE_DEVICES_ANNOTATION: gpu_uuid(SOLO, 7)}}}
-    status, raw = tenant.raw("PATCH", path, json.dumps(swap).encode(), "application/merge-patch+json")
-    assert status == 403 and b"only the gpu-scheduler extender may set" in raw, raw[:300]
+    for key, value in ((VISIBLE_DEVICES_ANNOTATION, gpu_uuid(SOLO, 7)),
+                       (CDI_DEVICE_ANNOTATION, f"{CDI_DEVICE_KIND}={gpu_uuid(SOLO, 7)}"),
+                       ("cdi.k8s.io/more", f"{CDI_DEVICE_KIND}={gpu_uuid(SOLO, 6)}")):  # fmt: skip
+        swap = {"metadata": {"annotations": {key: value}}}
+        status, raw = tenant.raw("PATCH", path, json.dumps(swap).encode(), "application/merge-patch+json")
+        assert status == 403 and b"only the gpu-scheduler extender may" in raw, raw[:300]
     everything_env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
     debug = {"spec": {"ephemeralContainers": [{"name": "debug", "image": "busybox", "env": everything_env}]}}
     status, raw = tenant.raw(
@@ -311,12 +325,13 @@ def test_the_reconcile_creates_a_missing_reservation_pod_and_removes_one_without
         clear(cluster, work)
 
 
-def refresh_once(cluster: ControlPlane, moto_env: dict[str, str], snapshot: Any) -> dict[str, Any]:
-    """One ``gpu-scheduler refresh node-state`` run as the node-state identity, with the ledger; its report."""
+def refresh_once(cluster: ControlPlane, moto_env: dict[str, str], snapshot: Any, **env: str) -> dict[str, Any]:
+    """One ``gpu-scheduler refresh node-state`` run as the node-state identity, with the ledger (and the
+    settings ``env`` gives); its report."""
     done = subprocess.run(
         [sys.executable, "-m", "gpu_scheduler", "refresh", "node-state", "--once", "--no-ec2", "--kubeconfig",
          str(cluster.kubeconfig_of("node-state")), "--snapshot", str(snapshot), "--ledger-table", TABLE],
-        capture_output=True, text=True, timeout=120, env=moto_env,
+        capture_output=True, text=True, timeout=120, env={**moto_env, **env},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
@@ -367,3 +382,29 @@ def test_shares_that_fit_nowhere_become_whole_gpu_placeholders_that_go_once_node
     assert cluster.pods(PLACEHOLDERS) == []
     cluster.delete_namespace_pods(work)
     cluster.wait_for(lambda: not reservations(cluster), 10, "the reservation pods to go with their shares")
+
+
+def test_forty_shares_with_forty_tolerations_stand_no_more_placeholders_than_the_cap(
+    cluster: ControlPlane, serving: str, moto_env: dict[str, str], tmp_path: Any
+) -> None:
+    """40 one-milli shares, each tolerating a taint of its own, of a model no node has: before the caps, 40
+    whole-GPU placeholders (one group each). Now the refresher, told ``PLACEHOLDERS_PER_NAMESPACE=3``, stands
+    3, reports the 37 GPUs it held back, and stands no more on its next run."""
+    work = "reserved-tolerations"
+    pods = []
+    for k in range(40):
+        pod = share(f"t-{k:02d}", 1, "T4", work)  # no node of this module has one
+        pod["spec"]["tolerations"] = [{"key": f"dummy-{k}", "operator": "Exists", "effect": "NoSchedule"}]
+        pods.append(pod)
+    cluster.create_pods(pods, workers=8)
+    try:
+        cluster.wait_for(lambda: len(cluster.pods(work)) == 40 and all(unschedulable(p) for p in cluster.pods(work)),
+                         60, "the 40 shares refused")  # fmt: skip
+        for _ in range(2):
+            report = refresh_once(cluster, moto_env, tmp_path / "snapshot.npz", PLACEHOLDERS_PER_NAMESPACE="3")
+            assert report["placeholders"]["demand_gpus"] == 40 and report["placeholders"]["held_back"] == 37, report
+            assert len(cluster.pods(PLACEHOLDERS)) == 3
+    finally:
+        cluster.delete_namespace_pods(work)
+        refresh_once(cluster, moto_env, tmp_path / "snapshot.npz")
+    assert cluster.pods(PLACEHOLDERS) == []

@@ -260,15 +260,13 @@ def test_serve_with_a_snapshot_answers_names_only_requests(tmp_path):
     )
     try:
         port = int(json.loads(proc.stdout.readline())["serving"].rsplit(":", 1)[1])
-        # Four whole GPUs through gpu-scheduler.io/gpu-milli: a count the extender keeps, not kube-scheduler.
-        payload = json.dumps({"Pod": make_pod("p", 0, milli=4000), "NodeNames": ["a100-0", "t4-1", "gone"]})
+        # Three A100s for a whole-GPU pod: the model and the count are the node's own facts.
+        payload = json.dumps({"Pod": make_pod("p", 3, models="A100"), "NodeNames": ["a100-0", "t4-1", "gone"]})
         status, _, reply = post(port, "/filter", payload)
         assert status == 200
-        assert reply["NodeNames"] == ["t4-1"]
-        assert reply["FailedNodes"] == {
-            "a100-0": "2 of 8 GPUs free, pod needs 4",
-            "gone": "node is not in the cluster state",
-        }
+        assert reply["NodeNames"] == ["a100-0"]
+        assert reply["FailedNodes"] == {"gone": "node is not in the cluster state"}
+        assert reply["FailedAndUnresolvableNodes"] == {"t4-1": "GPU model T4 not in A100"}
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -343,7 +341,8 @@ def test_serve_with_a_ledger_binds_shares_and_preempts_end_to_end(tmp_path, monk
     nodes = make_nodes("T4")
     path = tmp_path / "snapshot.npz"
     path.write_bytes(write_snapshot(build_snapshot(nodes, [], cluster="c", generated_at=time.time())))
-    bound = [make_pod("a", 0, milli=600), make_pod("b", 0, milli=300), make_pod("w", 0, milli=3000)]
+    bound = [make_pod("a", 0, milli=600), make_pod("b", 0, milli=300)]
+    bound += [make_pod(f"w{k}", 0, milli=600) for k in (1, 2, 3)]
     late = make_pod("c", 0, milli=900)
     with moto_server() as endpoint, KubeApiDouble(tokens=["tok"]) as api:
         create_table(boto3.client("dynamodb", endpoint_url=endpoint))
@@ -361,8 +360,10 @@ def test_serve_with_a_ledger_binds_shares_and_preempts_end_to_end(tmp_path, monk
                 meta = pod["metadata"]
                 bind = {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": "t4-0"}
                 assert post(port, "/bind", json.dumps(bind)) == (200, "application/json", {"Error": ""})
-            assigned = [api.get("pods", name, "default")["metadata"]["annotations"] for name in ("a", "b", "w")]
-            assert [a["gpu-scheduler.io/assigned-gpus"] for a in assigned] == ["0:600", "0:300", "1:1000,2:1000,3:1000"]
+            names = ("a", "b", "w1", "w2", "w3")
+            assigned = [api.get("pods", name, "default")["metadata"]["annotations"] for name in names]
+            expected = ["0:600", "0:300", "1:600", "2:600", "3:600"]
+            assert [a["gpu-scheduler.io/assigned-gpus"] for a in assigned] == expected
             # The snapshot still shows an empty node; the binds' ledger readings tell the filter otherwise.
             status, _, reply = post(port, "/filter", json.dumps({"Pod": late, "NodeNames": ["t4-0"]}))
             assert reply["NodeNames"] == [] and "none of 4 GPUs has 900 milli free" in reply["FailedNodes"]["t4-0"]

@@ -16,8 +16,13 @@ from manifests.access import DEFAULT_SCHEDULER_ACCOUNT, DELETION_COST, EXTENDER,
 from scheduler_core.k8s.names import (
     ASSIGNED_GPUS_ANNOTATION,
     BIND_ANNOTATIONS,
+    CDI_DEVICE_ANNOTATION,
+    CDI_DEVICE_KIND,
     DELETION_COST_ANNOTATION,
+    GPU_PORTION_ANNOTATION,
     LABEL_MODEL,
+    MPS_MEMORY_ANNOTATION,
+    MPS_THREADS_ANNOTATION,
     VISIBLE_DEVICES_ANNOTATION,
 )
 
@@ -34,23 +39,36 @@ def evaluate(expression: str, activation: dict[str, Any]) -> Any:
     return program.evaluate({key: celpy.json_to_cel(value) for key, value in activation.items()})
 
 
-def denials(*, resource: str, operation: str, user: str, groups: list[str], obj: Any, old: Any = None) -> list[str]:
-    """The messages of every policy that refuses this request (empty: admitted)."""
-    request = {"operation": operation, "userInfo": {"username": user, "groups": groups}}
+def denials(
+    *,
+    resource: str,
+    operation: str,
+    user: str,
+    groups: list[str],
+    obj: Any,
+    old: Any = None,
+    namespace: str = "ns",
+    namespace_labels: dict[str, str] | None = None,
+) -> list[str]:
+    """The messages of every policy that refuses this request (empty: admitted), in ``namespace``."""
+    request = {"operation": operation, "namespace": namespace, "userInfo": {"username": user, "groups": groups}}
+    namespace_object = {"metadata": {"name": namespace, "labels": namespace_labels or {}}}
     found = []
     for spec in policies().values():
         rules = spec["matchConstraints"]["resourceRules"]
         if not any(resource in rule["resources"] and operation in rule["operations"] for rule in rules):
             continue
-        activation: dict[str, Any] = {"request": request, "object": obj, "oldObject": old}
+        activation: dict[str, Any] = {
+            "request": request, "object": obj, "oldObject": old, "namespaceObject": namespace_object,
+        }  # fmt: skip
         if not all(evaluate(c["expression"], activation) for c in spec.get("matchConditions", [])):
             continue
         variables: dict[str, Any] = {}
         for variable in spec.get("variables", []):
             value = evaluate(variable["expression"], {**activation, "variables": variables})
-            variables[variable["name"]] = _plain(value)
+            variables[variable["name"]] = bool(value) if isinstance(value, celpy.celtypes.BoolType) else _plain(value)
         activation["variables"] = variables
-        found += [v["message"] for v in spec["validations"] if not evaluate(v["expression"], activation)]
+        found += [v["message"] for v in spec["validations"] if not bool(evaluate(v["expression"], activation))]
     return found
 
 
@@ -123,6 +141,16 @@ def test_the_deletion_cost_identity_may_change_nothing_else_of_a_pod(change: str
 
 
 ASSIGNED = changed(POD, ("metadata", "annotations", ASSIGNED_GPUS_ANNOTATION), "0:250")
+UUID = "GPU-8a1b2c3d-0000-1111-2222-333344445555"
+WRITTEN = {
+    ASSIGNED_GPUS_ANNOTATION: "0:250",
+    VISIBLE_DEVICES_ANNOTATION: UUID,
+    GPU_PORTION_ANNOTATION: "0.25",
+    MPS_THREADS_ANNOTATION: "25",
+    MPS_MEMORY_ANNOTATION: "0=35942MB",
+    CDI_DEVICE_ANNOTATION: f"{CDI_DEVICE_KIND}={UUID}",
+}
+"""A value of the bind's shape for each annotation it writes (``manifests.share_env.share_annotations``)."""
 
 
 @pytest.mark.parametrize("key", BIND_ANNOTATIONS)
@@ -146,10 +174,10 @@ def test_nobody_else_may_write_the_binds_annotations(
     def pod(value: bool | str | None) -> Any:
         if value is None:
             return None
-        text = value if isinstance(value, str) else "GPU-1"
+        text = value if isinstance(value, str) else WRITTEN[key]
         return changed(POD, ("metadata", "annotations", key), text) if value else POD
 
-    obj = {"metadata": {"annotations": {key: "GPU-1"}}} if resource == "pods/binding" else pod(new)
+    obj = {"metadata": {"annotations": {key: WRITTEN[key]}}} if resource == "pods/binding" else pod(new)
     kwargs = {"resource": resource, "operation": operation, "obj": obj, "old": pod(was)}
     assert denials(user="tenant", groups=["system:authenticated"], **kwargs) != []
     assert denials(user="x", groups=[DELETION_COST.group], **kwargs) != []
@@ -163,10 +191,11 @@ def test_a_tenant_keeps_every_other_write_to_its_pod() -> None:
     assert denials(resource="pods", operation="UPDATE", user="t", groups=[], obj=kept, old=ASSIGNED) == []
 
 
-def test_the_extenders_bindings_carry_only_the_binds_annotations() -> None:
-    carried = {ASSIGNED_GPUS_ANNOTATION: "0:250", VISIBLE_DEVICES_ANNOTATION: "GPU-1"}
-    binding = {"metadata": {"annotations": {**carried, "other": "x"}}}
-    found = denials(resource="pods/binding", operation="CREATE", user="e", groups=[EXTENDER.group], obj=binding)
-    assert found == [f"{EXTENDER.group} Bindings may carry no annotation but {', '.join(BIND_ANNOTATIONS)}"]
-    binding = {"metadata": {"annotations": carried}}
-    assert denials(resource="pods/binding", operation="CREATE", user="e", groups=[EXTENDER.group], obj=binding) == []
+@pytest.mark.parametrize("binder", ["extender", "scheduler"])
+def test_the_binders_bindings_carry_only_the_binds_annotations(binder: str) -> None:
+    user, groups = ("e", [EXTENDER.group]) if binder == "extender" else (DEFAULT_SCHEDULER_ACCOUNT, [])
+    binding = {"metadata": {"annotations": {**WRITTEN, "other": "x"}}}
+    found = denials(resource="pods/binding", operation="CREATE", user=user, groups=groups, obj=binding)
+    assert found == [f"Bindings may carry no annotation but {', '.join(BIND_ANNOTATIONS)}"]
+    binding = {"metadata": {"annotations": WRITTEN}}
+    assert denials(resource="pods/binding", operation="CREATE", user=user, groups=groups, obj=binding) == []

@@ -16,34 +16,44 @@ from manifests.share_env import (
     share_env_mutation,
 )
 from scheduler_core.errors import ConfigError
-from scheduler_core.k8s.names import BIND_ANNOTATIONS, VISIBLE_DEVICES_ANNOTATION
+from scheduler_core.k8s.names import BIND_ANNOTATIONS, CDI_DEVICE_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
 
 URL = "https://x.example/prod"
+UUID = "GPU-8a1b2c3d-0000-1111-2222-333344445555"
 
 
-def test_a_shares_containers_read_exactly_what_its_binding_writes() -> None:
-    """Each variable reads one annotation the bind writes, and the containers resolve to the Binding's values."""
-    annotations = share_annotations("GPU-1", 333, 81559)
-    assert set(annotations) <= set(BIND_ANNOTATIONS) and annotations[VISIBLE_DEVICES_ANNOTATION] == "GPU-1"
+@pytest.mark.parametrize("device", ["cdi", "env"])
+def test_a_shares_containers_read_exactly_what_its_binding_writes(device: str) -> None:
+    """Each variable reads one annotation the bind writes, and the containers resolve to the Binding's values;
+    the GPU itself comes as the CDI device the Binding names (``cdi``) or through the variable (``env``)."""
+    annotations = share_annotations(UUID, 333, 81559, device=device)
+    assert set(annotations) <= set(BIND_ANNOTATIONS) and annotations[VISIBLE_DEVICES_ANNOTATION] == UUID
+    assert (CDI_DEVICE_ANNOTATION in annotations) is (device == "cdi")
     pod = {"metadata": {"name": "p", "annotations": {**annotations, "other": "x"}}}
-    container = {"name": "main", "env": [{"name": "HOME", "value": "/tmp"}, *share_env()]}
-    assert container_env(pod, container) == {
+    container = {"name": "main", "env": [{"name": "HOME", "value": "/tmp"}, *share_env(device)]}
+    sizes = {
         "HOME": "/tmp",
-        "NVIDIA_VISIBLE_DEVICES": "GPU-1",
         "GPU_PORTION": "0.333",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "34",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=27159MB",  # floored: the shares of a GPU never add up past it
     }
+    assert container_env(pod, container) == (sizes if device == "cdi" else {**sizes, "NVIDIA_VISIBLE_DEVICES": UUID})
     # Before the Binding (or with no reservation pods) the kubelet would resolve them to nothing.
-    assert container_env({"metadata": {}}, container)["NVIDIA_VISIBLE_DEVICES"] == ""
+    assert set(container_env({"metadata": {}}, container).values()) == {"/tmp", ""}
 
 
 def test_a_node_whose_gpu_memory_is_unknown_gets_no_memory_limit_and_a_whole_gpu_is_no_share() -> None:
-    assert "gpu-scheduler.io/mps-memory-limit" not in share_annotations("GPU-1", 500, 0)
-    assert share_annotations("GPU-1", 1, 80000)["gpu-scheduler.io/mps-thread-percentage"] == "1"
+    assert "gpu-scheduler.io/mps-memory-limit" not in share_annotations(UUID, 500, 0)
+    assert share_annotations(UUID, 1, 80000)["gpu-scheduler.io/mps-thread-percentage"] == "1"
     for milli in (0, 1000):
         with pytest.raises(ValueError, match=r"1\.\.999 milli"):
-            share_annotations("GPU-1", milli, 80000)
+            share_annotations(UUID, milli, 80000)
+
+
+@pytest.mark.parametrize("uuid", ["all", "GPU-1", "0", "GPU-8a1b2c3d-0000-1111-2222-333344445555,GPU-0"])
+def test_no_binding_is_written_for_what_is_not_one_gpus_uuid(uuid: str) -> None:
+    with pytest.raises(ValueError, match="is not of the bind's shape"):
+        share_annotations(uuid, 250, 80000)
 
 
 def test_the_mutating_policy_comes_only_when_asked_in_a_served_version() -> None:
@@ -65,6 +75,15 @@ def test_the_cli_writes_the_mutating_policy_in_the_version_asked(capsys: pytest.
     assert main(["scheduler-config", "--url", URL, "--sharing", "--mutating-policy", "v1alpha1"]) == 0
     text = capsys.readouterr().out
     assert "apiVersion: admissionregistration.k8s.io/v1alpha1\nkind: MutatingAdmissionPolicy\n" in text
-    # Its patches name every variable, each read from its annotation.
-    for env in SHARE_ENV:
-        assert f'"{env.name}"' in text and env.annotation in text
+    # Its patches name every variable the share reads (its size: the GPU is a CDI device), each from its annotation.
+    policy = text.split("kind: MutatingAdmissionPolicy\n", 1)[1].split("---", 1)[0]
+    for env in SHARE_ENV[1:]:
+        assert f'"{env.name}"' in policy and env.annotation in policy
+    assert "NVIDIA_VISIBLE_DEVICES" not in policy
+    assert (
+        main(["scheduler-config", "--url", URL, "--sharing", "--mutating-policy", "v1", "--share-device", "env"]) == 0
+    )
+    captured = capsys.readouterr()
+    policy = captured.out.split("kind: MutatingAdmissionPolicy\n", 1)[1].split("---", 1)[0]
+    assert '"NVIDIA_VISIBLE_DEVICES"' in policy and "any pod on a GPU node" in captured.err
+    assert "# WARNING: SHARE_DEVICE=env" in captured.out

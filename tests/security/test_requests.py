@@ -209,3 +209,57 @@ def test_bodies_off_the_one_pass_decoders_form_get_the_general_paths_answer(
         assert expected in reply["Error"]
     else:
         assert reply["NodeNames"] == expected and reply["Error"] == ""
+
+
+@pytest.mark.parametrize(
+    "first_line",
+    [b"GET /healthz\r\n", b"junk\r\n", b"POST /filter HTTP/2.0\r\n", b"GET / HTTP/1.1 extra\r\n"],
+    ids=["HTTP/0.9", "junk", "HTTP/2.0 in text", "four words"],
+)
+def test_a_malformed_request_line_gets_a_status_line(serve_world: World, first_line: bytes) -> None:
+    """A first line that is no HTTP/1.x request line was answered with a bare body (``http.server``'s
+    HTTP/0.9 default writes no status line): now a 400 with one and a JSON error, and the connection closes."""
+    with raw(serve_world.port) as sock:
+        sock.sendall(first_line + b"\r\n")
+        reply = response_of(sock)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in head, reply[:120]
+    assert json.loads(body)["Error"].startswith("Bad request line")
+
+
+NOT_API_GATEWAY: dict[str, Any] = {
+    "an HTTP API (v2) event": {"version": "2.0", "routeKey": "POST /filter", "rawPath": "/filter", "body": "{}"},
+    "an empty object": {},
+    "a list": [1, 2],
+    "a string": "POST /filter",
+    "null": None,
+    "a method that is not a string": {"httpMethod": 7, "path": "/filter", "requestContext": {}},
+    "no requestContext": {"httpMethod": "POST", "path": "/filter", "body": "{}"},
+    "a body that is an object": {"httpMethod": "POST", "path": "/filter", "requestContext": {}, "body": {"Pod": 1}},
+    "headers that are a list": {"httpMethod": "GET", "path": "/healthz", "requestContext": {}, "headers": ["x"]},
+}
+
+
+@pytest.mark.parametrize("event", sorted(NOT_API_GATEWAY))
+def test_an_event_that_is_not_api_gateways_gets_a_clean_400(event: str, aws_session: Any, fresh_handler: Any) -> None:
+    """The function's resource policy lets API Gateway invoke it, but whoever may invoke it can send any
+    event: it raised ``KeyError: 'httpMethod'`` on one that is not API Gateway's. Now a 400 naming what is
+    wrong, as a proxy response."""
+    from tests.conftest import FakeLambdaContext
+
+    handler = fresh_handler("lambdas.extender.handler", POWERTOOLS_METRICS_NAMESPACE="GpuSchedulerSecurity")
+    response = handler.lambda_handler(NOT_API_GATEWAY[event], FakeLambdaContext())
+    assert response["statusCode"] == 400 and response["headers"] == {"Content-Type": "application/json"}
+    assert json.loads(response["body"])["Error"].startswith("not an API Gateway REST proxy event: ")
+
+
+def test_a_thousand_milli_is_refused_by_every_verb_and_writes_nothing(world: World) -> None:
+    """1000 milli or more wrote whole GPUs to the ledger with no reservation pod and no device (the device
+    plugin gives a pod none for gpu-milli): refused now, with what to ask instead, and nothing written."""
+    pod = make_pod("big", 0, milli=2000)
+    world.api.load("pods", [pod])
+    status, reply = world.call("filter", filter_body(pod, ["t4-0"]))
+    assert status == 200 and "ask for whole GPUs as nvidia.com/gpu (2)" in reply["Error"]
+    status, reply = world.bind(pod, "t4-0")
+    assert status == 200 and "a share is 1..999 milli of one GPU" in reply["Error"]
+    assert sum(world.ledger_used().values()) == 0 and world.api_writes() == []

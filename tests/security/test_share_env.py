@@ -14,7 +14,8 @@ from typing import Any
 import celpy
 import pytest
 
-from manifests.share_env import TRUSTED_NAMESPACE_LABEL, share_env, share_env_policy
+from manifests.access import TRUSTED_NAMESPACE_LABEL
+from manifests.share_env import share_env, share_env_policy
 from tests.conftest import make_pod
 from tests.manifests.test_admission_cel import _plain, evaluate
 
@@ -25,10 +26,11 @@ def refusals(
     sub_resource: str = "",
     namespace: str = "team",
     namespace_labels: dict[str, str] | None = None,
+    device: str = "env",
 ) -> list[str]:
     """The messages of the policy's failed validations for ``pod`` (a CREATE, or with ``sub_resource``
-    the update that adds an ephemeral container); empty: admitted."""
-    (policy,) = [d for d in share_env_policy() if d["kind"] == "ValidatingAdmissionPolicy"]
+    the update that adds an ephemeral container), with ``SHARE_DEVICE`` ``device``; empty: admitted."""
+    (policy,) = [d for d in share_env_policy(device) if d["kind"] == "ValidatingAdmissionPolicy"]
     spec = policy["spec"]
     operation = "UPDATE" if sub_resource else "CREATE"
     rule = f"pods/{sub_resource}" if sub_resource else "pods"
@@ -49,10 +51,11 @@ def refusals(
     return [v["message"] for v in spec["validations"] if not evaluate(v["expression"], activation)]
 
 
-def share_pod() -> dict[str, Any]:
-    """A quarter-GPU share as the mutating policy leaves it (or its tenant writes it)."""
+def share_pod(device: str = "env") -> dict[str, Any]:
+    """A quarter-GPU share as the mutating policy leaves it (or its tenant writes it), with ``SHARE_DEVICE``
+    ``device``."""
     pod = make_pod("share", 0, milli=250)
-    pod["spec"]["containers"][0]["env"] = [{"name": "HOME", "value": "/tmp"}, *share_env()]
+    pod["spec"]["containers"][0]["env"] = [{"name": "HOME", "value": "/tmp"}, *share_env(device)]
     return pod
 
 
@@ -60,10 +63,23 @@ def whole_pod() -> dict[str, Any]:
     return make_pod("whole", 1)
 
 
-def test_the_share_pod_the_product_expects_and_other_pods_are_admitted() -> None:
-    assert refusals(share_pod()) == []
-    assert refusals(whole_pod()) == []
-    assert refusals(make_pod("cpu", 0)) == []
+@pytest.mark.parametrize("device", ["cdi", "env"])
+def test_the_share_pod_the_product_expects_and_other_pods_are_admitted(device: str) -> None:
+    assert refusals(share_pod(device), device=device) == []
+    assert refusals(whole_pod(), device=device) == []
+    assert refusals(make_pod("cpu", 0), device=device) == []
+
+
+def test_with_a_cdi_device_a_share_reads_no_gpu_variable_and_still_may_not_set_one() -> None:
+    """With ``SHARE_DEVICE=cdi`` the GPU is a CDI device in the Binding: a share carries only its size
+    variables (or none: the bare share is admitted), and naming a GPU by the variable is refused all the
+    same (defence in depth: the toolkit is set to ignore it)."""
+    assert [e["name"] for e in share_env("cdi")] == [
+        "GPU_PORTION", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    ]  # fmt: skip
+    assert refusals(make_pod("bare", 0, milli=250), device="cdi") == []
+    found = refusals(_env(share_pod("cdi"), {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}), device="cdi")
+    assert any(VISIBLE_ONLY_FROM_ANNOTATION in message for message in found), found
 
 
 def _env(pod: dict[str, Any], *entries: dict[str, Any], container: str = "containers") -> dict[str, Any]:

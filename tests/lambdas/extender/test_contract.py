@@ -355,7 +355,7 @@ STEPS = [
         "preempt keeps the nodes where the victims free enough, and drops the others",
         "POST",
         "/preempt",
-        json.dumps({"Pod": make_pod("p", 0, milli=4000), "NodeNameToMetaVictims": {**VICTIMS, **DROPPED}}).encode(),
+        json.dumps({"Pod": make_pod("p", 4), "NodeNameToMetaVictims": {**VICTIMS, **DROPPED}}).encode(),
         200,
         {"NodeNameToMetaVictims": VICTIMS},
         {("PreemptLatencyMs", ""): 1, ("PreemptNodesDropped", ""): 1},

@@ -152,11 +152,11 @@ def test_snapshot_usage_enriches_full_node_requests(aws, invoke):
     nodes = make_nodes("A100", "A100")
     put_snapshot(aws, nodes, [make_pod("r", 8, node_name="a100-0", phase="Running")])
     call = invoke()
-    # 2000 milli: two whole GPUs the extender counts (kube-scheduler counts nvidia.com/gpu itself).
-    body = json.dumps({"Pod": make_pod("p", 0, milli=2000), "Nodes": {"items": nodes}, "NodeNames": None})
+    # A share: milli the extender counts (kube-scheduler counts nvidia.com/gpu itself).
+    body = json.dumps({"Pod": make_pod("p", 0, milli=500), "Nodes": {"items": nodes}, "NodeNames": None})
     status, reply = call("POST", "/filter", body)
     assert status == 200
-    assert reply["FailedNodes"] == {"a100-0": "0 of 8 GPUs free, pod needs 2"}
+    assert reply["FailedNodes"] == {"a100-0": "none of 8 GPUs has 500 milli free (the pod's share)"}
     assert [n["metadata"]["name"] for n in reply["Nodes"]["items"]] == ["a100-1"]
 
 

@@ -115,14 +115,14 @@ def test_whole_gpu_pods_are_refused_where_shares_hold_the_gpus_kube_scheduler_co
 def test_names_are_resolved_against_cluster_state_and_unknown_names_fail():
     state = ClusterState.from_objects(make_nodes("A100", "T4"), [make_pod("r", 8, node_name="a100-0", phase="Running")])
     extender = Extender(cluster=lambda: state)
-    # 2000 milli: whole GPUs through gpu-scheduler.io/gpu-milli, which the extender counts itself.
-    status, reply = call(extender, "filter", body(make_pod("p", 0, milli=2000), names=["t4-1", "ghost", "a100-0"]))
+    # A share: gpu-scheduler.io/gpu-milli, which the extender counts itself.
+    status, reply = call(extender, "filter", body(make_pod("p", 0, milli=500), names=["t4-1", "ghost", "a100-0"]))
     assert status == 200
     assert reply["NodeNames"] == ["t4-1"]
     assert reply["Nodes"] is None
     assert reply["FailedNodes"] == {
         "ghost": "node is not in the cluster state",
-        "a100-0": "0 of 8 GPUs free, pod needs 2",
+        "a100-0": "none of 8 GPUs has 500 milli free (the pod's share)",
     }
     status, scores = call(extender, "prioritize", body(make_pod("p", 2), names=["t4-1", "ghost"]))
     assert status == 200
@@ -473,17 +473,23 @@ def test_a_share_with_an_invalid_cpu_request_is_a_400_naming_the_field():
     assert status == 400 and "containers[0].resources.requests.cpu" in reply["Error"]
 
 
-def test_whole_gpus_asked_as_milli_are_whole_gpus_and_a_mixed_request_is_refused():
+def test_a_thousand_milli_or_more_and_a_mixed_request_are_refused_naming_what_to_ask_instead():
+    """1000 milli or more is no share: no device plugin gives such a pod a device, and no reservation pod
+    holds its GPUs, so it is refused with what to ask for instead (issue "Safe to deploy, third pass")."""
     state = shared_state()
     status, reply = call(Extender(cluster=lambda: state), "filter",
                          body(make_pod("p", 0, milli=3000), names=["t4-0", "h100-2"]))  # fmt: skip
-    assert reply["NodeNames"] == ["h100-2"] and "2 of 4 GPUs free" in reply["FailedNodes"]["t4-0"]
+    assert status == 200 and reply["NodeNames"] == []
+    assert reply["Error"] == (
+        "gpu-scheduler.io/gpu-milli=3000: a share is 1..999 milli of one GPU; ask for whole GPUs as nvidia.com/gpu"
+        " (3), which the device plugin gives their devices"
+    )
     mixed = make_pod("m", 1, milli=500)
     status, reply = call(Extender(cluster=lambda: state), "filter", body(mixed, names=["t4-0"]))
     assert status == 200 and "requests both nvidia.com/gpu=1 and gpu-scheduler.io/gpu-milli=500" in reply["Error"]
     status, reply = call(Extender(cluster=lambda: state), "filter",
                          body(make_pod("odd", 0, milli=1500), names=["t4-0"]))  # fmt: skip
-    assert "multiple of 1000" in reply["Error"]
+    assert "a share is 1..999 milli of one GPU" in reply["Error"] and "(a whole number of)" in reply["Error"]
 
 
 def test_what_the_ledger_showed_counts_until_a_newer_snapshot_shows_it():
@@ -526,8 +532,8 @@ def test_kube_scheduler_keeps_the_count_of_whole_gpus_so_the_filter_never_refuse
     assert reply["NodeNames"] == ["a100-0", "a100-1"] and reply["FailedNodes"] == {}
     _, scores = call(extender, "prioritize", body(make_pod("whole", 2), names=["a100-0", "a100-1"]))
     assert {p["Host"]: p["Score"] for p in scores} == {"a100-0": 0, "a100-1": 10}
-    _, reply = call(extender, "filter", body(make_pod("milli", 0, milli=2000), names=["a100-0", "a100-1"]))
-    assert reply["FailedNodes"] == {"a100-0": "0 of 8 GPUs free, pod needs 2"}
+    _, reply = call(extender, "filter", body(make_pod("milli", 0, milli=500), names=["a100-0", "a100-1"]))
+    assert reply["FailedNodes"] == {"a100-0": "none of 8 GPUs has 500 milli free (the pod's share)"}
 
 
 def _with_uid(pod, uid):
