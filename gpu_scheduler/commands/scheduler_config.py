@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lambdas.extender.config import ENV_DEVICE_WARNING
+    from lambdas.extender.config import CDI_RUNTIME, ENV_DEVICE_WARNING
     from manifests.scheduler import DEFAULT_IMAGE, SchedulerOptions, all_manifests, render_yaml
 
     options = SchedulerOptions(
@@ -99,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     if options.sharing and options.share_device == "env":
         print(f"warning: {ENV_DEVICE_WARNING}", file=sys.stderr)
         header += f"\nWARNING: {ENV_DEVICE_WARNING}"
+    elif options.sharing:
+        header += f"\n{CDI_RUNTIME}"
     text = render_yaml(all_manifests(options), header=header)
     if args.out is None:
         sys.stdout.write(text)

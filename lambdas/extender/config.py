@@ -33,6 +33,13 @@ ENV_DEVICE_WARNING = (
     "image's config sees every GPU it names (docs/sharing.md#from-pod-to-container-the-gpu-and-the-shares-size). "
     "Use SHARE_DEVICE=cdi."
 )
+CDI_RUNTIME = (
+    "SHARE_DEVICE=cdi: a share's GPU reaches its containers as the CDI device its Binding names in "
+    "nvidia.cdi.k8s.io/pod. The GPU nodes need the NVIDIA toolkit's NRI plugin (GPU Operator >= v26.3: "
+    "cdi.enabled, cdi.nriPluginEnabled), containerd >= 2.1, the device plugin with a CDI strategy, and "
+    "ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED=false (docs/sharing.md#runtime-settings-a-cluster-needs)."
+)
+"""What the generated manifests' header says a cluster's GPU nodes need, with sharing and ``cdi``."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ column per GPU of the largest node, so one such node would size every row of the
 rebuild of seconds, for the whole cluster). So each quantity has a cap, set from the largest real nodes with
 room to spare; a node over any cap is *invalid on its own*: it keeps its row, with no GPU, slice or device,
 every pod of the profile is refused there with the reason (``Reason.NODE_INVALID``), and the rest of the
-cluster is built and served as if it were absent (``docs/security.md#bounded-node-facts``).
+cluster is built and served as if it were absent (``docs/security.md``, "Node facts a node writes").
 
 - :data:`MAX_GPUS_PER_NODE`, 128: 16 GPUs on the largest servers (HGX-2, DGX-2), 8 on p4d, p5, p5en and p6;
   112 MIG slices under the ``single`` strategy (16 GPUs x 7); 8 GPUs x 16 time-slicing replicas.

@@ -162,7 +162,7 @@ def taint_tolerations(tolerations: Any) -> list[dict[str, str]]:
     """
     found: dict[tuple[str, ...], dict[str, str]] = {}
     for toleration in tolerations if isinstance(tolerations, list) else ():
-        if not isinstance(toleration, Mapping) or toleration.get("effect", "") not in _BLOCKING:
+        if not isinstance(toleration, Mapping) or (toleration.get("effect") or "") not in _BLOCKING:
             continue
         kept = {k: v for k in _TOLERATION_FIELDS if isinstance(v := toleration.get(k), str) and v}
         found.setdefault(tuple(f"{k}={v}" for k, v in sorted(kept.items())), dict(sorted(kept.items())))

@@ -296,7 +296,10 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
     if len(names) != n_nodes:
         raise SnapshotFormatError(f"snapshot has {len(names)} node names for n_nodes={n_nodes}")
     errors = {int(row): str(reason) for row, reason in header.get("gpu_info_errors", {}).items()}
-    invalid = {int(row): str(reason) for row, reason in header.get("invalid_nodes", {}).items()}
+    raw_invalid = header.get("invalid_nodes", {})
+    if not isinstance(raw_invalid, dict):
+        raise SnapshotFormatError("snapshot header invalid_nodes must map rows to reasons")
+    invalid = {int(row): str(reason) for row, reason in raw_invalid.items()}
     if any(not 0 <= row < n_nodes for row in invalid):
         raise SnapshotFormatError(f"snapshot header invalid_nodes names rows outside 0..{n_nodes - 1}")
     column = {name: np.ascontiguousarray(members[name], dtype=np.int32) for name in _NODE_COLUMNS}

@@ -1,6 +1,6 @@
 """One node over a cap, through the real control plane (issue "Safe to deploy, third pass"): a node whose
 status says ``nvidia.com/gpu: 2147483647`` (its kubelet or any device plugin on it can write that) among
-healthy ones. kube-scheduler's own count takes the figure as it is; the product refuses that node to every
+499 healthy ones. kube-scheduler's own count takes the figure as it is; the product refuses that node to every
 pod with the figure in the reason, and keeps serving the rest: ``serve --watch`` follows the cluster past it
 (a node added afterwards takes a pod), ``refresh node-state --once`` writes its snapshot, and ``explain``
 says why. Before the caps, the refresher died with ``MemoryError`` and ``serve --watch`` stopped following
@@ -24,6 +24,8 @@ from tests.e2e.conftest import start_scheduler
 SHAPE = {shape.model: shape for shape in CATALOGUE}
 WORK = "node-caps"
 LIAR = "liar"
+HEALTHY = 499
+"""Healthy nodes beside the liar: 500 in all, as the issue's acceptance asks."""
 REASON = "node refused: allocatable nvidia.com/gpu is 2147483647 or more, over the cap of 128 per node"
 
 
@@ -37,7 +39,7 @@ def liar() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def scheduling(cluster: ControlPlane, product: Processes) -> Any:
-    cluster.add_nodes([liar(), *(make_node(f"t4-{i:02d}", SHAPE["T4"], "us-east-1b") for i in range(20))])
+    cluster.add_nodes([liar(), *(make_node(f"t4-{i:03d}", SHAPE["T4"], "us-east-1b") for i in range(HEALTHY))])
     url = product.serve("serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler"))])
     start_scheduler(cluster, url)
     yield url
@@ -51,7 +53,7 @@ def test_serve_keeps_serving_past_the_liar_and_a_node_added_afterwards_takes_a_p
     """Eight one-GPU pods bind to the T4 nodes; an A100 pod, which only the liar's labels could take, stays
     pending with the liar's reason; an A100 node added afterwards takes it."""
     cluster.create_pods([make_pod(f"t4-pod-{i}", 1, namespace=WORK, models="T4") for i in range(8)])
-    assert {cluster.wait_bound(WORK, f"t4-pod-{i}") for i in range(8)} <= {f"t4-{i:02d}" for i in range(20)}
+    assert {cluster.wait_bound(WORK, f"t4-pod-{i}") for i in range(8)} <= {f"t4-{i:03d}" for i in range(HEALTHY)}
     cluster.create_pods([make_pod("a100-pod", 1, namespace=WORK, models="A100")])
     assert REASON in cluster.wait_failed(WORK, "a100-pod")
     cpu_only = make_pod("cpu-only", 0, namespace=WORK)

@@ -76,6 +76,7 @@ def test_the_cli_writes_the_mutating_policy_in_the_version_asked(capsys: pytest.
     text = capsys.readouterr().out
     assert "apiVersion: admissionregistration.k8s.io/v1alpha1\nkind: MutatingAdmissionPolicy\n" in text
     # Its patches name every variable the share reads (its size: the GPU is a CDI device), each from its annotation.
+    assert "# SHARE_DEVICE=cdi: a share's GPU reaches its containers as the CDI device" in text  # what nodes need
     policy = text.split("kind: MutatingAdmissionPolicy\n", 1)[1].split("---", 1)[0]
     for env in SHARE_ENV[1:]:
         assert f'"{env.name}"' in policy and env.annotation in policy

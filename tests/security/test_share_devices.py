@@ -153,3 +153,22 @@ def test_container_gpus_reads_only_the_channel_the_runtime_honours() -> None:
     container = {"name": "c", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
     assert container_gpus(pod, container, "cdi") == (uuid,)
     assert container_gpus(pod, container, "env") == ("all",)
+
+
+@pytest.mark.parametrize("device", ["cdi", "env"])
+def test_the_extender_warns_at_start_where_shares_get_their_gpu_by_the_variable(
+    aws_session: Any, caplog: pytest.LogCaptureFixture, device: str
+) -> None:
+    """``SHARE_DEVICE=env`` is kept as an option, and ``serve`` and the Lambda (one ``build``) say at start what
+    it exposes; ``cdi`` says nothing."""
+    import logging
+
+    from lambdas.extender.config import ExtenderSettings
+    from lambdas.extender.service import build
+
+    settings = ExtenderSettings(ledger_table="ledger", kube_api_url="https://127.0.0.1:1", kube_token="t",
+                                share_device=device)  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        build(settings, logger=logging.getLogger("test-extender"), session=aws_session)
+    warned = [r.getMessage() for r in caplog.records if "SHARE_DEVICE=env" in r.getMessage()]
+    assert (len(warned) == 1 and "sees every GPU it names" in warned[0]) is (device == "env"), warned
