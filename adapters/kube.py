@@ -64,6 +64,10 @@ class ListExpiredError(KubeApiError):
     """410: the continue token outlived the server's snapshot; the list must start again."""
 
 
+class KubeConfigError(AdapterError):
+    """A kubeconfig that cannot be used: no file, no current context, no cluster in it."""
+
+
 class DeadlineReachedError(AdapterError):
     """Not enough time is left to make (or retry) the call."""
 
@@ -167,7 +171,12 @@ def connect_kubeconfig(path: str | None = None, context: str | None = None, **op
     from kubernetes import client, config
 
     configuration = client.Configuration()
-    config.load_kube_config(config_file=path, context=context, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    try:
+        config.load_kube_config(config_file=path, context=context, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError) as exc:  # no file, no context, no cluster in it
+        where = path or "$KUBECONFIG or ~/.kube/config"
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise KubeConfigError(f"kubeconfig {where}: {reason}") from exc
     configuration.connection_pool_maxsize = POOL_SIZE
     api_client = client.ApiClient(configuration)
     host = configuration.host
@@ -188,6 +197,11 @@ def connect_url(url: str, token: str, **options: Any) -> KubeClient:
     configuration.api_key_prefix["authorization"] = "Bearer"
     configuration.connection_pool_maxsize = POOL_SIZE
     return KubeClient(client.ApiClient(configuration), **options)
+
+
+# urllib3 warns of each of its own retries ("Retrying (Retry(total=2...))"), three lines per failed call; the
+# client's callers retry with backoff and say so once (adapters.live_state), so only its errors are shown.
+logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
 
 # ---- the client ----------------------------------------------------------------------------------

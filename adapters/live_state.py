@@ -26,6 +26,7 @@ Lag, the time from an event's arrival to the state that includes it, is kept for
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -54,6 +55,8 @@ see this instance's own decisions at once, through the readings) keep the rest."
 DELETION_WAIT_S = 0.05
 """How long :meth:`LiveState.catch_up` waits for the deletion of a terminating pod to arrive, when none
 has: kube-scheduler's watch and this one get it within a millisecond or two of each other here."""
+FAILURE_LOG_S = 60.0
+"""While a list or watch keeps failing, one warning per this many seconds (and per kind)."""
 BOUND_NON_TERMINAL = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 """The pods that hold resources on a node: what the node-state refresher lists, and what is watched."""
 
@@ -105,6 +108,7 @@ class ClusterMirror:
         self.counters = {"events": 0, "lists": 0, "relists_410": 0, "watch_errors": 0, "released": 0}
         self.versions = {"nodes": "", "pods": ""}
         self.dra_api = dra_api
+        self._failures: dict[str, tuple[int, float]] = {}  # what -> (failures not logged, when last logged)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -137,7 +141,7 @@ class ClusterMirror:
                 break
             except AdapterError as exc:
                 self.counters["watch_errors"] += 1
-                log.warning("discovering resource.k8s.io failed, again in %.1f s: %s", backoff, exc)
+                self._failing("discovering resource.k8s.io", exc, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
         else:
@@ -146,6 +150,19 @@ class ClusterMirror:
             self.dra_api = api
             self._wake.notify_all()
         self._watch_kinds(tuple(DRA_KINDS) if api else ())
+
+    def _failing(self, what: str, exc: Exception, backoff: float) -> None:
+        """Log a failed call of ``what``: its first failure, then one line a minute while it keeps failing
+        (an unreachable API server would otherwise fill the log: the retries go on every few seconds)."""
+        now = self._monotonic()
+        count, last = self._failures.get(what, (0, -math.inf))
+        if now - last >= FAILURE_LOG_S:
+            more = f" ({count} more failures since the last report)" if count else ""
+            log.warning("%s failed, again in %.1f s, retrying with backoff%s: %s", what, backoff, more, exc)
+            self._failures[what] = (0, now)
+        else:
+            log.debug("%s failed, again in %.1f s: %s", what, backoff, exc)
+            self._failures[what] = (count + 1, last)
 
     def _thread(self, target: Callable[..., None], *args: Any, name: str) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
@@ -261,6 +278,7 @@ class ClusterMirror:
                         kind, field_selector=self._selector(kind), item_type=self._item_type(kind), restarts=0
                     )
                     self._take_list(kind, items, version)
+                    self._failures.pop(f"watching {kind}", None)  # reached again: a new failure is reported
                 for event, obj in kube.watch(
                     kind, version, field_selector=self._selector(kind), item_type=self._item_type(kind),
                     timeout_s=self.watch_timeout_s,
@@ -279,9 +297,11 @@ class ClusterMirror:
                 version = ""  # too old: list again
             except AdapterError as exc:
                 self.counters["watch_errors"] += 1
-                log.warning("watching %s failed, again in %.1f s: %s", kind, backoff, exc)
+                self._failing(f"watching {kind}", exc, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+                continue
+            self._failures.pop(f"watching {kind}", None)
 
     def _take_list(self, kind: str, items: Sequence[dict[str, Any]], version: str) -> None:
         fresh = {key: obj for obj in items if (key := _key(kind, obj))}

@@ -1,7 +1,7 @@
 """``gpu-scheduler``: one command per module in :mod:`gpu_scheduler.commands`, dispatched by name.
 
-Exit codes: 0 success, 1 a runtime failure, 2 bad arguments or bad input files (the message says
-which file and field), 130 interrupted.
+Exit codes: 0 success, 1 a runtime failure, 2 bad arguments or bad input files (one line that says
+which file and field), 130 interrupted, 141 the reader of stdout went away (``| head``).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -35,6 +36,17 @@ COMMANDS = {
 and ``run(args) -> int``."""
 
 
+def version() -> str:
+    """The installed distribution's version (``pyproject.toml``'s), or ``unknown`` outside an install."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("eks-gpu-scheduler")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def command(name: str) -> ModuleType:
     return importlib.import_module(f"gpu_scheduler.commands.{COMMANDS[name]}")
 
@@ -42,6 +54,7 @@ def command(name: str) -> ModuleType:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-scheduler", description="GPU-aware kube-scheduler extender for EKS")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"gpu-scheduler {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         module = command(name)
@@ -74,10 +87,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
     try:
         result: int = command(args.command).run(args)
+        sys.stdout.flush()  # a reader that went away (| head) shows here, not at exit
         return result
     except (UsageError, ConfigError, InvalidArgsError, InvalidPodError) as exc:
         print(f"gpu-scheduler {args.command}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader of stdout went away: stop quietly, as a shell tool does on SIGPIPE, with nothing
+        # left for the interpreter to flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         return 130
 

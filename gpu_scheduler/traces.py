@@ -44,27 +44,35 @@ def read_nodes(path: str | Path) -> Cluster:
 
 
 def read_gpu_node_rows(path: str | Path) -> list[dict[str, str]]:
-    """The rows of the GPU nodes, in :func:`read_nodes`'s order (its cluster's row ``i`` is row ``i`` here)."""
+    """The rows of the GPU nodes, in :func:`read_nodes`'s order (its cluster's row ``i`` is row ``i`` here);
+    every number checked first, so that a bad cell is named by its line and column."""
     rows = _rows(path, ("cpu_milli", "memory_mib", "gpu", "model"))
+    for line, row in enumerate(rows, start=2):
+        for column in ("cpu_milli", "memory_mib", "gpu"):
+            _count(row, column, path, line)
     return sorted((r for r in rows if int(r["gpu"]) > 0), key=lambda r: r.get("sn") or "")
+
+
+def _count(row: dict[str, str], column: str, path: str | Path, line: int) -> int:
+    """A non-negative integer cell; :class:`InvalidArgsError` naming the file, line, column and value."""
+    text = (row.get(column) or "").strip()
+    if not text.isascii() or not text.isdigit():
+        raise InvalidArgsError(f"{path}:{line}: column {column}: expected a non-negative integer, got {text[:32]!r}")
+    return int(text)
 
 
 def read_tasks(path: str | Path) -> list[Task]:
     rows = _rows(path, ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli"))
     tasks = []
     for line, r in enumerate(rows, start=2):
-        try:
-            spec = (r.get("gpu_spec") or "").strip()
-            num, milli = int(r["num_gpu"]), int(r["gpu_milli"])
-            if num < 0 or not 0 <= milli <= 1000 or (num == 0) != (milli == 0):
-                raise ValueError(f"num_gpu={num}, gpu_milli={milli}")
-            tasks.append(
-                Task(
-                    int(r["cpu_milli"]), int(r["memory_mib"]), num, milli, frozenset(spec.split("|")) if spec else None
-                )
+        spec = (r.get("gpu_spec") or "").strip()
+        columns = ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+        cpu, memory, num, milli = (_count(r, column, path, line) for column in columns)
+        if milli > 1000 or (num == 0) != (milli == 0):
+            raise InvalidArgsError(
+                f"{path}:{line}: num_gpu={num}, gpu_milli={milli}: gpu_milli is 1..1000 of each GPU, 0 with no GPU"
             )
-        except ValueError as exc:
-            raise InvalidArgsError(f"{path}:{line}: {exc}") from exc
+        tasks.append(Task(cpu, memory, num, milli, frozenset(spec.split("|")) if spec else None))
     return tasks
 
 

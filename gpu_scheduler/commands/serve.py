@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host", default="127.0.0.1", help="the address to listen on; with --ledger-table, loopback unless --insecure"
     )
-    parser.add_argument("--port", type=int, default=8888, help="0 picks a free port (printed on stdout)")
+    parser.add_argument("--port", type=port, default=8888, help="0 picks a free port (printed on stdout)")
     state = parser.add_mutually_exclusive_group()
     state.add_argument("--cluster", type=Path, help='JSON {"nodes": [v1 Node], "pods": [v1 Pod]} for GPU usage')
     add_flags(state, ExtenderSettings, SOURCE, from_env=True)
@@ -58,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve bind and preempt on a --host that is not loopback: serve has no TLS and no authentication",
     )
     add_scoring(parser)
+
+
+def port(text: str) -> int:
+    """A TCP port, 0..65535 (an argparse ``type``: a bad one is a usage error, exit 2)."""
+    if not text.strip().isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number in 0..65535 (0: any free port), got {text!r}")
+    return int(text)
 
 
 def settings(args: argparse.Namespace) -> ExtenderSettings:
@@ -114,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     from lambdas.extender.service import build
 
     check_exposure(args)
+    if args.kubeconfig and not Path(args.kubeconfig).is_file():
+        raise UsageError(f"--kubeconfig {args.kubeconfig}: no such file")
     config = settings(args)
     try:
         service = build(config, cluster_file=args.cluster, watch=args.watch, decision_level=logging.DEBUG)
@@ -122,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         service.start()
         serve(service, args.host, args.port, ready=print_ready)
+    except OSError as exc:  # the listening socket: a port in use, an address this machine does not have
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
     finally:
         service.close()
     return 0

@@ -366,3 +366,23 @@ def test_the_stats_read_as_prometheus_text() -> None:
         "gpu_scheduler_live_state_synced 1",
         'gpu_scheduler_live_state_published_resource_version{kind="pods"} 17',
     ]
+
+
+def test_an_unreachable_api_server_is_one_warning_a_minute_per_kind(caplog: pytest.LogCaptureFixture) -> None:
+    """748 lines in 90 s before (urllib3's own retries, and a warning per retry of each watch): now the first
+    failure of each list and watch, retried with backoff, and the rest at debug level until a minute passes."""
+    import logging
+
+    def unreachable() -> Any:
+        raise KubeApiError(0, "", "the API server could not be reached: connection refused")
+
+    live = LiveState(unreachable, min_interval_s=0.0, dra_api="")
+    with caplog.at_level(logging.DEBUG, logger="adapters.live_state"):
+        live.start()
+        try:
+            _until(lambda: live.counters["watch_errors"] >= 10, timeout_s=10)
+        finally:
+            live.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert sorted(w.split(" failed")[0] for w in warnings) == ["watching nodes", "watching pods"], warnings
+    assert all("retrying with backoff: the API server could not be reached" in w for w in warnings)
