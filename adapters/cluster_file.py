@@ -1,19 +1,21 @@
-"""A cluster source read from a JSON file (``{"nodes": [v1 Node], "pods": [v1 Pod]}``, and DRA's objects where
-given: :meth:`~scheduler_core.state.cluster.ClusterState.from_document`), for ``serve --cluster``
-and ``explain --cluster``: development and tests, beside the snapshot (:mod:`adapters.snapshot_store`) and
-the live watch (:mod:`adapters.live_state`).
+"""A cluster source read from a file, for ``serve --cluster`` and ``explain --cluster``: development, tests and
+a first look at a cluster of one's own, beside the snapshot (:mod:`adapters.snapshot_store`) and the live
+watch (:mod:`adapters.live_state`). The file is JSON or YAML: ``{"nodes": [v1 Node], "pods": [v1 Pod]}``
+(and DRA's objects where given), or what ``kubectl get nodes,pods -A -o json`` (or ``-o yaml``) prints
+(:meth:`~scheduler_core.state.cluster.ClusterState.from_document`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.extender.wire import decode_json
 from scheduler_core.state.cluster import ClusterState
 
 log = logging.getLogger(__name__)
@@ -68,15 +70,41 @@ class ClusterFile:
 
 
 def load_cluster_file(path: Path) -> ClusterState:
-    """Read and validate a cluster JSON file; problems are raised as :class:`InvalidArgsError`."""
+    """Read and validate a cluster file (JSON or YAML); problems are raised as :class:`InvalidArgsError`."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise InvalidArgsError(f"cannot read cluster file {path}: {exc.strerror}") from exc
     try:
-        state = ClusterState.from_document(decode_json(data))
+        state = ClusterState.from_document(decode_document(data))
     except InvalidArgsError as exc:
         raise InvalidArgsError(f"{path}: {exc}") from exc
     for problem in state.problems:
         log.warning("%s: %s", path, problem)
     return state
+
+
+def decode_document(data: bytes) -> Any:
+    """A JSON document, or a YAML one (what ``kubectl -o yaml`` and pod manifests are): JSON when the text
+    starts as JSON does, else YAML (one document; ``yaml.safe_load``, which builds no object but plain
+    data). :class:`InvalidArgsError` saying which it was read as, and why not.
+
+    >>> decode_document(b'{"kind": "Pod"}'), decode_document(b"kind: Pod\nspec: {}\n")
+    ({'kind': 'Pod'}, {'kind': 'Pod', 'spec': {}})
+    """
+    if data.lstrip()[:1] in (b"{", b"["):
+        try:
+            return json.loads(data)
+        except RecursionError as exc:
+            raise InvalidArgsError("nested too deeply to be a Kubernetes object") from exc
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            raise InvalidArgsError(f"not valid JSON: {exc}") from exc
+    import yaml  # only for YAML: the Lambdas never read one
+
+    try:
+        text = data.decode("utf-8")
+        return yaml.safe_load(text)
+    except UnicodeDecodeError as exc:
+        raise InvalidArgsError(f"not UTF-8 text: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise InvalidArgsError(f"not JSON, nor YAML: {str(exc).splitlines()[0]}") from exc

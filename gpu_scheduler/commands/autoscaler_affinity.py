@@ -14,12 +14,11 @@ import argparse
 import copy
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpu_scheduler.commands.common import UsageError
+from gpu_scheduler.commands.common import UsageError, read_document
 
 HELP = "print a pod with its GPU model and memory as node affinity Karpenter and cluster-autoscaler read"
 
@@ -34,11 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from scheduler_core.k8s.autoscaler import autoscaler_affinity
     from scheduler_core.k8s.pods import pod_demand
 
-    text = sys.stdin.read() if args.pod == "-" else _read(Path(args.pod))
-    try:
-        pod = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{args.pod}: not JSON or YAML: {exc}") from exc
+    pod = read_document(args.pod, "pod file")
     if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
         raise UsageError(f"{args.pod}: expected a v1 Pod object")
     try:
@@ -56,10 +51,3 @@ def run(args: argparse.Namespace) -> int:
         }
     sys.stdout.write(json.dumps(out, indent=2) + "\n" if args.json else yaml.safe_dump(out, sort_keys=False))
     return 0
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from exc

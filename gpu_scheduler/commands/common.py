@@ -4,6 +4,7 @@ from the extender's settings, :func:`add_scoring`)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,6 @@ from typing import Any
 from adapters.settings import add_flags, flags_named, given
 from lambdas.extender.config import ExtenderSettings
 from scheduler_core.errors import ConfigError, InvalidArgsError
-from scheduler_core.extender.wire import decode_json
 
 
 class UsageError(Exception):
@@ -33,10 +33,14 @@ def from_checkout(module: str, name: str, how: str) -> Any:
         ) from exc
 
 
-def read_json(path: Path, what: str) -> Any:
-    """The JSON document in ``path``; :class:`UsageError` naming ``what`` and the file otherwise."""
+def read_document(path: Path | str, what: str) -> Any:
+    """The JSON or YAML document in ``path`` (``-``: stdin); :class:`UsageError` naming ``what`` and the file
+    otherwise (:func:`adapters.cluster_file.decode_document`)."""
+    from adapters.cluster_file import decode_document
+
     try:
-        return decode_json(path.read_bytes())
+        data = sys.stdin.buffer.read() if str(path) == "-" else Path(path).read_bytes()
+        return decode_document(data)
     except OSError as exc:
         raise UsageError(f"cannot read {what} {path}: {exc.strerror}") from exc
     except InvalidArgsError as exc:

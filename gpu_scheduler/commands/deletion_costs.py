@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpu_scheduler.commands.common import UsageError, read_json
+from gpu_scheduler.commands.common import UsageError, read_document
 
 HELP = "dry run: pod deletion costs from a metrics file"
 
@@ -35,9 +35,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(f"--now: expected an ISO 8601 time, got {args.now!r}") from exc
-    pods = pod_list(read_json(args.pods, "pods file"))
-    config = CostConfig.from_json(read_json(args.config, "config file")) if args.config else CostConfig()
-    costs = costs_for(pods, read_json(args.metrics, "metrics file"), config, now)
+    pods = pod_list(read_document(args.pods, "pods file"))
+    config = CostConfig.from_json(read_document(args.config, "config file")) if args.config else CostConfig()
+    costs = costs_for(pods, read_document(args.metrics, "metrics file"), config, now)
     order = victims(pods, costs, args.scale_down, now) if args.scale_down else []
     if args.json:
         print(json.dumps({"costs": costs, "victims": order}, indent=2))

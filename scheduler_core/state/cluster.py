@@ -188,13 +188,17 @@ class ClusterState:
     def from_document(cls, document: Any) -> ClusterState:
         """Build from ``{"nodes": [v1 Node...], "pods": [v1 Pod...], "utilization": {name: 0.3}}``, and DRA's
         ``"resourceslices"``, ``"resourceclaims"`` and ``"deviceclasses"`` where any of them is given (lists
-        of those objects: :func:`~scheduler_core.k8s.dra.dra_facts`).
+        of those objects: :func:`~scheduler_core.k8s.dra.dra_facts`); or from what ``kubectl get
+        nodes,pods -A -o json`` prints, a v1 ``List`` (or a ``NodeList``, ``PodList``) whose items are sorted
+        by their ``kind`` (:func:`document_of_list`).
 
         Raises
         ------
         InvalidArgsError
             If the document does not have that shape; the message names the field.
         """
+        if isinstance(document, Mapping) and document.get("kind") in LIST_KINDS:
+            document = document_of_list(document)
         if not isinstance(document, Mapping):
             raise InvalidArgsError(f"cluster document: expected an object with 'nodes', got {type(document).__name__}")
         nodes = document.get("nodes")
@@ -328,6 +332,37 @@ class ClusterState:
         shares = values_at(self.used_gpus - self.whole_gpus, rows, 0)
         held: npt.NDArray[np.int32] = np.maximum(shares, 0).astype(np.int32)
         return held
+
+
+LIST_KINDS = ("List", "NodeList", "PodList")
+_ITEM_KINDS = {
+    "Node": "nodes", "Pod": "pods", "ResourceSlice": "resourceslices", "ResourceClaim": "resourceclaims",
+    "DeviceClass": "deviceclasses",
+}  # fmt: skip
+
+
+def document_of_list(document: Mapping[str, Any]) -> dict[str, Any]:
+    """A cluster document from a v1 ``List`` (``kubectl get nodes,pods -A -o json``): its items by ``kind``,
+    those of a ``NodeList`` or ``PodList`` without one taken for its kind; items of other kinds (a
+    ``kubectl get all`` brings Services too) are left out.
+
+    >>> listed = {"kind": "List", "items": [{"kind": "Node", "metadata": {"name": "n"}},
+    ...                                     {"kind": "Service", "metadata": {"name": "s"}}]}
+    >>> {kind: len(items) for kind, items in document_of_list(listed).items()}
+    {'nodes': 1, 'pods': 0}
+    """
+    items = document.get("items")
+    if not isinstance(items, list):
+        raise InvalidArgsError(f"cluster document: a {document.get('kind')} must have a list of 'items'")
+    implied = {"NodeList": "Node", "PodList": "Pod"}.get(str(document.get("kind")))
+    found: dict[str, Any] = {"nodes": [], "pods": []}
+    for position, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise InvalidArgsError(f"cluster document: items[{position}] is not an object")
+        field = _ITEM_KINDS.get(str(item.get("kind") or implied))
+        if field is not None:
+            found.setdefault(field, []).append(item)
+    return found
 
 
 def _per_row(table: NodeTable, counts: Mapping[str, int]) -> npt.NDArray[np.int32]:
