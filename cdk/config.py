@@ -46,6 +46,7 @@ its context key, and synth stops with all of them at once. A key the extender's 
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -165,7 +166,7 @@ class DeployConfig:
         >>> DeployConfig.from_context({"clusterName": "prod", "sharing": "false"}).sharing
         False
         """
-        problems: list[str] = []
+        problems = unknown_keys(context, {_camel(f.name) for f in fields(cls)})
         values: dict[str, Any] = {}
         for f in fields(cls):
             key = _camel(f.name)
@@ -327,6 +328,23 @@ class DeployConfig:
 
 
 _SCHEDULER_KEYS = {"weight": "extenderWeight", "image": "schedulerImage"}
+
+
+def unknown_keys(context: Mapping[str, Any], known: set[str]) -> list[str]:
+    """A problem per context key that is none of ours, each with the nearest key it may have meant. Only
+    keys shaped as ours (a camelCase word) are judged: the CDK's own (``@aws-cdk/...``, ``aws:cdk:...``,
+    lookups with ``:`` and ``=``) pass through.
+
+    >>> unknown_keys({"sharedDevice": "cdi", "@aws-cdk/core:x": True}, {"clusterName", "shareDevice"})
+    ['sharedDevice: no such context key; did you mean shareDevice?']
+    """
+    found = []
+    for key in sorted(context):
+        if key in known or not re.fullmatch(r"[a-z][A-Za-z0-9]*", key):
+            continue
+        near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+        found.append(f"{key}: no such context key" + (f"; did you mean {near[0]}?" if near else ""))
+    return found
 
 
 def _is_id(value: str, prefix: str) -> bool:

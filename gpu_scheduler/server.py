@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from lambdas.extender.service import ROUTED_VERBS, Answer, ExtenderService
-from scheduler_core.extender.wire import encode_json, error_body
+from scheduler_core.extender.wire import error_body
 from scheduler_core.k8s.quantity import plain_int
 
 log = logging.getLogger("gpu_scheduler.server")
@@ -238,7 +238,7 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         service = self.server.service
         if path.rstrip("/") == "/healthz":
-            self._reply(Answer(200, encode_json(service.health())))
+            self._reply(service.health())
         elif path.rstrip("/") == "/metrics":
             self._reply(Answer(200, self.server.metrics_text().encode()), content_type="text/plain; version=0.0.4")
         else:

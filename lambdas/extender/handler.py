@@ -87,8 +87,8 @@ def preempt_route() -> Response[str]:
 
 
 @app.get("/healthz")
-def healthz() -> dict[str, Any]:
-    return SERVICE.health()
+def healthz() -> Response[str]:
+    return _response(SERVICE.health())
 
 
 @app.not_found

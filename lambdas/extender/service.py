@@ -163,16 +163,24 @@ class ExtenderService:
         self.telemetry.record("InternalErrors", 1)
         return Answer(500, error_body(INTERNAL_ERROR))
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Answer:
         """``GET /healthz``: whether each part is configured, never its name (the bucket, the table and
-        the cluster are not the caller's business); ``snapshot`` is whether there is a cluster source."""
+        the cluster are not the caller's business); ``snapshot`` is whether there is a cluster source. A
+        source that has no usable state now (a snapshot missing, stale or corrupt, a watch still listing)
+        makes it a 503 with the failure's kind: filter would answer every pod ``Error`` meanwhile."""
         ledger = self.extender.accounting is not None
-        return {
+        body: dict[str, Any] = {
             "status": "ok",
             "snapshot": self.source is not None,
             "ledger": ledger,
             "verbs": list(self.extender.verbs),
         }
+        if self.source is not None:
+            try:
+                self.source()
+            except ClusterStateUnavailableError as exc:
+                return Answer(503, encode_json({**body, "status": "unavailable", "reason": exc.kind}))
+        return Answer(200, encode_json(body))
 
     @property
     def routes(self) -> list[str]:

@@ -228,3 +228,14 @@ def test_the_node_state_refreshers_placeholder_caps_are_deployment_keys_checked_
         DeployConfig.from_context({"clusterName": "c", "placeholdersTotal": "20000"})
     with pytest.raises(ConfigError, match=r"shareDevice: expected one of cdi, env, got 'nvlink'"):
         DeployConfig.from_context({"clusterName": "c", "shareDevice": "nvlink"})
+
+
+def test_a_misspelled_context_key_fails_the_synth_naming_the_one_meant() -> None:
+    """A misspelled key was ignored, and its setting silently kept its default; the CDK's own keys pass."""
+    with pytest.raises(ConfigError, match=r"sharedDevice: no such context key; did you mean shareDevice\?"):
+        DeployConfig.from_context({"clusterName": "c", "sharedDevice": "env"})
+    with pytest.raises(ConfigError, match=r"extenderWieght: no such context key; did you mean extenderWeight\?"):
+        DeployConfig.from_context({"clusterName": "c", "extenderWieght": "3"})
+    cdk_own = {"@aws-cdk/core:stackRelativeExports": True, "aws:cdk:enable-path-metadata": True,
+               "availability-zones:account=123456789012:region=us-east-1": ["us-east-1a"]}  # fmt: skip
+    assert DeployConfig.from_context({"clusterName": "c", **cdk_own}).cluster_name == "c"

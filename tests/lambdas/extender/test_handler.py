@@ -249,8 +249,13 @@ def test_internal_fault_is_a_logged_500_without_details(aws, invoke, monkeypatch
 
 
 def test_healthz_and_unknown_routes(aws, invoke):
-    call = invoke()
+    """``/healthz`` is a 503 while the extender has no usable snapshot (every filter would answer ``Error``),
+    naming the failure's kind, never the bucket; a 200 once it has one."""
+    call = invoke(SNAPSHOT_REFRESH_S="0")
     health = {"status": "ok", "snapshot": True, "ledger": False, "verbs": ["filter", "prioritize"]}
+    status, reply = call("GET", "/healthz")
+    assert (status, reply) == (503, {**health, "status": "unavailable", "reason": "missing"}), reply
+    put_snapshot(aws, make_nodes("T4"))
     assert call("GET", "/healthz") == (200, health)
     assert BUCKET not in json.dumps(call("GET", "/healthz")[1])  # configured, never named
     status, reply = call("POST", "/bind", "{}")
