@@ -62,8 +62,13 @@ def run_many(
 
 def report(policy: str, pods: Path, results: list[SimResult]) -> dict[str, Any]:
     def summary(values: list[float]) -> dict[str, Any]:
-        return {"mean": round(float(np.mean(values)), 3), "median": round(float(np.median(values)), 3),
-                "per_seed": [round(v, 3) for v in values]}  # fmt: skip
+        """Mean and median over the seeds that reached the point (a run on a small trace may end short of
+        130 % arrived); None where none did, and the seeds that did not, None too."""
+        reached = [v for v in values if not np.isnan(v)]
+        return {"mean": round(float(np.mean(reached)), 3) if reached else None,
+                "median": round(float(np.median(reached)), 3) if reached else None,
+                "seeds_reaching": len(reached),
+                "per_seed": [None if np.isnan(v) else round(v, 3) for v in values]}  # fmt: skip
 
     curves = np.full((len(results), 131), np.nan)
     for i, r in enumerate(results):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.settings import add_flags
-from gpu_scheduler.commands.common import SCORING, UsageError, add_scoring, extender_settings, read_json
+from gpu_scheduler.commands.common import SCORING, UsageError, add_scoring, extender_settings, read_document
 from lambdas.extender.config import ExtenderSettings
 from scheduler_core.extender.explain import Explanation, NodeExplanation, explain
 from scheduler_core.extender.facade import Extender
@@ -28,8 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pod_ref", nargs="?", metavar="NAMESPACE/POD", help="a live pod (with --kubeconfig)")
     parser.add_argument("--kubeconfig", default="", help="the cluster the pod lives in (default: $KUBECONFIG)")
     parser.add_argument("--snapshot", default="", help="decide from this snapshot (default: the live nodes and pods)")
-    parser.add_argument("--pod", type=Path, help="or: a v1 Pod JSON file")
-    parser.add_argument("--cluster", type=Path, help='and a cluster JSON file {"nodes": [...], "pods": [...]}')
+    parser.add_argument("--pod", help="or: a v1 Pod file, JSON or YAML ('-': stdin)")
+    parser.add_argument(
+        "--cluster",
+        type=Path,
+        help="and the cluster: what `kubectl get nodes,pods -A -o json` (or -o yaml) prints, or "
+        '{"nodes": [...], "pods": [...]}',
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_scoring(parser)
     add_flags(parser, ExtenderSettings, ["share_policy"])
@@ -56,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
 def _files(args: argparse.Namespace) -> tuple[dict[str, Any], ClusterState]:
     from adapters.cluster_file import load_cluster_file
 
-    pod = read_json(args.pod, "pod file")
-    if not isinstance(pod, dict):
+    pod = read_document(args.pod, "pod file")
+    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
         raise UsageError(f"pod file {args.pod}: expected a v1 Pod object")
     return pod, load_cluster_file(args.cluster)
 
@@ -106,12 +111,20 @@ def table(explanation: Explanation) -> str:
     if demand.mig:
         slices = ", ".join(f"{count} {mig_resource(profile)}" for profile, count in demand.mig)
         asks = slices if not demand.gpus else f"{asks} and {slices}"
-    text = [f"pod {demand.key} requests {asks}; {sum(r.passed for r in rows)} of {len(rows)} nodes pass"]
+    extender_only = sum(1 for r in rows if r.passed) - explanation.passing
+    counted = f" ({extender_only} more pass the extender, but not kube-scheduler's count of free GPUs)"
+    text = [f"pod {demand.key} requests {asks}; {explanation.passing} of {len(rows)} nodes pass"
+            + (counted if extender_only else "")]  # fmt: skip
     text += [
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)) + "  " + line[-1] for line in lines
     ]
     if explanation.autoscaler:
         text.append(f"autoscaler: {explanation.autoscaler}")
+    unreadable = [f"{r.node}: {r.node_problem}" for r in rows if r.node_problem]
+    if unreadable:
+        text.append(
+            f"warning: {len(unreadable)} node(s) with data the product cannot use: " + "; ".join(unreadable[:5])
+        )
     return "\n".join(text)
 
 
@@ -119,6 +132,8 @@ def _cells(r: NodeExplanation) -> tuple[str, ...]:
     verdict = "ok" if r.passed else ("never: " if r.unresolvable else "not now: ") + r.reason
     if r.kube_scheduler:
         verdict += f"; kube-scheduler's count of nvidia.com/gpu: {r.kube_scheduler}"
+    if r.node_problem and r.node_problem not in r.reason:
+        verdict += f"; node data: {r.node_problem}"
     return (
         r.node,
         r.zone or "-",

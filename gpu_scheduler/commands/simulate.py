@@ -49,10 +49,20 @@ def run(args: argparse.Namespace) -> int:
     frag = result["frag_ratio_pct"]
     for i, seed in enumerate(result["seeds"]):
         print(
-            f"{seed:>6} {unalloc['100']['per_seed'][i]:>12.2f} {unalloc['130']['per_seed'][i]:>12.2f} "
-            f"{frag['80']['per_seed'][i]:>8.2f} {frag['90']['per_seed'][i]:>8.2f} "
+            f"{seed:>6} {_pct(unalloc['100']['per_seed'][i], 12)} {_pct(unalloc['130']['per_seed'][i], 12)} "
+            f"{_pct(frag['80']['per_seed'][i], 8)} {_pct(frag['90']['per_seed'][i], 8)} "
             f"{result['pods_failed']['per_seed'][i]:>7.0f}"
         )
-    print(f"{'mean':>6} {unalloc['100']['mean']:>12.2f} {unalloc['130']['mean']:>12.2f}")
-    print(f"{'median':>6} {unalloc['100']['median']:>12.2f} {unalloc['130']['median']:>12.2f}")
+    print(f"{'mean':>6} {_pct(unalloc['100']['mean'], 12)} {_pct(unalloc['130']['mean'], 12)}")
+    print(f"{'median':>6} {_pct(unalloc['100']['median'], 12)} {_pct(unalloc['130']['median'], 12)}")
+    short = [f"{a} %: {n - unalloc[a]['seeds_reaching']} of {n}" for a in ("100", "130")
+             if unalloc[a]["seeds_reaching"] < (n := len(result["seeds"]))]  # fmt: skip
+    if short:
+        print(f"n/a: the run ended before that much of the capacity had arrived ({'; '.join(short)} seeds); a"
+              " larger trace or --tune reaches it")  # fmt: skip
     return 0
+
+
+def _pct(value: float | None, width: int) -> str:
+    """A percentage, or ``n/a`` for a point the run never reached."""
+    return f"{'n/a':>{width}}" if value is None else f"{value:>{width}.2f}"

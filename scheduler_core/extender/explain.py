@@ -42,6 +42,9 @@ class NodeExplanation:
     kube_scheduler: str
     """Why kube-scheduler's count of ``nvidia.com/gpu`` refuses the node, where the extender leaves
     that count to it; "" otherwise."""
+    node_problem: str
+    """What the product could not read of the node itself (a garbled GPU label or count: it has no GPU
+    facts then), or why it is over a cap; "" for a node read whole. Shown whatever the pod asks."""
     fit: float
     utilization_score: float
     locality: float
@@ -62,12 +65,19 @@ class Explanation:
     """Where no node passes: what an autoscaler could add, as the filter's refusals end
     (:func:`~scheduler_core.k8s.autoscaler.autoscaler_hint`)."""
 
+    @property
+    def passing(self) -> int:
+        """Nodes the pod may go to: the extender passes them and, where it leaves the count of
+        ``nvidia.com/gpu`` to kube-scheduler, kube-scheduler's count does too."""
+        return sum(1 for row in self.nodes if row.passed and not row.kube_scheduler)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "pod": self.demand.key,
             "gpus": self.demand.gpus,
             "share_milli": self.demand.share,
             "mig": {profile: count for profile, count in self.demand.mig},
+            "nodes_passing": self.passing,
             "nodes": [row.to_json() for row in self.nodes],
             "autoscaler": self.autoscaler,
         }
@@ -136,6 +146,7 @@ def explanation_rows(verdict: FilterOutcome, scored: PrioritizeOutcome) -> list[
             unresolvable=bool(result.unresolvable[row]),
             reason=messages.get(row, ""),
             kube_scheduler=theirs.get(row, ""),
+            node_problem=table.invalid.get(row) or table.gpu_info_errors.get(row, ""),
             fit=round(float(scores.fit[row]), 4),
             utilization_score=round(float(scores.utilization[row]), 4),
             locality=round(float(local[row]), 4) if local is not None else 0.0,

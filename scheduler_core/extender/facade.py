@@ -39,8 +39,8 @@ from scheduler_core.extender.wire import (
     encode_json,
     error_body,
 )
-from scheduler_core.k8s.autoscaler import autoscaler_hint
-from scheduler_core.k8s.names import MILLI_PER_GPU, PEERS_ANNOTATION
+from scheduler_core.k8s.autoscaler import KNOWN_MODELS, autoscaler_hint
+from scheduler_core.k8s.names import LABEL_MODEL, MILLI_PER_GPU, PEERS_ANNOTATION
 from scheduler_core.k8s.pods import PodDemand, assumed_cpu_milli, pod_demand
 from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, FilterResult, Reason, ScoreWeights
 from scheduler_core.scoring.locality import LocalitySettings
@@ -289,6 +289,7 @@ class Extender:
         try:
             demand = self.demand(args.pod)
             view = self.view(args, demand)
+            unknown_models(demand, view)
         except (InvalidPodError, ClusterStateUnavailableError) as exc:
             kind = exc.kind if isinstance(exc, ClusterStateUnavailableError) else "invalid_pod"
             return FilterOutcome(args.names_only, error=str(exc), error_kind=kind)
@@ -453,3 +454,27 @@ class Extender:
     def state(self) -> ClusterState | None:
         """The cluster state this extender decides from now (may raise, as the source does)."""
         return self._cluster()
+
+
+def unknown_models(demand: PodDemand, view: NodeView) -> None:
+    """Refuse a pod whose GPU models are all ones neither a node of the cluster has nor the product knows
+    (:data:`~scheduler_core.k8s.autoscaler.KNOWN_MODELS`): a typo (``H1OO``) would otherwise leave it
+    Pending for good, every node refused for its model. A model the product has not heard of is taken as
+    soon as one node has it, in the cluster state or the request; a list with one known model is left to
+    the filter (the trace replay's pods name models some clusters lack).
+
+    Raises
+    ------
+    InvalidPodError
+        Naming the unknown models and the ones known.
+    """
+    if demand.models is None:
+        return
+    known = set(KNOWN_MODELS) | set(view.table.models)
+    if view.state is not None:
+        known |= set(view.state.table.models)
+    if demand.models and not demand.models & known:
+        raise InvalidPodError(
+            f"annotation {LABEL_MODEL}: {', '.join(sorted(demand.models))} is no GPU model a node of this cluster "
+            f"has nor one the product knows (known: {', '.join(sorted(known))})"
+        )

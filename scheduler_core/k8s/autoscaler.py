@@ -141,6 +141,10 @@ figures are those on record in this project: an H200's from ``../shared/fixtures
 total), the others as GFD labels those nodes (``gpu_scheduler.synthetic.CATALOGUE``)."""
 
 
+KNOWN_MODELS = frozenset(t.model for t in INSTANCE_TYPES)
+"""The GPU models the product knows by name (those of :data:`INSTANCE_TYPES`); any a node has is known too."""
+
+
 @dataclass(frozen=True)
 class AutoscalerTerms:
     """A GPU demand in an autoscaler's terms: ``karpenter`` and ``product`` are the ``matchExpressions``
@@ -175,9 +179,11 @@ def gpu_terms(demand: PodDemand, catalogue: Sequence[InstanceGpus] = INSTANCE_TY
     wanted = "any" if demand.models is None else ",".join(sorted(demand.models))
     if not fits:
         known = "; ".join(f"{t.instance_type}: {t.least_mib}" for t in of_models) or "none of those models"
+        most = max((t.least_mib for t in of_models), default=0)
+        ask = f"; ask for {most // 1024}Gi ({most} MiB) or less to fit them" if most >= 1024 else ""
         return AutoscalerTerms(
             refusal=f"no instance type the product knows has {wanted} GPUs that report "
-            f"{demand.min_memory_mib} MiB or more each (MiB per GPU as the GPUs report it: {known})"
+            f"{demand.min_memory_mib} MiB or more each (MiB per GPU as the GPUs report it: {known}){ask}"
         )
     names = sorted({t.karpenter_name for t in fits})
     karpenter: list[dict[str, Any]] = [_expression(KARPENTER_GPU_NAME, "In", names)]
@@ -232,7 +238,13 @@ def autoscaler_hint(pod: Mapping[str, Any], demand: PodDemand) -> str:
         return terms.refusal
     if not terms.karpenter:
         return ""
-    names = [t.instance_type for t in terms.fits]
+    names = [t.instance_type for t in terms.fits if t.count >= demand.gpus]  # the GPUs a node needs, too
+    if not names:
+        most = max(t.count for t in terms.fits)
+        return (
+            f"no instance type the product knows has {demand.gpus} GPUs of that kind on one node (the most: "
+            f"{most}, {', '.join(t.instance_type for t in terms.fits if t.count == most)})"
+        )
     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     if _has(_own_terms(pod)[0], terms.karpenter):
         return f"instance types that fit: {shown}"

@@ -58,8 +58,20 @@ class SimResult:
     seconds: float
 
     def at(self, curve: str, arrived: int) -> float:
+        """``curve``'s value once ``arrived`` % of the capacity has arrived: at that percent, or, where no
+        placement fell on it (a trace of a few dozen tasks arrives in steps of several percent), the last
+        one before it; NaN past the end of the run.
+
+        >>> curve = np.array([50.0, np.nan, np.nan, 40.0])
+        >>> result = SimResult("p", 0, curve, curve, curve, tasks=4, failed=0, seconds=0.0)
+        >>> result.at("unallocated_pct", 2), result.at("unallocated_pct", 3), result.at("unallocated_pct", 9)
+        (50.0, 40.0, nan)
+        """
         values: npt.NDArray[np.float64] = getattr(self, curve)
-        return float(values[arrived]) if arrived < values.shape[0] else float("nan")
+        if arrived >= values.shape[0]:
+            return float("nan")
+        seen = values[: arrived + 1][~np.isnan(values[: arrived + 1])]
+        return float(seen[-1]) if seen.size else float("nan")
 
 
 def check_trace(cluster: Cluster, tasks: Sequence[Task]) -> None:

@@ -481,7 +481,7 @@ def test_autoscaler_affinity_prints_the_pod_with_both_terms_and_refuses_what_no_
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("[1, 2", "not JSON or YAML"), ("kind: Node\n", "expected a v1 Pod"),
+    [("[1, 2", "not valid JSON"), ("kind: [Node\n", "not JSON, nor YAML"), ("kind: Node\n", "expected a v1 Pod"),
      ('{"metadata": {"annotations": {"gpu.nvidia.com/model": "A100!"}}}', "is not a GPU model name")],
 )  # fmt: skip
 def test_autoscaler_affinity_bad_input_exits_2_naming_it(tmp_path, text, message, capsys):

@@ -139,3 +139,23 @@ def test_placeholders_carry_the_shares_gpu_needs_as_autoscalers_read_them():
     }  # the group's own requirements are not changed
     plain = placeholder_pod("0a1b2c3d4e", 0, {"annotations": {}}, image="python:3.12-slim")
     assert "affinity" not in plain["spec"]
+
+
+def test_the_hint_names_only_instance_types_with_the_gpus_the_pod_asks_on_one_node() -> None:
+    """An 8 x A10G pod was told g5.xlarge (one GPU) fits, in its FailedScheduling event."""
+    from scheduler_core.k8s.autoscaler import autoscaler_hint
+    from scheduler_core.k8s.pods import PodDemand
+
+    eight = autoscaler_hint({"spec": {}}, PodDemand(gpus=8, models=frozenset({"A10G"})))
+    assert eight.startswith("instance types that fit: g5.48xlarge;")
+    assert autoscaler_hint({"spec": {}}, PodDemand(gpus=16, models=frozenset({"A10G"}))) == (
+        "no instance type the product knows has 16 GPUs of that kind on one node (the most: 8, g5.48xlarge)"
+    )
+
+
+def test_a_memory_floor_no_gpu_reports_says_what_to_ask_for() -> None:
+    from scheduler_core.k8s.autoscaler import gpu_terms
+    from scheduler_core.k8s.pods import PodDemand
+
+    refusal = gpu_terms(PodDemand(gpus=1, models=frozenset({"H100"}), min_memory_mib=81920)).refusal
+    assert refusal.endswith("; ask for 79Gi (81559 MiB) or less to fit them")
