@@ -7,7 +7,7 @@ RUNTIME := $(VENV)/.installed-runtime
 STAMP  := $(VENV)/.installed-dev
 PIP    := $(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock
 
-.PHONY: demo test lint typecheck unit bench bench-quality lock clean package synth system-packages
+.PHONY: demo test venv lint typecheck unit bench bench-quality lock clean package synth system-packages
 
 # The demo needs only the runtime dependencies; the tests add the dev ones on top.
 # bench/ and testing/ are not installed: a .pth puts the checkout on the venv's path, so that the demo's
@@ -19,6 +19,9 @@ $(RUNTIME): pyproject.toml requirements.lock
 	$(PIP) -e '.[cdk]'
 	@echo "$(CURDIR)" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/eks-gpu-scheduler-checkout.pth"
 	@touch $(RUNTIME)
+
+# The CLI alone (.venv/bin/gpu-scheduler), for the examples and a cluster of your own.
+venv: $(RUNTIME)
 
 $(STAMP): $(RUNTIME)
 	$(PIP) -e '.[dev]'
