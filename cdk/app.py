@@ -33,11 +33,14 @@ from scheduler_core.errors import ConfigError  # noqa: E402
 
 STACK_NAME = "GpuScheduler"
 MANIFEST_HEADER = """eks-gpu-scheduler: RBAC and admission policies for the Lambdas' groups, and the second
-kube-scheduler. Written by `make synth`. urlPrefix is the deployed API's endpoint-specific URL; before the
-first deploy it is a placeholder: fill it from the stack output ExtenderUrl, or run the stack output
-SchedulerConfigCommand."""
+kube-scheduler. Written by `make synth`. urlPrefix is the deployed API's endpoint-specific URL, and the
+SecurityGroupPolicy's group the one the stack makes for the scheduler pods; before the first deploy they are
+placeholders: fill them from the stack outputs ExtenderUrl and SchedulerSecurityGroupId, or run the stack
+output SchedulerConfigCommand."""
 # What the manifests carry for the API's URL before the first deploy: the endpoint-specific hostname's shape.
 URL_PLACEHOLDER = "https://API_ID-VPCE_ID.execute-api.REGION.amazonaws.com/v1"
+SECURITY_GROUP_PLACEHOLDER = "SCHEDULER_SECURITY_GROUP_ID"
+"""The scheduler pods' security group in the manifests when the stack makes it (its ID is known after deploy)."""
 
 
 def read_context(argv: Sequence[str], environ: Mapping[str, str]) -> dict[str, Any]:
@@ -78,8 +81,13 @@ def build_app(context: Mapping[str, Any], outdir: str | None = None) -> tuple[cd
 
 
 def write_manifests(stack: GpuSchedulerStack, outdir: Path) -> Path:
-    """The manifests with the API URL as a placeholder (it is only known after deploy)."""
-    docs = json.loads(json.dumps(stack.manifests).replace(stack.api.url, URL_PLACEHOLDER))
+    """The manifests with the API URL, and a security group the stack makes, as placeholders (they are only
+    known after deploy)."""
+    text = json.dumps(stack.manifests).replace(stack.api.url, URL_PLACEHOLDER)
+    made = stack.network.scheduler_security_group
+    if made is not None:
+        text = text.replace(made.security_group_id, SECURITY_GROUP_PLACEHOLDER)
+    docs = json.loads(text)
     path = outdir / "manifests" / "gpu-scheduler.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_yaml(docs, header=MANIFEST_HEADER))

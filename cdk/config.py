@@ -11,7 +11,8 @@ its context key, and synth stops with all of them at once. A key the extender's 
 | ``clusterName`` | (required) | the EKS cluster the scheduler serves |
 | ``vpcId`` / ``subnetIds`` | (a demo VPC) | the cluster's VPC; private subnets for the Lambdas and endpoints |
 | ``clusterSecurityGroupId`` | (required with ``vpcId``) | the EKS cluster SG: the Lambdas reach the API through it |
-| ``schedulerSecurityGroupId`` | (required with ``vpcId``) | the scheduler pods' SG: the only source the API admits |
+| ``schedulerSecurityGroupId`` | (one is made) | the scheduler pods' SG: the only source the API admits |
+| ``schedulerNodeSelector`` | (none) | ``key=value,...``: run the scheduler pods on a node group in that SG, not a ``SecurityGroupPolicy`` |
 | ``routeTableIds`` | (required with ``vpcId``) | the private subnets' route tables, for the gateway endpoints |
 | ``existingVpcEndpoints`` | (none) | services whose endpoints the VPC has (``s3``, ``eks``...): not created |
 | ``vpcEndpointPrivateDns`` | false | private DNS on the service endpoints it creates (VPC-wide); off: URLs to Lambdas |
@@ -55,7 +56,7 @@ from typing import Any
 
 from adapters.settings import context_keys, context_named, default_of, parse_bool
 from cdk.functions import RETENTION_NAMES
-from cdk.network import GATEWAY_SERVICES, INTERFACE_SERVICES, SERVICES
+from cdk.network import GATEWAY_SERVICES, INTERFACE_SERVICES, SERVICES, VPC_WIDE_SERVICES
 from cdk.prometheus import DCGM_NAMESPACE, KSM_NAMESPACE
 from lambdas.extender.config import ExtenderSettings
 from lambdas.node_state.config import NodeStateSettings
@@ -80,6 +81,7 @@ class DeployConfig:
     route_table_ids: tuple[str, ...] = ()
     cluster_security_group_id: str = ""
     scheduler_security_group_id: str = ""
+    scheduler_node_selector: tuple[str, ...] = ()
     existing_vpc_endpoints: tuple[str, ...] = ()
     vpc_endpoint_private_dns: bool = False
     execute_api_endpoint_id: str = ""
@@ -132,8 +134,15 @@ class DeployConfig:
     @property
     def vpc_endpoints(self) -> tuple[str, ...]:
         """The services whose endpoints the stack creates: each one the Lambdas call, less those the VPC has
-        (DynamoDB only with sharing: nothing else reads the ledger)."""
+        (DynamoDB only with sharing: nothing else reads the ledger); with ``vpcEndpointPrivateDns`` also the
+        services the VPC's own workloads then reach through them (``cdk.network.VPC_WIDE_SERVICES``).
+
+        >>> DeployConfig(cluster_name="c").vpc_endpoints
+        ('s3', 'eks', 'ec2', 'ssm', 'aps-workspaces')
+        """
         used = [s for s in SERVICES if s != "dynamodb" or self.sharing]
+        if not self.vpc_endpoint_private_dns:
+            used = [s for s in used if s not in VPC_WIDE_SERVICES]
         return tuple(s for s in used if s not in self.existing_vpc_endpoints)
 
     @property
@@ -148,9 +157,32 @@ class DeployConfig:
             return 60 * self.node_state_schedule_minutes + WATCH_OVERLAP_S
         return self.node_state_watch_s
 
-    def scheduler_options(self, extender_url: str) -> SchedulerOptions:
+    @property
+    def scheduler_pods(self) -> str:
+        """How the scheduler pods reach the extender's endpoint (``cdk.network.SCHEDULER_PODS``).
+
+        >>> [DeployConfig(cluster_name="c", **kw).scheduler_pods for kw in (
+        ...     {}, {"scheduler_node_selector": ("role=scheduler",)}, {"execute_api_endpoint_id": "vpce-0123abcd"})]
+        ['securityGroupPolicy', 'nodeSelector', 'none']
+        """
+        if self.execute_api_endpoint_id:
+            return "none"
+        return "nodeSelector" if self.scheduler_node_selector else "securityGroupPolicy"
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        """``schedulerNodeSelector``'s ``key=value`` items as a mapping (an item without ``=`` is left to
+        :meth:`problems` to name)."""
+        pairs = (item.partition("=") for item in self.scheduler_node_selector)
+        return {key.strip(): value.strip() for key, equals, value in pairs if equals}
+
+    def scheduler_options(self, extender_url: str, pod_security_group: str = "") -> SchedulerOptions:
+        """The second scheduler's options; ``pod_security_group`` (the group the endpoint admits) goes into its
+        ``SecurityGroupPolicy`` when the pods get it that way (:attr:`scheduler_pods`)."""
         return SchedulerOptions(
             extender_url=extender_url,
+            pod_security_group=pod_security_group if self.scheduler_pods == "securityGroupPolicy" else "",
+            node_selector=self.node_selector,
             sharing=self.sharing,
             weight=self.extender_weight,
             image=self.scheduler_image,
@@ -280,11 +312,6 @@ class DeployConfig:
                 found.append(
                     "clusterSecurityGroupId: required with vpcId (the Lambdas reach the cluster API through it)"
                 )
-            if not self.scheduler_security_group_id and not self.execute_api_endpoint_id:
-                found.append(
-                    "schedulerSecurityGroupId: required with vpcId (the scheduler pods' security group, from Security "
-                    "Groups for Pods or a dedicated node group: the only source the extender API's endpoint admits)"
-                )
             gateways = [s for s in self.vpc_endpoints if s in GATEWAY_SERVICES]
             if gateways and not self.route_table_ids:
                 found.append(
@@ -307,6 +334,19 @@ class DeployConfig:
                 "schedulerSecurityGroupId: must not be the cluster security group, which every pod on managed nodes "
                 "carries; give the scheduler pods their own (Security Groups for Pods, or a dedicated node group)"
             )
+        bad_items = [item for item in self.scheduler_node_selector if "=" not in item]
+        if bad_items:
+            found.append(f"schedulerNodeSelector: expected key=value items, got {', '.join(map(repr, bad_items))}")
+        if self.scheduler_node_selector and not self.scheduler_security_group_id:
+            found.append(
+                "schedulerSecurityGroupId: required with schedulerNodeSelector (the security group of the node "
+                "group the scheduler pods run on: the one source the extender API's endpoint admits)"
+            )
+        if self.scheduler_node_selector and self.execute_api_endpoint_id:
+            found.append(
+                "schedulerNodeSelector: not used with executeApiEndpointId (the imported endpoint's owner admits "
+                "the scheduler pods)"
+            )
         if self.execute_api_endpoint_id and self.scheduler_security_group_id:
             found.append(
                 "schedulerSecurityGroupId: not used with executeApiEndpointId (the imported endpoint keeps its own "
@@ -327,7 +367,7 @@ class DeployConfig:
         return found
 
 
-_SCHEDULER_KEYS = {"weight": "extenderWeight", "image": "schedulerImage"}
+_SCHEDULER_KEYS = {"weight": "extenderWeight", "image": "schedulerImage", "node_selector": "schedulerNodeSelector"}
 
 
 def unknown_keys(context: Mapping[str, Any], known: set[str]) -> list[str]:

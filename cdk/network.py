@@ -12,7 +12,7 @@ endpoint's private DNS is off (the default, ``vpcEndpointPrivateDns``):
 | ``ec2`` | interface | ``ec2:DescribeInstanceTypes``: GPU facts of unlabelled nodes | ``AWS_ENDPOINT_URL_EC2`` |
 | ``ssm`` | interface | the deletion-cost workload config (Powertools' SSM provider) | ``AWS_ENDPOINT_URL_SSM`` |
 | ``aps-workspaces`` | interface | PromQL queries to Amazon Managed Prometheus | the host of ``AMP_QUERY_URL`` |
-| ``sts``, ``logs``, ``monitoring``, ``xray`` | interface | nothing the Lambdas call (below) | (no variable) |
+| ``sts``, ``logs``, ``monitoring``, ``xray`` | interface | nothing the Lambdas call (below): private DNS only | (no variable) |
 
 boto3 and Powertools make their clients without an ``endpoint_url``, so botocore (1.31 and newer; the
 Lambda runtime's, and 1.44 in ``requirements.lock``) takes each service's from ``AWS_ENDPOINT_URL_<ID>``.
@@ -22,10 +22,10 @@ The EKS token is a presigned ``sts:GetCallerIdentity`` URL made in the function:
 not the Lambda, and it accepts only STS's own hostnames in that URL. So there is deliberately no
 ``AWS_ENDPOINT_URL_STS``: it would put the endpoint's name into every token and the API server would
 refuse them all. Lambda itself delivers the functions' logs and EMF metrics (stdout), and its X-Ray
-daemon the traces. Those four endpoints therefore serve the Lambdas nothing; they are kept for what
-resolves the services' default names to them when private DNS is on. A VPC that already has one of
-these endpoints names it in ``existingVpcEndpoints``, and the stack creates the rest (the Lambdas then
-use that endpoint's private DNS, or the VPC's own route to the service).
+daemon the traces. Those four endpoints therefore serve the Lambdas nothing, and are created only with
+private DNS on (``VPC_WIDE_SERVICES``), where the cluster's own calls to those services reach them. A VPC
+that already has one of these endpoints names it in ``existingVpcEndpoints``, and the stack creates the
+rest (the Lambdas then use that endpoint's private DNS, or the VPC's own route to the service).
 """
 
 from __future__ import annotations
@@ -38,10 +38,19 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from manifests.scheduler import SECURE_PORT as SCHEDULER_PORT
+
 GATEWAY_SERVICES = ("s3", "dynamodb")
 INTERFACE_SERVICES = ("eks", "ec2", "ssm", "aps-workspaces", "sts", "logs", "monitoring", "xray")
 SERVICES = GATEWAY_SERVICES + INTERFACE_SERVICES
+VPC_WIDE_SERVICES = ("sts", "logs", "monitoring", "xray")
+"""Services the Lambdas never call through the VPC (below): their endpoints are made only with private DNS on,
+for the cluster's own calls that private DNS then sends to this stack's endpoints."""
 HTTPS = ec2.Port.tcp(443)
+SCHEDULER_PODS = ("securityGroupPolicy", "nodeSelector", "none")
+"""How the scheduler pods reach the extender's endpoint: a ``SecurityGroupPolicy`` puts them in the admitted
+group (created here unless given); ``nodeSelector`` runs them on a node group in the given group; ``none``: an
+imported endpoint whose owner admits them."""
 SDK_ENDPOINT_VARIABLES = {"eks": "AWS_ENDPOINT_URL_EKS", "ec2": "AWS_ENDPOINT_URL_EC2", "ssm": "AWS_ENDPOINT_URL_SSM"}
 """The botocore variable that points a service's clients at its endpoint, for the services the Lambdas call
 through boto3 (never STS: see the module docstring)."""
@@ -93,6 +102,7 @@ class SchedulerNetwork(Construct):
         route_table_ids: Sequence[str] = (),
         cluster_security_group_id: str = "",
         scheduler_security_group_id: str = "",
+        scheduler_pods: str = "securityGroupPolicy",
         private_dns: bool = False,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
     ) -> None:
@@ -129,13 +139,17 @@ class SchedulerNetwork(Construct):
             subnets = list(demo.isolated_subnets)
             self.subnet_ids = [s.subnet_id for s in subnets]
             routes = [s.route_table.route_table_id for s in subnets]
-            # Stand-ins for the EKS cluster security group and the scheduler pods' own.
+            # A stand-in for the EKS cluster security group.
             self.cluster_security_group_id = ec2.SecurityGroup(
                 self, "DemoClusterSecurityGroup", vpc=demo, description="demo cluster"
             ).security_group_id
-            self.scheduler_security_group_id = ec2.SecurityGroup(
-                self, "DemoSchedulerSecurityGroup", vpc=demo, description="demo scheduler pods"
-            ).security_group_id
+            self.scheduler_security_group_id = ""
+        self.scheduler_security_group: ec2.SecurityGroup | None = None
+        if scheduler_pods == "securityGroupPolicy" and not self.scheduler_security_group_id:
+            self.scheduler_security_group = self._scheduler_pods_group()
+            self.scheduler_security_group_id = self.scheduler_security_group.security_group_id
+        if scheduler_pods == "securityGroupPolicy":
+            self._admit_scheduler_pods()
 
         self.lambda_security_group = ec2.SecurityGroup(
             self,
@@ -201,6 +215,52 @@ class SchedulerNetwork(Construct):
             self.endpoints[service] = endpoint
             if not private_dns:
                 self.endpoint_urls[service] = f"https://{regional_dns_name(endpoint)}"
+
+    def _scheduler_pods_group(self) -> ec2.SecurityGroup:
+        """The scheduler pods' own security group, the one source the extender's endpoint admits: HTTPS out
+        (the cluster API, that endpoint) and DNS to the cluster security group (CoreDNS)."""
+        group = ec2.SecurityGroup(
+            self,
+            "SchedulerPodsSecurityGroup",
+            vpc=self.vpc,
+            description="gpu-scheduler kube-scheduler pods (SecurityGroupPolicy): the extender API admits them",
+            allow_all_outbound=False,
+        )
+        group.add_egress_rule(ec2.Peer.any_ipv4(), HTTPS, "the cluster API and the extender API's endpoint")
+        cluster = ec2.Peer.security_group_id(self.cluster_security_group_id)
+        group.add_egress_rule(cluster, ec2.Port.tcp(53), "CoreDNS")
+        group.add_egress_rule(cluster, ec2.Port.udp(53), "CoreDNS")
+        return group
+
+    def _admit_scheduler_pods(self) -> None:
+        """What a pod with a security group of its own needs from the cluster's (EKS, Security Groups for
+        Pods): the API server and CoreDNS admit it, and it admits the kubelet's probes from the nodes."""
+        rules = (
+            ("SchedulerPodsToClusterApi", "tcp", 443, "gpu-scheduler kube-scheduler pods to the EKS API"),
+            ("SchedulerPodsToCoreDnsTcp", "tcp", 53, "gpu-scheduler kube-scheduler pods to CoreDNS"),
+            ("SchedulerPodsToCoreDnsUdp", "udp", 53, "gpu-scheduler kube-scheduler pods to CoreDNS"),
+        )
+        for construct_id, protocol, port, description in rules:
+            ec2.CfnSecurityGroupIngress(
+                self,
+                construct_id,
+                group_id=self.cluster_security_group_id,
+                source_security_group_id=self.scheduler_security_group_id,
+                ip_protocol=protocol,
+                from_port=port,
+                to_port=port,
+                description=description,
+            )
+        ec2.CfnSecurityGroupIngress(
+            self,
+            "KubeletProbesToSchedulerPods",
+            group_id=self.scheduler_security_group_id,
+            source_security_group_id=self.cluster_security_group_id,
+            ip_protocol="tcp",
+            from_port=SCHEDULER_PORT,
+            to_port=SCHEDULER_PORT,
+            description="the kubelet's probes of the gpu-scheduler kube-scheduler pods",
+        )
 
     def sdk_environment(self, *services: str) -> dict[str, str]:
         """``AWS_ENDPOINT_URL_<ID>`` for each of ``services`` this network made an endpoint for without

@@ -53,6 +53,7 @@ class GpuSchedulerStack(Stack):
             route_table_ids=config.route_table_ids,
             cluster_security_group_id=config.cluster_security_group_id,
             scheduler_security_group_id=config.scheduler_security_group_id,
+            scheduler_pods=config.scheduler_pods,
             private_dns=config.vpc_endpoint_private_dns,
             log_retention=log_retention,
         )
@@ -220,7 +221,10 @@ class GpuSchedulerStack(Stack):
             ksm_namespace=config.kube_state_metrics_namespace,
         )
         self._grant(cluster_arn, deletion_cost_config)
-        self.manifests = all_manifests(config.scheduler_options(self.api.url), admission_policy=config.admission_policy)
+        self.manifests = all_manifests(
+            config.scheduler_options(self.api.url, network.scheduler_security_group_id),
+            admission_policy=config.admission_policy,
+        )
         roles = {
             lambda_identities.EXTENDER.name: self.extender.role,
             lambda_identities.NODE_STATE.name: self.node_state.role,
@@ -257,6 +261,14 @@ class GpuSchedulerStack(Stack):
             description="the Lambdas' security group: admit it on 443 wherever the cluster API's endpoint has "
             "security groups other than the cluster security group",
         )
+        if network.scheduler_security_group_id:
+            CfnOutput(
+                self,
+                "SchedulerSecurityGroupId",
+                value=network.scheduler_security_group_id,
+                description="the one source the extender API's endpoint admits: the scheduler pods' security group "
+                "(a SecurityGroupPolicy in the manifests), or their node group's (schedulerNodeSelector)",
+            )
         CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)
         if self.access.kubectl is not None:
             CfnOutput(
@@ -315,10 +327,15 @@ class GpuSchedulerStack(Stack):
             self.deletion_cost.role.add_to_policy(statement)
 
     def _config_command(self) -> str:
-        sharing = " --sharing" if self.config.sharing else ""
+        """The ``scheduler-config`` line that writes what ``cdk.out/manifests/gpu-scheduler.yaml`` holds."""
+        config = self.config
+        flags = " --sharing" if config.sharing else ""
+        if config.scheduler_pods == "securityGroupPolicy":
+            flags += f" --pod-security-group {self.network.scheduler_security_group_id}"
+        flags += "".join(f" --node-selector {key}={value}" for key, value in config.node_selector.items())
         return (
-            f"gpu-scheduler scheduler-config --url {self.api.url}{sharing} --weight {self.config.extender_weight} "
-            f"--image {self.config.scheduler_image} --out gpu-scheduler.yaml && kubectl apply -f gpu-scheduler.yaml"
+            f"gpu-scheduler scheduler-config --url {self.api.url}{flags} --weight {config.extender_weight} "
+            f"--image {config.scheduler_image} --out gpu-scheduler.yaml && kubectl apply -f gpu-scheduler.yaml"
         )
 
     def _acknowledge(self) -> None:

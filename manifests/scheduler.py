@@ -39,7 +39,7 @@ import hashlib
 import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -103,9 +103,13 @@ class SchedulerOptions:
     """What the second scheduler's manifests depend on.
 
     ``extender_url`` is the extender's base URL, stage included (kube-scheduler appends ``/filter``...):
-    ``https://`` for the private API, or ``http://`` on loopback for ``gpu-scheduler serve`` as a sidecar
-    in the scheduler's pod (or beside a local scheduler). ``node_cache_capable`` False sends full Node
+    ``https://`` for the private API, or ``http://`` on loopback for ``gpu-scheduler serve`` beside a
+    local kube-scheduler (a trial, or the e2e suite). ``node_cache_capable`` False sends full Node
     objects instead of names: for small development clusters without a snapshot only.
+
+    The private API's endpoint admits one security group: ``pod_security_group`` puts the scheduler pods
+    in it with a ``SecurityGroupPolicy`` (Security Groups for Pods), or ``node_selector`` runs them on a
+    node group that carries it (tolerating those label keys' taints).
     """
 
     extender_url: str
@@ -140,6 +144,12 @@ class SchedulerOptions:
     """The ``EC2NodeClass`` the GPU NodePools launch on (``manifests/nodepool.py``); empty: no NodePools."""
     karpenter_consolidation: str = "WhenEmpty"
     """The whole-GPU NodePool's ``consolidationPolicy`` (the shared pool's is always ``WhenEmpty``)."""
+    pod_security_group: str = ""
+    """The security group the extender's endpoint admits, given to the scheduler pods by a
+    ``SecurityGroupPolicy`` (the VPC CNI's ``ENABLE_POD_ENI``); empty: none is written."""
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    """Labels of the nodes the scheduler pods run on (a node group in the admitted security group); the
+    pods tolerate taints with these keys."""
 
     def problems(self) -> list[str]:
         """Every invalid option, by name."""
@@ -180,6 +190,20 @@ class SchedulerOptions:
             )
         if self.karpenter_node_class and not _DNS_NAME.fullmatch(self.karpenter_node_class):
             found.append(f"karpenter_node_class: expected an EC2NodeClass name, got {self.karpenter_node_class!r}")
+        if not isinstance(self.pod_security_group, str) or any(c.isspace() for c in self.pod_security_group):
+            found.append(f"pod_security_group: expected a security group ID (sg-...), got {self.pod_security_group!r}")
+        if self.pod_security_group and self.node_selector:
+            found.append(
+                "pod_security_group, node_selector: give one (a SecurityGroupPolicy puts the pods in the group "
+                "on any node; a node selector runs them on nodes in it), not both"
+            )
+        if not isinstance(self.node_selector, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and _LABEL_KEY.fullmatch(k) and _LABEL_VALUE.fullmatch(v)
+            for k, v in self.node_selector.items()
+        ):
+            found.append(f"node_selector: expected label keys and values (key=value), got {self.node_selector!r}")
+        elif len(self.node_selector) > MAX_NODE_SELECTOR:
+            found.append(f"node_selector: at most {MAX_NODE_SELECTOR} labels, got {len(self.node_selector)}")
         return found
 
     def validated(self) -> SchedulerOptions:
@@ -191,6 +215,13 @@ class SchedulerOptions:
 
 _DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 """A Kubernetes object name (DNS subdomain)."""
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}")
+_LABEL_VALUE = re.compile(rf"({_LABEL_NAME})?")
+MAX_NODE_SELECTOR = 8
+SECURITY_GROUP_POLICY_API = "vpcresources.k8s.aws/v1beta1"
+"""The VPC resource controller's ``SecurityGroupPolicy`` (EKS runs the controller; the VPC CNI needs
+``ENABLE_POD_ENI=true`` and the nodes a trunk interface)."""
 
 
 def _loopback_http(url: str) -> bool:
@@ -424,6 +455,7 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
                     "priorityClassName": "system-cluster-critical",
                     "containers": [container],
                     "volumes": [{"name": "config", "configMap": {"name": f"{SCHEDULER_NAME}-config"}}],
+                    **_placement(options.node_selector),
                     # Replicas on different nodes, so losing one node keeps a scheduler (leader election
                     # picks which one is active).
                     "topologySpreadConstraints": [
@@ -440,6 +472,9 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
     }
     return [
         *_scheduler_rbac(ns),
+        # Before the Deployment: the VPC resource controller gives a pod its branch interface when the pod is
+        # created, so a pod made before its policy keeps the node's security groups until it is replaced.
+        *_security_group_policy(options),
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -453,6 +488,34 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
             "metadata": _meta(SCHEDULER_NAME, ns),
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
         },
+    ]
+
+
+def _placement(node_selector: Mapping[str, str]) -> dict[str, Any]:
+    """The pod spec's ``nodeSelector`` and the tolerations of those keys' taints, for the scheduler pods on a
+    node group of their own (nothing without one)."""
+    if not node_selector:
+        return {}
+    return {
+        "nodeSelector": dict(node_selector),
+        "tolerations": [{"key": key, "operator": "Exists"} for key in sorted(node_selector)],
+    }
+
+
+def _security_group_policy(options: SchedulerOptions) -> list[dict[str, Any]]:
+    """The ``SecurityGroupPolicy`` that puts the scheduler pods, and only them, in ``pod_security_group``."""
+    if not options.pod_security_group:
+        return []
+    return [
+        {
+            "apiVersion": SECURITY_GROUP_POLICY_API,
+            "kind": "SecurityGroupPolicy",
+            "metadata": _meta(SCHEDULER_NAME, options.namespace),
+            "spec": {
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": SCHEDULER_NAME}},
+                "securityGroups": {"groupIds": [options.pod_security_group]},
+            },
+        }
     ]
 
 

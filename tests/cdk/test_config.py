@@ -105,8 +105,16 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         ({"sharePolicy": "fgd"}, "sharePolicy: share policy 'fgd': expected one of fgd_cpu, gpu_packing, bestfit"),
         ({"reservationImage": "py' || true"}, "reservationImage: expected a container image reference or 'none'"),
         (
-            {**IMPORTED_NETWORK, "schedulerSecurityGroupId": ""},
-            "schedulerSecurityGroupId: required with vpcId (the scheduler pods' security group",
+            {**IMPORTED_NETWORK, "schedulerSecurityGroupId": "", "schedulerNodeSelector": "role=scheduler"},
+            "schedulerSecurityGroupId: required with schedulerNodeSelector (the security group of the node group",
+        ),
+        (
+            {**IMPORTED_NETWORK, "schedulerNodeSelector": "role"},
+            "schedulerNodeSelector: expected key=value items, got 'role'",
+        ),
+        (
+            {**IMPORTED_NETWORK, "schedulerNodeSelector": "bad key=x"},
+            "schedulerNodeSelector: expected label keys and values",
         ),
         (
             {**IMPORTED_NETWORK, "schedulerSecurityGroupId": IMPORTED_NETWORK["clusterSecurityGroupId"]},
@@ -162,7 +170,9 @@ def test_every_bad_key_is_reported_at_once_by_its_context_name() -> None:
         "a workspace id without ws- is refused",
         "a share policy that needs the whole workload is refused",
         "a reservation image that is no image reference is refused (it goes into an admission policy)",
-        "an imported VPC needs the scheduler pods' security group",
+        "a node selector needs its node group's security group",
+        "a node selector item needs key=value",
+        "a node selector label key is checked",
         "the cluster security group cannot be the scheduler's",
         "gateway endpoints need the route tables",
         "a route table id is checked",

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from cdk.functions import VPC_ACCESS_ACTIONS
-from cdk.network import INTERFACE_SERVICES
+from cdk.network import INTERFACE_SERVICES, VPC_WIDE_SERVICES
 from manifests.access import DELETION_COST, EXTENDER, NODE_STATE
 
 from .conftest import IMPORTED_NETWORK, Synth, joined
@@ -333,26 +333,32 @@ def _endpoint_services(synthesised: Synth) -> dict[str, dict[str, Any]]:
 
 def test_the_vpc_gets_gateway_and_interface_endpoints_for_what_the_lambdas_call(synth: Synthesise) -> None:
     endpoints = _endpoint_services(synth(sharing=True, **IMPORTED_NETWORK))
+    called = [s for s in INTERFACE_SERVICES if s not in VPC_WIDE_SERVICES]
     for gateway in ("s3", "dynamodb"):
         assert endpoints[gateway]["VpcEndpointType"] == "Gateway"
         assert endpoints[gateway]["RouteTableIds"] == IMPORTED_NETWORK["routeTableIds"].split(",")
-    for service in INTERFACE_SERVICES:
+    for service in called:
         assert endpoints[service]["VpcEndpointType"] == "Interface"
         # Off by default: the services' names keep resolving as before for everything else in the VPC.
         assert endpoints[service]["PrivateDnsEnabled"] is False
         assert endpoints[service]["SubnetIds"] == IMPORTED_NETWORK["subnetIds"].split(",")
-    assert set(endpoints) == {"s3", "dynamodb", *INTERFACE_SERVICES, "execute-api"}
+    # No endpoint that nothing uses: with private DNS off the Lambdas never reach STS, Logs, CloudWatch or
+    # X-Ray through the VPC (cdk/network.py).
+    assert set(endpoints) == {"s3", "dynamodb", "eks", "ec2", "ssm", "aps-workspaces", "execute-api"}
     # Without sharing nothing reads the ledger: no DynamoDB gateway.
     assert "dynamodb" not in _endpoint_services(synth(**IMPORTED_NETWORK))
 
 
 def test_endpoints_the_vpc_already_has_are_not_created(synth: Synthesise) -> None:
-    endpoints = _endpoint_services(synth(existingVpcEndpoints="s3,sts,logs", **IMPORTED_NETWORK))
-    assert not {"s3", "sts", "logs"} & set(endpoints) and {"eks", "ec2", "xray"} <= set(endpoints)
+    endpoints = _endpoint_services(
+        synth(existingVpcEndpoints="s3,sts,ssm", vpcEndpointPrivateDns=True, **IMPORTED_NETWORK)
+    )
+    assert not {"s3", "sts", "ssm"} & set(endpoints) and {"eks", "ec2", "xray"} <= set(endpoints)
 
 
 def test_private_dns_on_the_service_endpoints_comes_from_context(synth: Synthesise) -> None:
     endpoints = _endpoint_services(synth(vpcEndpointPrivateDns=True, **IMPORTED_NETWORK))
+    # With private DNS on the cluster's own calls to these services reach the stack's endpoints: all are made.
     assert {s: endpoints[s]["PrivateDnsEnabled"] for s in INTERFACE_SERVICES} == dict.fromkeys(INTERFACE_SERVICES, True)
     assert endpoints["execute-api"]["PrivateDnsEnabled"] is False  # executeApiPrivateDns is its own setting
 
@@ -425,7 +431,7 @@ def test_in_the_demo_vpc_the_lambdas_use_its_subnets_and_only_the_scheduler_stan
     for function in _functions(synthesised).values():
         assert sorted(r["Ref"] for r in function["Properties"]["VpcConfig"]["SubnetIds"]) == subnets
     (scheduler_sg,) = [
-        k for k in synthesised.resources("AWS::EC2::SecurityGroup") if k.startswith("NetworkDemoSchedulerSecurityGroup")
+        k for k in synthesised.resources("AWS::EC2::SecurityGroup") if k.startswith("NetworkSchedulerPodsSecurityGroup")
     ]
     (rule,) = _ingress(synthesised, "execute-api endpoint")
     assert rule["SourceSecurityGroupId"] == {"Fn::GetAtt": [scheduler_sg, "GroupId"]}
@@ -687,3 +693,89 @@ def test_the_cluster_admin_entry_exists_only_with_apply_manifests_and_its_role_i
     # The principal that holds cluster-admin for as long as the stack applies the manifests, named.
     assert output["Value"] == entry["Properties"]["PrincipalArn"]
     assert "cluster-admin" in output["Description"] and "for as long as the stack" in output["Description"]
+
+
+def _scheduler_network(synthesised: Synth) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+    """The one source the extender's endpoint admits, the manifests' scheduler Deployment, and their
+    SecurityGroupPolicies (as the stack resolves them: a group it makes is a GetAtt)."""
+    (rule,) = _ingress(synthesised, "execute-api endpoint")
+    docs = synthesised.stack.resolve(synthesised.stack.manifests)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpu-scheduler"]
+    policies = [d for d in docs if d["kind"] == "SecurityGroupPolicy"]
+    assert [d["kind"] for d in docs].index("Deployment") > max(
+        (i for i, d in enumerate(docs) if d["kind"] == "SecurityGroupPolicy"), default=-1
+    ), "a pod created before its SecurityGroupPolicy keeps the node's groups"
+    return rule["SourceSecurityGroupId"], deployment, policies
+
+
+def _selects(policy: dict[str, Any], deployment: dict[str, Any]) -> bool:
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    wanted = policy["spec"]["podSelector"]["matchLabels"]
+    same_namespace = policy["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    return same_namespace and all(labels.get(k) == v for k, v in wanted.items())
+
+
+@pytest.mark.parametrize(
+    "context",
+    [{}, IMPORTED_NETWORK, {k: v for k, v in IMPORTED_NETWORK.items() if k != "schedulerSecurityGroupId"}],
+    ids=["demo VPC", "the group given", "a group the stack makes"],
+)
+def test_the_manifests_put_the_scheduler_pods_in_the_security_group_the_endpoint_admits(
+    synth: Synthesise, context: dict[str, Any]
+) -> None:
+    synthesised = synth(**context)
+    admitted, deployment, policies = _scheduler_network(synthesised)
+    (policy,) = policies
+    assert policy["apiVersion"] == "vpcresources.k8s.aws/v1beta1"
+    assert policy["spec"]["securityGroups"]["groupIds"] == [admitted]
+    assert _selects(policy, deployment)
+    # The pods carry their own group: the cluster API and CoreDNS (on nodes in the cluster group) admit it, and
+    # it admits the kubelet's probes on kube-scheduler's port.
+    cluster = IMPORTED_NETWORK["clusterSecurityGroupId"] if context else None
+    rules = [r["Properties"] for r in synthesised.resources("AWS::EC2::SecurityGroupIngress").values()]
+    into_cluster = {(r["IpProtocol"], r["FromPort"]) for r in rules if r["SourceSecurityGroupId"] == admitted}
+    assert {("tcp", 443), ("tcp", 53), ("udp", 53)} <= into_cluster
+    probes = [r for r in rules if r["GroupId"] == admitted]
+    assert [(r["IpProtocol"], r["FromPort"], r["ToPort"]) for r in probes] == [("tcp", 10259, 10259)]
+    if cluster:
+        assert all(r["GroupId"] == cluster for r in rules if r["SourceSecurityGroupId"] == admitted)
+    output = synthesised.template.find_outputs("SchedulerSecurityGroupId")["SchedulerSecurityGroupId"]["Value"]
+    assert output == admitted
+    command = joined(synthesised.template.find_outputs("SchedulerConfigCommand")["SchedulerConfigCommand"]["Value"])
+    assert " --pod-security-group " in command
+
+
+def test_a_group_the_stack_makes_for_the_scheduler_pods_lets_out_only_https_and_dns(synth: Synthesise) -> None:
+    synthesised = synth(**{k: v for k, v in IMPORTED_NETWORK.items() if k != "schedulerSecurityGroupId"})
+    (group,) = [
+        v["Properties"]
+        for k, v in synthesised.resources("AWS::EC2::SecurityGroup").items()
+        if k.startswith("NetworkSchedulerPodsSecurityGroup")
+    ]
+    egress = {(r["IpProtocol"], r["FromPort"], r.get("CidrIp") or r.get("DestinationSecurityGroupId"))
+              for r in group["SecurityGroupEgress"]}  # fmt: skip
+    cluster = IMPORTED_NETWORK["clusterSecurityGroupId"]
+    assert egress == {("tcp", 443, "0.0.0.0/0"), ("tcp", 53, cluster), ("udp", 53, cluster)}
+
+
+def test_with_a_node_selector_the_scheduler_pods_run_on_the_admitted_node_group(synth: Synthesise) -> None:
+    synthesised = synth(schedulerNodeSelector="eks.amazonaws.com/nodegroup=schedulers", **IMPORTED_NETWORK)
+    admitted, deployment, policies = _scheduler_network(synthesised)
+    assert admitted == IMPORTED_NETWORK["schedulerSecurityGroupId"] and policies == []
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "schedulers"}
+    assert spec["tolerations"] == [{"key": "eks.amazonaws.com/nodegroup", "operator": "Exists"}]
+    # The node group's own rules are its owner's: the stack adds none for pods it does not give a group.
+    rules = [r["Properties"] for r in synthesised.resources("AWS::EC2::SecurityGroupIngress").values()]
+    assert not [r for r in rules if admitted in (r["GroupId"], r.get("SourceSecurityGroupId"))]
+    command = joined(synthesised.template.find_outputs("SchedulerConfigCommand")["SchedulerConfigCommand"]["Value"])
+    assert "--node-selector eks.amazonaws.com/nodegroup=schedulers" in command and "--pod-security-group" not in command
+
+
+def test_with_an_imported_endpoint_the_manifests_leave_the_scheduler_pods_network_to_its_owner(
+    synth: Synthesise,
+) -> None:
+    synthesised = synth(**IMPORTED_ENDPOINT)
+    docs = synthesised.stack.resolve(synthesised.stack.manifests)
+    assert "SecurityGroupPolicy" not in [d["kind"] for d in docs]
+    assert "SchedulerSecurityGroupId" not in synthesised.template.find_outputs("*")

@@ -372,3 +372,76 @@ def test_the_karpenter_nodepools_come_with_a_node_class_and_shares_get_their_own
     assert policies == ["WhenEmptyOrUnderutilized", "WhenEmpty"]  # shares' pool: only empty nodes, always
     problems = replace(base, karpenter_node_class="GPU pool", karpenter_consolidation="Sometimes").problems()
     assert any("karpenter_node_class" in p for p in problems) and any("karpenter_consolidation" in p for p in problems)
+
+
+SG = "sg-0123456789abcdef0"
+
+
+def test_a_pod_security_group_puts_the_scheduler_pods_and_no_others_in_it_before_they_start() -> None:
+    docs = all_manifests(SchedulerOptions(extender_url=URL, pod_security_group=SG))
+    (policy,) = _by_kind(docs, "SecurityGroupPolicy")
+    (deployment,) = [d for d in _by_kind(docs, "Deployment") if d["metadata"]["name"] == "gpu-scheduler"]
+    # The fields of the VPC resource controller's v1beta1 SecurityGroupPolicySpec: podSelector (a
+    # LabelSelector), securityGroups.groupIds.
+    assert policy["apiVersion"] == "vpcresources.k8s.aws/v1beta1"
+    assert set(policy["spec"]) == {"podSelector", "securityGroups"}
+    assert policy["spec"]["securityGroups"] == {"groupIds": [SG]}
+    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert selector == deployment["spec"]["selector"]["matchLabels"], "the Deployment's own pods, nothing wider"
+    # Applied in order: the controller gives a pod its interface when it is created.
+    assert docs.index(policy) < docs.index(deployment)
+    assert not _by_kind(all_manifests(SchedulerOptions(extender_url=URL)), "SecurityGroupPolicy")
+
+
+def test_a_node_selector_runs_the_scheduler_pods_on_that_node_group_tolerating_its_taints() -> None:
+    options = SchedulerOptions(extender_url=URL, node_selector={"role": "scheduler", "example.com/pool": "sched"})
+    docs = all_manifests(options)
+    assert not _by_kind(docs, "SecurityGroupPolicy")
+    (deployment,) = [d for d in _by_kind(docs, "Deployment") if d["metadata"]["name"] == "gpu-scheduler"]
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"role": "scheduler", "example.com/pool": "sched"}
+    assert spec["tolerations"] == [
+        {"key": "example.com/pool", "operator": "Exists"},
+        {"key": "role", "operator": "Exists"},
+    ]
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.33", strict=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"pod_security_group": SG, "node_selector": {"a": "b"}}, "pod_security_group, node_selector: give one"),
+        ({"node_selector": {"bad key": "x"}}, "node_selector: expected label keys and values"),
+        ({"node_selector": {"a": "-x"}}, "node_selector: expected label keys and values"),
+        ({"node_selector": {f"k{i}": "v" for i in range(9)}}, "node_selector: at most 8 labels, got 9"),
+        ({"pod_security_group": "sg 1"}, "pod_security_group: expected a security group ID"),
+    ],
+    ids=["both", "a key with a space", "a value starting with a dash", "too many labels", "a group with a space"],
+)
+def test_bad_scheduler_pod_networks_are_named(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        SchedulerOptions(extender_url=URL, **options).validated()
+
+
+def test_cli_wires_the_scheduler_pods_network_and_warns_without_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "m.yaml"
+    assert main(["scheduler-config", "--url", URL, "--pod-security-group", SG, "--out", str(out)]) == 0
+    docs = list(yaml.safe_load_all(out.read_text()))
+    assert docs == all_manifests(SchedulerOptions(extender_url=URL, pod_security_group=SG))
+    assert "warning" not in capsys.readouterr().err
+    assert main(["scheduler-config", "--url", URL, "--node-selector", "role=scheduler", "--out", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main(["scheduler-config", "--url", URL, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: neither --pod-security-group nor --node-selector" in err
+    assert "WARNING: neither --pod-security-group" in out.read_text()
+    # On loopback (serve beside a local kube-scheduler) there is no endpoint to admit anyone: no warning.
+    assert main(["scheduler-config", "--url", "http://127.0.0.1:8888", "--out", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main(["scheduler-config", "--url", URL, "--node-selector", "role"]) == 2
+    assert "--node-selector: expected KEY=VALUE, got 'role'" in capsys.readouterr().err
