@@ -12,7 +12,7 @@ its context key, and synth stops with all of them at once. A key the extender's 
 | ``vpcId`` / ``subnetIds`` | (a demo VPC) | the cluster's VPC; private subnets for the Lambdas and endpoints |
 | ``clusterSecurityGroupId`` | (required with ``vpcId``) | the EKS cluster SG: the Lambdas reach the API through it |
 | ``schedulerSecurityGroupId`` | (one is made) | the scheduler pods' SG: the only source the API admits |
-| ``schedulerNodeSelector`` | (none) | ``key=value,...``: run the scheduler pods on a node group in that SG, not a ``SecurityGroupPolicy`` |
+| ``schedulerNodeSelector`` | (none) | ``k=v,...``: the scheduler pods on a node group in that SG (no SGP) |
 | ``routeTableIds`` | (required with ``vpcId``) | the private subnets' route tables, for the gateway endpoints |
 | ``existingVpcEndpoints`` | (none) | services whose endpoints the VPC has (``s3``, ``eks``...): not created |
 | ``vpcEndpointPrivateDns`` | false | private DNS on the service endpoints it creates (VPC-wide); off: URLs to Lambdas |

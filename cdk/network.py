@@ -12,7 +12,7 @@ endpoint's private DNS is off (the default, ``vpcEndpointPrivateDns``):
 | ``ec2`` | interface | ``ec2:DescribeInstanceTypes``: GPU facts of unlabelled nodes | ``AWS_ENDPOINT_URL_EC2`` |
 | ``ssm`` | interface | the deletion-cost workload config (Powertools' SSM provider) | ``AWS_ENDPOINT_URL_SSM`` |
 | ``aps-workspaces`` | interface | PromQL queries to Amazon Managed Prometheus | the host of ``AMP_QUERY_URL`` |
-| ``sts``, ``logs``, ``monitoring``, ``xray`` | interface | nothing the Lambdas call (below): private DNS only | (no variable) |
+| ``sts``, ``logs``, ``monitoring``, ``xray`` | interface | nothing the Lambdas call: private DNS only | (none) |
 
 boto3 and Powertools make their clients without an ``endpoint_url``, so botocore (1.31 and newer; the
 Lambda runtime's, and 1.44 in ``requirements.lock``) takes each service's from ``AWS_ENDPOINT_URL_<ID>``.

@@ -39,7 +39,7 @@ import hashlib
 import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -69,6 +69,13 @@ BIND_HTTP_TIMEOUT_S = 15.0
 GPU's reservation pod to report its UUID (``manifests.reservation.UUID_WAIT_S``, 10 s), and a margin.
 Under API Gateway's 29 s."""
 CONFIG_PATH = "/etc/kubernetes/gpu-scheduler"
+CONFIG_FILE = "config.yaml"
+BREAK_GLASS_FILE = "break-glass.yaml"
+CONFIG_ENV = "GPU_SCHEDULER_CONFIG"
+"""The Deployment's variable that names which of the ConfigMap's two configurations kube-scheduler reads:
+``config.yaml`` (the extender's), or ``break-glass.yaml`` (none: :func:`break_glass_configuration`).
+``kubectl -n kube-system set env deployment/gpu-scheduler GPU_SCHEDULER_CONFIG=break-glass.yaml`` rolls the
+pods onto it; ``=config.yaml`` back (docs/deploy.md#the-way-back)."""
 SECURE_PORT = 10259
 CONFIG_HASH_ANNOTATION = "gpu-scheduler.io/config-sha256"
 _LABELS = {"app.kubernetes.io/name": SCHEDULER_NAME, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
@@ -315,6 +322,23 @@ def scheduler_configuration(options: SchedulerOptions) -> dict[str, Any]:
     }
 
 
+def break_glass_configuration(options: SchedulerOptions) -> dict[str, Any]:
+    """The second scheduler without the extender, for when the extender cannot answer (its API, its
+    snapshot, its network): the same profile, leader election and packing, and no ``extenders``, so that
+    every pod of the profile is placed by kube-scheduler's own plugins. ``nvidia.com/gpu`` stays counted by
+    kube-scheduler; ``gpu-scheduler.io/gpu-milli`` is no longer ignored, so a share, which only the
+    extender's bind can account, waits (Pending, ``Insufficient gpu-scheduler.io/gpu-milli``) instead of
+    landing on a GPU no ledger knows of.
+
+    >>> config = break_glass_configuration(SchedulerOptions(extender_url="https://x.example/prod", sharing=True))
+    >>> "extenders" in config, config["profiles"][0]["pluginConfig"][0]["args"].get("ignoredResources")
+    (False, None)
+    """
+    config = scheduler_configuration(replace(options, sharing=False))
+    del config["extenders"]
+    return config
+
+
 def profile(options: SchedulerOptions) -> dict[str, Any]:
     """The ``gpu-scheduler`` profile: the default plugins, with NodeResourcesFit's score set to pack.
 
@@ -408,6 +432,8 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
     options.validated()
     ns = options.namespace
     config_text = dump_yaml(scheduler_configuration(options))
+    break_glass_text = dump_yaml(break_glass_configuration(options))
+    config_hash = hashlib.sha256((config_text + break_glass_text).encode()).hexdigest()[:16]
     selector = {"app.kubernetes.io/name": SCHEDULER_NAME}
     probe = {"httpGet": {"path": "/healthz", "port": SECURE_PORT, "scheme": "HTTPS"}}
     container = {
@@ -415,13 +441,15 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
         "image": options.image,
         "command": [
             "kube-scheduler",
-            f"--config={CONFIG_PATH}/config.yaml",
+            # Which configuration: CONFIG_ENV (kubelet expands $(VAR) in a command from the container's env).
+            f"--config={CONFIG_PATH}/$({CONFIG_ENV})",
             # /metrics without a token, for the AMP managed scraper (which cannot present one); the
             # probe paths are already anonymous by default.
             "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
             "--v=2",
             *feature_gate_flags(feature_gates(options.image.rpartition(":")[2])),
         ],
+        "env": [{"name": CONFIG_ENV, "value": CONFIG_FILE}],
         "ports": [{"name": "https", "containerPort": SECURE_PORT}],
         "livenessProbe": probe | {"initialDelaySeconds": 15, "periodSeconds": 10, "failureThreshold": 3},
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": SECURE_PORT, "scheme": "HTTPS"}}
@@ -448,7 +476,7 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
                 "metadata": {
                     "labels": dict(_LABELS),
                     # kube-scheduler reads its configuration once: a new text rolls the pods.
-                    "annotations": {CONFIG_HASH_ANNOTATION: hashlib.sha256(config_text.encode()).hexdigest()[:16]},
+                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash},
                 },
                 "spec": {
                     "serviceAccountName": SCHEDULER_NAME,
@@ -479,7 +507,7 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": _meta(f"{SCHEDULER_NAME}-config", ns),
-            "data": {"config.yaml": config_text},
+            "data": {CONFIG_FILE: config_text, BREAK_GLASS_FILE: break_glass_text},
         },
         deployment,
         {

@@ -42,7 +42,7 @@ import yaml
 
 from manifests.access import EXTENDER
 from manifests.access import identities as lambda_identities
-from manifests.scheduler import SCHEDULER_NAME, feature_gate_flags, feature_gates
+from manifests.scheduler import CONFIG_FILE, SCHEDULER_NAME, feature_gate_flags, feature_gates
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_K8S = REPO.parent / "shared" / "k8s"
@@ -813,12 +813,11 @@ def generated_manifests(argv: Sequence[str]) -> list[dict[str, Any]]:
     return [document for document in yaml.safe_load_all(out.getvalue()) if document]
 
 
-def generated_scheduler_config(argv: Sequence[str]) -> dict[str, Any]:
+def generated_scheduler_config(argv: Sequence[str], which: str = CONFIG_FILE) -> dict[str, Any]:
     """The KubeSchedulerConfiguration inside what ``gpu-scheduler scheduler-config ARGV`` writes: the
-    ConfigMap the product deploys, exactly."""
+    ConfigMap the product deploys, exactly; ``which`` of its two (``break-glass.yaml``: no extender)."""
     for document in generated_manifests(argv):
         if document.get("kind") == "ConfigMap" and document["metadata"]["name"].endswith("-config"):
-            (text,) = document["data"].values()
-            config: dict[str, Any] = yaml.safe_load(text)
+            config: dict[str, Any] = yaml.safe_load(document["data"][which])
             return config
     raise RuntimeError("gpu-scheduler scheduler-config wrote no scheduler ConfigMap")

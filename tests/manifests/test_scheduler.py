@@ -191,7 +191,8 @@ def test_deployment_mounts_the_config_probes_the_secure_port_and_the_pdb_selects
     pod = deployment["spec"]["template"]
     (container,) = pod["spec"]["containers"]
     assert container["image"] == "registry.k8s.io/kube-scheduler:v1.34.1"
-    assert "--config=/etc/kubernetes/gpu-scheduler/config.yaml" in container["command"]
+    assert "--config=/etc/kubernetes/gpu-scheduler/$(GPU_SCHEDULER_CONFIG)" in container["command"]
+    assert container["env"] == [{"name": "GPU_SCHEDULER_CONFIG", "value": "config.yaml"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 10259, "scheme": "HTTPS"}
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["resources"]["requests"] == {"cpu": "100m", "memory": "128Mi"}
@@ -445,3 +446,24 @@ def test_cli_wires_the_scheduler_pods_network_and_warns_without_one(
     assert "warning" not in capsys.readouterr().err
     assert main(["scheduler-config", "--url", URL, "--node-selector", "role"]) == 2
     assert "--node-selector: expected KEY=VALUE, got 'role'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sharing", [False, True], ids=["whole GPUs", "sharing"])
+def test_the_break_glass_configuration_is_the_same_scheduler_without_the_extender(sharing: bool) -> None:
+    options = SchedulerOptions(extender_url=URL, sharing=sharing)
+    (config_map,) = [d for d in _by_kind(all_manifests(options), "ConfigMap") if "config.yaml" in d["data"]]
+    normal = yaml.safe_load(config_map["data"]["config.yaml"])
+    glass = yaml.safe_load(config_map["data"]["break-glass.yaml"])
+    assert "extenders" not in glass and normal["extenders"]
+    assert glass["leaderElection"] == normal["leaderElection"], "one lease: never two schedulers of one name"
+    assert glass["profiles"][0]["schedulerName"] == "gpu-scheduler"
+    args = glass["profiles"][0]["pluginConfig"][0]["args"]
+    assert args["scoringStrategy"] == normal["profiles"][0]["pluginConfig"][0]["args"]["scoringStrategy"]
+    # A share waits without the extender's bind: kube-scheduler counts gpu-milli, which no node has.
+    assert "ignoredResources" not in args
+    assert glass["apiVersion"] == normal["apiVersion"] and glass["percentageOfNodesToScore"] == 100
+    # Changing either configuration rolls the pods.
+    changed = [d for d in all_manifests(replace(options, weight=7)) if d["kind"] == "Deployment"]
+    base = [d for d in all_manifests(options) if d["kind"] == "Deployment"]
+    hashes = {d["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] for d in changed + base}
+    assert len(hashes) == 2
