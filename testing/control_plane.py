@@ -499,7 +499,9 @@ class ControlPlane:
                 yaml.safe_dump(kubeconfig(self.url, identity.token))
             )
         mutating = ["--mutating-policy", found.mutating_policy[0].rsplit("/", 1)[1]] if found.mutating_policy else []
-        self.apply_access(generated_manifests(["--url", "https://unused.invalid/extender", "--sharing", *mutating]))
+        # The access documents only (a SecurityGroupPolicy is no access document: it names an unused group).
+        argv = ["--url", "https://unused.invalid/extender", "--pod-security-group", "sg-00000000", "--sharing"]
+        self.apply_access(generated_manifests([*argv, *mutating]))
 
     # -- who is who ---------------------------------------------------------------------------
     def kubeconfig_of(self, identity: str) -> Path:
