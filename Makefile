@@ -6,6 +6,11 @@ BIN    := $(VENV)/bin
 RUNTIME := $(VENV)/.installed-runtime
 STAMP  := $(VENV)/.installed-dev
 PIP    := $(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock
+# The Lambda bundle (make package): defined before the rules that need it, which expand it when read.
+LAMBDA_ARCH ?= arm64
+LAMBDA_PYTHON ?= 3.14
+PACKAGE := build/lambda/package.json
+PACKAGE_SOURCES := $(shell find scheduler_core adapters lambdas -name '*.py') requirements.lock tools/package_lambda.py
 
 .PHONY: demo test venv lint typecheck unit bench bench-quality lock clean package synth system-packages
 
@@ -16,7 +21,8 @@ PIP    := $(BIN)/pip install --quiet --disable-pip-version-check -c requirements
 $(RUNTIME): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) -e '.[cdk]'
+	@bash tools/heartbeat.sh "installing the pinned runtime dependencies into .venv (about a minute, once)" \
+		$(PIP) -e '.[cdk]'
 	@echo "$(CURDIR)" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/eks-gpu-scheduler-checkout.pth"
 	@touch $(RUNTIME)
 
@@ -24,13 +30,14 @@ $(RUNTIME): pyproject.toml requirements.lock
 venv: $(RUNTIME)
 
 $(STAMP): $(RUNTIME)
-	$(PIP) -e '.[dev]'
+	@bash tools/heartbeat.sh "installing the pinned test dependencies into .venv (once)" $(PIP) -e '.[dev]'
 	@touch $(STAMP)
 
-# The scheduling demo (its live step needs etcd: system-packages), then a synth of the CDK app.
-demo: system-packages $(RUNTIME) $(PACKAGE)
-	$(BIN)/gpu-scheduler demo
-	$(MAKE) --no-print-directory synth
+# The demo, then a synth of the CDK app; only what they need: etcd and openssl for the live step (which
+# runs where the Kubernetes binaries are, docs/testing.md), Node.js for the synth.
+demo: $(RUNTIME) $(PACKAGE)
+	@bash tools/system-packages.sh etcd openssl node
+	$(BIN)/gpu-scheduler demo --synth
 
 test: system-packages lint typecheck unit
 
@@ -67,12 +74,9 @@ clean:
 
 # Lambda bundle and dependency layer, built without Docker (DESIGN section 8). Rebuilt when the code
 # or the pins change; `make package` forces it.
-LAMBDA_ARCH ?= arm64
-LAMBDA_PYTHON ?= 3.14
-PACKAGE := build/lambda/package.json
-PACKAGE_SOURCES := $(shell find scheduler_core adapters lambdas -name '*.py') requirements.lock tools/package_lambda.py
 $(PACKAGE): $(RUNTIME) $(PACKAGE_SOURCES)
-	$(BIN)/python tools/package_lambda.py --arch $(LAMBDA_ARCH) --python-version $(LAMBDA_PYTHON) >/dev/null
+	@bash tools/heartbeat.sh "building the Lambda bundles and layers (build/lambda, once)" \
+		$(BIN)/python tools/package_lambda.py --arch $(LAMBDA_ARCH) --python-version $(LAMBDA_PYTHON) >/dev/null
 	@echo "Lambda bundles in build/lambda ($(LAMBDA_ARCH), Python $(LAMBDA_PYTHON))"
 
 package: $(RUNTIME)

@@ -1,27 +1,32 @@
-"""``gpu-scheduler demo``: a synthetic GPU cluster scheduled through a real local extender.
+"""``gpu-scheduler demo``: the stock kube-scheduler and gpu-scheduler on the same pods, in one screen.
 
-The demo plays kube-scheduler and the API server around a ``gpu-scheduler serve`` subprocess:
+Each step prints a header with the time since the start, and a line at least every few seconds while it
+works (:class:`Steps`):
 
-1. writes a synthetic cluster (mixed A100/H100/L40S/T4 nodes over 3 zones, partly used) as a snapshot;
-2. starts ``serve --snapshot FILE --port 0`` (``--cluster FILE`` with ``--mode nodes``) and reads the
-   bound address from its stdout;
-3. for each pending pod, in kube-scheduler's order: the in-tree resource fit on ``nvidia.com/gpu``
-   (kube-scheduler counts it itself), ``POST /filter`` with ``NodeNames``
-   (``nodeCacheCapable: true``; full Node objects with ``--mode nodes``), ``POST /prioritize`` when
-   more than one node is left, then the highest score (ties broken at random, as ``selectHost``
-   does), then "binds" the pod by publishing a new snapshot, which the server re-reads;
-4. prints placements, free and stranded GPUs, and client-side latency per verb.
+1. **The cluster**: a synthetic EKS GPU cluster (p4d A100, p5 H100, g6e L40S and g4dn T4 nodes over three
+   zones, some GPUs already taken) and a stream of pending GPU pods (1-8 GPUs; some name a model, some
+   40 GiB per GPU). 96 nodes by default: under 100, the stock kube-scheduler scores every feasible node,
+   as the model below does (from 100 up it scores an adaptive sample).
+2. **The same pods, one at a time, placed twice**, with kube-scheduler's own scores modelled
+   (:mod:`gpu_scheduler.kube_scoring`, checked pod by pod against the real one in the e2e suite):
+   - the stock kube-scheduler: NodeResourcesFit's ``LeastAllocated`` and BalancedAllocation; a pod's
+     model and memory asked as node affinity on the nodes' GPU labels, as a cluster without the product
+     must;
+   - gpu-scheduler: the generated profile's ``MostAllocated`` (GPUs included) and BalancedAllocation, plus
+     the extender's score x 5 x 10, the extender being ``gpu-scheduler serve`` over HTTP (``filter`` with
+     ``NodeNames``, then ``prioritize``), which re-reads a snapshot the demo rewrites after each bind, as
+     the node-state refresher does in production. Ties go at random, as ``selectHost`` breaks them.
+   Then the two outcomes side by side, each line explained.
+3. **GPU sharing**: FGD beside the product's share policy (``fgd_cpu``) by the FGD paper's protocol, on
+   openb ``gpuspec10`` (where the two differ most, ``docs/research/fgd-fidelity.md``) when
+   ``../shared/data/openb`` is there, and on a synthetic openb-like trace otherwise.
+4. **The live path**, where kube-apiserver, kube-scheduler and kube-controller-manager are found
+   (``$KUBE_BIN_DIR``, ``docs/testing.md``): a burst of one-GPU pods through the real kube-scheduler on its
+   stock scoring, then through ``serve --watch`` on the generated configuration (:func:`live_burst`).
+   Without them, one line that says how to turn it on.
+5. With ``--synth`` (``make demo``): the CDK app synthesised, in two lines.
 
-Only the extender's score ranks nodes here; a real kube-scheduler adds its own plugin scores.
-
-Then, from a source checkout with ``../shared/k8s`` (or ``$KUBE_BIN_DIR``) and etcd, the live path
-(:func:`live_burst`): a burst of one-GPU pods through a real kube-apiserver and kube-scheduler, first on
-kube-scheduler's own scoring and then through ``gpu-scheduler serve --watch`` on the generated
-configuration, with the nodes each used against the ideal. Without them it says what is missing.
-
-Then it compares placement quality for GPU sharing (:func:`placement_comparison`): FGD against ours
-(``fgd_cpu``) by the FGD paper's protocol, on the openb ``default`` trace when ``../shared/data/openb``
-is there, and on a synthetic openb-like trace otherwise.
+Then what was seen, and what to run next.
 """
 
 from __future__ import annotations
@@ -32,27 +37,78 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from adapters.snapshot_store import FileSnapshotStore
+from gpu_scheduler.kube_scoring import PRODUCT, STOCK, NodeUse, best, request_of, total_scores
 from gpu_scheduler.simulation import run_many
 from gpu_scheduler.synthetic import demo_pod_stream, synthetic_cluster
 from gpu_scheduler.traces import openb_dir, synthetic_trace, write_trace
-from scheduler_core.k8s.pods import effective_gpu_request, pod_demand
-from scheduler_core.scoring.gpu_fit import filter_nodes
+from scheduler_core.k8s.names import LABEL_MEMORY, LABEL_MODEL
+from scheduler_core.k8s.pods import pod_demand
 from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY
-from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.snapshot import build_snapshot, write_snapshot
 
 PLACEMENT_POLICIES = ("fgd", DEFAULT_SHARE_POLICY)
-FGD_RELEASED_DEFAULT = 4.77
-"""The authors' released mean for FGD on ``default`` at 100 % arrived (FGD_NOTES.md section 7)."""
+PLACEMENT_TRACE = "gpuspec10"
+"""The openb trace for the sharing step: where ``fgd_cpu`` and FGD differ most (10 of 10 seeds better)."""
+EXTENDER_WEIGHT = 5
+"""The extender's weight in the generated profile (``scheduler-config --weight``'s default)."""
+TICK_S = 5.0
+"""The most time a step goes without printing a line."""
+
+
+class Steps:
+    """The demo's output: numbered step headers with the time since the start, and progress lines."""
+
+    def __init__(self, total: int, *, quiet: bool = False) -> None:
+        self.total, self.quiet, self.number = total, quiet, 0
+        self.started = time.monotonic()
+        self._last = self.started
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def say(self, text: str = "") -> None:
+        if not self.quiet:
+            print(text, flush=True)
+        self._last = time.monotonic()
+
+    def step(self, title: str) -> None:
+        self.number += 1
+        self.say(f"\n[{self.number}/{self.total} {self.elapsed():5.1f} s] {title}")
+
+    def progress(self, what: str, done: int, total: int, *, final: bool = False) -> None:
+        """``what: done/total`` when the last line is :data:`TICK_S` old, and at the end."""
+        if final or time.monotonic() - self._last >= TICK_S:
+            self.say(f"      {what}: {done}/{total}{' done' if final else ''} ({self.elapsed():.0f} s)")
+
+    @contextmanager
+    def working(self, what: str) -> Iterator[None]:
+        """A line every :data:`TICK_S` while the block runs (a subprocess, a pool of simulations)."""
+        stop = threading.Event()
+
+        def tick() -> None:
+            started = time.monotonic()
+            while not stop.wait(TICK_S):
+                self.say(f"      {what}: still working ({time.monotonic() - started:.0f} s)")
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            ticker.join()
 
 
 class ExtenderClient:
@@ -78,16 +134,21 @@ class ExtenderClient:
         self._conn.close()
 
 
-def start_server(state_args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    """Start ``gpu-scheduler serve`` on a free loopback port; return the process and its URL."""
+def start_server(state_args: list[str], log: Path) -> tuple[subprocess.Popen[str], str]:
+    """Start ``gpu-scheduler serve`` on a free loopback port, its log to ``log``; the process and its URL."""
     command = [sys.executable, "-m", "gpu_scheduler", "serve", "--port", "0", "--refresh-s", "0", *state_args]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    with log.open("w") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line:
         proc.wait(timeout=10)
-        raise RuntimeError(f"gpu-scheduler serve exited with code {proc.returncode} before it was ready")
+        raise RuntimeError(f"gpu-scheduler serve exited with {proc.returncode} before it was ready: {_tail(log)}")
     return proc, json.loads(line)["serving"]
+
+
+def _tail(log: Path) -> str:
+    return " / ".join(log.read_text(errors="replace").strip().splitlines()[-3:]) or "(no output)"
 
 
 class _Cluster:
@@ -99,7 +160,7 @@ class _Cluster:
     """
 
     def __init__(self, nodes: list[dict[str, Any]], bound: list[dict[str, Any]], mode: str, folder: Path) -> None:
-        self.nodes, self.bound, self.mode = nodes, bound, mode
+        self.nodes, self.bound, self.mode = nodes, list(bound), mode
         self.by_name = {node["metadata"]["name"]: node for node in nodes}
         self.path = folder / ("snapshot.npz" if mode == "names" else "cluster.json")
         self.publish()
@@ -118,6 +179,10 @@ class _Cluster:
             os.replace(tmp, self.path)
 
     def request(self, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
+        # Without its UID: the extender then makes no prediction about the pod (it lays one over its state
+        # for a few seconds, until its state shows the pod), which the demo needs none of, since it rewrites
+        # the state after each bind; with one, the outcome would hang on how fast each step ran.
+        pod = {**pod, "metadata": {k: v for k, v in pod["metadata"].items() if k != "uid"}}
         if self.mode == "names":
             return {"Pod": pod, "Nodes": None, "NodeNames": names}
         return {"Pod": pod, "Nodes": {"metadata": {}, "items": [self.by_name[n] for n in names]}, "NodeNames": None}
@@ -128,141 +193,278 @@ class _Cluster:
         return [node["metadata"]["name"] for node in (reply.get("Nodes") or {}).get("items") or []]
 
     def bind(self, pod: dict[str, Any], node: str) -> None:
-        pod["spec"]["nodeName"] = node
-        pod["status"]["phase"] = "Running"
+        pod = {**pod, "spec": {**pod["spec"], "nodeName": node}, "status": {"phase": "Running"}}
         self.bound.append(pod)
         self.publish()
 
 
-def run_demo(
-    *,
-    n_nodes: int = 200,
-    n_pods: int = 350,
-    seed: int = 7,
-    mode: str = "names",
-    as_json: bool = False,
-    placement_seeds: tuple[int, ...] = (42, 43),
-    live: bool = True,
-) -> int:
-    if mode not in ("names", "nodes"):
-        raise ValueError(f"mode: expected 'names' or 'nodes', got {mode!r}")
-    rng = np.random.default_rng(seed)
-    nodes, bound = synthetic_cluster(n_nodes, rng)
-    pending = demo_pod_stream(n_pods, rng)
-    alloc = {node["metadata"]["name"]: int(node["status"]["allocatable"]["nvidia.com/gpu"]) for node in nodes}
-    used = Counter({name: 0 for name in alloc})
-    for pod in bound:
-        used[pod["spec"]["nodeName"]] += effective_gpu_request(pod["spec"])
+@dataclass
+class Outcome:
+    """Where one scheduler put the pods: the nodes' use after, and what waits."""
 
-    unplaced: Counter[str] = Counter()
-    unplaced_pods: list[dict[str, Any]] = []
-    placed = 0
+    uses: dict[str, NodeUse]
+    placed: int = 0
+    waiting: Counter[int] = field(default_factory=Counter)
+    """Pods left Pending, by the GPUs each asks for."""
+
+    def summary(self) -> dict[str, Any]:
+        uses = list(self.uses.values())
+        gpu_nodes = [u for u in uses if u.gpus]
+        free = [u.gpus - u.used[2] for u in gpu_nodes]
+        partly = [f for u, f in zip(gpu_nodes, free, strict=True) if 0 < f < u.gpus]
+        return {
+            "pods_placed": self.placed,
+            "pods_pending": sum(self.waiting.values()),
+            "pods_pending_by_gpus": {str(k): v for k, v in sorted(self.waiting.items())},
+            "nodes_with_gpus_in_use": sum(u.used[2] > 0 for u in gpu_nodes),
+            "gpus_free": sum(free),
+            "gpus_free_on_partly_used_nodes": sum(partly),
+            "eight_gpu_nodes_free": sum(u.gpus == 8 and u.used[2] == 0 for u in gpu_nodes),
+        }
+
+
+def _node_affinity_allows(node: NodeUse, pod: dict[str, Any]) -> bool:
+    """The pod's model and memory, asked as node affinity on the nodes' GPU labels (the stock side)."""
+    demand = pod_demand(pod)
+    if demand.models and node.labels.get(LABEL_MODEL) not in demand.models:
+        return False
+    return not demand.min_memory_mib or int(node.labels.get(LABEL_MEMORY, "0")) >= demand.min_memory_mib
+
+
+def place_stock(
+    nodes: list[dict[str, Any]], bound: list[dict[str, Any]], pending: list[dict[str, Any]], seed: int, steps: Steps
+) -> Outcome:
+    """The stock kube-scheduler's placement of ``pending``, one pod at a time."""
+    rng = np.random.default_rng(seed)
+    outcome = Outcome(_uses(nodes, bound))
+    for i, pod in enumerate(pending, 1):
+        request = request_of(pod)
+        feasible = [u for u in outcome.uses.values() if u.fits(request) and _node_affinity_allows(u, pod)]
+        if feasible:
+            top = best(total_scores(feasible, request, STOCK))
+            outcome.uses[top[int(rng.integers(len(top)))]].add(request)
+            outcome.placed += 1
+        else:
+            outcome.waiting[request[2]] += 1
+        steps.progress("stock kube-scheduler", i, len(pending), final=i == len(pending))
+    return outcome
+
+
+def place_product(
+    nodes: list[dict[str, Any]],
+    bound: list[dict[str, Any]],
+    pending: list[dict[str, Any]],
+    seed: int,
+    mode: str,
+    steps: Steps,
+) -> tuple[Outcome, dict[str, list[float]], int]:
+    """The product's placement of ``pending`` through ``gpu-scheduler serve``; the latency of each call and
+    serve's exit code."""
+    rng = np.random.default_rng(seed)
+    outcome = Outcome(_uses(nodes, bound))
     with tempfile.TemporaryDirectory(prefix="gpu-scheduler-demo-") as tmp:
         cluster = _Cluster(nodes, bound, mode, Path(tmp))
-        proc, url = start_server(cluster.serve_args)
+        log = Path(tmp) / "serve.log"
+        proc, url = start_server(cluster.serve_args, log)
         client = ExtenderClient(url)
-        started = time.perf_counter()
         try:
-            for pod in tqdm(pending, desc="scheduling", unit="pod", file=sys.stderr, disable=None):
-                gpus = effective_gpu_request(pod["spec"])
-                # kube-scheduler's in-tree NodeResourcesFit runs first and keeps only nodes with room.
-                candidates = [name for name in alloc if alloc[name] - used[name] >= gpus]
-                if not candidates:
-                    unplaced[f"in-tree: no node has {gpus} free GPU(s)"] += 1
-                    unplaced_pods.append(pod)
-                    continue
-                reply = client.call("filter", cluster.request(pod, candidates))
-                kept = cluster.kept(reply)
-                if reply.get("Error") or not kept:
-                    unplaced[f"extender: {reply.get('Error') or _wanted(pod, gpus)}"] += 1
-                    unplaced_pods.append(pod)
-                    continue
-                if len(kept) == 1:
-                    choice = kept[0]
-                else:
+            for i, pod in enumerate(pending, 1):
+                request = request_of(pod)
+                feasible = [u.name for u in outcome.uses.values() if u.fits(request)]
+                kept = cluster.kept(client.call("filter", cluster.request(pod, feasible))) if feasible else []
+                if kept:
                     scores = client.call("prioritize", cluster.request(pod, kept))
-                    best = max(entry["Score"] for entry in scores)
-                    top = [entry["Host"] for entry in scores if entry["Score"] == best]
+                    extender = {entry["Host"]: entry["Score"] for entry in scores}
+                    totals = total_scores([outcome.uses[n] for n in kept], request, PRODUCT, extender, EXTENDER_WEIGHT)
+                    top = best(totals)
                     choice = top[int(rng.integers(len(top)))]
-                cluster.bind(pod, choice)
-                used[choice] += gpus
-                placed += 1
-            elapsed = time.perf_counter() - started
+                    outcome.uses[choice].add(request)
+                    outcome.placed += 1
+                    cluster.bind(pod, choice)
+                else:
+                    outcome.waiting[request[2]] += 1
+                steps.progress("gpu-scheduler", i, len(pending), final=i == len(pending))
         finally:
             client.close()
             proc.terminate()
             proc.wait(timeout=10)
+        if proc.returncode:
+            steps.say(f"      gpu-scheduler serve exited with {proc.returncode}: {_tail(log)}")
+    return outcome, client.latency_ms, proc.returncode
 
-    summary = _summary(nodes, bound, unplaced_pods, placed, unplaced, client.latency_ms, elapsed)
-    summary["mode"] = mode
-    summary["server_exit_code"] = proc.returncode
-    if not as_json:
-        print(_format(summary), flush=True)
-    if live:
-        summary["live"] = live_burst()
-        if not as_json:
-            print(_format_live(summary["live"]), flush=True)
+
+def _uses(nodes: list[dict[str, Any]], bound: list[dict[str, Any]]) -> dict[str, NodeUse]:
+    uses = {node["metadata"]["name"]: NodeUse.of(node) for node in nodes}
+    for pod in bound:
+        uses[pod["spec"]["nodeName"]].add(request_of(pod))
+    return uses
+
+
+def run_demo(
+    *,
+    n_nodes: int = 96,
+    n_pods: int = 150,
+    seed: int = 7,
+    mode: str = "names",
+    as_json: bool = False,
+    placement_seeds: tuple[int, ...] = (42, 43, 44),
+    live: bool = True,
+    synth: bool = False,
+) -> int:
+    if mode not in ("names", "nodes"):
+        raise ValueError(f"mode: expected 'names' or 'nodes', got {mode!r}")
+    steps = Steps(3 + bool(placement_seeds) + synth, quiet=as_json)
+    steps.say("eks-gpu-scheduler demo: the stock kube-scheduler and gpu-scheduler on the same pods")
+    rng = np.random.default_rng(seed)
+    nodes, bound = synthetic_cluster(n_nodes, rng)
+    pending = demo_pod_stream(n_pods, rng)
+    summary: dict[str, Any] = {"nodes": n_nodes, "pods": n_pods, "seed": seed, "mode": mode}
+
+    steps.step("The cluster and the pods")
+    sizes = Counter(request_of(pod)[2] for pod in pending)
+    shapes = Counter(node["metadata"]["name"].split("-")[0].upper() for node in nodes)
+    gpus = sum(u.gpus for u in _uses(nodes, []).values())
+    steps.say(
+        f"      {n_nodes} GPU nodes ({', '.join(f'{n} {m}' for m, n in sorted(shapes.items()))}; {gpus} GPUs), "
+        f"{len(bound)} of them partly used"
+    )
+    steps.say(
+        f"      {n_pods} pods waiting, in one order for both: "
+        + ", ".join(f"{n} x {g} GPU{'s' if g > 1 else ''}" for g, n in sorted(sizes.items()))
+    )
+    steps.say("      (some name a model, some 40 GiB per GPU)")
+
+    steps.step("The same pods, one at a time: the stock kube-scheduler, then gpu-scheduler")
+    stock = place_stock(nodes, bound, pending, seed, steps)
+    ours, latency, exit_code = place_product(nodes, bound, pending, seed, mode, steps)
+    summary |= {"stock": stock.summary(), "gpu_scheduler": ours.summary()}
+    summary["latency_ms"] = {
+        verb: {"calls": len(v), "p50": _pct(v, 50), "p99": _pct(v, 99)} for verb, v in latency.items()
+    }
+    summary["server_exit_code"] = exit_code
+    steps.say(_format_side_by_side(summary))
+
     if placement_seeds:
-        summary["placement"] = placement_comparison(placement_seeds)
-        if not as_json:
-            print(_format_placement(summary["placement"]))
+        steps.step(f"GPU sharing: FGD beside gpu-scheduler's {DEFAULT_SHARE_POLICY}, the FGD paper's protocol")
+        summary["placement"] = placement_comparison(placement_seeds, steps=steps)
+        steps.say(_format_placement(summary["placement"]))
+
+    steps.step("The live path: a real kube-apiserver and kube-scheduler")
+    summary["live"] = live_burst(steps=steps) if live else {"skipped": "--no-live", "off": True}
+    steps.say(_format_live(summary["live"]))
+
+    if synth:
+        steps.step("The CDK app: synth, cdk-nag, the manifests")
+        summary["synth"] = synthesise(steps)
+        steps.say(_format_synth(summary["synth"]))
+
+    steps.say(_format_next(summary, steps.elapsed()))
     if as_json:
         print(json.dumps(summary, indent=2))
-    return 0 if proc.returncode == 0 else 1
+    failed = exit_code != 0 or summary.get("synth", {}).get("exit_code", 0) != 0
+    return 1 if failed else 0
 
 
-def live_burst(*, nodes: int = 64, pods: int = 256) -> dict[str, Any]:
+def _pct(values: Sequence[float], q: int) -> float | None:
+    return round(float(np.percentile(values, q)), 2) if values else None
+
+
+def _format_side_by_side(s: dict[str, Any]) -> str:
+    stock, ours = s["stock"], s["gpu_scheduler"]
+    eight_stock, eight_ours = stock["pods_pending_by_gpus"].get("8", 0), ours["pods_pending_by_gpus"].get("8", 0)
+    rows = [
+        ("pods placed", "pods_placed"),
+        ("pods left Pending", "pods_pending"),
+        ("nodes with a GPU in use", "nodes_with_gpus_in_use"),
+        ("free GPUs on partly used nodes", "gpus_free_on_partly_used_nodes"),
+        ("8-GPU nodes left whole", "eight_gpu_nodes_free"),
+    ]
+    lines = [f"\n      {'':34}{'stock kube-scheduler':>22}{'gpu-scheduler':>16}"]
+    lines += [f"      {label:34}{stock[key]:>22}{ours[key]:>16}" for label, key in rows]
+    lines.insert(3, f"      {'  of them asking for 8 GPUs':34}{eight_stock:>22}{eight_ours:>16}")
+    filter_p50 = s["latency_ms"]["filter"]["p50"]
+    lines += [
+        "",
+        "      What it means: the stock scheduler sends each pod to the emptiest node (LeastAllocated):",
+        "      the pods spread, and break up the 8-GPU nodes an 8-GPU pod needs whole, so those pods wait.",
+        "      gpu-scheduler fills the nodes already in use and keeps whole nodes whole. Free GPUs on",
+        "      partly used nodes are the fragments a large pod cannot use.",
+        f"      gpu-scheduler's extender ran as `gpu-scheduler serve`: filter took {filter_p50} ms at p50 over HTTP",
+        f"      ({s['latency_ms']['filter']['calls']} calls). kube-scheduler's own scores are modelled "
+        "(gpu_scheduler/kube_scoring.py).",
+    ]
+    return "\n".join(lines)
+
+
+def live_burst(*, nodes: int = 64, pods: int = 256, steps: Steps | None = None) -> dict[str, Any]:
     """The burst through a real control plane (``bench.e2e.run_burst``), or why it could not run."""
     try:
         from bench.e2e import run_burst
         from testing.control_plane import missing
     except ModuleNotFoundError as exc:
-        return {"skipped": f"the live step runs from a source checkout (make demo): {exc.name} is not importable"}
+        return {"skipped": f"it runs from a source checkout (make demo): {exc.name} is not importable"}
     reason = missing()
     if reason:
         return {"skipped": reason}
-    print(f"live: {pods} one-GPU pods on {nodes} nodes through a real kube-scheduler...", file=sys.stderr, flush=True)
-    return run_burst(nodes=nodes, pods=pods)
+    steps = steps or Steps(0, quiet=True)
+    steps.say(f"      {pods} one-GPU pods at once on {nodes} empty 8-GPU nodes, stock scoring then gpu-scheduler")
+    with steps.working("the live burst"):
+        return run_burst(nodes=nodes, pods=pods)
 
 
 def _format_live(live: dict[str, Any]) -> str:
+    if live.get("off"):
+        return "      off (--no-live)"
     if "skipped" in live:
-        return f"\nLive path through a real kube-scheduler: skipped ({live['skipped']})"
+        return (
+            f"      off: {live['skipped']}.\n      To turn it on, put kube-apiserver, kube-scheduler and "
+            "kube-controller-manager v1.33\n      in $KUBE_BIN_DIR (docs/testing.md says how to build them) "
+            "and run make demo again."
+        )
     alone, ours = live["kube_scheduler_alone"], live["gpu_scheduler"]
     staleness = ours.get("staleness", {})
     return "\n".join([
-        f"\nLive path: {live['pods']} one-GPU pods at once on {live['nodes']} empty {live['gpus_per_node']}-GPU "
-        "nodes, through a real kube-apiserver and kube-scheduler",
-        f"  kube-scheduler's own scoring: {alone['nodes_used']:>4} nodes used, {alone['pods_per_s']:.0f} pods/s",
-        f"  gpu-scheduler, serve --watch: {ours['nodes_used']:>4} nodes used, {ours['pods_per_s']:.0f} pods/s "
-        f"(ideal {live['ideal_nodes']} nodes)",
-        f"  live state behind the binds: p50 {1000 * staleness.get('p50_s', 0):.0f} ms, "
-        f"p99 {1000 * staleness.get('p99_s', 0):.0f} ms over {staleness.get('binds', 0)} binds",
+        f"      stock kube-scheduler: {alone['nodes_used']:>4} nodes used, {alone['pods_per_s']:.0f} pods/s",
+        f"      gpu-scheduler:        {ours['nodes_used']:>4} nodes used, {ours['pods_per_s']:.0f} pods/s "
+        f"(the fewest possible: {live['ideal_nodes']})",
+        f"      serve --watch trailed the binds by {1000 * staleness.get('p50_s', 0):.0f} ms at p50, "
+        f"{1000 * staleness.get('p99_s', 0):.0f} ms at p99 ({staleness.get('binds', 0)} binds)",
+        "      What it means: the real kube-scheduler, on the configuration the product generates, packs a",
+        "      burst onto the fewest nodes; on its own it spreads the pods over every node.",
     ])  # fmt: skip
 
 
-def placement_comparison(seeds: tuple[int, ...], *, openb: Path | None = None, jobs: int = 2) -> dict[str, Any]:
+def placement_comparison(
+    seeds: tuple[int, ...], *, openb: Path | None = None, jobs: int = 2, steps: Steps | None = None
+) -> dict[str, Any]:
     """FGD and ours on the same trace and seeds, by the FGD protocol (inflated to 1.3x, no departures):
-    unallocated GPU % at 100 % and 130 % arrived, failed tasks, and seconds per run. The openb
-    ``default`` trace when ``openb`` (default :func:`~gpu_scheduler.traces.openb_dir`) holds it, else a
-    synthetic look-alike (150 nodes, 1,200 tasks)."""
+    unallocated GPU % at 100 % and 130 % arrived, per seed and on average, failed tasks, and seconds per
+    run. openb :data:`PLACEMENT_TRACE` when ``openb`` (default :func:`~gpu_scheduler.traces.openb_dir`)
+    holds it, else a synthetic look-alike (150 nodes, 1,200 tasks)."""
     openb = openb or openb_dir()
+    steps = steps or Steps(0, quiet=True)
     with tempfile.TemporaryDirectory(prefix="gpu-scheduler-placement-") as tmp:
-        if (openb / "openb_pod_list_default.csv").is_file():
-            nodes, pods = openb / "openb_node_list_gpu_node.csv", openb / "openb_pod_list_default.csv"
-            trace = f"openb default ({openb})"
+        pods = openb / f"openb_pod_list_{PLACEMENT_TRACE}.csv"
+        if pods.is_file():
+            nodes = openb / "openb_node_list_gpu_node.csv"
+            trace = f"openb {PLACEMENT_TRACE} ({openb})"
         else:
             nodes, pods = Path(tmp) / "nodes.csv", Path(tmp) / "pods.csv"
             write_trace(*synthetic_trace(150, 1200, np.random.default_rng(0)), nodes, pods)
             trace = f"synthetic, openb-like (150 nodes, 1,200 tasks; {openb} is absent)"
-        reports = run_many(nodes, pods, list(PLACEMENT_POLICIES), list(seeds), 1.3, "shuffled", jobs)
+        runs = len(PLACEMENT_POLICIES) * len(seeds)
+        steps.say(f"      trace: {trace}; seeds {', '.join(map(str, seeds))}; {runs} runs")
+        with steps.working("the simulations"):
+            reports = run_many(
+                nodes, pods, list(PLACEMENT_POLICIES), list(seeds), 1.3, "shuffled", jobs, progress=False
+            )
     return {
         "trace": trace,
         "seeds": list(seeds),
-        "released_fgd_unallocated_gpu_pct_100": FGD_RELEASED_DEFAULT if trace.startswith("openb") else None,
         "policies": {
             r["policy"]: {
                 "unallocated_gpu_pct_100": r["unallocated_gpu_pct"]["100"]["mean"],
+                "unallocated_gpu_pct_100_per_seed": r["unallocated_gpu_pct"]["100"]["per_seed"],
                 "unallocated_gpu_pct_130": r["unallocated_gpu_pct"]["130"]["mean"],
                 "pods_failed": r["pods_failed"]["mean"],
                 "seconds_per_run": r["seconds_per_seed"]["mean"],
@@ -272,91 +474,86 @@ def placement_comparison(seeds: tuple[int, ...], *, openb: Path | None = None, j
     }
 
 
-def _summary(
-    nodes: list[dict[str, Any]],
-    bound: list[dict[str, Any]],
-    unplaced_pods: list[dict[str, Any]],
-    placed: int,
-    unplaced: Counter[str],
-    latency_ms: dict[str, list[float]],
-    elapsed_s: float,
-) -> dict[str, Any]:
-    state = ClusterState.from_objects(nodes, bound)
-    free = state.free_gpus
-    # A free GPU is stranded when no pod that was left waiting could use the node it is on.
-    usable = np.zeros(state.table.n_nodes, dtype=bool)
-    for demand in {_demand_key(pod): pod_demand(pod) for pod in unplaced_pods}.values():
-        usable |= filter_nodes(state.table, free, demand).feasible
-    return {
-        "nodes": state.table.n_nodes,
-        "pods_placed": placed,
-        "pods_unplaced": sum(unplaced.values()),
-        "unplaced_by_reason": dict(unplaced.most_common()),
-        "gpus_total": int(state.table.alloc_gpus.sum()),
-        "gpus_free": int(free.sum()),
-        "gpus_stranded": int(free[~usable].sum()),
-        "nodes_partly_used": int(((free > 0) & (free < state.table.alloc_gpus)).sum()),
-        "latency_ms": {
-            verb: {
-                "calls": len(values),
-                "p50": round(float(np.percentile(values, 50)), 2) if values else None,
-                "p99": round(float(np.percentile(values, 99)), 2) if values else None,
-            }
-            for verb, values in latency_ms.items()
-        },
-        "elapsed_s": round(elapsed_s, 1),
-    }
-
-
-def _wanted(pod: dict[str, Any], gpus: int) -> str:
-    demand = pod_demand(pod)
-    models = ",".join(sorted(demand.models)) if demand.models else "any"
-    memory = f" with >= {demand.min_memory_mib} MiB" if demand.min_memory_mib else ""
-    return f"no node with {gpus} free GPU(s) has model {models}{memory}"
-
-
-def _demand_key(pod: dict[str, Any]) -> str:
-    return json.dumps([pod["spec"]["containers"][0]["resources"], pod["metadata"].get("annotations")], sort_keys=True)
-
-
-def _format(s: dict[str, Any]) -> str:
-    lines = [
-        f"eks-gpu-scheduler demo: {s['nodes']} nodes, {s['pods_placed'] + s['pods_unplaced']} GPU pods "
-        f"in {s['elapsed_s']} s",
-        f"  placed      {s['pods_placed']}",
-        f"  unplaced    {s['pods_unplaced']}",
+def _format_placement(p: dict[str, Any]) -> str:
+    fgd, ours = p["policies"]["fgd"], p["policies"][DEFAULT_SHARE_POLICY]
+    lines = [""]
+    for name, r in (("FGD", fgd), (f"gpu-scheduler ({DEFAULT_SHARE_POLICY})", ours)):
+        seeds = ", ".join("n/a" if v is None else f"{v:.2f}" for v in r["unallocated_gpu_pct_100_per_seed"])
+        lines.append(f"      {name:24} {_num(r['unallocated_gpu_pct_100'])} % of GPUs unallocated (per seed: {seeds})")
+    pairs = [
+        (a, b)
+        for a, b in zip(fgd["unallocated_gpu_pct_100_per_seed"], ours["unallocated_gpu_pct_100_per_seed"], strict=True)
+        if a is not None and b is not None
     ]
-    lines += [f"      {count:4d}  {reason}" for reason, count in s["unplaced_by_reason"].items()]
+    better = sum(b < a for a, b in pairs)
+    worse = sum(b > a for a, b in pairs)
     lines += [
-        f"  GPUs        {s['gpus_total']} total, {s['gpus_free']} free, {s['gpus_stranded']} stranded "
-        "(free, but on nodes no waiting pod fits)",
-        f"  nodes partly used: {s['nodes_partly_used']}",
-        "  latency per call (client side, HTTP round trip; "
-        + ("NodeNames with a snapshot" if s["mode"] == "names" else "full Node objects")
-        + "; each filter after a bind",
-        "  also re-reads the state the demo rewrote, as the extender re-reads a fresh snapshot):",
+        f"      seed by seed, gpu-scheduler leaves fewer unallocated on {better} of {len(pairs)}, more on {worse}",
+        "      What it means: once the arriving demand reaches the cluster's capacity, this share of the",
+        "      GPUs is free but in pieces no task fits. FGD (the paper's policy) and fgd_cpu score alike, but",
+        "      fgd_cpu keeps CPU-only tasks off nodes whose free GPUs need that CPU",
+        "      (docs/research/fgd-fidelity.md).",
     ]
-    for verb, stats in s["latency_ms"].items():
-        lines.append(f"      {verb:<10} calls {stats['calls']:4d}  p50 {stats['p50']} ms  p99 {stats['p99']} ms")
-    lines.append(f"  server exited with code {s['server_exit_code']}")
     return "\n".join(lines)
 
 
-def _format_placement(p: dict[str, Any]) -> str:
+def _num(value: float | None) -> str:
+    return "  n/a" if value is None else f"{value:5.2f}"
+
+
+def synthesise(steps: Steps, context: Sequence[str] = (), outdir: Path | None = None) -> dict[str, Any]:
+    """``cdk/app.py`` as ``make synth`` runs it (the Lambda package already built, its architecture taken
+    from it), with ``context`` (``key=value``) added: its report, or its last line of error."""
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, str(root / "cdk" / "app.py"), "-c", f"lambdaArchitecture={_arch(root)}"]
+    command += [arg for item in context for arg in ("-c", item)]
+    env = {**os.environ, **({"CDK_OUTDIR": str(outdir)} if outdir else {})}
+    with steps.working("cdk synth"):
+        done = subprocess.run(command, capture_output=True, text=True, cwd=root, check=False, env=env)
+    if done.returncode != 0:
+        return {"exit_code": done.returncode, "error": (done.stderr.strip().splitlines() or ["(no output)"])[-1]}
+    report: dict[str, Any] = json.loads(done.stdout)
+    report["exit_code"] = 0
+    return report
+
+
+def _arch(root: Path) -> str:
+    package = root / "build" / "lambda" / "package.json"
+    return str(json.loads(package.read_text()).get("arch", "arm64")) if package.is_file() else "arm64"
+
+
+def _format_synth(report: dict[str, Any]) -> str:
+    if report["exit_code"]:
+        return f"      synth failed ({report['exit_code']}): {report['error']}"
+    nag = ", ".join(
+        f"{name} {r['conclusion']} ({r['violations']} findings open, {r['acknowledged']} acknowledged with reasons)"
+        for name, r in report["cdk_nag"].items()
+    )
+    return "\n".join([
+        f"      stack {report['stack']}: {report['resources']} resources; cdk-nag {nag}",
+        f"      template {report['template']}; manifests {report['manifests']}",
+    ])  # fmt: skip
+
+
+def _format_next(s: dict[str, Any], elapsed: float) -> str:
+    stock, ours = s["stock"], s["gpu_scheduler"]
     lines = [
-        "",
-        f"GPU-sharing placement, FGD vs ours (FGD protocol, mean of seeds {', '.join(map(str, p['seeds']))}):",
-        f"  trace: {p['trace']}",
+        f"\nWhat you saw ({elapsed:.0f} s): of the same {s['pods']} pods the stock kube-scheduler left "
+        f"{stock['pods_pending']} Pending, gpu-scheduler {ours['pods_pending']};",
+        f"  free GPUs left in fragments: {stock['gpus_free_on_partly_used_nodes']} against "
+        f"{ours['gpus_free_on_partly_used_nodes']}.",
     ]
-    for name, r in p["policies"].items():
-        label = f"{name} (ours)" if name == DEFAULT_SHARE_POLICY else name
+    if "placement" in s:
+        fgd, mine = (s["placement"]["policies"][p]["unallocated_gpu_pct_100"] for p in PLACEMENT_POLICIES)
         lines.append(
-            f"      {label:<15} unallocated GPUs {r['unallocated_gpu_pct_100']:5.2f} % at 100 % arrived, "
-            f"{r['unallocated_gpu_pct_130']:5.2f} % at 130 %; {r['pods_failed']:.0f} tasks failed; "
-            f"{r['seconds_per_run']:.1f} s per run"
+            f"  Shares: {_num(fgd).strip()} % of GPUs unallocated with FGD, {_num(mine).strip()} % with gpu-scheduler."
         )
-    if p["released_fgd_unallocated_gpu_pct_100"] is not None:
-        lines.append(
-            f"  the authors' released FGD figure at 100 %: {p['released_fgd_unallocated_gpu_pct_100']} % (10 seeds)"
-        )
+    lines += [
+        "What to run next (README.md, examples/README.md):",
+        "  . .venv/bin/activate",
+        "  gpu-scheduler explain --pod examples/pods/eight-gpus.yaml --cluster examples/cluster.json",
+        "  kubectl get nodes,pods -A -o json > my-cluster.json      # your own cluster, read-only",
+        "  gpu-scheduler explain --pod my-pod.yaml --cluster my-cluster.json",
+        "  docs/deploy.md: the deploy, and the way back",
+    ]
     return "\n".join(lines)

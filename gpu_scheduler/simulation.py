@@ -48,15 +48,24 @@ def run(nodes: Path, pods: Path, policy: str, seeds: list[int], tune: float, tie
 
 
 def run_many(
-    nodes: Path, pods: Path, policies: list[str], seeds: list[int], tune: float, tie: str, jobs: int
+    nodes: Path,
+    pods: Path,
+    policies: list[str],
+    seeds: list[int],
+    tune: float,
+    tie: str,
+    jobs: int,
+    *,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
-    """Every policy on every seed, ``jobs`` runs at a time; one report per policy, in order."""
+    """Every policy on every seed, ``jobs`` runs at a time; one report per policy, in order (a progress bar on
+    stderr unless ``progress`` is False)."""
     check_trace(read_nodes(nodes), read_tasks(pods))  # fail fast, naming the file and line, before any worker starts
     arguments = [(nodes, pods, policy, seed, tune, tie) for policy in policies for seed in seeds]
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(_one, *a) for a in arguments]
         desc = f"{' vs '.join(policies)} on {pods.name}"
-        results = [f.result() for f in tqdm(futures, desc=desc, unit="run")]
+        results = [f.result() for f in tqdm(futures, desc=desc, unit="run", disable=not progress)]
     return [report(policy, pods, results[i * len(seeds) : (i + 1) * len(seeds)]) for i, policy in enumerate(policies)]
 
 

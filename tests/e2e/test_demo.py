@@ -15,4 +15,4 @@ def test_the_demo_burst_packs_to_the_ideal_where_kube_scheduler_alone_spreads(cl
     assert live["gpu_scheduler"]["nodes_used"] == 4
     assert live["kube_scheduler_alone"]["nodes_used"] >= 8, "LeastAllocated spreads one-GPU pods over the nodes"
     assert live["gpu_scheduler"]["staleness"]["binds"] == 32
-    assert "4 nodes used" in _format_live(live) and "(ideal 4 nodes)" in _format_live(live)
+    assert "4 nodes used" in _format_live(live) and "(the fewest possible: 4)" in _format_live(live)

@@ -6,7 +6,9 @@
 - the break-glass configuration the same ConfigMap carries (what ``GPU_SCHEDULER_CONFIG=break-glass.yaml``
   rolls the Deployment onto) places those pods with kube-scheduler's own plugins, the extender still down:
   whole GPUs counted by kube-scheduler, never more than a node has; a share waits, since only the
-  extender's bind can account it.
+  extender's bind can account it;
+- the post-deploy smoke check of docs/deploy.md, ``examples/smoke-pod.yaml``, binds through the extender
+  with the event the doc shows.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
 from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
-from testing.control_plane import ControlPlane, free_port, generated_scheduler_config
+from testing.control_plane import REPO, ControlPlane, free_port, generated_scheduler_config
+from testing.product import Processes, requests_served
 from tests.e2e.conftest import gpus_of, start_scheduler
 
 T4 = next(shape for shape in CATALOGUE if shape.model == "T4")
@@ -72,3 +76,30 @@ def test_without_the_extender_every_pod_of_the_profile_waits_and_the_break_glass
     finally:
         cluster.stop_scheduler()
         cluster.delete_namespace_pods(NAMESPACE)
+
+
+def test_the_smoke_pod_of_docs_deploy_binds_through_the_extender_and_says_so_in_its_event(
+    cluster: ControlPlane, dead_url: str, product: Processes
+) -> None:
+    """``examples/smoke-pod.yaml`` as docs/deploy.md applies it, on the generated configuration: bound, with
+    a ``Scheduled`` event from ``gpu-scheduler`` (what the doc shows), and the extender asked about it."""
+    smoke = yaml.safe_load((REPO / "examples" / "smoke-pod.yaml").read_text())
+    serve = product.serve("serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler"))])
+    start_scheduler(cluster, serve)
+    before = requests_served(serve)
+    try:
+        cluster.create_pods([smoke])
+        assert cluster.wait_bound("default", "gpu-scheduler-smoke", timeout_s=60) == "t4-0"
+        cluster.wait_for(lambda: bool(scheduled_events(cluster)), timeout_s=30, what="a Scheduled event")
+        (event,) = scheduled_events(cluster)
+    finally:
+        cluster.stop_scheduler()
+        cluster.delete_pod("default", "gpu-scheduler-smoke")
+    assert event["reportingComponent"] == "gpu-scheduler"
+    assert event["message"] == "Successfully assigned default/gpu-scheduler-smoke to t4-0"
+    assert requests_served(serve)["filter"] > before["filter"]
+
+
+def scheduled_events(cluster: ControlPlane) -> list[dict[str, Any]]:
+    selector = "involvedObject.name=gpu-scheduler-smoke,reason=Scheduled"
+    return cluster.api.items(f"/api/v1/namespaces/default/events?fieldSelector={selector}")
