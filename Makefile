@@ -84,7 +84,7 @@ package: $(RUNTIME)
 
 # cdk.out: the CloudFormation template, cdk-nag's report and cdk.out/manifests/gpu-scheduler.yaml.
 # Without CONTEXT it synthesises for a cluster named demo-gpu-cluster in a demo VPC; for yours:
-#   make synth CONTEXT="-c clusterName=prod -c vpcId=vpc-... -c subnetIds=subnet-a,subnet-b -c routeTableIds=rtb-a,rtb-b -c clusterSecurityGroupId=sg-... -c schedulerSecurityGroupId=sg-..."
+#   make synth CONTEXT="-c clusterName=prod -c vpcId=vpc-... -c subnetIds=subnet-a,subnet-b -c routeTableIds=rtb-a,rtb-b -c clusterSecurityGroupId=sg-..."
 CONTEXT ?= -c clusterName=demo-gpu-cluster
 synth: $(RUNTIME) $(PACKAGE)
 	@bash tools/system-packages.sh node

@@ -1,4 +1,5 @@
-"""Process-level tuning for the scheduling hot path.
+"""Process-level facts and tuning: the version installed (:func:`version`), and the allocator for the
+scheduling hot path.
 
 The vectorised core allocates a few arrays of n_nodes elements per call (hundreds of KB at 100,000
 nodes). With glibc's defaults, an allocation that size is served by ``mmap`` or by heap memory that
@@ -12,6 +13,19 @@ from __future__ import annotations
 
 import ctypes
 import sys
+
+
+def version() -> str:
+    """The installed distribution's version (``pyproject.toml``'s): ``gpu-scheduler --version`` and the
+    stack's ``Version`` output; ``unknown`` where it is not installed (a Lambda bundle)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("eks-gpu-scheduler")
+    except PackageNotFoundError:
+        return "unknown"
+
 
 # mallopt(3) parameter numbers from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1

@@ -12,6 +12,7 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from adapters.metric_catalogue import DELETION_COST, EXTENDER, NODE_STATE
+from adapters.runtime import version
 from adapters.settings import environment
 from cdk.cluster_access import ClusterAccess, KubernetesIdentity
 from cdk.config import DeployConfig
@@ -251,6 +252,7 @@ class GpuSchedulerStack(Stack):
             "resolves with the endpoint's private DNS off",
         )
         CfnOutput(self, "SchedulerConfigCommand", value=self._config_command())
+        CfnOutput(self, "Version", value=version(), description="the eks-gpu-scheduler version deployed (CHANGELOG.md)")
         CfnOutput(self, "SnapshotUri", value=self.state.snapshot_uri)
         CfnOutput(self, "LedgerTable", value=self.state.ledger.table_name)
         CfnOutput(self, "ExecuteApiEndpointId", value=self.api.endpoint_id)

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from adapters.runtime import version
 from gpu_scheduler.commands.common import UsageError
 from scheduler_core.errors import ConfigError, InvalidArgsError, InvalidPodError
 
@@ -34,17 +35,6 @@ COMMANDS = {
 }
 """Command name to its module under ``gpu_scheduler.commands``; each has ``HELP``, ``add_arguments(parser)``
 and ``run(args) -> int``."""
-
-
-def version() -> str:
-    """The installed distribution's version (``pyproject.toml``'s), or ``unknown`` outside an install."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("eks-gpu-scheduler")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def command(name: str) -> ModuleType:

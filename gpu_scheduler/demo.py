@@ -63,6 +63,8 @@ PLACEMENT_TRACE = "gpuspec10"
 """The openb trace for the sharing step: where ``fgd_cpu`` and FGD differ most (10 of 10 seeds better)."""
 EXTENDER_WEIGHT = 5
 """The extender's weight in the generated profile (``scheduler-config --weight``'s default)."""
+DEMO_CLUSTER = "demo-gpu-cluster"
+"""The cluster name the demo's synth uses (``make synth``'s default): a demo VPC, nothing of yours."""
 TICK_S = 5.0
 """The most time a step goes without printing a line."""
 
@@ -502,11 +504,12 @@ def _num(value: float | None) -> str:
 
 
 def synthesise(steps: Steps, context: Sequence[str] = (), outdir: Path | None = None) -> dict[str, Any]:
-    """``cdk/app.py`` as ``make synth`` runs it (the Lambda package already built, its architecture taken
-    from it), with ``context`` (``key=value``) added: its report, or its last line of error."""
+    """``cdk/app.py`` as ``make synth`` runs it without ``CONTEXT`` (for :data:`DEMO_CLUSTER` in a demo VPC;
+    the Lambda package already built, its architecture taken from it), with ``context`` (``key=value``)
+    added: its report, or its last line of error."""
     root = Path(__file__).resolve().parents[1]
     command = [sys.executable, str(root / "cdk" / "app.py"), "-c", f"lambdaArchitecture={_arch(root)}"]
-    command += [arg for item in context for arg in ("-c", item)]
+    command += [arg for item in (f"clusterName={DEMO_CLUSTER}", *context) for arg in ("-c", item)]
     env = {**os.environ, **({"CDK_OUTDIR": str(outdir)} if outdir else {})}
     with steps.working("cdk synth"):
         done = subprocess.run(command, capture_output=True, text=True, cwd=root, check=False, env=env)
@@ -526,13 +529,21 @@ def _format_synth(report: dict[str, Any]) -> str:
     if report["exit_code"]:
         return f"      synth failed ({report['exit_code']}): {report['error']}"
     nag = ", ".join(
-        f"{name} {r['conclusion']} ({r['violations']} findings open, {r['acknowledged']} acknowledged with reasons)"
+        f"{name} {r['conclusion']}, {r['violations']} open, {r['acknowledged']} acknowledged with reasons"
         for name, r in report["cdk_nag"].items()
     )
     return "\n".join([
         f"      stack {report['stack']}: {report['resources']} resources; cdk-nag {nag}",
-        f"      template {report['template']}; manifests {report['manifests']}",
+        f"      written: {_short(report['template'])}, {_short(report['manifests'])}",
     ])  # fmt: skip
+
+
+def _short(path: str) -> str:
+    """``path`` relative to the working directory where it is under it."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
 
 
 def _format_next(s: dict[str, Any], elapsed: float) -> str:

@@ -37,8 +37,8 @@ RBAC cannot say *which* label or annotation a patch may touch. ``admission_polic
   object) and ``finalizers`` (one nobody removes keeps it from ever being deleted);
 - the extender group's Bindings may carry only the ``assigned-gpus`` annotation;
 - nobody else may set, change or remove ``assigned-gpus`` on a pod (``pods/status`` included) or in a
-  Binding, but the second scheduler's ServiceAccount, in whose pod ``gpu-scheduler serve`` runs as a
-  sidecar and binds.
+  Binding, but the second scheduler's ServiceAccount, with which ``gpu-scheduler serve`` run beside the
+  scheduler binds.
 """
 
 from __future__ import annotations
@@ -357,6 +357,53 @@ def priority_class_policy(owners: Mapping[str, str]) -> list[dict[str, Any]]:
     return _policy(f"{SCHEDULER_NAME}-priority-classes", spec)
 
 
+def security_group_policy_guard(
+    group: str, namespace: str, name: str, pod_labels: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """A policy and its binding that admit a ``SecurityGroupPolicy`` naming ``group`` (the one the extender
+    API's endpoint admits) only as the product writes it: ``name`` in ``namespace``, selecting the pods with
+    ``pod_labels`` and nothing else. Whoever may create SecurityGroupPolicies could otherwise put any pod of
+    theirs in that group, and so in reach of the API."""
+    selector = "{'matchLabels': {" + ", ".join(f"'{k}': '{v}'" for k, v in sorted(pod_labels.items())) + "}}"
+    spec = {
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": ["vpcresources.k8s.aws"],
+                    "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": ["securitygrouppolicies"],
+                }
+            ]
+        },
+        "matchConditions": [
+            {
+                "name": "names-the-schedulers-group",
+                "expression": (
+                    "has(object.spec) && has(object.spec.securityGroups) && has(object.spec.securityGroups.groupIds) "
+                    f"&& '{group}' in object.spec.securityGroups.groupIds"
+                ),
+            }
+        ],
+        "validations": [
+            {
+                "expression": f"request.namespace == '{namespace}' && object.metadata.name == '{name}'",
+                "message": f"security group {group} is the one the gpu-scheduler extender API admits: only the "
+                f"SecurityGroupPolicy {namespace}/{name} may name it",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": f"!has(object.spec.serviceAccountSelector) && has(object.spec.podSelector) && "
+                f"object.spec.podSelector == {selector}",
+                "message": f"the SecurityGroupPolicy naming {group} selects the gpu-scheduler pods only "
+                f"(podSelector {selector}, no serviceAccountSelector)",
+                "reason": "Forbidden",
+            },
+        ],
+    }
+    return _policy(f"{SCHEDULER_NAME}-security-group", spec)
+
+
 def _own_writes_only(
     identity: LambdaIdentity, resource: str, field: str, keys: Sequence[str], frozen: str
 ) -> dict[str, Any]:
@@ -421,7 +468,7 @@ def _device_annotations(obj: str, *, when: str = "") -> str:
 def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDULER_ACCOUNT) -> list[dict[str, Any]]:
     """The ValidatingAdmissionPolicies and their bindings (Kubernetes 1.30 or newer), in apply order.
     ``scheduler_account`` is the second scheduler's ServiceAccount as a user name, which may write
-    ``assigned-gpus`` (``gpu-scheduler serve`` as a sidecar in its pod binds with it)."""
+    ``assigned-gpus`` (``gpu-scheduler serve`` run beside the scheduler binds with it)."""
     docs = _policy(
         f"{SCHEDULER_NAME}-node-state-labels",
         _own_writes_only(NODE_STATE, "nodes", "labels", NODE_LABELS, frozen="annotations"),

@@ -19,7 +19,7 @@ the shares on that GPU hold it already, by their ``assigned-gpus``.
 
 The pods are made and removed by ``adapters/reservations.py`` (the bind, the releases, the reconcile),
 as the identities :func:`keeper_access` names: the extender's group, the node-state refresher's, and the
-second scheduler's ServiceAccount (``gpu-scheduler serve`` as a sidecar). They may create pods in
+second scheduler's ServiceAccount (``gpu-scheduler serve`` run beside the scheduler). They may create pods in
 :data:`NAMESPACE` only, and only of :func:`reservation_pod`'s shape (:func:`keeper_access`'s admission
 policy): a stolen extender credential cannot run another image, another command, or a privileged pod on a
 GPU node.

@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from manifests.access import admission_policies, lambda_rbac, priority_class_policy
+from manifests.access import admission_policies, lambda_rbac, priority_class_policy, security_group_policy_guard
 from manifests.nodepool import CONSOLIDATION_POLICIES, gpu_nodepools
 from manifests.placeholder import NAMESPACE as PLACEHOLDER_NAMESPACE
 from manifests.placeholder import PRIORITY_CLASS as PLACEHOLDER_CLASS
@@ -166,7 +166,7 @@ class SchedulerOptions:
         ):
             found.append(
                 "extender_url: expected an https:// URL, or http:// on loopback (127.0.0.1, localhost, [::1]) "
-                f"for a sidecar, got {self.extender_url!r}"
+                f"for serve beside a local kube-scheduler, got {self.extender_url!r}"
             )
         # kube-scheduler validates 0 < weight; the extender's score counts weight × 0..10 per node.
         if not isinstance(self.weight, int) or isinstance(self.weight, bool) or not 1 <= self.weight <= 100:
@@ -581,6 +581,9 @@ def all_manifests(options: SchedulerOptions, *, admission_policy: bool = True) -
     holds."""
     account = f"system:serviceaccount:{options.namespace}:{SCHEDULER_NAME}"
     policies = admission_policies(sharing=options.sharing, scheduler_account=account) if admission_policy else []
+    if admission_policy and options.pod_security_group:
+        selector = {"app.kubernetes.io/name": SCHEDULER_NAME}
+        policies += security_group_policy_guard(options.pod_security_group, options.namespace, SCHEDULER_NAME, selector)
     made = options.sharing and reserving(options.reservation_image)
     image = options.reservation_image
     owners = {RESERVATION_CLASS: RESERVATION_NAMESPACE, PLACEHOLDER_CLASS: PLACEHOLDER_NAMESPACE}

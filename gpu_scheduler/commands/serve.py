@@ -1,6 +1,7 @@
-"""``gpu-scheduler serve``: the extender as a local HTTP server (development, self-managed clusters, sidecar).
+"""``gpu-scheduler serve``: the extender as a local HTTP server (trying it, development, beside a
+kube-scheduler you run yourself; the stack deploys the Lambda, not this).
 
-It speaks plain HTTP with no authentication, as kube-scheduler's extender client expects of a sidecar.
+It speaks plain HTTP with no authentication, as kube-scheduler's extender client expects on loopback.
 With ``--ledger-table`` it serves ``bind``, which writes the GPU ledger and posts Bindings, so it listens
 on loopback only, unless ``--insecure`` says the network keeps everyone else out (:func:`check_exposure`).
 """

@@ -300,3 +300,96 @@ def test_a_tenant_pod_may_not_take_the_products_priority_classes(
     del pod["spec"]["priorityClassName"]
     status, message = create_dry(tenant, pod)
     assert status == 201, message
+
+
+SGP_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "securitygrouppolicies.vpcresources.k8s.aws"},
+    "spec": {
+        "group": "vpcresources.k8s.aws",
+        "scope": "Namespaced",
+        "names": {"plural": "securitygrouppolicies", "singular": "securitygrouppolicy", "kind": "SecurityGroupPolicy"},
+        # The VPC resource controller's CRD has a full schema; the admission policy is what is under test here.
+        "versions": [
+            {
+                "name": "v1beta1",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
+"""A stand-in for the CRD EKS's VPC resource controller serves (``vpcresources.k8s.aws/v1beta1``)."""
+
+
+def test_only_the_products_security_group_policy_may_name_the_group_the_extender_api_admits(
+    cluster: ControlPlane, tenant: KubeRest
+) -> None:
+    """The manifests' ``gpu-scheduler-security-group`` policy (the harness applies the generated access
+    documents with ``--pod-security-group sg-00000000``): a tenant who may create SecurityGroupPolicies
+    cannot put a pod of theirs in that group; an administrator cannot widen the product's own; the product's
+    is admitted, and any other group is the tenant's business."""
+    if not policies_served(cluster):
+        pytest.skip("no ValidatingAdmissionPolicy before 1.30 (docs/security.md)")
+    status, _ = cluster.api.raw(
+        "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json.dumps(SGP_CRD).encode(),
+        "application/json",
+    )  # fmt: skip
+    assert status in (201, 409)
+    cluster.wait_for(
+        lambda: (
+            cluster.api.raw("GET", f"/apis/vpcresources.k8s.aws/v1beta1/namespaces/{NAMESPACE}/securitygrouppolicies")[
+                0
+            ]
+            == 200
+        ),
+        timeout_s=30,
+        what="the SecurityGroupPolicy CRD served",
+    )
+    rules = [{"apiGroups": ["vpcresources.k8s.aws"], "resources": ["securitygrouppolicies"], "verbs": ["create"]}]
+    cluster.apply_access([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "sgp-editor", "namespace": NAMESPACE}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "sgp-editor", "namespace": NAMESPACE},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sgp-editor"},
+         "subjects": [{"kind": "User", "name": identities()["tenant"].user}]},
+    ])  # fmt: skip
+    (product,) = [
+        d
+        for d in generated_manifests(["--url", "https://x.example/v1", "--pod-security-group", "sg-00000000"])
+        if d["kind"] == "SecurityGroupPolicy"
+    ]
+
+    def create(api: KubeRest, namespace: str, name: str, spec: dict[str, Any]) -> tuple[int, str]:
+        body = {"apiVersion": "vpcresources.k8s.aws/v1beta1", "kind": "SecurityGroupPolicy",
+                "metadata": {"name": name, "namespace": namespace}, "spec": spec}  # fmt: skip
+        path = f"/apis/vpcresources.k8s.aws/v1beta1/namespaces/{namespace}/securitygrouppolicies?dryRun=All"
+        status, raw = api.raw("POST", path, json.dumps(body).encode(), "application/json")
+        return status, (json.loads(raw).get("message", "") if raw else "")
+
+    mine = {"podSelector": {"matchLabels": {"app": "mine"}}, "securityGroups": {"groupIds": ["sg-00000000"]}}
+    cluster.wait_for(lambda: create(tenant, NAMESPACE, "borrow", mine)[0] == 403, timeout_s=30, what="the policy")
+    status, message = create(tenant, NAMESPACE, "borrow", mine)
+    assert (
+        "gpu-scheduler-security-group" in message
+        and "only the SecurityGroupPolicy kube-system/gpu-scheduler" in message
+    )
+    # The same name as the product's, in the tenant's namespace: still refused.
+    status, message = create(tenant, NAMESPACE, "gpu-scheduler", product["spec"])
+    assert status == 403 and "gpu-scheduler-security-group" in message
+    # Two groups, one of them the scheduler's: refused.
+    both = {**mine, "securityGroups": {"groupIds": ["sg-11111111", "sg-00000000"]}}
+    assert create(tenant, NAMESPACE, "both", both)[0] == 403
+    # Any other group is no business of the product's.
+    other = {**mine, "securityGroups": {"groupIds": ["sg-11111111"]}}
+    assert create(tenant, NAMESPACE, "theirs", other) == (201, "")
+    # The administrator: the product's own is admitted, a wider one in its place is not.
+    assert create(cluster.api, "kube-system", "gpu-scheduler", product["spec"]) == (201, "")
+    wider = {**product["spec"], "podSelector": {}}
+    status, message = create(cluster.api, "kube-system", "gpu-scheduler", wider)
+    assert status == 403 and "selects the gpu-scheduler pods only" in message
+    by_account = {**product["spec"], "serviceAccountSelector": {"matchLabels": {"team": "a"}}}
+    assert create(cluster.api, "kube-system", "gpu-scheduler", by_account)[0] == 403

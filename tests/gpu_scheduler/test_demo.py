@@ -117,12 +117,12 @@ def test_the_sharing_step_reads_the_openb_trace_where_fgd_and_ours_differ(tmp_pa
 def test_the_synth_step_summarises_the_stack_and_names_a_failure(tmp_path: Path):
     package = write_stand_in_package(tmp_path / "package")
     steps = demo.Steps(1, quiet=True)
-    report = demo.synthesise(steps, [f"packageDir={package}", "clusterName=demo"], tmp_path / "cdk.out")
+    report = demo.synthesise(steps, [f"packageDir={package}"], tmp_path / "cdk.out")
     assert report["exit_code"] == 0 and report["cdk_nag"]["AwsSolutions"]["violations"] == 0
     text = demo._format_synth(report)
     assert f"stack GpuScheduler: {report['resources']} resources" in text and "acknowledged with reasons" in text
-    failed = demo.synthesise(steps, [f"packageDir={package}", "clusterNam=demo"], tmp_path / "cdk.out")
-    assert failed["exit_code"] == 2 and "clusterNam: no such context key" in failed["error"]
+    failed = demo.synthesise(steps, [f"packageDir={package}", "sharedDevice=cdi"], tmp_path / "cdk.out")
+    assert failed["exit_code"] == 2 and "sharedDevice: no such context key" in failed["error"]
     assert demo._format_synth(failed).startswith("      synth failed (2): cdk synth:")
 
 

@@ -19,6 +19,7 @@ from gpu_scheduler.cli import main
 from tests.conftest import make_nodes, make_pod
 
 GPU_SCHEDULER = [sys.executable, "-m", "gpu_scheduler"]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -41,9 +42,13 @@ def kubectl_list(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dic
     return {"apiVersion": "v1", "kind": "List", "items": items, "metadata": {"resourceVersion": ""}}
 
 
-def test_version() -> None:
+def test_version_is_pyprojects_and_the_changelog_has_it() -> None:
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     done = subprocess.run([*GPU_SCHEDULER, "--version"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout.startswith("gpu-scheduler 0.")
+    assert done.returncode == 0 and done.stdout.strip() == f"gpu-scheduler {declared}"
+    assert f"\n## {declared} " in (REPO / "CHANGELOG.md").read_text(), "each version has its CHANGELOG entry"
 
 
 @pytest.mark.parametrize("port", ["99999", "-1", "http"])

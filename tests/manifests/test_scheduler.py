@@ -467,3 +467,25 @@ def test_the_break_glass_configuration_is_the_same_scheduler_without_the_extende
     base = [d for d in all_manifests(options) if d["kind"] == "Deployment"]
     hashes = {d["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] for d in changed + base}
     assert len(hashes) == 2
+
+
+def test_a_pod_security_group_comes_with_the_policy_that_keeps_others_out_of_it() -> None:
+    """Who may create SecurityGroupPolicies could put any pod in the group the API admits: the manifests
+    carry ``gpu-scheduler-security-group`` with the group's policy (tests/e2e/test_identities.py runs it)."""
+    docs = all_manifests(SchedulerOptions(extender_url=URL, pod_security_group=SG))
+    (guard,) = [
+        d for d in _by_kind(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"].endswith("security-group")
+    ]
+    assert f"'{SG}' in object.spec.securityGroups.groupIds" in guard["spec"]["matchConditions"][0]["expression"]
+    assert guard["spec"]["failurePolicy"] == "Fail"
+    (binding,) = [
+        d
+        for d in _by_kind(docs, "ValidatingAdmissionPolicyBinding")
+        if d["metadata"]["name"] == guard["metadata"]["name"]
+    ]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    without = all_manifests(SchedulerOptions(extender_url=URL, pod_security_group=SG), admission_policy=False)
+    assert not _by_kind(without, "ValidatingAdmissionPolicy") and _by_kind(without, "SecurityGroupPolicy")
+    assert not [
+        d for d in all_manifests(SchedulerOptions(extender_url=URL)) if d["metadata"]["name"].endswith("security-group")
+    ]
