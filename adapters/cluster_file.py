@@ -89,7 +89,7 @@ def decode_document(data: bytes) -> Any:
     starts as JSON does, else YAML (one document; ``yaml.safe_load``, which builds no object but plain
     data). :class:`InvalidArgsError` saying which it was read as, and why not.
 
-    >>> decode_document(b'{"kind": "Pod"}'), decode_document(b"kind: Pod\nspec: {}\n")
+    >>> decode_document(b'{"kind": "Pod"}'), decode_document(b"kind: Pod\\nspec: {}\\n")
     ({'kind': 'Pod'}, {'kind': 'Pod', 'spec': {}})
     """
     if data.lstrip()[:1] in (b"{", b"["):
