@@ -89,9 +89,40 @@ def decode_document(data: bytes) -> Any:
     starts as JSON does, else YAML (one document; ``yaml.safe_load``, which builds no object but plain
     data). :class:`InvalidArgsError` saying which it was read as, and why not.
 
+    Numbers in resource maps become text, as the API server returns them (:func:`_quantities_as_text`).
+
     >>> decode_document(b'{"kind": "Pod"}'), decode_document(b"kind: Pod\\nspec: {}\\n")
     ({'kind': 'Pod'}, {'kind': 'Pod', 'spec': {}})
+    >>> decode_document(b"resources: {requests: {cpu: 0.5, memory: 1Gi, nvidia.com/gpu: 1}}")
+    {'resources': {'requests': {'cpu': '0.5', 'memory': '1Gi', 'nvidia.com/gpu': '1'}}}
     """
+    return _quantities_as_text(_decoded(data))
+
+
+RESOURCE_MAPS = frozenset({"requests", "limits", "overhead", "allocatable", "capacity"})
+"""The maps of quantities in Kubernetes objects: a file written by hand may give one as a number
+(``cpu: 0.5``), which the API server takes, and kubectl prints as text."""
+
+
+def _quantities_as_text(document: Any) -> Any:
+    """``document`` with every number in a :data:`RESOURCE_MAPS` map as the text the API server would
+    return it as (``0.5`` -> ``"0.5"``). Iterative: a deeply nested document costs no recursion."""
+    stack = [document]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if key in RESOURCE_MAPS and isinstance(value, dict):
+                    for name, amount in value.items():
+                        if isinstance(amount, int | float) and not isinstance(amount, bool):
+                            value[name] = str(amount)
+                stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return document
+
+
+def _decoded(data: bytes) -> Any:
     if data.lstrip()[:1] in (b"{", b"["):
         try:
             return json.loads(data)

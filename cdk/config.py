@@ -60,7 +60,7 @@ from cdk.network import GATEWAY_SERVICES, INTERFACE_SERVICES, SERVICES, VPC_WIDE
 from cdk.prometheus import DCGM_NAMESPACE, KSM_NAMESPACE
 from lambdas.extender.config import ExtenderSettings
 from lambdas.node_state.config import NodeStateSettings
-from manifests.scheduler import DEFAULT_IMAGE, SchedulerOptions
+from manifests.scheduler import DEFAULT_IMAGE, SchedulerOptions, parse_node_selector
 from scheduler_core.deletion_cost.policy import CostConfig
 from scheduler_core.errors import ConfigError
 
@@ -173,15 +173,14 @@ class DeployConfig:
     def node_selector(self) -> dict[str, str]:
         """``schedulerNodeSelector``'s ``key=value`` items as a mapping (an item without ``=`` is left to
         :meth:`problems` to name)."""
-        pairs = (item.partition("=") for item in self.scheduler_node_selector)
-        return {key.strip(): value.strip() for key, equals, value in pairs if equals}
+        return parse_node_selector([item.strip() for item in self.scheduler_node_selector])[0]
 
-    def scheduler_options(self, extender_url: str, pod_security_group: str = "") -> SchedulerOptions:
-        """The second scheduler's options; ``pod_security_group`` (the group the endpoint admits) goes into its
-        ``SecurityGroupPolicy`` when the pods get it that way (:attr:`scheduler_pods`)."""
+    def scheduler_options(self, extender_url: str, security_group: str = "") -> SchedulerOptions:
+        """The second scheduler's options; ``security_group`` is the one the endpoint admits (none with an
+        imported endpoint, whose owner admits the pods)."""
         return SchedulerOptions(
             extender_url=extender_url,
-            pod_security_group=pod_security_group if self.scheduler_pods == "securityGroupPolicy" else "",
+            security_group=security_group if self.scheduler_pods != "none" else "",
             node_selector=self.node_selector,
             sharing=self.sharing,
             weight=self.extender_weight,
@@ -334,7 +333,7 @@ class DeployConfig:
                 "schedulerSecurityGroupId: must not be the cluster security group, which every pod on managed nodes "
                 "carries; give the scheduler pods their own (Security Groups for Pods, or a dedicated node group)"
             )
-        bad_items = [item for item in self.scheduler_node_selector if "=" not in item]
+        bad_items = parse_node_selector(self.scheduler_node_selector)[1]
         if bad_items:
             found.append(f"schedulerNodeSelector: expected key=value items, got {', '.join(map(repr, bad_items))}")
         if self.scheduler_node_selector and not self.scheduler_security_group_id:
@@ -370,19 +369,33 @@ class DeployConfig:
 _SCHEDULER_KEYS = {"weight": "extenderWeight", "image": "schedulerImage", "node_selector": "schedulerNodeSelector"}
 
 
+CDK_KEYS = frozenset({"acknowledged-issue-numbers"})
+"""Context keys the CDK CLI itself writes that have neither an ``@`` nor a ``:`` (``cdk acknowledge``)."""
+
+
 def unknown_keys(context: Mapping[str, Any], known: set[str]) -> list[str]:
-    """A problem per context key that is none of ours, each with the nearest key it may have meant. Only
-    keys shaped as ours (a camelCase word) are judged: the CDK's own (``@aws-cdk/...``, ``aws:cdk:...``,
-    lookups with ``:`` and ``=``) pass through.
+    """A problem per context key that is none of ours, each with the nearest key it may have meant (by its
+    letters alone: ``cluster_name`` and ``ClusterName`` mean ``clusterName``). The CDK's own keys pass:
+    ``@aws-cdk/...``, ``aws:cdk:...``, lookups (with ``:``), and :data:`CDK_KEYS`.
 
     >>> unknown_keys({"sharedDevice": "cdi", "@aws-cdk/core:x": True}, {"clusterName", "shareDevice"})
     ['sharedDevice: no such context key; did you mean shareDevice?']
+    >>> for problem in unknown_keys({"cluster_name": "prod", "share-device": "cdi"}, {"clusterName", "shareDevice"}):
+    ...     print(problem)
+    cluster_name: no such context key; did you mean clusterName?
+    share-device: no such context key; did you mean shareDevice?
     """
+
+    def letters(key: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", key.lower())
+
+    by_letters = {letters(key): key for key in known}
     found = []
     for key in sorted(context):
-        if key in known or not re.fullmatch(r"[a-z][A-Za-z0-9]*", key):
+        if key in known or key in CDK_KEYS or key.startswith("@") or ":" in key:
             continue
-        near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+        near = [by_letters[letters(key)]] if letters(key) in by_letters else []
+        near = near or [by_letters[m] for m in difflib.get_close_matches(letters(key), sorted(by_letters), 1, 0.6)]
         found.append(f"{key}: no such context key" + (f"; did you mean {near[0]}?" if near else ""))
     return found
 

@@ -107,6 +107,8 @@ class SchedulerNetwork(Construct):
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
     ) -> None:
         super().__init__(scope, construct_id)
+        if scheduler_pods not in SCHEDULER_PODS:
+            raise ValueError(f"scheduler_pods: expected one of {', '.join(SCHEDULER_PODS)}, got {scheduler_pods!r}")
         self.private_dns = private_dns
         self.endpoint_urls: dict[str, str] = {}
         if vpc_id:

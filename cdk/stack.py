@@ -329,15 +329,22 @@ class GpuSchedulerStack(Stack):
             self.deletion_cost.role.add_to_policy(statement)
 
     def _config_command(self) -> str:
-        """The ``scheduler-config`` line that writes what ``cdk.out/manifests/gpu-scheduler.yaml`` holds."""
+        """The ``scheduler-config`` line that writes what ``cdk.out/manifests/gpu-scheduler.yaml`` holds (from
+        the same options)."""
         config = self.config
-        flags = " --sharing" if config.sharing else ""
-        if config.scheduler_pods == "securityGroupPolicy":
-            flags += f" --pod-security-group {self.network.scheduler_security_group_id}"
-        flags += "".join(f" --node-selector {key}={value}" for key, value in config.node_selector.items())
+        options = config.scheduler_options(self.api.url, self.network.scheduler_security_group_id)
+        flags = [f"--url {options.extender_url}"]
+        flags += ["--sharing"] if options.sharing else []
+        flags += ["--gpu-pods-only"] if options.gpu_pods_only else []
+        flags += [f"--security-group {options.security_group}"] if options.security_group else []
+        flags += [f"--node-selector {key}={value}" for key, value in options.node_selector.items()]
+        if options.sharing:
+            flags += [f"--share-device {options.share_device}", f"--reservation-image {options.reservation_image}"]
+        flags += [f"--weight {options.weight}", f"--image {options.image}"]
+        flags += [] if config.admission_policy else ["--no-admission-policy"]
         return (
-            f"gpu-scheduler scheduler-config --url {self.api.url}{flags} --weight {config.extender_weight} "
-            f"--image {config.scheduler_image} --out gpu-scheduler.yaml && kubectl apply -f gpu-scheduler.yaml"
+            f"gpu-scheduler scheduler-config {' '.join(flags)} --out gpu-scheduler.yaml && "
+            "kubectl apply -f gpu-scheduler.yaml"
         )
 
     def _acknowledge(self) -> None:

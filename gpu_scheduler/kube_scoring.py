@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler_core.k8s.names import GPU_RESOURCE
-from scheduler_core.k8s.pods import effective_cpu_milli, effective_gpu_request
+from scheduler_core.k8s.pods import combine_requests, effective_cpu_milli, effective_gpu_request
 from scheduler_core.k8s.quantity import parse_quantity
 
 MAX_NODE_SCORE = 100
@@ -84,13 +84,19 @@ def request_of(pod: Mapping[str, Any]) -> tuple[int, int, int]:
 
 
 def _memory_bytes(spec: Mapping[str, Any]) -> int:
-    def of(container: Mapping[str, Any]) -> int:
+    """Memory as kube-scheduler's ``PodRequests`` sums it (:func:`~scheduler_core.k8s.pods.combine_requests`:
+    sidecars beside the app containers, the init containers' peak), plus ``spec.overhead``; a container's
+    request, else its limit."""
+
+    def of(container: Mapping[str, Any]) -> list[int]:
         resources = container.get("resources") or {}
         value = (resources.get("requests") or {}).get("memory") or (resources.get("limits") or {}).get("memory")
-        return int(parse_quantity(value)) if value else 0
+        return [int(parse_quantity(value)) if value else 0]
 
-    app = sum(of(c) for c in spec.get("containers") or [])
-    return max([app, *(of(c) for c in spec.get("initContainers") or [])])
+    app = (of(c) for c in spec.get("containers") or [])
+    init = ((c.get("restartPolicy") == "Always", of(c)) for c in spec.get("initContainers") or [])
+    overhead = (spec.get("overhead") or {}).get("memory")
+    return combine_requests(app, init, 1)[0] + (int(parse_quantity(overhead)) if overhead else 0)
 
 
 def _least(requested: int, capacity: int) -> int:

@@ -362,8 +362,11 @@ def security_group_policy_guard(
 ) -> list[dict[str, Any]]:
     """A policy and its binding that admit a ``SecurityGroupPolicy`` naming ``group`` (the one the extender
     API's endpoint admits) only as the product writes it: ``name`` in ``namespace``, selecting the pods with
-    ``pod_labels`` and nothing else. Whoever may create SecurityGroupPolicies could otherwise put any pod of
-    theirs in that group, and so in reach of the API."""
+    ``pod_labels`` and nothing else; with no ``name`` (the scheduler pods' nodes carry the group), none at
+    all. Whoever may create SecurityGroupPolicies could otherwise put any pod of theirs in that group, and
+    so in reach of the API."""
+    owner = f"only the SecurityGroupPolicy {namespace}/{name} may name it" if name else "no SecurityGroupPolicy may "
+    owner += "" if name else "name it (the scheduler's nodes carry it)"
     selector = "{'matchLabels': {" + ", ".join(f"'{k}': '{v}'" for k, v in sorted(pod_labels.items())) + "}}"
     spec = {
         "matchConstraints": {
@@ -387,9 +390,10 @@ def security_group_policy_guard(
         ],
         "validations": [
             {
-                "expression": f"request.namespace == '{namespace}' && object.metadata.name == '{name}'",
-                "message": f"security group {group} is the one the gpu-scheduler extender API admits: only the "
-                f"SecurityGroupPolicy {namespace}/{name} may name it",
+                "expression": f"request.namespace == '{namespace}' && object.metadata.name == '{name}'"
+                if name
+                else "false",
+                "message": f"security group {group} is the one the gpu-scheduler extender API admits: {owner}",
                 "reason": "Forbidden",
             },
             {

@@ -79,6 +79,9 @@ pods onto it; ``=config.yaml`` back (docs/deploy.md#the-way-back)."""
 SECURE_PORT = 10259
 CONFIG_HASH_ANNOTATION = "gpu-scheduler.io/config-sha256"
 _LABELS = {"app.kubernetes.io/name": SCHEDULER_NAME, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
+POD_SELECTOR = {"app.kubernetes.io/name": SCHEDULER_NAME}
+"""The scheduler's pods, and only them: the Deployment's selector, its PDB's, and its SecurityGroupPolicy's
+(which ``gpu-scheduler-security-group`` holds to exactly this)."""
 
 
 def feature_gates(version: str) -> dict[str, bool]:
@@ -114,9 +117,9 @@ class SchedulerOptions:
     local kube-scheduler (a trial, or the e2e suite). ``node_cache_capable`` False sends full Node
     objects instead of names: for small development clusters without a snapshot only.
 
-    The private API's endpoint admits one security group: ``pod_security_group`` puts the scheduler pods
-    in it with a ``SecurityGroupPolicy`` (Security Groups for Pods), or ``node_selector`` runs them on a
-    node group that carries it (tolerating those label keys' taints).
+    The private API's endpoint admits one security group, :attr:`security_group`: a ``SecurityGroupPolicy``
+    puts the scheduler pods in it (Security Groups for Pods), or ``node_selector`` runs them on a node group
+    that carries it (tolerating those label keys' taints).
     """
 
     extender_url: str
@@ -151,12 +154,14 @@ class SchedulerOptions:
     """The ``EC2NodeClass`` the GPU NodePools launch on (``manifests/nodepool.py``); empty: no NodePools."""
     karpenter_consolidation: str = "WhenEmpty"
     """The whole-GPU NodePool's ``consolidationPolicy`` (the shared pool's is always ``WhenEmpty``)."""
-    pod_security_group: str = ""
-    """The security group the extender's endpoint admits, given to the scheduler pods by a
-    ``SecurityGroupPolicy`` (the VPC CNI's ``ENABLE_POD_ENI``); empty: none is written."""
+    security_group: str = ""
+    """The security group the extender's endpoint admits. Without ``node_selector`` the scheduler pods get it
+    from a ``SecurityGroupPolicy`` (the VPC CNI's ``ENABLE_POD_ENI``); with one, their nodes carry it. Either
+    way ``gpu-scheduler-security-group`` keeps any other SecurityGroupPolicy from naming it. Empty: neither
+    is written."""
     node_selector: Mapping[str, str] = field(default_factory=dict)
-    """Labels of the nodes the scheduler pods run on (a node group in the admitted security group); the
-    pods tolerate taints with these keys."""
+    """Labels of the nodes the scheduler pods run on (a node group in :attr:`security_group`); the pods
+    tolerate taints with these keys."""
 
     def problems(self) -> list[str]:
         """Every invalid option, by name."""
@@ -197,13 +202,12 @@ class SchedulerOptions:
             )
         if self.karpenter_node_class and not _DNS_NAME.fullmatch(self.karpenter_node_class):
             found.append(f"karpenter_node_class: expected an EC2NodeClass name, got {self.karpenter_node_class!r}")
-        if not isinstance(self.pod_security_group, str) or any(c.isspace() for c in self.pod_security_group):
-            found.append(f"pod_security_group: expected a security group ID (sg-...), got {self.pod_security_group!r}")
-        if self.pod_security_group and self.node_selector:
-            found.append(
-                "pod_security_group, node_selector: give one (a SecurityGroupPolicy puts the pods in the group "
-                "on any node; a node selector runs them on nodes in it), not both"
-            )
+        if not isinstance(self.security_group, str) or not (
+            not self.security_group
+            or _SECURITY_GROUP.fullmatch(self.security_group)
+            or _TOKEN.fullmatch(self.security_group)
+        ):
+            found.append(f"security_group: expected a security group ID (sg-...), got {self.security_group!r}")
         if not isinstance(self.node_selector, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) and _LABEL_KEY.fullmatch(k) and _LABEL_VALUE.fullmatch(v)
             for k, v in self.node_selector.items()
@@ -226,6 +230,9 @@ _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}")
 _LABEL_VALUE = re.compile(rf"({_LABEL_NAME})?")
 MAX_NODE_SELECTOR = 8
+_SECURITY_GROUP = re.compile(r"sg-[0-9a-f]{8}(?:[0-9a-f]{9})?")
+_TOKEN = re.compile(r"\$\{Token\[[A-Za-z0-9_.-]+\]\}")
+"""A CDK token: a security group the stack makes, known after deploy."""
 SECURITY_GROUP_POLICY_API = "vpcresources.k8s.aws/v1beta1"
 """The VPC resource controller's ``SecurityGroupPolicy`` (EKS runs the controller; the VPC CNI needs
 ``ENABLE_POD_ENI=true`` and the nodes a trunk interface)."""
@@ -434,7 +441,7 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
     config_text = dump_yaml(scheduler_configuration(options))
     break_glass_text = dump_yaml(break_glass_configuration(options))
     config_hash = hashlib.sha256((config_text + break_glass_text).encode()).hexdigest()[:16]
-    selector = {"app.kubernetes.io/name": SCHEDULER_NAME}
+    selector = dict(POD_SELECTOR)
     probe = {"httpGet": {"path": "/healthz", "port": SECURE_PORT, "scheme": "HTTPS"}}
     container = {
         "name": "kube-scheduler",
@@ -530,9 +537,21 @@ def _placement(node_selector: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+def parse_node_selector(items: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """``key=value`` items as a node selector, and the items without ``=`` (for the caller to name); the
+    keys and values themselves are :meth:`SchedulerOptions.problems`' to check.
+
+    >>> parse_node_selector(["role=scheduler", "pool"])
+    ({'role': 'scheduler'}, ['pool'])
+    """
+    pairs = [item.partition("=") for item in items]
+    return {key: value for key, equals, value in pairs if equals}, [key for key, equals, _ in pairs if not equals]
+
+
 def _security_group_policy(options: SchedulerOptions) -> list[dict[str, Any]]:
-    """The ``SecurityGroupPolicy`` that puts the scheduler pods, and only them, in ``pod_security_group``."""
-    if not options.pod_security_group:
+    """The ``SecurityGroupPolicy`` that puts the scheduler pods, and only them, in :attr:`security_group`
+    (none with a node selector: the nodes carry it)."""
+    if not options.security_group or options.node_selector:
         return []
     return [
         {
@@ -540,8 +559,8 @@ def _security_group_policy(options: SchedulerOptions) -> list[dict[str, Any]]:
             "kind": "SecurityGroupPolicy",
             "metadata": _meta(SCHEDULER_NAME, options.namespace),
             "spec": {
-                "podSelector": {"matchLabels": {"app.kubernetes.io/name": SCHEDULER_NAME}},
-                "securityGroups": {"groupIds": [options.pod_security_group]},
+                "podSelector": {"matchLabels": dict(POD_SELECTOR)},
+                "securityGroups": {"groupIds": [options.security_group]},
             },
         }
     ]
@@ -581,9 +600,10 @@ def all_manifests(options: SchedulerOptions, *, admission_policy: bool = True) -
     holds."""
     account = f"system:serviceaccount:{options.namespace}:{SCHEDULER_NAME}"
     policies = admission_policies(sharing=options.sharing, scheduler_account=account) if admission_policy else []
-    if admission_policy and options.pod_security_group:
-        selector = {"app.kubernetes.io/name": SCHEDULER_NAME}
-        policies += security_group_policy_guard(options.pod_security_group, options.namespace, SCHEDULER_NAME, selector)
+    if admission_policy and options.security_group:
+        # With a node selector, no SecurityGroupPolicy may name the group: the guard admits none.
+        own = "" if options.node_selector else SCHEDULER_NAME
+        policies += security_group_policy_guard(options.security_group, options.namespace, own, POD_SELECTOR)
     made = options.sharing and reserving(options.reservation_image)
     image = options.reservation_image
     owners = {RESERVATION_CLASS: RESERVATION_NAMESPACE, PLACEHOLDER_CLASS: PLACEHOLDER_NAMESPACE}

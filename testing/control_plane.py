@@ -500,7 +500,7 @@ class ControlPlane:
             )
         mutating = ["--mutating-policy", found.mutating_policy[0].rsplit("/", 1)[1]] if found.mutating_policy else []
         # The access documents only (a SecurityGroupPolicy is no access document: it names an unused group).
-        argv = ["--url", "https://unused.invalid/extender", "--pod-security-group", "sg-00000000", "--sharing"]
+        argv = ["--url", "https://unused.invalid/extender", "--security-group", "sg-00000000", "--sharing"]
         self.apply_access(generated_manifests([*argv, *mutating]))
 
     # -- who is who ---------------------------------------------------------------------------

@@ -42,7 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--port", type=port, default=8888, help="0 picks a free port (printed on stdout)")
     state = parser.add_mutually_exclusive_group()
-    state.add_argument("--cluster", type=Path, help='JSON {"nodes": [v1 Node], "pods": [v1 Pod]} for GPU usage')
+    state.add_argument(
+        "--cluster",
+        type=Path,
+        help="the cluster from a file, JSON or YAML: what kubectl get nodes,pods -A -o json prints, or "
+        '{"nodes": [v1 Node], "pods": [v1 Pod]}',
+    )
     add_flags(state, ExtenderSettings, SOURCE, from_env=True)
     state.add_argument(
         "--watch",

@@ -742,7 +742,7 @@ def test_the_manifests_put_the_scheduler_pods_in_the_security_group_the_endpoint
     output = synthesised.template.find_outputs("SchedulerSecurityGroupId")["SchedulerSecurityGroupId"]["Value"]
     assert output == admitted
     command = joined(synthesised.template.find_outputs("SchedulerConfigCommand")["SchedulerConfigCommand"]["Value"])
-    assert " --pod-security-group " in command
+    assert " --security-group " in command
 
 
 def test_a_group_the_stack_makes_for_the_scheduler_pods_lets_out_only_https_and_dns(synth: Synthesise) -> None:
@@ -769,7 +769,8 @@ def test_with_a_node_selector_the_scheduler_pods_run_on_the_admitted_node_group(
     rules = [r["Properties"] for r in synthesised.resources("AWS::EC2::SecurityGroupIngress").values()]
     assert not [r for r in rules if admitted in (r["GroupId"], r.get("SourceSecurityGroupId"))]
     command = joined(synthesised.template.find_outputs("SchedulerConfigCommand")["SchedulerConfigCommand"]["Value"])
-    assert "--node-selector eks.amazonaws.com/nodegroup=schedulers" in command and "--pod-security-group" not in command
+    assert "--node-selector eks.amazonaws.com/nodegroup=schedulers" in command
+    assert f"--security-group {admitted}" in command  # for the guard: no SecurityGroupPolicy may name it
 
 
 def test_with_an_imported_endpoint_the_manifests_leave_the_scheduler_pods_network_to_its_owner(
@@ -779,3 +780,38 @@ def test_with_an_imported_endpoint_the_manifests_leave_the_scheduler_pods_networ
     docs = synthesised.stack.resolve(synthesised.stack.manifests)
     assert "SecurityGroupPolicy" not in [d["kind"] for d in docs]
     assert "SchedulerSecurityGroupId" not in synthesised.template.find_outputs("*")
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        {"sharing": True, "extenderGpuPodsOnly": True, "shareDevice": "env", "admissionPolicy": False},
+        {"schedulerNodeSelector": "role=scheduler", **IMPORTED_NETWORK},
+        IMPORTED_ENDPOINT,
+    ],
+    ids=["sharing, GPU pods only, env devices, no admission policies", "a node selector", "an imported endpoint"],
+)
+def test_the_scheduler_config_command_writes_what_the_stack_applies(synth: Synthesise, context: dict[str, Any]) -> None:
+    """The ``SchedulerConfigCommand`` output, run with the deploy-time URL and group, writes the documents the
+    stack makes from its options with them (and applies with ``applyManifests``)."""
+    import shlex
+
+    from gpu_scheduler.cli import main
+    from manifests.scheduler import all_manifests
+
+    synthesised = synth(**context)
+    stack, config = synthesised.stack, synthesised.stack.config
+    url, group = "https://abc-vpce-0123.execute-api.us-east-1.amazonaws.com/v1", "sg-0123456789abcdef0"
+    command = stack._config_command().replace(stack.api.url, url)
+    made = stack.network.scheduler_security_group_id
+    if made:
+        command = command.replace(made, group)
+    argv = shlex.split(command.split(" && ")[0])[1:]
+    out = synthesised.outdir / "command.yaml"
+    assert argv[0] == "scheduler-config" and argv[-2:] == ["--out", "gpu-scheduler.yaml"]
+    assert main([*argv[:-2], "--out", str(out)]) == 0
+    expected = all_manifests(
+        config.scheduler_options(url, group if made else ""), admission_policy=config.admission_policy
+    )
+    assert list(yaml.safe_load_all(out.read_text())) == expected
+    assert [d["kind"] for d in expected] == [d["kind"] for d in stack.manifests]

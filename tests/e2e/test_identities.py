@@ -328,7 +328,7 @@ def test_only_the_products_security_group_policy_may_name_the_group_the_extender
     cluster: ControlPlane, tenant: KubeRest
 ) -> None:
     """The manifests' ``gpu-scheduler-security-group`` policy (the harness applies the generated access
-    documents with ``--pod-security-group sg-00000000``): a tenant who may create SecurityGroupPolicies
+    documents with ``--security-group sg-00000000``): a tenant who may create SecurityGroupPolicies
     cannot put a pod of theirs in that group; an administrator cannot widen the product's own; the product's
     is admitted, and any other group is the tenant's business."""
     if not policies_served(cluster):
@@ -359,7 +359,7 @@ def test_only_the_products_security_group_policy_may_name_the_group_the_extender
     ])  # fmt: skip
     (product,) = [
         d
-        for d in generated_manifests(["--url", "https://x.example/v1", "--pod-security-group", "sg-00000000"])
+        for d in generated_manifests(["--url", "https://x.example/v1", "--security-group", "sg-00000000"])
         if d["kind"] == "SecurityGroupPolicy"
     ]
 

@@ -150,6 +150,19 @@ def test_explain_takes_kubectls_list_and_a_yaml_pod(capsys: pytest.CaptureFixtur
     assert rows["a100-1"]["passed"] and rows["a100-0"]["gpus_used"] == 7  # the List's pod is counted
 
 
+def test_a_hand_written_pod_may_give_its_quantities_as_numbers(
+    capsys: pytest.CaptureFixture[str], cluster: Path
+) -> None:
+    """``cpu: 0.5`` and ``nvidia.com/gpu: 2`` unquoted, as the API server accepts them: read as it would."""
+    pod = cluster.parent / "pod.yaml"
+    pod.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: hand, namespace: ml}\nspec:\n  containers:\n  - name: m\n"
+        "    resources:\n      limits: {nvidia.com/gpu: 2}\n      requests: {cpu: 0.5, memory: 1Gi}\n"
+    )
+    assert main(["explain", "--pod", str(pod), "--cluster", str(cluster), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpus"] == 2
+
+
 def test_explain_counts_the_nodes_kube_schedulers_own_count_refuses(
     capsys: pytest.CaptureFixture[str], cluster: Path
 ) -> None:

@@ -379,7 +379,7 @@ SG = "sg-0123456789abcdef0"
 
 
 def test_a_pod_security_group_puts_the_scheduler_pods_and_no_others_in_it_before_they_start() -> None:
-    docs = all_manifests(SchedulerOptions(extender_url=URL, pod_security_group=SG))
+    docs = all_manifests(SchedulerOptions(extender_url=URL, security_group=SG))
     (policy,) = _by_kind(docs, "SecurityGroupPolicy")
     (deployment,) = [d for d in _by_kind(docs, "Deployment") if d["metadata"]["name"] == "gpu-scheduler"]
     # The fields of the VPC resource controller's v1beta1 SecurityGroupPolicySpec: podSelector (a
@@ -414,13 +414,19 @@ def test_a_node_selector_runs_the_scheduler_pods_on_that_node_group_tolerating_i
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"pod_security_group": SG, "node_selector": {"a": "b"}}, "pod_security_group, node_selector: give one"),
         ({"node_selector": {"bad key": "x"}}, "node_selector: expected label keys and values"),
         ({"node_selector": {"a": "-x"}}, "node_selector: expected label keys and values"),
         ({"node_selector": {f"k{i}": "v" for i in range(9)}}, "node_selector: at most 8 labels, got 9"),
-        ({"pod_security_group": "sg 1"}, "pod_security_group: expected a security group ID"),
+        ({"security_group": "sg 1"}, "security_group: expected a security group ID"),
+        ({"security_group": "sg-1' || true || '"}, "security_group: expected a security group ID"),
     ],
-    ids=["both", "a key with a space", "a value starting with a dash", "too many labels", "a group with a space"],
+    ids=[
+        "a key with a space",
+        "a value starting with a dash",
+        "too many labels",
+        "a group with a space",
+        "CEL in a group",
+    ],
 )
 def test_bad_scheduler_pod_networks_are_named(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -431,16 +437,16 @@ def test_cli_wires_the_scheduler_pods_network_and_warns_without_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "m.yaml"
-    assert main(["scheduler-config", "--url", URL, "--pod-security-group", SG, "--out", str(out)]) == 0
+    assert main(["scheduler-config", "--url", URL, "--security-group", SG, "--out", str(out)]) == 0
     docs = list(yaml.safe_load_all(out.read_text()))
-    assert docs == all_manifests(SchedulerOptions(extender_url=URL, pod_security_group=SG))
+    assert docs == all_manifests(SchedulerOptions(extender_url=URL, security_group=SG))
     assert "warning" not in capsys.readouterr().err
     assert main(["scheduler-config", "--url", URL, "--node-selector", "role=scheduler", "--out", str(out)]) == 0
     assert "warning" not in capsys.readouterr().err
     assert main(["scheduler-config", "--url", URL, "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    assert "warning: neither --pod-security-group nor --node-selector" in err
-    assert "WARNING: neither --pod-security-group" in out.read_text()
+    assert "warning: neither --security-group nor --node-selector" in err
+    assert "WARNING: neither --security-group" in out.read_text()
     # On loopback (serve beside a local kube-scheduler) there is no endpoint to admit anyone: no warning.
     assert main(["scheduler-config", "--url", "http://127.0.0.1:8888", "--out", str(out)]) == 0
     assert "warning" not in capsys.readouterr().err
@@ -472,7 +478,7 @@ def test_the_break_glass_configuration_is_the_same_scheduler_without_the_extende
 def test_a_pod_security_group_comes_with_the_policy_that_keeps_others_out_of_it() -> None:
     """Who may create SecurityGroupPolicies could put any pod in the group the API admits: the manifests
     carry ``gpu-scheduler-security-group`` with the group's policy (tests/e2e/test_identities.py runs it)."""
-    docs = all_manifests(SchedulerOptions(extender_url=URL, pod_security_group=SG))
+    docs = all_manifests(SchedulerOptions(extender_url=URL, security_group=SG))
     (guard,) = [
         d for d in _by_kind(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"].endswith("security-group")
     ]
@@ -484,8 +490,20 @@ def test_a_pod_security_group_comes_with_the_policy_that_keeps_others_out_of_it(
         if d["metadata"]["name"] == guard["metadata"]["name"]
     ]
     assert binding["spec"]["validationActions"] == ["Deny"]
-    without = all_manifests(SchedulerOptions(extender_url=URL, pod_security_group=SG), admission_policy=False)
+    without = all_manifests(SchedulerOptions(extender_url=URL, security_group=SG), admission_policy=False)
     assert not _by_kind(without, "ValidatingAdmissionPolicy") and _by_kind(without, "SecurityGroupPolicy")
     assert not [
         d for d in all_manifests(SchedulerOptions(extender_url=URL)) if d["metadata"]["name"].endswith("security-group")
     ]
+
+
+def test_with_a_node_selector_no_security_group_policy_may_name_the_group() -> None:
+    """The scheduler's nodes carry the group: the manifests write no SecurityGroupPolicy, and the guard admits
+    none that names it (tests/e2e/test_identities.py runs it)."""
+    docs = all_manifests(SchedulerOptions(extender_url=URL, security_group=SG, node_selector={"role": "scheduler"}))
+    assert not _by_kind(docs, "SecurityGroupPolicy")
+    (guard,) = [
+        d for d in _by_kind(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"].endswith("security-group")
+    ]
+    (refusal, _) = guard["spec"]["validations"]
+    assert refusal["expression"] == "false" and "no SecurityGroupPolicy may name it" in refusal["message"]
