@@ -34,9 +34,9 @@ from adapters.kube import RetryPolicy, connect_url
 from adapters.ledger_readings import LedgerReadings
 from bench.ledger import SHARES, TABLE, create_table
 from bench.timing import run_threads
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from scheduler_core.extender.facade import BindOutcome, Extender
 from scheduler_core.extender.wire import ExtenderArgs
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.ledger import NodeLedger
 from testing.kube_double import KubeApiDouble

@@ -12,7 +12,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpu_scheduler.commands.common import int_list
+
+def int_list(text: str) -> list[int]:
+    """``1000,10000``: positive integers (an argparse ``type``)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from exc
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
 
 
 def _extender(args: argparse.Namespace) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import BindWatch, ControlPlane, generated_scheduler_config, missing
 from testing.product import Processes, requests_served, share_usage
 

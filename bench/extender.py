@@ -17,12 +17,12 @@ import numpy as np
 from adapters.runtime import tune_allocator
 from bench.lambda_path import warm_path
 from bench.timing import time_us
-from gpu_scheduler.synthetic import CATALOGUE, ZONES, make_node, make_pod
 from scheduler_core.extender.facade import Extender, ExtenderConfig
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
 from scheduler_core.scoring.gpu_fit import ScoreWeights, filter_nodes
 from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, SHARE_POLICIES, share_policy
+from scheduler_core.simulator.synthetic import CATALOGUE, ZONES, make_node, make_pod
 from scheduler_core.state.cluster import ClusterState
 from testing.reference import reference_reasons, reference_scores
 from testing.synthetic import synthetic_table

@@ -37,16 +37,16 @@ import numpy as np
 import numpy.typing as npt
 
 from bench import check_choices
-from gpu_scheduler.traces import openb_dir, openb_traces, synthetic_trace
 from manifests.scheduler import GPU_RESOURCE, SchedulerOptions, profile
 from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
+from scheduler_core.placement.model import Cluster, Task, Workload, tightest
+from scheduler_core.placement.policies import Context, Scores
 from scheduler_core.scoring.gpu_fit import ScoreWeights
 from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, Fragmentation, SharePolicy, share_policy
-from scheduler_core.sharing.model import Cluster, Task, Workload, tightest
-from scheduler_core.sharing.policies import Context, Scores
-from scheduler_core.sharing.simulate import simulate
+from scheduler_core.simulator.simulate import simulate
+from scheduler_core.simulator.traces import openb_dir, openb_traces, synthetic_trace
 
 PLUGINS = ("most_allocated", "balanced_allocation")
 MAX_NODE_SCORE = 100  # kube-scheduler's framework.MaxNodeScore
@@ -110,7 +110,7 @@ def balanced_allocation(
 
 @dataclass
 class KubeScheduler:
-    """A scorer for :func:`~scheduler_core.sharing.simulate.simulate` (run with ``tie="random"``): each
+    """A scorer for :func:`~scheduler_core.simulator.simulate.simulate` (run with ``tie="random"``): each
     feasible node's total as kube-scheduler adds it up for the extender's 0..10 and ``plugins``; the
     GPU each share would take at bind."""
 

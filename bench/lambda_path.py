@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from bench.timing import time_us
-from gpu_scheduler.synthetic import make_pod
+from scheduler_core.simulator.synthetic import make_pod
 from scheduler_core.state.snapshot import write_snapshot
 from testing.synthetic import synthetic_snapshot
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import ControlPlane, missing
 from testing.lambda_watch import Schedule, probe, wait_stored
 from testing.product import Processes

@@ -1,7 +1,7 @@
 """``gpu-scheduler bench node-caps``: what one node that says ``nvidia.com/gpu: 2147483647`` costs both state
 builders, side by side with the healthy nodes alone.
 
-Two clusters are built from the same synthetic nodes and pods (``gpu_scheduler.synthetic``): the healthy
+Two clusters are built from the same synthetic nodes and pods (``scheduler_core.simulator.synthetic``): the healthy
 nodes alone, and the same plus one node whose status says 2,147,483,647 GPUs. For each, both builders run
 in this process, a few times in alternation: the refresher's (``build_snapshot`` and ``write_snapshot``:
 the snapshot's bytes) and ``serve --watch``'s (``NodeFacts.of`` and ``ClusterState.from_uses``: the live
@@ -24,7 +24,7 @@ import numpy as np
 
 def liar(gpus: int = 2**31 - 1) -> dict[str, Any]:
     """An A100 node named ``liar`` whose status says ``gpus`` GPUs."""
-    from gpu_scheduler.synthetic import CATALOGUE, make_node
+    from scheduler_core.simulator.synthetic import CATALOGUE, make_node
 
     node = make_node("liar", next(shape for shape in CATALOGUE if shape.model == "A100"), "us-east-1a")
     for part in ("capacity", "allocatable"):
@@ -47,7 +47,7 @@ def _measure(build: Callable[[], object]) -> tuple[float, float]:
 
 
 def run(n_nodes: int, pods_per_node: float, repeat: int, seed: int, liar_gpus: int = 2**31 - 1) -> dict[str, Any]:
-    from gpu_scheduler.synthetic import make_pod, synthetic_cluster
+    from scheduler_core.simulator.synthetic import make_pod, synthetic_cluster
     from scheduler_core.state.allocation import pod_use
     from scheduler_core.state.cluster import ClusterState, NodeFacts
     from scheduler_core.state.snapshot import build_snapshot, write_snapshot

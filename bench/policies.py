@@ -5,7 +5,7 @@ beside it), on the openb trace when ``../shared/data/openb`` has it and on a syn
 otherwise. Reported per policy: wall seconds for the seed, decisions (every task that arrives, placed
 or not), microseconds per decision, and unallocated GPU % at 100 % arrived. A policy whose scores are per
 node (FGD's) runs twice, side by side: as ``simulate`` runs it, with its scores kept between decisions
-(:mod:`scheduler_core.sharing.policies.memo`), and recomputed on every decision; both runs' seconds are
+(:mod:`scheduler_core.placement.policies.memo`), and recomputed on every decision; both runs' seconds are
 process CPU time, and ``same_placements`` says whether the two runs' curves are identical.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from bench import check_choices
-from gpu_scheduler.traces import openb_dir, openb_traces, read_nodes, read_tasks, synthetic_trace
-from scheduler_core.sharing.model import Cluster, Task, Workload
-from scheduler_core.sharing.policies import registry
-from scheduler_core.sharing.simulate import simulate
+from scheduler_core.placement.model import Cluster, Task, Workload
+from scheduler_core.placement.policies import registry
+from scheduler_core.simulator.simulate import simulate
+from scheduler_core.simulator.traces import openb_dir, openb_traces, read_nodes, read_tasks, synthetic_trace
 
 
 def load(trace: str, openb: Path) -> tuple[str, Cluster, list[Task]]:

@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bench import check_choices
-from gpu_scheduler.traces import openb_dir, openb_traces
+from scheduler_core.simulator.traces import openb_dir, openb_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = {
@@ -33,9 +33,9 @@ POLICIES = {
 
 
 def _run(trace: str, policy: str, seed: int, tie_order: int | None = None) -> tuple[str, str, int, float, float]:
-    from gpu_scheduler.traces import read_nodes, read_tasks
-    from scheduler_core.sharing.model import Workload
-    from scheduler_core.sharing.simulate import simulate
+    from scheduler_core.placement.model import Workload
+    from scheduler_core.simulator.simulate import simulate
+    from scheduler_core.simulator.traces import read_nodes, read_tasks
 
     cluster = read_nodes(openb_dir() / "openb_node_list_gpu_node.csv")
     tasks = read_tasks(openb_dir() / f"openb_pod_list_{trace}.csv")
@@ -334,7 +334,7 @@ def floor(traces: list[str]) -> int:
     cluster's GPUs: at least the L2 bound's, and no more than first-fit decreasing's (offline, every
     share known in advance, CPU and GPU models ignored). Where the trace's GPU demand is under 100 % of
     the GPUs, every share has arrived by 100 % arrived, so the L2 figure bounds unallocated GPU % there."""
-    from gpu_scheduler.traces import read_nodes, read_tasks
+    from scheduler_core.simulator.traces import read_nodes, read_tasks
 
     total = read_nodes(openb_dir() / "openb_node_list_gpu_node.csv").total_gpus * 1000
     print("| trace | GPU demand, % of the GPUs | shares | GPUs they need: L2 bound / first-fit decreasing "

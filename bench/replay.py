@@ -2,7 +2,7 @@
 
 The trace's GPU nodes become Ready nodes of a real kube-apiserver (``testing.control_plane``), with their
 CPU, memory, GPUs and GPU model label. The pods arrive in the protocol's order: shuffled by the seed,
-inflated by ``tune`` (:func:`scheduler_core.sharing.simulate.tune_order`, the same draws as
+inflated by ``tune`` (:func:`scheduler_core.simulator.simulate.tune_order`, the same draws as
 ``simulate``), no departures. Each is submitted to the real kube-scheduler running the configuration
 ``gpu-scheduler scheduler-config --sharing`` generates, with ``gpu-scheduler serve --watch
 --ledger-table`` as its extender (the GPU ledger in moto's DynamoDB server): whole GPUs as
@@ -13,13 +13,14 @@ One pod at a time: the next is submitted once the API server shows this one boun
 has marked it ``Unschedulable``, which the protocol counts as failed (the pod is deleted, as the
 simulator drops it). Where each pod went, and on which GPUs (the ``assigned-gpus`` annotation the bind
 writes; the lowest-index free GPUs for whole GPUs without one, as the simulator takes them), goes into
-:class:`~scheduler_core.sharing.simulate.Recorder`, so the curves have ``simulate``'s definitions:
+:class:`~scheduler_core.simulator.simulate.Recorder`, so the curves have ``simulate``'s definitions:
 unallocated GPU % against arrived %, the fragmentation ratio, and pods failed. ``simulate --policy
 fgd_cpu`` runs on the same (sampled) trace and seed beside it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import signal
@@ -32,8 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from gpu_scheduler.simulation import write_json
-from gpu_scheduler.traces import read_gpu_node_rows, read_tasks
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.k8s.annotations import parse_assigned_gpus
 from scheduler_core.k8s.names import (
@@ -44,9 +43,10 @@ from scheduler_core.k8s.names import (
     LABEL_ZONE,
     MILLI_RESOURCE,
 )
-from scheduler_core.sharing.model import Cluster, Task, whole_gpus
-from scheduler_core.sharing.simulate import Recorder, SimResult, check_trace, simulate, tune_order
-from scheduler_core.sharing.simulate import until as cut
+from scheduler_core.placement.model import Cluster, Task, whole_gpus
+from scheduler_core.simulator.simulate import Recorder, SimResult, check_trace, simulate, tune_order
+from scheduler_core.simulator.simulate import until as cut
+from scheduler_core.simulator.traces import read_gpu_node_rows, read_tasks
 
 NAMESPACE = "replay"
 TABLE = "gpu-ledger"
@@ -295,7 +295,6 @@ def plot(document: dict[str, Any], path: Path) -> None:
 def main(args: Any) -> int:
     """The ``gpu-scheduler replay`` command (``gpu_scheduler/commands/replay.py`` parses the flags). A
     SIGTERM stops it as Ctrl-C does: everything it started is stopped on the way out."""
-    import json
 
     signal.signal(signal.SIGTERM, _interrupt)
     document = run(args.nodes, args.pods, seed=args.seed, tune=args.tune, until=args.until, sample=args.sample,
@@ -303,7 +302,7 @@ def main(args: Any) -> int:
                    config_args=getattr(args, "config_args", None) or (),
                    settle=bool(getattr(args, "settle", False)))  # fmt: skip
     if args.json:
-        write_json(document, args.json)
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
     if args.plot:
         plot(document, args.plot)
     print(json.dumps({k: v for k, v in document.items() if k not in ("replay", f"simulate_{COMPARED_POLICY}")}

@@ -33,12 +33,12 @@ import numpy.typing as npt
 
 from bench import check_choices
 from bench.policies import load
-from gpu_scheduler.traces import openb_dir
 from scheduler_core.k8s.pods import PodDemand
+from scheduler_core.placement.model import MAX_SHAPES, Task, Workload, keep_typical, shape_of, tightest
+from scheduler_core.placement.policies import Context, Scores, registry
 from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, SHARE_POLICIES, Fragmentation, share_policy
-from scheduler_core.sharing.model import MAX_SHAPES, Task, Workload, keep_typical, shape_of, tightest
-from scheduler_core.sharing.policies import Context, Scores, registry
-from scheduler_core.sharing.simulate import simulate
+from scheduler_core.simulator.simulate import simulate
+from scheduler_core.simulator.traces import openb_dir
 
 CANDIDATES = ("fgd", "extender", "fgd_cpu_blind", *(p for p in SHARE_POLICIES if p != DEFAULT_SHARE_POLICY))
 """FGD as the simulator runs it, the default policy as the extender runs it and blind to CPU, and each other

@@ -51,11 +51,11 @@ import numpy as np
 from adapters.snapshot_store import FileSnapshotStore
 from gpu_scheduler.kube_scoring import PRODUCT, STOCK, NodeUse, best, request_of, total_scores
 from gpu_scheduler.simulation import run_many
-from gpu_scheduler.synthetic import demo_pod_stream, synthetic_cluster
-from gpu_scheduler.traces import openb_dir, synthetic_trace, write_trace
 from scheduler_core.k8s.names import LABEL_MEMORY, LABEL_MODEL
 from scheduler_core.k8s.pods import pod_demand
 from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY
+from scheduler_core.simulator.synthetic import demo_pod_stream, synthetic_cluster
+from scheduler_core.simulator.traces import openb_dir, synthetic_trace, write_trace
 from scheduler_core.state.snapshot import build_snapshot, write_snapshot
 
 PLACEMENT_POLICIES = ("fgd", DEFAULT_SHARE_POLICY)
@@ -441,7 +441,7 @@ def placement_comparison(
 ) -> dict[str, Any]:
     """FGD and ours on the same trace and seeds, by the FGD protocol (inflated to 1.3x, no departures):
     unallocated GPU % at 100 % and 130 % arrived, per seed and on average, failed tasks, and seconds per
-    run. openb :data:`PLACEMENT_TRACE` when ``openb`` (default :func:`~gpu_scheduler.traces.openb_dir`)
+    run. openb :data:`PLACEMENT_TRACE` when ``openb`` (default :func:`~scheduler_core.simulator.traces.openb_dir`)
     holds it, else a synthetic look-alike (150 nodes, 1,200 tasks)."""
     openb = openb or openb_dir()
     steps = steps or Steps(0, quiet=True)

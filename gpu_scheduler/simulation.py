@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from gpu_scheduler.traces import read_nodes, read_tasks
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.sharing.model import Workload
-from scheduler_core.sharing.simulate import SimResult, check_trace, simulate
+from scheduler_core.placement.model import Workload
+from scheduler_core.simulator.simulate import SimResult, check_trace, simulate
+from scheduler_core.simulator.traces import read_nodes, read_tasks
 
 
 def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:

@@ -26,6 +26,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -800,19 +801,26 @@ class BindWatch:
         self._thread.join(timeout=10)
 
 
+@lru_cache(maxsize=32)
+def _scheduler_config_output(argv: tuple[str, ...]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_scheduler", "scheduler-config", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"gpu-scheduler scheduler-config {' '.join(argv)} exited with {done.returncode}: {done.stderr}"
+        )
+    return done.stdout
+
+
 def generated_manifests(argv: Sequence[str]) -> list[dict[str, Any]]:
-    """Every document ``gpu-scheduler scheduler-config ARGV`` writes: what the product deploys, exactly."""
-    import contextlib
-    import io
-
-    from gpu_scheduler.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(["scheduler-config", *argv])
-    if code != 0:
-        raise RuntimeError(f"gpu-scheduler scheduler-config {' '.join(argv)} exited with {code}")
-    return [document for document in yaml.safe_load_all(out.getvalue()) if document]
+    """Every document ``gpu-scheduler scheduler-config ARGV`` writes: what the product deploys, exactly. The
+    command runs as its own process (the doubles never import the CLI); its output is kept per ``argv``."""
+    return [document for document in yaml.safe_load_all(_scheduler_config_output(tuple(argv))) if document]
 
 
 def generated_scheduler_config(argv: Sequence[str], which: str = CONFIG_FILE) -> dict[str, Any]:

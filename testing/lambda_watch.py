@@ -18,8 +18,8 @@ from typing import Any
 
 from adapters.live_state import lag_quantiles
 from adapters.snapshot_store import SnapshotSource, SnapshotStore, SnapshotStoreError
-from gpu_scheduler.synthetic import make_pod
 from scheduler_core.errors import ClusterStateUnavailableError
+from scheduler_core.simulator.synthetic import make_pod
 from scheduler_core.state.snapshot import Revision, snapshot_revision
 from testing.control_plane import ControlPlane
 from testing.product import Processes

@@ -1,6 +1,6 @@
 """Synthetic clusters for tests and benchmarks: 100,000-node tables, snapshots, EKS-sized pod lists.
 
-Built on the demo's generator (:mod:`gpu_scheduler.synthetic`). Randomness comes only from the
+Built on the demo's generator (:mod:`scheduler_core.simulator.synthetic`). Randomness comes only from the
 ``rng`` passed in.
 """
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from gpu_scheduler.synthetic import CATALOGUE, DEMO_MIX, ZONES, InstanceShape, make_node, make_pod
 from scheduler_core.k8s.names import LABEL_MODEL, MILLI_PER_GPU
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.scoring.locality import AppIndex
+from scheduler_core.simulator.synthetic import CATALOGUE, DEMO_MIX, ZONES, InstanceShape, make_node, make_pod
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.snapshot import node_utilization
 

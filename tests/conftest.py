@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from adapters.gpu_ledger import LedgerStore
-from gpu_scheduler.synthetic import CATALOGUE, ZONES, make_node, make_pod
-from scheduler_core.sharing.model import Cluster, Workload
-from scheduler_core.sharing.policies.base import Context
+from scheduler_core.placement.model import Cluster, Workload
+from scheduler_core.placement.policies.base import Context
+from scheduler_core.simulator.synthetic import CATALOGUE, ZONES, make_node, make_pod
 from scheduler_core.state.ledger import Demand
 from testing.prometheus import MISSING, PROMETHEUS, PROMTOOL, prometheus_with
 

@@ -3,7 +3,9 @@
 - no import cycle among the product's modules, counting the imports inside functions;
 - ``scheduler_core`` imports only numpy, the standard library and itself;
 - the scheduling path (``extender``, ``state``, ``scoring``, ``k8s``) never reaches the simulators;
-- nothing installed imports ``testing`` or ``bench`` at module level, and ``cdk`` never imports the CLI.
+- nothing installed imports ``testing`` or ``bench`` at module level, and ``cdk`` never imports the CLI;
+- no two folders import each other (a top-level package, or a subpackage of ``scheduler_core`` or
+  ``lambdas``), counting the imports inside functions: each pair of folders has one direction.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import pytest
 from tests.conftest import REPO
 
 PRODUCT = ("scheduler_core", "adapters", "gpu_scheduler", "lambdas", "manifests")
-SIMULATORS = ("scheduler_core.sharing.simulate", "scheduler_core.sharing.locality_sim")
+SIMULATORS = ("scheduler_core.simulator.simulate", "scheduler_core.simulator.locality_sim")
+EVERY_FOLDER = (*PRODUCT, "cdk", "testing", "bench", "tools")
 SCHEDULING_PATH = ("scheduler_core.extender", "scheduler_core.state", "scheduler_core.scoring", "scheduler_core.k8s")
 
 
@@ -130,6 +133,34 @@ def test_cdk_takes_the_manifests_from_their_own_package_not_from_the_cli() -> No
     assert found == set(), found
 
 
+def folder(path: Path) -> str:
+    """The folder a module lives in, for the one-direction rule: a top-level package, or a subpackage of
+    ``scheduler_core`` or ``lambdas`` (``scheduler_core/state/ledger.py`` -> ``scheduler_core.state``,
+    ``scheduler_core/errors.py`` -> ``scheduler_core``, ``adapters/kube.py`` -> ``adapters``)."""
+    parts = path.relative_to(REPO).parent.parts
+    return ".".join(parts[:2] if parts[0] in ("scheduler_core", "lambdas") else parts[:1])
+
+
+def folder_edges() -> dict[tuple[str, str], set[str]]:
+    """(importing folder, imported folder) -> the importing modules, lazy imports included."""
+    known = modules(*EVERY_FOLDER)
+    edges: dict[tuple[str, str], set[str]] = {}
+    for name, path in known.items():
+        for imported in _imports(path, top_level_only=False) & known.keys():
+            pair = (folder(path), folder(known[imported]))
+            if pair[0] != pair[1]:
+                edges.setdefault(pair, set()).add(name)
+    return edges
+
+
+def test_no_two_folders_import_each_other() -> None:
+    edges = folder_edges()
+    both_ways = {
+        f"{a} <-> {b}: {sorted(edges[(a, b)])} / {sorted(edges[(b, a)])}" for (a, b) in edges if (b, a) in edges and a < b
+    }
+    assert both_ways == set(), both_ways
+
+
 def test_the_walker_sees_a_cycle_and_a_forbidden_import(tmp_path: Path) -> None:
     """The rules above can fail: the walker finds what they look for."""
     (tmp_path / "a.py").write_text("import b\nfrom testing.moto import moto_server\n")
@@ -138,3 +169,9 @@ def test_the_walker_sees_a_cycle_and_a_forbidden_import(tmp_path: Path) -> None:
     assert _imports(tmp_path / "b.py", top_level_only=True) == {"a", "a.x"}
     assert "boto3" in _imports(tmp_path / "b.py", top_level_only=False)
     assert "a" in reachable("a", {"a": {"b"}, "b": {"a"}})
+    paths = ("scheduler_core/state/ledger.py", "scheduler_core/errors.py", "scheduler_core/placement/policies/fgd.py")
+    assert [folder(REPO / p) for p in paths] == ["scheduler_core.state", "scheduler_core", "scheduler_core.placement"]
+    assert [folder(REPO / p) for p in ("lambdas/extender/__init__.py", "gpu_scheduler/commands/serve.py")] == [
+        "lambdas.extender",
+        "gpu_scheduler",
+    ]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpu_scheduler.traces import synthetic_trace, write_trace
+from scheduler_core.simulator.traces import synthetic_trace, write_trace
 from tests.conftest import REPO, make_nodes, make_pod
 
 pytestmark = pytest.mark.slow

@@ -47,17 +47,6 @@ def read_document(path: Path | str, what: str) -> Any:
         raise UsageError(f"{what} {path}: {exc}") from exc
 
 
-def int_list(text: str) -> list[int]:
-    """``1000,10000``: positive integers (an argparse ``type``)."""
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from exc
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
 SCORING = (
     "weight_fit",
     "weight_utilization",

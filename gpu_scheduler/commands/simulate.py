@@ -9,7 +9,7 @@ from gpu_scheduler.commands.common import UsageError
 
 HELP = "GPU-sharing placement on a trace, by the FGD paper's protocol"
 TIES = ("shuffled", "first", "random")
-"""``scheduler_core.sharing.simulate.TIES``, repeated so that the parser loads no numpy (a test keeps them equal)."""
+"""``scheduler_core.simulator.simulate.TIES``, repeated so that the parser loads no numpy (a test keeps them equal)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpu_scheduler.simulation import parse_seeds, plot, run_many, write_json
-    from scheduler_core.sharing.policies import registry
+    from scheduler_core.placement.policies import registry
 
     if args.policy not in registry():
         raise UsageError(f"--policy: expected one of {', '.join(sorted(registry()))}, got {args.policy!r}")

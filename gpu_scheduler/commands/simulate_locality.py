@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scheduler_core.sharing.locality_sim import simulate_locality
+    from scheduler_core.simulator.locality_sim import simulate_locality
 
     if args.services < 2 or args.zones < 1 or args.runs < 1:
         raise UsageError("--services must be at least 2, --zones and --runs at least 1")

@@ -138,7 +138,7 @@ instance-type reference prints them (``website/content/en/preview/reference/inst
 ``aws/karpenter-provider-aws``; the p3 rows from its v1.12 copy) and its EC2 test data confirms for
 ``g4dn``, ``g5`` and ``p5`` (``pkg/fake/zz_generated.describe_instance_types.go``). The reported
 figures are those on record in this project: an H200's from ``../shared/fixtures/gpu/h200`` (NVML's
-total), the others as GFD labels those nodes (``gpu_scheduler.synthetic.CATALOGUE``)."""
+total), the others as GFD labels those nodes (``scheduler_core.simulator.synthetic.CATALOGUE``)."""
 
 
 KNOWN_MODELS = frozenset(t.model for t in INSTANCE_TYPES)

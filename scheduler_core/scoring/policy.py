@@ -2,7 +2,7 @@
 
 :class:`SharePolicy` is what ``prioritize``, ``explain``, ``bench kube-scores`` and ``bench
 share-policy`` call, and :func:`share_policy` the only place a policy is found by name. A policy is
-declared once in :mod:`scheduler_core.sharing.policies` (its scorer, whether it reads node CPU and pod
+declared once in :mod:`scheduler_core.placement.policies` (its scorer, whether it reads node CPU and pod
 shapes, whether it places whole GPUs and pods without GPUs, what it falls back to); ``simulate`` runs
 the same scorer. The policies the extender offers:
 
@@ -18,7 +18,7 @@ the same scorer. The policies the extender offers:
 The tie rules, all here:
 
 1. **The policy's own scorer** may break its own ties (``fgd_cpu`` sends a pod without GPUs, among the
-   nodes FGD scores alike, to those with no free GPU milli: ``scheduler_core/sharing/policies/fgd_cpu.py``).
+   nodes FGD scores alike, to those with no free GPU milli: ``scheduler_core/placement/policies/fgd_cpu.py``).
 2. **Best fit where the policy has no preference** (:meth:`SharePolicy.node_scores`): for whole GPUs,
    when a policy that places them scores every feasible node alike, the nodes rank by the whole GPUs
    the pod leaves free, fewer first.
@@ -44,11 +44,11 @@ from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
+from scheduler_core.placement.model import Cluster, Task, Workload
+from scheduler_core.placement.policies import Context, Policy, Scores, registry
+from scheduler_core.placement.policies.fgd import state_fragmentation
+from scheduler_core.placement.policies.memo import ScoreMemo
 from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, ScoreResult, ScoreWeights, score_nodes, true_per_row
-from scheduler_core.sharing.model import Cluster, Task, Workload
-from scheduler_core.sharing.policies import Context, Policy, Scores, registry
-from scheduler_core.sharing.policies.fgd import state_fragmentation
-from scheduler_core.sharing.policies.memo import ScoreMemo
 
 SHARE_POLICIES = tuple(name for name, policy in registry().items() if policy.extender)
 """The policies the extender offers, the default first."""

@@ -49,7 +49,7 @@ from scheduler_core.k8s.names import (
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import cpu_milli, mig_request, parse_models, requests_with_cpu
 from scheduler_core.k8s.resources import _mapping
-from scheduler_core.sharing.model import Shape, Task, shape_of
+from scheduler_core.placement.model import Shape, Task, shape_of
 
 UNKNOWN_CPU = 2**31 - 1
 """Free CPU (milli) of a node whose allocatable CPU is unknown: more than any pod asks (int32, as stored)."""
@@ -72,7 +72,7 @@ class GpuUsage:
         Milli-cores requested by bound, non-terminal pods (:func:`scheduler_core.k8s.pods.effective_cpu_milli`).
     shapes : Counter of Shape
         The pods bound to GPU nodes, DaemonSets' aside, by shape (CPU, GPU milli, GPUs, allowed
-        models): the workload FGD scores against (:func:`scheduler_core.sharing.keep_typical` keeps
+        models): the workload FGD scores against (:func:`scheduler_core.placement.model.keep_typical` keeps
         the common ones). CPU-only pods count, as FGD counts its CPU-only tasks.
     """
 

@@ -19,9 +19,9 @@ from scheduler_core.k8s.dra import DraFacts, dra_facts_of
 from scheduler_core.k8s.mig import MIG_MODES
 from scheduler_core.k8s.names import DRA_OBJECTS
 from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.placement.model import MAX_SHAPES, Shape, Workload, keep_typical
 from scheduler_core.scoring.gpu_fit import free_gpus
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex, index_placements
-from scheduler_core.sharing.model import MAX_SHAPES, Shape, Workload, keep_typical
 from scheduler_core.state.allocation import PodUse, node_cpu_milli, pod_use, usage_of
 
 

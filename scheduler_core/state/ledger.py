@@ -21,7 +21,7 @@ import numpy.typing as npt
 from scheduler_core.errors import SchedulerCoreError
 from scheduler_core.k8s.annotations import format_assigned_gpus
 from scheduler_core.k8s.names import MILLI_PER_GPU
-from scheduler_core.sharing.model import tightest
+from scheduler_core.placement.model import tightest
 
 Pairs = tuple[tuple[int, int], ...]  # ((gpu index, milli), ...), sorted by index
 

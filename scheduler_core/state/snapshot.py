@@ -55,8 +55,8 @@ from scheduler_core.k8s.dra import DraFacts
 from scheduler_core.k8s.limits import MAX_GPUS_PER_NODE
 from scheduler_core.k8s.mig import MIG_MODES, parse_profile
 from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.placement.model import Shape
 from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, AppIndex
-from scheduler_core.sharing.model import Shape
 from scheduler_core.state.cluster import ClusterState
 
 SCHEMA_VERSION = 1

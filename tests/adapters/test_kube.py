@@ -19,7 +19,7 @@ from adapters.kube import (
     connect_url,
     describe_cluster,
 )
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.kube_double import KubeApiDouble
 
 TOKEN = "test-token"

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from bench.kube_scores import KubeScheduler, balanced_allocation, most_allocated, one_seed, profile_weights, run
-from gpu_scheduler.traces import synthetic_trace
 from scheduler_core.k8s.nodes import NodeTable
-from scheduler_core.sharing.model import Task, Workload
-from scheduler_core.sharing.simulate import simulate
+from scheduler_core.placement.model import Task, Workload
+from scheduler_core.simulator.simulate import simulate
+from scheduler_core.simulator.traces import synthetic_trace
 from tests.conftest import context
 
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from bench.replay import failure_reason, load, placed_gpus, trace_node, trace_pod
-from gpu_scheduler.traces import read_nodes, read_tasks, synthetic_trace, write_trace
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import pod_demand
-from scheduler_core.sharing.model import Cluster, Task
+from scheduler_core.placement.model import Cluster, Task
+from scheduler_core.simulator.traces import read_nodes, read_tasks, synthetic_trace, write_trace
 
 
 @pytest.mark.parametrize(

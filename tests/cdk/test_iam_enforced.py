@@ -31,7 +31,6 @@ from adapters.gpu_ledger import LedgerStore, LedgerStoreError, create_table
 from adapters.kube import connect_url
 from adapters.snapshot_store import SnapshotStoreError
 from cdk.functions import VPC_ACCESS_ACTIONS
-from gpu_scheduler.synthetic import CATALOGUE, ZONES, make_node, make_pod
 from lambdas.deletion_cost import service as deletion_cost
 from lambdas.deletion_cost.config import DeletionCostSettings
 from lambdas.extender.config import ExtenderSettings
@@ -41,6 +40,7 @@ from lambdas.node_state.config import NodeStateSettings
 from scheduler_core.errors import ClusterStateUnavailableError
 from scheduler_core.extender.wire import ExtenderBindingArgs
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
+from scheduler_core.simulator.synthetic import CATALOGUE, ZONES, make_node, make_pod
 from scheduler_core.state.ledger import Demand
 from scheduler_core.state.snapshot import build_snapshot, read_snapshot, write_snapshot
 from testing import iam

@@ -92,7 +92,7 @@ def test_a_new_node_takes_the_pod_as_soon_as_its_device_plugin_reports_the_gpus(
     refuses the pod by its own count, then retries it the moment the node's allocatable changes, and the
     extender, whose watch may not have that change yet, must not refuse the node as having no GPUs (an
     unresolvable refusal, after which the pod would wait minutes for another event)."""
-    from gpu_scheduler.synthetic import make_pod
+    from scheduler_core.simulator.synthetic import make_pod
 
     pool = next(p for p in POOLS if p.name == "gpu-whole")
     node = karpenter_node("late-gpus", BY_TYPE["g6e.48xlarge"], pool, "us-east-1b")
@@ -124,7 +124,7 @@ def test_a_pod_no_node_takes_is_told_in_its_event_which_instance_types_would_fit
     """No node of the cluster has a B200: kube-scheduler's FailedScheduling event quotes the extender's
     refusals, which end with the instance types an autoscaler could add, and with what to write for a pod
     whose GPU needs only the annotation says; ``explain`` says the same."""
-    from gpu_scheduler.synthetic import make_pod
+    from scheduler_core.simulator.synthetic import make_pod
 
     start_scheduler(cluster, outcomes["url"], "--sharing")
     try:

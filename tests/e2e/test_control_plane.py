@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from gpu_scheduler.synthetic import CATALOGUE, make_node
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node
 from testing.control_plane import ControlPlane, KubeBinaries
 from tests.e2e.conftest import start_scheduler
 

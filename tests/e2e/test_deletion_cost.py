@@ -65,7 +65,7 @@ def frontend(cluster: ControlPlane) -> Iterator[list[str]]:
     """Three running replicas of a managed Deployment; their names, sorted."""
     if not (PROMETHEUS and PROMTOOL):
         pytest.skip(MISSING)
-    from gpu_scheduler.synthetic import CATALOGUE, make_node
+    from scheduler_core.simulator.synthetic import CATALOGUE, make_node
 
     cluster.add_nodes([make_node(f"node-{i}", CATALOGUE[0], "us-east-1a") for i in range(2)])
     cluster.start_controller_manager()

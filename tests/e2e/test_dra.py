@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from adapters.gpu_ledger import LedgerStore
-from gpu_scheduler.synthetic import InstanceShape, make_node, make_pod
+from scheduler_core.simulator.synthetic import InstanceShape, make_node, make_pod
 from scheduler_core.state.snapshot import read_snapshot
 from testing.control_plane import ControlPlane
 from testing.dra import (

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from adapters.gpu_ledger import LedgerStore
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, LABEL_COUNT, LABEL_MEMORY, LABEL_MODEL
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import ControlPlane, free_port
 from testing.fault_proxy import FaultProxy
 from testing.moto import aws_env, dynamodb_client

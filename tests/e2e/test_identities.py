@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from manifests.access import DELETION_COST, EXTENDER, NODE_STATE, LambdaIdentity
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, DELETION_COST_ANNOTATION, LABEL_MODEL
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import ControlPlane, KubeRest, generated_manifests, identities
 
 NAMESPACE = "identities"

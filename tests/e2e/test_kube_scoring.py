@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from gpu_scheduler.kube_scoring import PRODUCT, STOCK, NodeUse, best, request_of, total_scores
-from gpu_scheduler.synthetic import CATALOGUE, ZONES, make_node, make_pod
 from scheduler_core.extender.facade import Extender, ExtenderConfig
 from scheduler_core.extender.wire import ExtenderArgs
+from scheduler_core.simulator.synthetic import CATALOGUE, ZONES, make_node, make_pod
 from scheduler_core.state.cluster import ClusterState
 from testing.control_plane import ControlPlane, generated_scheduler_config
 from testing.product import Processes

@@ -14,8 +14,8 @@ import pytest
 
 from adapters.gpu_ledger import LedgerStore
 from adapters.snapshot_store import open_store
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from scheduler_core.state.ledger import Demand
 from testing.control_plane import ControlPlane
 from testing.lambda_watch import Schedule, probe, wait_stored

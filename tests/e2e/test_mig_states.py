@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduler.synthetic import CATALOGUE, InstanceShape, make_node, make_pod
 from scheduler_core.k8s.mig import mig_resource
+from scheduler_core.simulator.synthetic import CATALOGUE, InstanceShape, make_node, make_pod
 from testing.control_plane import ControlPlane
 from testing.product import Processes
 from tests.e2e.conftest import start_scheduler

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from scheduler_core.state.snapshot import read_snapshot
 from testing.control_plane import ControlPlane
 from testing.product import Processes

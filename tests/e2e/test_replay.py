@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_scheduler.traces import openb_dir, synthetic_trace, write_trace
+from scheduler_core.simulator.traces import openb_dir, synthetic_trace, write_trace
 from testing.control_plane import missing
 
 UNALLOCATED_TOLERANCE = 1.0

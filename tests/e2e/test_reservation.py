@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from manifests.reservation import (
     ACCOUNT,
     NAMESPACE,
@@ -34,6 +33,7 @@ from manifests.reservation import (
 )
 from manifests.reserve_gpu import ReservationError, report
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, RESERVED_GPU_ANNOTATION
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import ControlPlane
 from testing.product import Processes
 from tests.e2e.conftest import start_scheduler

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from adapters.gpu_ledger import LedgerStore, create_table
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from manifests.placeholder import NAMESPACE as PLACEHOLDERS
 from manifests.reservation import NAMESPACE as RESERVATIONS
 from manifests.reservation import reservation_name, reservation_pod
@@ -32,6 +31,7 @@ from scheduler_core.k8s.names import (
     RESERVED_GPU_ANNOTATION,
     VISIBLE_DEVICES_ANNOTATION,
 )
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import BindWatch, ControlPlane, find_binaries, identities
 from testing.moto import dynamodb_client
 from testing.product import Processes, reservation_agreement, share_usage

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from adapters.gpu_ledger import LedgerStore
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import BindWatch, ControlPlane
 from testing.moto import dynamodb_client
 from testing.product import Processes, requests_served, share_usage

@@ -11,7 +11,7 @@ import copy
 from collections import Counter
 from typing import Any
 
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import BindWatch, ControlPlane, generated_scheduler_config
 from testing.product import Processes
 

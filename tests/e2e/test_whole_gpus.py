@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import ControlPlane
 from testing.product import Processes, requests_served
 from tests.e2e.conftest import gpus_of, start_scheduler

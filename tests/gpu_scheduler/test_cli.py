@@ -183,7 +183,7 @@ def test_bench_deletion_cost_reports_each_size(capsys):
 def _write_trace(tmp_path):
     import numpy as np
 
-    from gpu_scheduler.traces import synthetic_trace, write_trace
+    from scheduler_core.simulator.traces import synthetic_trace, write_trace
 
     cluster, tasks = synthetic_trace(30, 200, np.random.default_rng(3))
     write_trace(cluster, tasks, tmp_path / "nodes.csv", tmp_path / "pods.csv")
@@ -215,7 +215,7 @@ def test_simulate_refuses_bad_arguments(tmp_path, capsys, extra, message):
 
 
 def test_simulate_offers_every_tie_rule_of_the_simulator_and_defaults_to_the_authors():
-    from scheduler_core.sharing.simulate import TIES
+    from scheduler_core.simulator.simulate import TIES
 
     base = ["simulate", "--nodes", "nodes.csv", "--pods", "pods.csv"]
     assert build_parser().parse_args(base).tie == "shuffled"

@@ -14,8 +14,8 @@ import pytest
 
 import gpu_scheduler.demo as demo
 from gpu_scheduler.cli import main
-from gpu_scheduler.traces import synthetic_trace, write_trace
-from scheduler_core.sharing.simulate import simulate
+from scheduler_core.simulator.simulate import simulate
+from scheduler_core.simulator.traces import synthetic_trace, write_trace
 from tests.cdk.conftest import write_stand_in_package
 
 

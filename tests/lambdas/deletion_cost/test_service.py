@@ -14,7 +14,6 @@ import pytest
 from adapters.amp import PrometheusClient
 from adapters.kube import connect_url
 from adapters.metric_catalogue import CATALOGUE, DELETION_COST
-from gpu_scheduler.synthetic import make_pod
 from lambdas.deletion_cost import service
 from lambdas.deletion_cost.config import DeletionCostSettings
 from scheduler_core.deletion_cost.policy import CostConfig
@@ -26,6 +25,7 @@ from scheduler_core.k8s.names import (
     DO_NOT_DISRUPT_ANNOTATION,
     DO_NOT_DISRUPT_OWNER,
 )
+from scheduler_core.simulator.synthetic import make_pod
 from testing.kube_double import KubeApiDouble
 from tests.conftest import FakeLambdaContext, assert_catalogued, prometheus_with, requires_prometheus
 

@@ -430,8 +430,8 @@ def test_fgd_cpu_without_cpu_in_the_state_places_shares_as_gpu_packing_does():
 def test_fgd_cpu_share_scores_equal_a_loop_over_each_gpu():
     """The extender's FGD score per node, against FGD_NOTES' definition computed GPU by GPU."""
     from scheduler_core.k8s.pods import PodDemand
+    from scheduler_core.placement.model import Workload
     from scheduler_core.scoring.policy import Fragmentation, share_policy
-    from scheduler_core.sharing.model import Workload
 
     rng = np.random.default_rng(7)
     workload = Workload.from_shapes(

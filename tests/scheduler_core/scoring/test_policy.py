@@ -11,6 +11,8 @@ import pytest
 from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
+from scheduler_core.placement.model import Workload
+from scheduler_core.placement.policies import registry
 from scheduler_core.scoring.gpu_fit import ScoreWeights
 from scheduler_core.scoring.policy import (
     DEFAULT_SHARE_POLICY,
@@ -19,8 +21,6 @@ from scheduler_core.scoring.policy import (
     break_top_tie,
     share_policy,
 )
-from scheduler_core.sharing.model import Workload
-from scheduler_core.sharing.policies import registry
 
 ROOT = Path(__file__).resolve().parents[3]
 # Three 4-GPU nodes with 4, 3 and 2 GPUs free, CPU to spare.

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpu_scheduler.synthetic import CATALOGUE, make_node, make_pod
 from manifests.reservation import reservation_pod
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.annotations import format_assigned_gpus, parse_assigned_gpus
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, MILLI_RESOURCE
 from scheduler_core.k8s.nodes import NodeTable
+from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from scheduler_core.state.allocation import gpu_usage
 from scheduler_core.state.snapshot import build_snapshot
 from tests.conftest import make_nodes
@@ -106,7 +106,7 @@ def test_snapshot_free_milli_and_busy_gpus_follow_the_shares() -> None:
 
 def test_cpu_in_use_and_the_gpu_pod_shapes_come_from_the_bound_pods():
     """CPU counts every bound, non-terminal pod; shapes the pods on GPU nodes, but not DaemonSets'."""
-    from gpu_scheduler.synthetic import make_node
+    from scheduler_core.simulator.synthetic import make_node
     from scheduler_core.state.cluster import ClusterState, NodeFacts
     from tests.conftest import SHAPES
 

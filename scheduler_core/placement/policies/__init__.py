@@ -3,9 +3,9 @@
 A policy scores the feasible nodes for a task: ``score(ctx, task, nodes) -> (scores, gpus)``, where
 ``scores`` are integers (higher is better; the simulator takes the top score and gives ties to the
 node that comes first in an order shuffled once per run, as the authors' simulator does: see
-:mod:`scheduler_core.sharing.simulate`) and
+:mod:`scheduler_core.simulator.simulate`) and
 ``gpus`` gives, per node, the GPU a sharing task would take (-1 for other tasks, which take
-:func:`scheduler_core.sharing.model.whole_gpus`). The six published policies follow ``FGD_NOTES.md``
+:func:`scheduler_core.placement.model.whole_gpus`). The six published policies follow ``FGD_NOTES.md``
 sections 5-6 exactly, integer flooring included; ``fgd_cpu`` is ours.
 
 Each policy is declared once, in :data:`_POLICIES`: its scorer, and what the extender needs to know
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.sharing.model import Task
-from scheduler_core.sharing.policies import bestfit, dotprod, fgd, fgd_cpu, gpu_clustering, gpu_packing, random
-from scheduler_core.sharing.policies.base import Context, Scorer, Scores
-from scheduler_core.sharing.policies.memo import ScoreMemo
+from scheduler_core.placement.model import Task
+from scheduler_core.placement.policies import bestfit, dotprod, fgd, fgd_cpu, gpu_clustering, gpu_packing, random
+from scheduler_core.placement.policies.base import Context, Scorer, Scores
+from scheduler_core.placement.policies.memo import ScoreMemo
 
 
 @dataclass(frozen=True)

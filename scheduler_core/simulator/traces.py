@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.sharing.model import Cluster, Task
+from scheduler_core.placement.model import Cluster, Task
 
 
 def openb_dir() -> Path:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.sharing.model import Cluster, Task, Workload
+from scheduler_core.placement.model import Cluster, Task, Workload
 
 
 @dataclass

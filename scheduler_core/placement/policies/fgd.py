@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.sharing.model import Task, Workload
-from scheduler_core.sharing.policies.base import Context, Scores, no_gpu
+from scheduler_core.placement.model import Task, Workload
+from scheduler_core.placement.policies.base import Context, Scores, no_gpu
 
 
 def deltas(

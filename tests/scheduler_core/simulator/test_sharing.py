@@ -8,13 +8,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gpu_scheduler.traces import synthetic_trace
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.sharing.model import Cluster, Task, Workload, whole_gpus
-from scheduler_core.sharing.policies import Context, registry
-from scheduler_core.sharing.policies.base import no_gpu
-from scheduler_core.sharing.policies.fgd import deltas, state_fragmentation
-from scheduler_core.sharing.simulate import TIES, simulate, tune_order, until
+from scheduler_core.placement.model import Cluster, Task, Workload, whole_gpus
+from scheduler_core.placement.policies import Context, registry
+from scheduler_core.placement.policies.base import no_gpu
+from scheduler_core.placement.policies.fgd import deltas, state_fragmentation
+from scheduler_core.simulator.simulate import TIES, simulate, tune_order, until
+from scheduler_core.simulator.traces import synthetic_trace
 from tests.conftest import SHARED, context, two_nodes, workload
 
 OPENB = SHARED / "data" / "openb"
@@ -183,7 +183,7 @@ def test_fgd_cpu_scores_as_fgd_and_breaks_fgds_ties_for_cpu_only_tasks_towards_n
 def test_fgd_cpu_leaves_fewer_gpus_unallocated_than_fgd_on_the_openb_gpuspec10_trace() -> None:
     """Where sending CPU-only tasks to nodes without free GPUs pays most: `gpuspec10`, better on 10 of 10
     seeds (-0.28 on the mean; seed 43: -0.42). Elsewhere the two are close (docs/research/fgd-fidelity.md)."""
-    from gpu_scheduler.traces import read_nodes, read_tasks
+    from scheduler_core.simulator.traces import read_nodes, read_tasks
 
     cluster = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
     tasks = read_tasks(OPENB / "openb_pod_list_gpuspec10.csv")
@@ -195,7 +195,7 @@ def test_fgd_cpu_leaves_fewer_gpus_unallocated_than_fgd_on_the_openb_gpuspec10_t
 def test_a_written_trace_reads_back_and_nodes_come_in_name_order(tmp_path) -> None:
     """With ``tie="first"`` equal top scores go to the first node, which must be the node whose name
     sorts first."""
-    from gpu_scheduler.traces import read_nodes, read_tasks, write_trace
+    from scheduler_core.simulator.traces import read_nodes, read_tasks, write_trace
 
     cluster, tasks = synthetic_trace(12, 40, np.random.default_rng(1))
     tasks.append(Task(4000, 8192, 1, 500, frozenset({"T4", "G2"})))
@@ -297,7 +297,7 @@ def test_fgd_beats_random_on_a_synthetic_trace() -> None:
 
 @pytest.mark.skipif(not OPENB.is_dir(), reason=f"{OPENB} is absent")
 def test_openb_trace_reads_as_the_notes_describe() -> None:
-    from gpu_scheduler.traces import read_nodes, read_tasks
+    from scheduler_core.simulator.traces import read_nodes, read_tasks
 
     cluster = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
     tasks = read_tasks(OPENB / "openb_pod_list_default.csv")
@@ -326,7 +326,7 @@ def test_fidelity_to_the_released_numbers_on_one_seed(policy: str, released_name
     packing policies spreads by up to 0.7 around its mean, and seed 42 is 0.35 off at most.)"""
     import csv
 
-    from gpu_scheduler.traces import read_nodes, read_tasks
+    from scheduler_core.simulator.traces import read_nodes, read_tasks
 
     with RELEASED.open() as handle:
         released = next(

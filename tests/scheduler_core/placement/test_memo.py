@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_core.k8s.pods import PodDemand
+from scheduler_core.placement.model import Cluster, Task, Workload
+from scheduler_core.placement.policies import Context, registry
+from scheduler_core.placement.policies.fgd import state_fragmentation
+from scheduler_core.placement.policies.memo import ScoreMemo
 from scheduler_core.scoring.policy import Fragmentation, SharePolicy, share_policy
-from scheduler_core.sharing.model import Cluster, Task, Workload
-from scheduler_core.sharing.policies import Context, registry
-from scheduler_core.sharing.policies.fgd import state_fragmentation
-from scheduler_core.sharing.policies.memo import ScoreMemo
-from scheduler_core.sharing.simulate import simulate
+from scheduler_core.simulator.simulate import simulate
 from tests.conftest import SHARED
 
 OPENB = SHARED / "data" / "openb"
@@ -126,7 +126,7 @@ def test_a_rows_fragmentation_does_not_depend_on_the_rows_computed_with_it() -> 
 @pytest.mark.parametrize("policy", ["fgd", "fgd_cpu"])
 def test_simulate_places_every_task_as_the_scorer_without_memo_does_on_openb(policy: str) -> None:
     """``gpushare100``, seed 0: where the kept scores first differed from a fresh batch (the BLAS case above)."""
-    from gpu_scheduler.traces import read_nodes, read_tasks
+    from scheduler_core.simulator.traces import read_nodes, read_tasks
 
     cluster = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
     tasks = read_tasks(OPENB / "openb_pod_list_gpushare100.csv")

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from scheduler_core.sharing.locality_sim import (
+from scheduler_core.simulator.locality_sim import (
     SimCluster,
     cross_zone_fraction,
     place,

@@ -9,7 +9,7 @@ the inputs it last saw there, and per task shape the score and GPU computed for 
 inputs' version they were computed on. A call compares the candidates' inputs with those seen (one
 vectorised pass), gathers the scores still valid, and computes only the rest with the policy's own
 scorer, in one batch. The result is the scorer's, row for row: the memo never changes a score, only
-when it is computed (``tests/scheduler_core/sharing/test_memo.py`` checks it against the scorer on
+when it is computed (``tests/scheduler_core/placement/test_memo.py`` checks it against the scorer on
 every call of a simulation, and ``simulate`` places the same tasks with and without it).
 
 Rows are compared, not trusted: a slot whose node changed, moved (a node added before it in a new
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.sharing.model import Task
-from scheduler_core.sharing.policies.base import Scores
+from scheduler_core.placement.model import Task
+from scheduler_core.placement.policies.base import Scores
 
 MEMO_BYTES = 16 << 20
 """What the kept scores may take, all task shapes together: 18 bytes per slot per shape."""

@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.sharing.model import Task
-from scheduler_core.sharing.policies.base import Context, Scores
-from scheduler_core.sharing.policies.fgd import score as fgd_score
+from scheduler_core.placement.model import Task
+from scheduler_core.placement.policies.base import Context, Scores
+from scheduler_core.placement.policies.fgd import score as fgd_score
 
 
 def score(ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:

@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.k8s.names import MILLI_PER_GPU
-from scheduler_core.sharing.model import Task, tightest
-from scheduler_core.sharing.policies.base import Context, Scores, no_gpu
+from scheduler_core.placement.model import Task, tightest
+from scheduler_core.placement.policies.base import Context, Scores, no_gpu
 
 
 def score(ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:

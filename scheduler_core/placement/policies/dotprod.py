@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.sharing.model import Task, tightest
-from scheduler_core.sharing.policies.base import CPU_NORM, GPU_NORM, Context, Scores, no_gpu
+from scheduler_core.placement.model import Task, tightest
+from scheduler_core.placement.policies.base import CPU_NORM, GPU_NORM, Context, Scores, no_gpu
 
 
 def score(ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:

@@ -18,7 +18,7 @@ equal top score goes to the node that comes first in an order of the nodes shuff
 same node keeps winning its ties all run long (ties consolidate), but which node that is, is random.
 ``tie="shuffled"``, the default, does that, with the order drawn from the seed's generator after the
 task order. ``tie="first"`` gives ties to the first node in the node list
-(:func:`gpu_scheduler.traces.read_nodes` orders openb's nodes by name, so the same few P100 nodes win
+(:func:`scheduler_core.simulator.traces.read_nodes` orders openb's nodes by name, so the same few P100 nodes win
 every tie), and ``tie="random"`` to one of the tied nodes uniformly at random, per decision.
 
 On ``default`` (10 seeds, FGD at 100 % arrived; released 4.77) FGD leaves 4.73 % unallocated with
@@ -39,9 +39,9 @@ import numpy.typing as npt
 
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.k8s.names import MILLI_PER_GPU
-from scheduler_core.sharing.model import Cluster, Task, Workload, whole_gpus
-from scheduler_core.sharing.policies import Context, Scorer, registry
-from scheduler_core.sharing.policies.gpu_clustering import task_class
+from scheduler_core.placement.model import Cluster, Task, Workload, whole_gpus
+from scheduler_core.placement.policies import Context, Scorer, registry
+from scheduler_core.placement.policies.gpu_clustering import task_class
 
 
 @dataclass(frozen=True)
