@@ -10,9 +10,10 @@ PIP    := $(BIN)/pip install --quiet --disable-pip-version-check -c requirements
 LAMBDA_ARCH ?= arm64
 LAMBDA_PYTHON ?= 3.14
 PACKAGE := build/lambda/package.json
-PACKAGE_SOURCES := $(shell find scheduler_core adapters lambdas -name '*.py') requirements.lock tools/package_lambda.py
+PACKAGE_SOURCES := $(shell find scheduler_core adapters manifests application lambdas -name '*.py') requirements.lock tools/package_lambda.py
 
-.PHONY: demo test venv lint typecheck unit bench bench-quality lock clean package synth system-packages
+# The tiers (docs/testing.md): test-fast is the pure core and everything that needs no server.
+.PHONY: demo test test-fast venv lint typecheck unit bench bench-quality lock clean package synth system-packages
 
 # The demo needs only the runtime dependencies; the tests add the dev ones on top.
 # bench/ and testing/ are not installed: a .pth puts the checkout on the venv's path, so that the demo's
@@ -54,6 +55,10 @@ typecheck: $(STAMP)
 
 unit: $(STAMP) system-packages
 	$(BIN)/pytest -q
+
+# About a minute: no server, no CDK synth, no openb trace, no control plane; `make test` still runs all.
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider -m "not e2e and not server and not slow"
 
 bench: $(STAMP)
 	$(BIN)/gpu-scheduler bench extender

@@ -2,7 +2,7 @@
 text for ``gpu-scheduler serve``.
 
 :class:`Telemetry` takes a catalogued metric (:mod:`adapters.metric_catalogue`) by its CloudWatch name;
-the shared extender service (``lambdas/extender/service.py``) decides what to record, and each
+the shared extender service (``application/extender/service.py``) decides what to record, and each
 implementation only writes it:
 
 - :class:`EmfTelemetry`: Powertools ``Metrics`` (one EMF document per invocation), and a document of its

@@ -31,12 +31,12 @@ def run(n_pods: int, seed: int) -> dict[str, Any]:
 
     from adapters.amp import PrometheusClient
     from adapters.kube import connect_url
-    from lambdas.deletion_cost.config import DeletionCostSettings
-    from lambdas.deletion_cost.service import CostServices, refresh
+    from application.deletion_cost.service import CostServices, refresh
+    from application.deletion_cost.settings import DeletionCostSettings
     from scheduler_core.deletion_cost.policy import CostConfig
     from testing.prometheus import MISSING, PROMETHEUS, PROMTOOL, prometheus_with
 
-    logging.getLogger("lambdas.deletion_cost.service").setLevel(logging.WARNING)
+    logging.getLogger("application.deletion_cost.service").setLevel(logging.WARNING)
     rng = np.random.default_rng(seed)
     config = CostConfig.from_json(
         {"workloads": [{"namespace": "web", "selector": "app=frontend", "policy": "metrics", "queries": QUERIES}]}

@@ -33,11 +33,11 @@ def run(n_nodes: int, n_pods: int, seed: int, concurrency: int) -> dict[str, Any
     from adapters.ec2_gpu import GpuInfoCatalog
     from adapters.kube import connect_url
     from adapters.snapshot_store import open_store
-    from lambdas.node_state.config import NodeStateSettings
-    from lambdas.node_state.service import Services, refresh
+    from application.node_state.service import Services, refresh
+    from application.node_state.settings import NodeStateSettings
 
     # One log line per labelled node is right for a Lambda, not for a benchmark's terminal.
-    logging.getLogger("lambdas.node_state.service").setLevel(logging.WARNING)
+    logging.getLogger("application.node_state.service").setLevel(logging.WARNING)
     started = time.perf_counter()
     double = subprocess.Popen(
         [sys.executable, "-m", "testing.kube_double", "--nodes", str(n_nodes), "--pods", str(n_pods),

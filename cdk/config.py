@@ -3,7 +3,7 @@
 Every key is optional except ``clusterName``. Values may come from ``cdk.json``, from ``cdk -c key=value``
 (strings, parsed here) or from ``CDK_CONTEXT_JSON`` (typed). Validation collects every problem, named by
 its context key, and synth stops with all of them at once. A key the extender's settings declare
-(``context=`` in ``lambdas/extender/config.py``) takes its default and its validation from there, and
+(``context=`` in ``application/extender/settings.py``) takes its default and its validation from there, and
 ``cdk/stack.py`` passes it on as the extender's variable.
 
 | key | default | meaning |
@@ -55,11 +55,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from adapters.settings import context_keys, context_named, default_of, parse_bool
+from application.extender.settings import ExtenderSettings
+from application.node_state.settings import NodeStateSettings
 from cdk.functions import RETENTION_NAMES
 from cdk.network import GATEWAY_SERVICES, INTERFACE_SERVICES, SERVICES, VPC_WIDE_SERVICES
 from cdk.prometheus import DCGM_NAMESPACE, KSM_NAMESPACE
-from lambdas.extender.config import ExtenderSettings
-from lambdas.node_state.config import NodeStateSettings
 from manifests.scheduler import DEFAULT_IMAGE, SchedulerOptions, parse_node_selector
 from scheduler_core.deletion_cost.policy import CostConfig
 from scheduler_core.errors import ConfigError

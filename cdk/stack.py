@@ -14,6 +14,8 @@ from constructs import Construct
 from adapters.metric_catalogue import DELETION_COST, EXTENDER, NODE_STATE
 from adapters.runtime import version
 from adapters.settings import environment
+from application.extender.settings import ExtenderSettings
+from application.node_state.settings import NodeStateSettings
 from cdk.cluster_access import ClusterAccess, KubernetesIdentity
 from cdk.config import DeployConfig
 from cdk.extender_api import ExtenderApi
@@ -23,8 +25,6 @@ from cdk.monitoring import Monitoring, Watched
 from cdk.network import SchedulerNetwork
 from cdk.refreshers import DeadLetterQueue, ScheduledRefresher
 from cdk.state import SchedulerState
-from lambdas.extender.config import ExtenderSettings
-from lambdas.node_state.config import NodeStateSettings
 from manifests import access as lambda_identities
 from manifests.reservation import reserving
 from manifests.scheduler import all_manifests

@@ -1,4 +1,4 @@
-"""``gpu-scheduler serve``: the extender service (``lambdas/extender/service.py``, the Lambda's too)
+"""``gpu-scheduler serve``: the extender service (``application/extender/service.py``, the Lambda's too)
 behind a threaded HTTP/1.1 server, which only turns requests into its calls and its answers into replies.
 
 kube-scheduler calls an extender synchronously, once per pod, over a keep-alive connection, so the
@@ -32,7 +32,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from lambdas.extender.service import ROUTED_VERBS, Answer, ExtenderService
+from application.extender.service import ROUTED_VERBS, Answer, ExtenderService
 from scheduler_core.extender.wire import error_body
 from scheduler_core.k8s.quantity import plain_int
 

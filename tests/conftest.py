@@ -25,6 +25,19 @@ SHARED = REPO.parent / "shared"
 SCHEDULER_FIXTURES = SHARED / "fixtures" / "kube-scheduler"
 SHAPES = {shape.model: shape for shape in CATALOGUE}
 
+SERVER_FIXTURES = frozenset({"aws_session", "fresh_handler", "world", "serve_world", "synth", "package_dir",
+                             "control_plane", "prometheus"})  # fmt: skip
+"""Fixtures that start a server or a stand-in for one: moto's AWS services, a Lambda handler's import (its
+clients), ``serve``'s HTTP server, a CDK synth (jsii's Node.js process), Prometheus, the control plane."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The test tiers (docs/testing.md): a test that uses a server fixture, at any depth, is ``server``;
+    ``make test-fast`` runs what is neither ``server``, ``slow`` nor ``e2e``."""
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+
 
 def scheduler_requests(verb: str | None = None) -> list[Path]:
     """Every request kube-scheduler sent in the captures (optionally one verb), sorted."""

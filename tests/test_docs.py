@@ -25,7 +25,17 @@ PAGES = [README, *tools_docs.pages(DOCS)]
 README_MAX_LINES = 150
 
 # Top-level folders whose files the docs may name; build outputs (build/, cdk.out/) and ../shared are not.
-SOURCE_ROOTS = ("scheduler_core", "adapters", "gpu_scheduler", "lambdas", "manifests", "testing", "bench", "cdk")
+SOURCE_ROOTS = (
+    "scheduler_core",
+    "adapters",
+    "application",
+    "gpu_scheduler",
+    "lambdas",
+    "manifests",
+    "testing",
+    "bench",
+    "cdk",
+)
 PATH_ROOTS = (*SOURCE_ROOTS, "tools", "tests", "docs")
 
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.MULTILINE | re.DOTALL)
@@ -390,7 +400,7 @@ def test_every_httptimeout_the_pages_state_is_the_generated_one() -> None:
 
 def test_every_timeout_and_budget_the_pages_state_is_the_codes() -> None:
     from adapters.binder import BIND_BUDGET_S, BIND_DYNAMODB, BINDING_RESERVE_S, CONFIRM_S, LedgerBinder
-    from lambdas.extender.service import LIVE_MARGIN_S, SYNC_TIMEOUT_S
+    from application.extender.service import LIVE_MARGIN_S, SYNC_TIMEOUT_S
     from scheduler_core.extender.facade import CATCH_UP_S
     from scheduler_core.state.readings import ASSUMED_TTL_S, DEFAULT_MARGIN_S
 
@@ -420,9 +430,9 @@ def test_every_timeout_and_budget_the_pages_state_is_the_codes() -> None:
 
 def _setting_defaults() -> dict[str, float]:
     """Every numeric setting of the three Lambdas, by environment variable, at its declared default."""
-    from lambdas.deletion_cost.config import DeletionCostSettings
-    from lambdas.extender.config import ExtenderSettings
-    from lambdas.node_state.config import NodeStateSettings
+    from application.deletion_cost.settings import DeletionCostSettings
+    from application.extender.settings import ExtenderSettings
+    from application.node_state.settings import NodeStateSettings
 
     found = {}
     for cls in (ExtenderSettings, NodeStateSettings, DeletionCostSettings):
@@ -471,3 +481,34 @@ def test_the_deletion_cost_ranges_the_pages_give_are_the_codes() -> None:
     assert ranges["default"] == (0, 0)
     assert f"0 the default; {medium[0]}..{medium[1]} medium; {high[0]}..1000 high" in _flat("deletion-cost.md")
     assert f"`default` 0, `medium` {medium[0]}-{medium[1]}, `high` {high[0]} and above" in _flat("operations.md")
+
+
+LAYOUT_ROOTS = (*SOURCE_ROOTS, "tools")
+
+
+def layout_gaps(page: str, root: Path) -> tuple[list[str], list[str]]:
+    """The modules under ``root`` that the layout tree of ``page`` (docs/architecture.md's first code block
+    after "Package layout") does not name, and the ``*.py`` names it gives that no module has."""
+    block = page.split("## Package layout and import rules", 1)[1].split("```", 2)[1]
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", block))
+    found = [p for top in LAYOUT_ROOTS for p in sorted((root / top).rglob("*.py"))]
+    unnamed = [
+        str(p.relative_to(root))
+        for p in found
+        if p.name not in ("__init__.py", "__main__.py", "conftest.py") and p.stem not in words
+    ]
+    stems = {p.stem for p in found}
+    gone = sorted(name for name in set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\.py", block)) if name not in stems)
+    return unnamed, gone
+
+
+def test_the_layout_in_architecture_names_every_module_and_only_real_ones() -> None:
+    assert layout_gaps((REPO / "docs" / "architecture.md").read_text(), REPO) == ([], [])
+
+
+def test_the_layout_check_sees_a_module_left_out_and_one_that_is_gone(tmp_path: Path) -> None:
+    (tmp_path / "adapters").mkdir()
+    for name in ("kube.py", "new_thing.py", "__init__.py"):
+        (tmp_path / "adapters" / name).write_text("")
+    page = "## Package layout and import rules\n\n```\nadapters/  kube.py, old_thing.py\n```\n"
+    assert layout_gaps(page, tmp_path) == (["adapters/new_thing.py"], ["old_thing"])

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO
 
-PRODUCT = ("scheduler_core", "adapters", "gpu_scheduler", "lambdas", "manifests")
+PRODUCT = ("scheduler_core", "adapters", "application", "gpu_scheduler", "lambdas", "manifests")
 SIMULATORS = ("scheduler_core.simulator.simulate", "scheduler_core.simulator.locality_sim")
 EVERY_FOLDER = (*PRODUCT, "cdk", "testing", "bench", "tools")
 SCHEDULING_PATH = ("scheduler_core.extender", "scheduler_core.state", "scheduler_core.scoring", "scheduler_core.k8s")
@@ -138,7 +138,7 @@ def folder(path: Path) -> str:
     ``scheduler_core`` or ``lambdas`` (``scheduler_core/state/ledger.py`` -> ``scheduler_core.state``,
     ``scheduler_core/errors.py`` -> ``scheduler_core``, ``adapters/kube.py`` -> ``adapters``)."""
     parts = path.relative_to(REPO).parent.parts
-    return ".".join(parts[:2] if parts[0] in ("scheduler_core", "lambdas") else parts[:1])
+    return ".".join(parts[:2] if parts[0] in ("scheduler_core", "application", "lambdas") else parts[:1])
 
 
 def folder_edges() -> dict[tuple[str, str], set[str]]:
@@ -156,7 +156,9 @@ def folder_edges() -> dict[tuple[str, str], set[str]]:
 def test_no_two_folders_import_each_other() -> None:
     edges = folder_edges()
     both_ways = {
-        f"{a} <-> {b}: {sorted(edges[(a, b)])} / {sorted(edges[(b, a)])}" for (a, b) in edges if (b, a) in edges and a < b
+        f"{a} <-> {b}: {sorted(edges[(a, b)])} / {sorted(edges[(b, a)])}"
+        for (a, b) in edges
+        if (b, a) in edges and a < b
     }
     assert both_ways == set(), both_ways
 

@@ -26,21 +26,21 @@ BLOCK = re.compile(
 
 def _extender_settings() -> str:
     from adapters.settings import settings_table
-    from lambdas.extender.config import ExtenderSettings
+    from application.extender.settings import ExtenderSettings
 
     return settings_table(ExtenderSettings)
 
 
 def _node_state_settings() -> str:
     from adapters.settings import settings_table
-    from lambdas.node_state.config import NodeStateSettings
+    from application.node_state.settings import NodeStateSettings
 
     return settings_table(NodeStateSettings)
 
 
 def _deletion_cost_settings() -> str:
     from adapters.settings import settings_table
-    from lambdas.deletion_cost.config import DeletionCostSettings
+    from application.deletion_cost.settings import DeletionCostSettings
 
     return settings_table(DeletionCostSettings)
 
@@ -148,8 +148,8 @@ def _extender_timeouts() -> str:
     import inspect
 
     from adapters.binder import BIND_BUDGET_S, BIND_DYNAMODB, BIND_RETRY, BINDING_RESERVE_S, CONFIRM_S, LedgerBinder
+    from application.extender.service import SYNC_TIMEOUT_S
     from gpu_scheduler.server import IDLE_TIMEOUT_S, REQUEST_TIMEOUT_S
-    from lambdas.extender.service import SYNC_TIMEOUT_S
     from manifests.reservation import UUID_WAIT_S
     from manifests.scheduler import BIND_HTTP_TIMEOUT_S, SchedulerOptions
     from scheduler_core.extender.facade import CATCH_UP_S
@@ -187,7 +187,7 @@ def _extender_timeouts() -> str:
          "`gpu_scheduler.server.REQUEST_TIMEOUT_S`"),
         ("`serve`: an idle keep-alive connection", f"{IDLE_TIMEOUT_S:g} s", "`gpu_scheduler.server.IDLE_TIMEOUT_S`"),
         ("`serve --watch`: its first lists of nodes and pods, before it serves", f"{SYNC_TIMEOUT_S:g} s",
-         "`lambdas.extender.service.SYNC_TIMEOUT_S`"),
+         "`application.extender.service.SYNC_TIMEOUT_S`"),
     ]  # fmt: skip
     return "\n".join(["| what | limit | set by |", "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
 

@@ -3,7 +3,7 @@
 ``make package`` (or ``python tools/package_lambda.py --arch arm64``) writes, under ``build/lambda/``:
 
 - ``extender.zip``, ``node_state.zip``, ``deletion_cost.zip``: our code only (``scheduler_core``,
-  ``adapters`` and that Lambda's package);
+  ``adapters``, ``manifests``, and that Lambda's handler and application packages);
 - ``layer-<arch>.zip``: ``python/`` with numpy, msgspec, Powertools and the X-Ray SDK, for every Lambda;
 - ``layer-kube-<arch>.zip``: ``python/`` with the ``kubernetes`` client, for the two
   refreshers only. The extender never ships it (its hot path must not import ``kubernetes``);
@@ -59,13 +59,16 @@ TRIM = (
     "kubernetes/**/test",
     "kubernetes/**/tests",
 )
-SHARED_CODE = ("scheduler_core", "adapters", "manifests", "lambdas/__init__.py")
+SHARED_CODE = ("scheduler_core", "adapters", "manifests", "lambdas/__init__.py", "application/__init__.py")
 """Every function's code: the core, the adapters, and the objects a function creates (a reservation pod)."""
 FUNCTIONS = {
-    # function: (its package, the layers it runs with)
-    "extender": ("lambdas/extender", ("layer",)),
-    "node_state": ("lambdas/node_state", ("layer", "layer-kube")),
-    "deletion_cost": ("lambdas/deletion_cost", ("layer", "layer-kube")),
+    # function: (its handler and its application layer, the layers it runs with)
+    name: ((f"lambdas/{name}", f"application/{name}"), layers)
+    for name, layers in (
+        ("extender", ("layer",)),
+        ("node_state", ("layer", "layer-kube")),
+        ("deletion_cost", ("layer", "layer-kube")),
+    )
 }
 LAMBDA_UNZIPPED_LIMIT = 250 * 10**6
 MANIFEST = "package.json"
@@ -146,10 +149,10 @@ def build(out: Path, arch: str, python_version: str) -> dict[str, object]:
     if any((out / f"layer-{arch}" / "python").glob("kubernetes")):
         raise SystemExit("the base layer contains kubernetes: the extender must not ship or import it")
     functions = {}
-    for function, (package, function_layers) in FUNCTIONS.items():
+    for function, (packages, function_layers) in FUNCTIONS.items():
         code_dir = out / function
         shutil.rmtree(code_dir, ignore_errors=True)
-        copy_code(code_dir, (*SHARED_CODE, package))
+        copy_code(code_dir, (*SHARED_CODE, *packages))
         zip_tree(code_dir, out / f"{function}.zip")
         functions[function] = {
             "zip_bytes": (out / f"{function}.zip").stat().st_size,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.settings import add_flags, flags_named, given
-from lambdas.extender.config import ExtenderSettings
+from application.extender.settings import ExtenderSettings
 from scheduler_core.errors import ConfigError, InvalidArgsError
 
 
@@ -56,7 +56,7 @@ SCORING = (
     "locality_zone_values",
     "locality_self_weight",
 )
-"""The extender settings (``lambdas.extender.config.ExtenderSettings``) that shape a score, as flags."""
+"""The extender settings (``application.extender.settings.ExtenderSettings``) that shape a score, as flags."""
 
 
 def add_scoring(parser: argparse.ArgumentParser) -> None:

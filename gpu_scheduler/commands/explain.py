@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from adapters.settings import add_flags
+from application.extender.settings import ExtenderSettings
 from gpu_scheduler.commands.common import SCORING, UsageError, add_scoring, extender_settings, read_document
-from lambdas.extender.config import ExtenderSettings
 from scheduler_core.extender.explain import Explanation, NodeExplanation, explain
 from scheduler_core.extender.facade import Extender
 from scheduler_core.k8s.mig import mig_resource

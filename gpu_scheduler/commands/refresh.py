@@ -1,6 +1,6 @@
 """``gpu-scheduler refresh node-state|deletion-cost``: the refreshers' own services, against any cluster.
 
-The same :func:`lambdas.node_state.service.refresh` and :func:`lambdas.deletion_cost.service.refresh`
+The same :func:`application.node_state.service.refresh` and :func:`application.deletion_cost.service.refresh`
 the Lambdas run on EventBridge's schedule, here on a loop (``--every``) or once (``--once``), through a
 kubeconfig. Each run prints its report as one JSON line on stdout. Flags win over the Lambdas'
 environment variables (``docs/configuration.md``), which are read too.
@@ -98,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
 def _node_state(
     args: argparse.Namespace, overrides: dict[str, Any], session: Any
 ) -> Callable[[float, threading.Event], Any]:
-    from lambdas.node_state.config import NodeStateSettings
-    from lambdas.node_state.service import build_services, refresh
+    from application.node_state.service import build_services, refresh
+    from application.node_state.settings import NodeStateSettings
 
     settings = NodeStateSettings.from_env(
         **overrides,
@@ -119,8 +119,8 @@ def _node_state(
 def _deletion_cost(
     args: argparse.Namespace, overrides: dict[str, Any], session: Any
 ) -> Callable[[float, threading.Event], Any]:
-    from lambdas.deletion_cost.config import DeletionCostSettings
-    from lambdas.deletion_cost.service import build_services, refresh
+    from application.deletion_cost.service import build_services, refresh
+    from application.deletion_cost.settings import DeletionCostSettings
 
     if args.config is not None:
         try:

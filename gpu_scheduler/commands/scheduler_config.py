@@ -102,8 +102,8 @@ NO_POD_NETWORK_WARNING = (
 
 
 def run(args: argparse.Namespace) -> int:
+    from application.extender.settings import CDI_RUNTIME, ENV_DEVICE_WARNING
     from gpu_scheduler.commands.common import UsageError
-    from lambdas.extender.config import CDI_RUNTIME, ENV_DEVICE_WARNING
     from manifests.scheduler import DEFAULT_IMAGE, SchedulerOptions, all_manifests, parse_node_selector, render_yaml
 
     selector, bad = parse_node_selector(args.node_selector)

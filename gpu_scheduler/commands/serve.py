@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 
 from adapters.settings import add_flags, env_name, flags_named
+from application.extender.settings import ExtenderSettings
 from gpu_scheduler.commands.common import SCORING, UsageError, add_scoring, extender_settings
-from lambdas.extender.config import ExtenderSettings
 from scheduler_core.errors import ConfigError
 from scheduler_core.extender.facade import DEFAULT_MAX_BODY_BYTES
 
@@ -123,8 +123,8 @@ def check_exposure(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from application.extender.service import build
     from gpu_scheduler.server import print_ready, serve
-    from lambdas.extender.service import build
 
     check_exposure(args)
     if args.kubeconfig and not Path(args.kubeconfig).is_file():

@@ -1,9 +1,9 @@
 """Deletion-cost refresher on Lambda: EventBridge invokes it every minute;
-:func:`~lambdas.deletion_cost.service.refresh` does the passes, this module only emits their metrics
+:func:`~application.deletion_cost.service.refresh` does the passes, this module only emits their metrics
 and its log line.
 
 Settings, Powertools and the clients are built once, at import: a bad deployment fails at start-up
-with every problem named (``lambdas/deletion_cost/config.py``).
+with every problem named (``application/deletion_cost/settings.py``).
 
 Metrics (EMF): ``PodsSeen``, ``CostPatches``, ``CostUnchanged``, ``MetricsMissing``, ``PatchFailures``,
 ``PodsGone``, ``MetricQueryFailures``, ``RunMs``, and ``PodsByCostRange`` with a ``range`` dimension
@@ -21,8 +21,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from adapters.metric_catalogue import emit_count
-from lambdas.deletion_cost.config import DeletionCostSettings
-from lambdas.deletion_cost.service import RunReport, build_services, refresh
+from application.deletion_cost.service import RunReport, build_services, refresh
+from application.deletion_cost.settings import DeletionCostSettings
 
 SETTINGS = DeletionCostSettings.from_env()
 logger = Logger(service=SETTINGS.service)

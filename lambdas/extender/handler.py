@@ -2,7 +2,7 @@
 
 Routes: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``, and with ``LEDGER_TABLE`` set
 ``POST /bind`` and ``POST /preempt`` (GPU sharing). The extender service
-(``lambdas/extender/service.py``, shared with ``gpu-scheduler serve``) decides, logs and records each
+(``application/extender/service.py``, shared with ``gpu-scheduler serve``) decides, logs and records each
 call; this module only turns the event into a call of it and its answer into a proxy response.
 
 Metrics: ``adapters.metric_catalogue`` lists them (EMF through :class:`adapters.telemetry.EmfTelemetry`,
@@ -22,8 +22,8 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from adapters.runtime import tune_allocator
 from adapters.telemetry import EmfTelemetry
 from adapters.tracing import make_tracer
-from lambdas.extender.config import ExtenderSettings
-from lambdas.extender.service import Answer, build
+from application.extender.service import Answer, build
+from application.extender.settings import ExtenderSettings
 
 _HEALTHZ_EVENT = {
     "resource": "/healthz", "path": "/healthz", "httpMethod": "GET", "headers": {}, "multiValueHeaders": {},

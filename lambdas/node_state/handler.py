@@ -1,10 +1,10 @@
 """Node-state refresher on Lambda: EventBridge invokes it every minute (with
 ``WATCH_S``, each invocation then watches until the next one has taken over);
-:func:`~lambdas.node_state.service.refresh` does the run, this module only emits its metrics and its
+:func:`~application.node_state.service.refresh` does the run, this module only emits its metrics and its
 log line.
 
 Settings, Powertools and the clients are built once, at import: a bad deployment fails at start-up
-with every problem named (``lambdas/node_state/config.py``).
+with every problem named (``application/node_state/settings.py``).
 
 Metrics (EMF): ``NodesSeen``, ``NodesInvalid`` (over a cap: refused to every pod), ``NodesLabeled``,
 ``LabelPatchFailures``, ``LabelPatchesSkipped``, ``NodesWithoutGpuInfo``, ``SnapshotBytes``,
@@ -28,8 +28,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from adapters.metric_catalogue import emit_count
-from lambdas.node_state.config import NodeStateSettings
-from lambdas.node_state.service import RunReport, build_services, refresh
+from application.node_state.service import RunReport, build_services, refresh
+from application.node_state.settings import NodeStateSettings
 
 SETTINGS = NodeStateSettings.from_env()
 logger = Logger(service=SETTINGS.service)

@@ -1,6 +1,6 @@
 """The extender facade: ``handle(verb, body) -> (status, body)``, shared by every adapter.
 
-The extender service both transports share (``lambdas/extender/service.py``: the Lambda handler and
+The extender service both transports share (``application/extender/service.py``: the Lambda handler and
 ``gpu-scheduler serve``) moves bytes in and out and records each answer; parsing, validation and the
 decision live here and in :mod:`scheduler_core.extender.decide`. Status codes follow DESIGN section 4:
 

@@ -10,7 +10,7 @@ milli (as the ledger packs them: two 600-milli shares take two GPUs, twenty 1-mi
 one-GPU placeholder pod per GPU (``manifests/placeholder.py``), asking the CPU and memory of the shares on
 it, with the group's requirements, is what Karpenter or cluster-autoscaler sees and adds nodes for. A
 placeholder is never bound (the extender's bind deletes one it would bind: its node has room for the
-shares); those beyond the demand go too. Everything here is pure; ``lambdas/node_state/service.py`` lists
+shares); those beyond the demand go too. Everything here is pure; ``application/node_state/service.py`` lists
 and writes.
 
 Placeholders live outside their tenants' namespaces and quotas, and autoscalers buy nodes for them, so

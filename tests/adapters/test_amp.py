@@ -18,6 +18,8 @@ from botocore.credentials import Credentials
 from adapters.amp import PrometheusClient, PrometheusQueryError, Sample, utilization_by_node, utilization_query
 from tests.conftest import prometheus_with, requires_prometheus
 
+pytestmark = pytest.mark.server  # a real Prometheus
+
 SERIES = {
     (("Hostname", "gpu-a"), ("gpu", "0"), ("modelName", "NVIDIA H100 80GB HBM3")): 40.0,
     (("Hostname", "gpu-a"), ("gpu", "1"), ("modelName", "NVIDIA H100 80GB HBM3")): 75.0,

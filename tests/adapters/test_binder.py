@@ -32,6 +32,8 @@ from testing.kube_double import KubeApiDouble
 from testing.reservation_kubelet import gpu_uuid
 from tests.conftest import make_nodes, make_pod
 
+pytestmark = pytest.mark.server  # moto's DynamoDB and the API server double
+
 TOKEN = "bind-token"
 NODES = make_nodes("T4", "A100")  # t4-0: 4 GPUs, a100-1: 8
 
@@ -308,6 +310,7 @@ def test_a_gpu_pods_bind_carries_its_cpu_with_the_gpus_left(api: KubeApiDouble, 
     assert [(r.free, r.cpu) for r in binder.readings.pending(None)] == [((0, 1000, 1000, 1000), 1000)]
 
 
+@pytest.mark.slow  # 2,000 binds on eight threads, about 30 s
 def test_eight_threads_binding_2000_shares_never_overallocate(monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue's acceptance run: 8 threads bind 2,000 shares at once through the whole bind verb, the
     ledger in moto's DynamoDB in server mode (its own process), the pods in the API double. A bind that

@@ -22,6 +22,8 @@ from adapters.kube import (
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.kube_double import KubeApiDouble
 
+pytestmark = pytest.mark.server  # the API server double
+
 TOKEN = "test-token"
 
 

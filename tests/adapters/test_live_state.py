@@ -20,6 +20,8 @@ from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
 from testing.dra import allocated, device_classes, h200_devices, resource_slice
 from tests.conftest import make_nodes, make_pod
 
+pytestmark = pytest.mark.server  # the API server double
+
 
 class ScriptedKube:
     """A Kubernetes source that lists what it is given and then plays the events pushed to it; a watch

@@ -199,8 +199,8 @@ def test_the_keys_passed_to_the_extender_take_its_declared_default_and_reach_its
     from dataclasses import fields
 
     from adapters.settings import context_keys, default_of, environment
+    from application.extender.settings import ExtenderSettings
     from cdk.config import _camel
-    from lambdas.extender.config import ExtenderSettings
 
     deploy_fields = {f.name: f for f in fields(DeployConfig)}
     assert context_keys(ExtenderSettings) == {
@@ -224,7 +224,7 @@ def test_the_keys_passed_to_the_extender_take_its_declared_default_and_reach_its
 
 def test_the_node_state_refreshers_placeholder_caps_are_deployment_keys_checked_by_its_own_rule() -> None:
     from adapters.settings import context_keys, environment
-    from lambdas.node_state.config import NodeStateSettings
+    from application.node_state.settings import NodeStateSettings
 
     assert context_keys(NodeStateSettings) == {
         "reservation_image": "reservationImage", "placeholders_per_namespace": "placeholdersPerNamespace",

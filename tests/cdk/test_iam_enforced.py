@@ -30,13 +30,13 @@ from adapters import kube as kube_adapter
 from adapters.gpu_ledger import LedgerStore, LedgerStoreError, create_table
 from adapters.kube import connect_url
 from adapters.snapshot_store import SnapshotStoreError
+from application.deletion_cost import service as deletion_cost
+from application.deletion_cost.settings import DeletionCostSettings
+from application.extender.service import build as build_extender
+from application.extender.settings import ExtenderSettings
+from application.node_state import service as node_state
+from application.node_state.settings import NodeStateSettings
 from cdk.functions import VPC_ACCESS_ACTIONS
-from lambdas.deletion_cost import service as deletion_cost
-from lambdas.deletion_cost.config import DeletionCostSettings
-from lambdas.extender.config import ExtenderSettings
-from lambdas.extender.service import build as build_extender
-from lambdas.node_state import service as node_state
-from lambdas.node_state.config import NodeStateSettings
 from scheduler_core.errors import ClusterStateUnavailableError
 from scheduler_core.extender.wire import ExtenderBindingArgs
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
@@ -246,7 +246,7 @@ def extender_seed(deployed: Deployed, api: KubeApiDouble) -> None:
 
 
 def extender_calls(deployed: Deployed, api: KubeApiDouble) -> list[str]:
-    """The extender as its handler builds it (``lambdas.extender.service.build``, boto3's default clients):
+    """The extender as its handler builds it (``application.extender.service.build``, boto3's default clients):
     the snapshot read, a bind (ledger read and conditional write), a bind whose Binding is refused (the
     rollback's release), preempt's holdings (BatchGetItem), the live state's release of a gone pod, and the
     connection the binder makes to the cluster (DescribeCluster)."""

@@ -33,6 +33,8 @@ from manifests.scheduler import dump_yaml
 from testing.prometheus import PROMTOOL
 from tests.conftest import prometheus_with, requires_prometheus
 
+pytestmark = pytest.mark.server  # promtool and a real Prometheus
+
 NOW = time.time()
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 

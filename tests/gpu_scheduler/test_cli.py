@@ -346,9 +346,9 @@ def no_settings_env(monkeypatch):
 
 
 def test_serve_takes_the_extender_settings_from_their_one_declaration(no_settings_env):
+    from application.extender.settings import ExtenderSettings
     from gpu_scheduler.cli import build_parser
     from gpu_scheduler.commands import serve
-    from lambdas.extender.config import ExtenderSettings
     from scheduler_core.extender.facade import DEFAULT_MAX_BODY_BYTES
 
     def settings(*argv):

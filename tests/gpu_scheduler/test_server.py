@@ -11,8 +11,8 @@ import time
 import pytest
 
 from adapters.cluster_file import ClusterFile
+from application.extender.service import ExtenderService
 from gpu_scheduler.server import ExtenderHTTPServer
-from lambdas.extender.service import ExtenderService
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.extender.facade import Extender, ExtenderConfig
 from tests.conftest import (
@@ -25,6 +25,8 @@ from tests.conftest import (
     requires_fixtures,
     scheduler_requests,
 )
+
+pytestmark = pytest.mark.server  # serve's HTTP server
 
 GO_HEADERS = {"User-Agent": "Go-http-client/1.1", "Content-Type": "application/json", "Accept-Encoding": "gzip"}
 

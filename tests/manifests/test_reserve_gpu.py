@@ -23,6 +23,8 @@ from manifests.reserve_gpu import Nvml, ReservationError, plugin_uuids, report, 
 from testing.kube_double import KubeApiDouble
 from tests.conftest import make_pod
 
+pytestmark = pytest.mark.server  # the API server double
+
 HERE = Path(__file__).parent
 H200 = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu" / "h200" / "nvml.json"
 ON_H200 = json.loads((HERE / "fixtures" / "reserve_gpu_h200.json").read_text())

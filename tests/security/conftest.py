@@ -24,9 +24,9 @@ from adapters.binder import ledger_binder
 from adapters.gpu_ledger import LedgerStore
 from adapters.ledger_readings import LedgerReadings
 from adapters.settings import ClusterAccess
+from application.extender.service import ExtenderService
 from bench.ledger import TABLE, create_table
 from gpu_scheduler.server import ExtenderHTTPServer
-from lambdas.extender.service import ExtenderService
 from scheduler_core.extender.facade import Extender
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.snapshot import build_snapshot, write_snapshot

@@ -238,6 +238,7 @@ def _within_caps(state: ClusterState) -> None:
     assert {"a100-0", "t4-1"} <= set(table.names) and not table.invalid_mask[:2].any()
 
 
+@pytest.mark.slow  # a hypothesis fuzz, about 10 s
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cluster=hostile_cluster())
 def test_hostile_sizes_through_both_state_builders_never_raise_or_outgrow_the_caps(

@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from application.extender.service import ExtenderService
 from gpu_scheduler.server import ExtenderHTTPServer, ExtenderRequestHandler
-from lambdas.extender.service import ExtenderService
 from scheduler_core.extender.facade import MAX_PREEMPT_NODES, Extender
 from tests.conftest import make_pod
 from tests.security.conftest import World
+
+pytestmark = pytest.mark.server  # serve and the Lambda handler
 
 
 def filter_body(pod: dict[str, Any], names: list[str]) -> bytes:

@@ -26,6 +26,8 @@ from tests.adapters.test_binder import api as api  # the fixtures
 from tests.adapters.test_binder import ledger as ledger
 from tests.manifests.test_admission_cel import POD, WRITTEN, changed, denials
 
+pytestmark = pytest.mark.server  # the API server double
+
 TENANT = {"user": "tenant", "groups": ["system:authenticated"]}
 DEVICE_KEYS = (CDI_DEVICE_ANNOTATION, "nvidia.cdi.k8s.io/container.main", "cdi.k8s.io/anything")
 
@@ -163,8 +165,8 @@ def test_the_extender_warns_at_start_where_shares_get_their_gpu_by_the_variable(
     it exposes; ``cdi`` says nothing."""
     import logging
 
-    from lambdas.extender.config import ExtenderSettings
-    from lambdas.extender.service import build
+    from application.extender.service import build
+    from application.extender.settings import ExtenderSettings
 
     settings = ExtenderSettings(ledger_table="ledger", kube_api_url="https://127.0.0.1:1", kube_token="t",
                                 share_device=device)  # fmt: skip

@@ -23,6 +23,8 @@ from tests.conftest import make_pod
 from tests.scheduler_core.k8s.test_mig import nodes
 from tests.security.conftest import BUCKET, KEY, cluster_nodes
 
+pytestmark = pytest.mark.server  # the API server double, moto
+
 EVERY_GPU = ",".join(f"{gpu}:1000" for gpu in range(8))
 
 
@@ -71,9 +73,9 @@ def test_the_reconcile_never_copies_a_forged_annotation_into_the_ledger(aws_sess
     from adapters.ec2_gpu import GpuInfoCatalog
     from adapters.gpu_ledger import LedgerStore
     from adapters.kube import connect_url
+    from application.node_state import service
+    from application.node_state.settings import NodeStateSettings
     from bench.ledger import TABLE, create_table
-    from lambdas.node_state import service
-    from lambdas.node_state.config import NodeStateSettings
     from testing.kube_double import KubeApiDouble
 
     aws_session.client("s3").create_bucket(Bucket=BUCKET)

@@ -17,7 +17,10 @@ import pytest
 from testing.kube_double import KubeApiDouble, merge_patch, parse_label_selector
 from tests.conftest import APISERVER_FIXTURES, NODE_PAGES, load_fixture
 
-pytestmark = pytest.mark.skipif(not APISERVER_FIXTURES.is_dir(), reason=f"{APISERVER_FIXTURES} is absent")
+pytestmark = [
+    pytest.mark.server,  # the API server double
+    pytest.mark.skipif(not APISERVER_FIXTURES.is_dir(), reason=f"{APISERVER_FIXTURES} is absent"),
+]
 TOKEN = "admin-token"
 
 

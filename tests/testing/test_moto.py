@@ -11,6 +11,8 @@ from bench.ledger import TABLE, create_table
 from scheduler_core.state.ledger import NodeLedger
 from testing.moto import moto_server
 
+pytestmark = pytest.mark.server  # moto's server
+
 
 def _race(stores: list[LedgerStore], version: int) -> list[int]:
     """Every store writes version + 1 of one item on the condition that it is still ``version``, all at

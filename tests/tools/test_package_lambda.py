@@ -17,6 +17,8 @@ from tests.conftest import REPO, make_nodes, make_pod
 sys.path.insert(0, str(REPO / "tools"))
 from package_lambda import LAMBDA_UNZIPPED_LIMIT, build
 
+pytestmark = pytest.mark.slow  # builds the Lambda bundles with pip
+
 
 @pytest.fixture(scope="module")
 def local_bundle(tmp_path_factory):

@@ -14,6 +14,7 @@ from adapters.metric_catalogue import CATALOGUE, EXTENDER
 from scheduler_core.state.snapshot import build_snapshot, write_snapshot
 from testing.kube_double import KubeApiDouble
 from tests.conftest import (
+    REPO,
     SCHEDULER_FIXTURES,
     FakeLambdaContext,
     api_gateway_event,
@@ -28,6 +29,8 @@ from tests.conftest import (
     requires_fixtures,
     scheduler_requests,
 )
+
+pytestmark = pytest.mark.server  # the Lambda handler over moto
 
 BUCKET, KEY = "gpu-scheduler-state", "prod/snapshot.npz"
 
@@ -364,7 +367,7 @@ def test_base64_bodies_that_are_not_base64_or_not_utf8_are_400s(aws, invoke):
 
 
 def test_locality_settings_come_from_the_environment_and_are_validated():
-    from lambdas.extender.config import ExtenderSettings
+    from application.extender.settings import ExtenderSettings
     from scheduler_core.errors import ConfigError
 
     settings = ExtenderSettings.from_env(
@@ -395,7 +398,7 @@ def test_locality_settings_come_from_the_environment_and_are_validated():
     ],
 )
 def test_every_problem_the_core_finds_is_named_by_its_variable(environ, problems):
-    from lambdas.extender.config import ExtenderSettings
+    from application.extender.settings import ExtenderSettings
     from scheduler_core.errors import ConfigError
 
     with pytest.raises(ConfigError) as raised:
@@ -439,3 +442,15 @@ def test_every_metric_emitted_is_catalogued_and_every_catalogued_one_is_emitted(
     documents += missing.emf
     seen = assert_catalogued(documents, EXTENDER)
     assert seen == {m.name for m in CATALOGUE if m.service == EXTENDER and not m.planned}
+
+
+def test_the_handlers_doctests_pass_under_a_fresh_import(load_handler) -> None:
+    """``lambdas/conftest.py`` keeps pytest's doctest collection off the handlers (they build their service
+    at import); their doctests run here instead, and only the extender's handler has any."""
+    import doctest
+
+    handler = load_handler()
+    failed, attempted = doctest.testmod(handler, optionflags=doctest.ELLIPSIS)
+    assert (failed, attempted) == (0, 2)
+    others = [p for p in (REPO / "lambdas").glob("*/handler.py") if p.parent.name != "extender"]
+    assert others and not [p for p in others if ">>>" in p.read_text()]

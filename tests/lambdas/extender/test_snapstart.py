@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import snapshot_restore_py as hooks
 
 from tests.conftest import make_nodes, make_pod
 from tests.lambdas.extender.test_handler import Invoker, aws, load_handler, put_snapshot
+
+pytestmark = pytest.mark.server  # the Lambda handler over moto
 
 __all__ = ["aws", "load_handler"]  # the fixtures, shared with the handler's tests
 

@@ -122,6 +122,7 @@ def test_a_rows_fragmentation_does_not_depend_on_the_rows_computed_with_it() -> 
         assert alone[0] == whole[row]
 
 
+@pytest.mark.slow  # reads openb
 @pytest.mark.skipif(not OPENB.is_dir(), reason="the openb trace is not in ../shared/data/openb")
 @pytest.mark.parametrize("policy", ["fgd", "fgd_cpu"])
 def test_simulate_places_every_task_as_the_scorer_without_memo_does_on_openb(policy: str) -> None:

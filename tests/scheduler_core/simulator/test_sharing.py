@@ -179,6 +179,7 @@ def test_fgd_cpu_scores_as_fgd_and_breaks_fgds_ties_for_cpu_only_tasks_towards_n
         assert ours.tolist() == theirs.tolist() and ours_gpus.tolist() == their_gpus.tolist()
 
 
+@pytest.mark.slow  # reads openb
 @pytest.mark.skipif(not OPENB.is_dir(), reason=f"{OPENB} is absent")
 def test_fgd_cpu_leaves_fewer_gpus_unallocated_than_fgd_on_the_openb_gpuspec10_trace() -> None:
     """Where sending CPU-only tasks to nodes without free GPUs pays most: `gpuspec10`, better on 10 of 10
@@ -295,6 +296,7 @@ def test_fgd_beats_random_on_a_synthetic_trace() -> None:
     assert fgd < rnd
 
 
+@pytest.mark.slow  # reads openb
 @pytest.mark.skipif(not OPENB.is_dir(), reason=f"{OPENB} is absent")
 def test_openb_trace_reads_as_the_notes_describe() -> None:
     from scheduler_core.simulator.traces import read_nodes, read_tasks
@@ -312,6 +314,7 @@ def test_openb_trace_reads_as_the_notes_describe() -> None:
 RELEASED = OPENB / "published_results" / "fgd_unalloc_gpu_summary_derived.csv"
 
 
+@pytest.mark.slow  # reads openb
 @pytest.mark.skipif(not RELEASED.is_file(), reason=f"{RELEASED} is absent")
 @pytest.mark.parametrize(
     ("policy", "released_name"),

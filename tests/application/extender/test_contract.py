@@ -5,7 +5,7 @@
 - ``lambda``: the Lambda handler fed API Gateway REST proxy events, its metrics read from the EMF lines it
   prints.
 
-Both are built by ``lambdas.extender.service.build`` from the same settings (the snapshot in moto's S3,
+Both are built by ``application.extender.service.build`` from the same settings (the snapshot in moto's S3,
 the GPU ledger in moto's DynamoDB, binds through the API double). Each step sends the same bytes to both
 and expects the same status, the same reply body and the same catalogued metrics: each count by its
 ``reason`` with the same total, and each latency observed once. A gauge (``SnapshotAgeSeconds``) is set
@@ -31,6 +31,8 @@ from bench.ledger import TABLE, create_table
 from scheduler_core.state.snapshot import build_snapshot, write_snapshot
 from testing.kube_double import KubeApiDouble
 from tests.conftest import FakeLambdaContext, api_gateway_event, make_nodes, make_pod
+
+pytestmark = pytest.mark.server  # serve and the Lambda handler, over moto
 
 BUCKET, KEY, TOKEN = "gpu-scheduler-state", "prod/snapshot.npz", "contract-token"
 MAX_BODY_BYTES = 4000
@@ -61,8 +63,8 @@ class Transport:
 
 class Serve(Transport):
     def __init__(self, settings: Any) -> None:
+        from application.extender.service import build
         from gpu_scheduler.server import ExtenderHTTPServer
-        from lambdas.extender.service import build
 
         self.service = build(settings)
         self.server = ExtenderHTTPServer(("127.0.0.1", 0), self.service)
@@ -158,7 +160,7 @@ ENV = {
 
 @pytest.fixture(params=["serve", "lambda"])
 def transport(request: pytest.FixtureRequest, aws_session: Any, fresh_handler: Any, capsys: Any) -> Iterator[Transport]:
-    from lambdas.extender.config import ExtenderSettings
+    from application.extender.settings import ExtenderSettings
 
     create_table(aws_session.client("dynamodb"))
     s3 = aws_session.client("s3")

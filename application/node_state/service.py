@@ -56,7 +56,7 @@ from adapters.kube_types import SchedulingPod
 from adapters.live_state import ClusterMirror, lag_quantiles
 from adapters.reservations import Reservations
 from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
-from lambdas.node_state.config import NodeStateSettings
+from application.node_state.settings import NodeStateSettings
 from manifests.placeholder import placeholder_pod
 from manifests.reservation import reserving
 from scheduler_core.errors import InvalidPodError

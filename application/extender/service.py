@@ -1,6 +1,6 @@
 """The extender service: one composition root and one set of rules for both transports.
 
-:func:`build` makes, from :class:`~lambdas.extender.config.ExtenderSettings`, the cluster source (the
+:func:`build` makes, from :class:`~application.extender.settings.ExtenderSettings`, the cluster source (the
 snapshot at ``SNAPSHOT_URI``, a cluster file, or a live watch of the cluster), this instance's ledger
 readings, the GPU ledger behind bind and preempt, and the :class:`ExtenderService` around them. The Lambda
 handler (API Gateway events) and ``gpu-scheduler serve`` (HTTP) only translate a request into one of its
@@ -35,7 +35,7 @@ from typing import Any
 from adapters.ledger_readings import LedgerReadings
 from adapters.snapshot_store import RefreshEvent, SnapshotSource, open_store
 from adapters.telemetry import PrometheusTelemetry, Telemetry
-from lambdas.extender.config import ExtenderSettings
+from application.extender.settings import ExtenderSettings
 from scheduler_core.errors import ClusterStateUnavailableError, ConfigError
 from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome
 from scheduler_core.extender.facade import SHARING_VERBS, VERBS, Accounting, BindOutcome, ClusterSource, Extender, Reply
@@ -63,7 +63,7 @@ WARM_NAMES = 1000
 """The nodes the warm-up request before SnapStart's snapshot names (kube-scheduler's requests name the
 feasible nodes, up to every node of the cluster)."""
 
-log = logging.getLogger("lambdas.extender")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,10 @@ from scheduler_core.scoring.gpu_fit import Reason
 from scheduler_core.state.readings import NoReadings
 from testing.dra import allocated, device_classes, h200_devices, resource_slice
 from testing.kube_double import KubeApiDouble
+from tests.application.node_state.test_service import BUCKET, TOKEN, run, stored_snapshot
 from tests.conftest import make_pod
-from tests.lambdas.node_state.test_service import BUCKET, TOKEN, run, stored_snapshot
+
+pytestmark = pytest.mark.server  # the API server double, moto
 
 NODES = ("h200-a", "h200-b", "h200-c")  # c: the device plugin only
 

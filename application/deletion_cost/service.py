@@ -28,7 +28,7 @@ from typing import Any
 from adapters.amp import PrometheusClient, PrometheusQueryError
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
 from adapters.kube_types import CostPod
-from lambdas.deletion_cost.config import DeletionCostSettings
+from application.deletion_cost.settings import DeletionCostSettings
 from scheduler_core.deletion_cost.karpenter import cost_annotation
 from scheduler_core.deletion_cost.plan import (
     CostChange,

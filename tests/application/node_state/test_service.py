@@ -17,9 +17,9 @@ from adapters.gpu_ledger import LedgerStore
 from adapters.kube import connect_url
 from adapters.metric_catalogue import CATALOGUE, NODE_STATE
 from adapters.snapshot_store import open_store
+from application.node_state import service
+from application.node_state.settings import NodeStateSettings
 from bench.ledger import TABLE, create_table
-from lambdas.node_state import service
-from lambdas.node_state.config import NodeStateSettings
 from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.names import MILLI_RESOURCE
 from scheduler_core.k8s.node_labels import OWNED_LABELS
@@ -37,6 +37,8 @@ from tests.conftest import (
     prometheus_with,
     requires_prometheus,
 )
+
+pytestmark = pytest.mark.server  # the API server double, Prometheus, moto
 
 TOKEN = "refresher-token"
 BUCKET, KEY = "gpu-scheduler-state", "clusters/prod/snapshot.npz"

@@ -14,8 +14,8 @@ import pytest
 from adapters.amp import PrometheusClient
 from adapters.kube import connect_url
 from adapters.metric_catalogue import CATALOGUE, DELETION_COST
-from lambdas.deletion_cost import service
-from lambdas.deletion_cost.config import DeletionCostSettings
+from application.deletion_cost import service
+from application.deletion_cost.settings import DeletionCostSettings
 from scheduler_core.deletion_cost.policy import CostConfig
 from scheduler_core.deletion_cost.replicaset import scale_down_order
 from scheduler_core.errors import ConfigError
@@ -28,6 +28,8 @@ from scheduler_core.k8s.names import (
 from scheduler_core.simulator.synthetic import make_pod
 from testing.kube_double import KubeApiDouble
 from tests.conftest import FakeLambdaContext, assert_catalogued, prometheus_with, requires_prometheus
+
+pytestmark = pytest.mark.server  # the API server double, Prometheus, moto
 
 TOKEN = "cost-token"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC).timestamp()

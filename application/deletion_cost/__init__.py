@@ -1,0 +1,2 @@
+"""The deletion-cost refresher's application layer, shared by its Lambda handler and
+``gpu-scheduler deletion-costs``."""

@@ -1,0 +1,1 @@
+"""The node-state refresher's application layer, shared by its Lambda handler and ``gpu-scheduler refresh``."""
