@@ -30,6 +30,12 @@ def _extender(args: argparse.Namespace) -> dict[str, Any]:
     return run(args)
 
 
+def _path(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.path import run
+
+    return run()
+
+
 def _deletion_cost(args: argparse.Namespace) -> dict[str, Any]:
     from bench.deletion_cost import run
 
@@ -186,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     caps.add_argument("--repeat", type=int, default=5, help="runs of each builder on each cluster (medians)")
     caps.add_argument("--seed", type=int, default=0)
     caps.add_argument("--liar-gpus", type=int, default=2**31 - 1, help="the GPUs the one hostile node says it has")
+    suite("path", _path, "the modules filter, prioritize and a share's bind pass through, by a profile hook")
     led = suite("ledger", _ledger, "GPU-ledger binds under contention against moto's DynamoDB server")
     led.add_argument("--threads", type=int, default=8)
     led.add_argument("--pods", type=int, default=2000)

@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from application.extender.service import ROUTED_VERBS, Answer, ExtenderService
-from scheduler_core.extender.wire import error_body
+from scheduler_core.extender.wire import STATUS, error_body
 from scheduler_core.k8s.quantity import plain_int
 
 log = logging.getLogger("gpu_scheduler.server")
@@ -97,7 +97,7 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
             with contextlib.suppress(OSError):
                 request.sendall(_BUSY)
             self.shutdown_request(request)
-            self.count("other", 503)
+            self.count("other", STATUS["unavailable"])
             return
         super().process_request(request, client_address)
 
@@ -136,8 +136,12 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
 
 _BUSY_BODY = b'{"Error": "the extender has too many open connections; retry"}'
 _BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-    b"Content-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
+    f"HTTP/1.1 {STATUS['unavailable']} {HTTPStatus(STATUS['unavailable']).phrase}\r\n".encode()
+    + b"Content-Type: application/json\r\nConnection: close\r\n"
+    + b"Content-Length: "
+    + str(len(_BUSY_BODY)).encode()
+    + b"\r\n\r\n"
+    + _BUSY_BODY
 )
 
 
@@ -240,7 +244,8 @@ class ExtenderRequestHandler(BaseHTTPRequestHandler):
         if path.rstrip("/") == "/healthz":
             self._reply(service.health())
         elif path.rstrip("/") == "/metrics":
-            self._reply(Answer(200, self.server.metrics_text().encode()), content_type="text/plain; version=0.0.4")
+            metrics = Answer(STATUS[""], self.server.metrics_text().encode())
+            self._reply(metrics, content_type="text/plain; version=0.0.4")
         else:
             self._reply(service.not_found("GET", path))
 

@@ -163,6 +163,32 @@ def test_no_two_folders_import_each_other() -> None:
     assert both_ways == set(), both_ways
 
 
+def literal_statuses(path: Path, root: Path = REPO) -> list[str]:
+    """Each ``Answer(...)`` or ``Reply(...)`` in ``path`` whose first argument is a number: a status decided
+    outside :data:`scheduler_core.extender.wire.STATUS`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", "")) in ("Answer", "Reply")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, int)
+        ):
+            found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_every_reply_takes_its_status_from_the_one_table() -> None:
+    assert [hit for path in modules(*PRODUCT).values() for hit in literal_statuses(path)] == []
+
+
+def test_the_status_check_sees_a_number(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("Answer(404, b'')\nAnswer(STATUS['no_route'], b'')\nx.Reply(200, b'')\n")
+    assert literal_statuses(probe, tmp_path) == ["probe.py:1", "probe.py:3"]
+
+
 def test_the_walker_sees_a_cycle_and_a_forbidden_import(tmp_path: Path) -> None:
     """The rules above can fail: the walker finds what they look for."""
     (tmp_path / "a.py").write_text("import b\nfrom testing.moto import moto_server\n")

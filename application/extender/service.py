@@ -40,7 +40,7 @@ from scheduler_core.errors import ClusterStateUnavailableError, ConfigError
 from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome
 from scheduler_core.extender.facade import SHARING_VERBS, VERBS, Accounting, BindOutcome, ClusterSource, Extender, Reply
 from scheduler_core.extender.preemption import PreemptOutcome
-from scheduler_core.extender.wire import encode_json, error_body
+from scheduler_core.extender.wire import STATUS, encode_json, error_body
 from scheduler_core.state.readings import DEFAULT_MARGIN_S
 
 ROUTED_VERBS = frozenset(VERBS + SHARING_VERBS)
@@ -148,20 +148,20 @@ class ExtenderService:
         """A 400 for a request the transport cannot hand over (no ``Content-Length``, bad base64)."""
         self.telemetry.record("BadRequests", 1)
         self.log.warning("bad request", extra={"verb": verb, "status": 400, "kind": "transport", "error": message})
-        return Answer(400, error_body(message))
+        return Answer(STATUS["transport"], error_body(message))
 
     def not_found(self, method: str, path: str) -> Answer:
         """A 404 for a path that is no route, naming the routes."""
         self.telemetry.record("BadRequests", 1)
         message = f"no route {method} {path[:64]!r}: {', '.join(self.routes)}"
         self.log.warning("no route", extra={"method": method[:16], "path": path[:64]})
-        return Answer(404, error_body(message))
+        return Answer(STATUS["no_route"], error_body(message))
 
     def internal_error(self, path: str) -> Answer:
         """A 500 for a fault: logged with its traceback (call it from an ``except`` block), never shown."""
         self.log.exception("internal error", extra={"path": path[:64]})
         self.telemetry.record("InternalErrors", 1)
-        return Answer(500, error_body(INTERNAL_ERROR))
+        return Answer(STATUS["internal"], error_body(INTERNAL_ERROR))
 
     def health(self) -> Answer:
         """``GET /healthz``: whether each part is configured, never its name (the bucket, the table and
@@ -179,8 +179,8 @@ class ExtenderService:
             try:
                 self.source()
             except ClusterStateUnavailableError as exc:
-                return Answer(503, encode_json({**body, "status": "unavailable", "reason": exc.kind}))
-        return Answer(200, encode_json(body))
+                return Answer(STATUS["unavailable"], encode_json({**body, "status": "unavailable", "reason": exc.kind}))
+        return Answer(STATUS[""], encode_json(body))
 
     @property
     def routes(self) -> list[str]:

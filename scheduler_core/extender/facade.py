@@ -32,6 +32,7 @@ from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome, fil
 from scheduler_core.extender.preemption import Holdings, PreemptOutcome, candidates, decide_on_view, proposed_nodes
 from scheduler_core.extender.view import NodeView, node_view
 from scheduler_core.extender.wire import (
+    STATUS,
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderPreemptionArgs,
@@ -173,12 +174,23 @@ Outcome = FilterOutcome | PrioritizeOutcome | BindOutcome | PreemptOutcome
 
 @dataclass(frozen=True, eq=False)
 class Reply:
-    """An HTTP answer, with the decision behind it when there was one."""
+    """An answer: its body, the decision behind it when there was one, the error kind its metrics and logs
+    name, and ``ended`` (a key of :data:`~scheduler_core.extender.wire.STATUS`): "" for a decision, else
+    why the call was refused, which gives its HTTP status."""
 
-    status: int
     body: bytes
     outcome: Outcome | None = None
     error_kind: str = ""
+    ended: str = ""
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.ended]
+
+    @classmethod
+    def refused(cls, ended: str, message: str, error_kind: str = "") -> Reply:
+        """A refusal: ``{"Error": message}`` with the status of ``ended``."""
+        return cls(error_body(message), error_kind=error_kind or ended, ended=ended)
 
 
 class Extender:
@@ -241,14 +253,14 @@ class Extender:
         if length <= self.config.max_body_bytes:
             return None
         message = f"request body is {length} bytes; the limit is {self.config.max_body_bytes}"
-        return Reply(400, error_body(message), error_kind="too_large")
+        return Reply.refused("too_large", message)
 
     def respond(self, verb: str, body: bytes) -> Reply:
         """:meth:`handle`, plus the decision and the error kind for an adapter's logs and metrics."""
         verb = verb.strip("/")
         if verb not in self.verbs:
             message = f"unknown verb {verb[:64]!r}: this extender serves {', '.join(self.verbs)}"
-            return Reply(404, error_body(message), error_kind="unknown_verb")
+            return Reply.refused("unknown_verb", message)
         refused = self.refuse_size(len(body))
         if refused is not None:
             return refused
@@ -256,22 +268,22 @@ class Extender:
             if verb == "bind":
                 assert self.accounting is not None  # checked with the verb
                 bound = self.accounting.bind(ExtenderBindingArgs.from_wire(decode_json(body)), self.admit)
-                return Reply(200, bound.to_json(), bound, bound.error_kind)
+                return Reply(bound.to_json(), bound, bound.error_kind)
             if verb == "preempt":
                 preempted = self.preempt(ExtenderPreemptionArgs.from_wire(decode_json(body)))
-                return Reply(200, encode_json(preempted.to_wire()), preempted)
+                return Reply(encode_json(preempted.to_wire()), preempted)
             args = self._args(body)
             if verb == "filter":
                 outcome = self.filter(args)
-                return Reply(200, outcome.to_json(), outcome, outcome.error_kind)
+                return Reply(outcome.to_json(), outcome, outcome.error_kind)
             scored = self.prioritize(args)
-            return Reply(200, scored.to_json(), scored)
+            return Reply(scored.to_json(), scored)
         except InvalidArgsError as exc:
-            return Reply(400, error_body(str(exc)), error_kind="bad_request")
+            return Reply.refused("bad_request", str(exc))
         except InvalidPodError as exc:  # prioritize and preempt: filter reports it as Error in a 200
-            return Reply(400, error_body(str(exc)), error_kind="invalid_pod")
+            return Reply.refused("invalid_pod", str(exc))
         except ClusterStateUnavailableError as exc:  # prioritize only, as above
-            return Reply(503, error_body(str(exc)), error_kind=exc.kind)
+            return Reply.refused("unavailable", str(exc), exc.kind)
 
     def _args(self, body: bytes) -> ExtenderArgs:
         """The request, decoded; kube-scheduler sends prioritize the very bytes it sent filter when the

@@ -52,6 +52,21 @@ def error_body(message: str) -> bytes:
     return encode_json({"Error": message})
 
 
+STATUS: Mapping[str, int] = {
+    "": 200,  # a decision; filter and bind report a pod's own problem as its Error in a 200
+    "bad_request": 400,  # a body that does not parse or has the wrong shape
+    "invalid_pod": 400,  # prioritize and preempt: a pod whose GPU request cannot be read
+    "too_large": 400,  # a body over the limit
+    "transport": 400,  # a request the transport cannot hand over (no Content-Length, bad base64, no API event)
+    "unknown_verb": 404,  # a verb this extender does not serve
+    "no_route": 404,  # a path that is no route
+    "internal": 500,  # a fault, logged with its traceback, never shown
+    "unavailable": 503,  # no usable cluster state (prioritize, preempt, /healthz), or too many connections
+}
+"""The one table from how a call ends to its HTTP status (DESIGN section 4), for the facade, the extender
+service and both transports."""
+
+
 json_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
 """The C string encoder behind ``json.dumps``: escapes and quotes one string."""
 

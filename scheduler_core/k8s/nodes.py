@@ -602,11 +602,19 @@ def _mig_slices(allocatable: Mapping[str, Any]) -> dict[str, int]:
 
 def _over_caps(facts: NodeGpuFacts, slices: Mapping[str, int]) -> str:
     """Why a node's GPU facts are over a cap of :mod:`scheduler_core.k8s.limits` ("" when none is)."""
+    total = min(sum(slices.values()), MAX_INT32) if slices else 0
+    if (
+        facts.allocatable <= MAX_GPUS_PER_NODE
+        and facts.count <= MAX_GPUS_PER_NODE
+        and len(slices) <= MAX_MIG_PROFILES_PER_NODE
+        and total <= MAX_MIG_SLICES_PER_NODE
+    ):
+        return ""  # every node but a liar: decided here, once per node of every request
     found = [
         over_cap(f"allocatable {GPU_RESOURCE}", facts.allocatable, MAX_GPUS_PER_NODE),
         over_cap("its GPU count label", facts.count, MAX_GPUS_PER_NODE),
         over_cap("its MIG profiles offered", len(slices), MAX_MIG_PROFILES_PER_NODE),
-        over_cap("its allocatable MIG slices", min(sum(slices.values()), MAX_INT32), MAX_MIG_SLICES_PER_NODE),
+        over_cap("its allocatable MIG slices", total, MAX_MIG_SLICES_PER_NODE),
     ]
     return "; ".join(filter(None, found))
 
