@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, TypeVar
 
-from scheduler_core.errors import ConfigError
+from scheduler_core.errors import ConfigError, Namer
 
 T = TypeVar("T")
 
@@ -64,6 +64,31 @@ def flag_name(cls: type, name: str) -> str:
     return str(_field(cls, name).metadata.get("flag") or "--" + name.replace("_", "-"))
 
 
+def env_names(cls: type) -> Namer:
+    """Name each field of ``cls`` by its environment variable (the Lambdas' validation)."""
+    return lambda name: env_name(cls, name)
+
+
+def flag_names(cls: type) -> Namer:
+    """Name each field of ``cls`` by its flag (the CLI's validation)."""
+    return lambda name: flag_name(cls, name)
+
+
+def context_names(cls: type) -> Namer:
+    """Name each field of ``cls`` by its CDK context key, where it declares one, else by its variable (the CDK
+    app's validation).
+
+    >>> @dataclass
+    ... class S:
+    ...     max_age_s: float = setting("MAX_AGE_S", 180.0, "refuse older", context="maxAgeS")
+    ...     other: str = setting("OTHER", "", "not the deployment's")
+    >>> [context_names(S)(name) for name in ("max_age_s", "other")]
+    ['maxAgeS', 'OTHER']
+    """
+    keys = context_keys(cls)
+    return lambda name: keys.get(name) or env_name(cls, name)
+
+
 def default_of(cls: type, name: str) -> Any:
     """The declared default of field ``name`` of settings class ``cls``."""
     return _field(cls, name).default
@@ -92,7 +117,7 @@ def add_flags(
         f = _field(cls, name)
         shown = str(defaults[name]) if name in defaults else _shown(f)
         notes = ([] if shown == "(none)" else [f"default {shown}"]) + ([f"${f.metadata['env']}"] if from_env else [])
-        text = flags_named(cls, str(f.metadata["doc"])) + (f" ({'; '.join(notes)})" if notes else "")
+        text = flags_in_help(cls, str(f.metadata["doc"])) + (f" ({'; '.join(notes)})" if notes else "")
         text = text.replace("`", "").replace("%", "%%")  # Markdown in the docs; argparse formats %
         if str(f.type) == "bool":  # --x and --no-x: a default of true can be turned off
             parser.add_argument(
@@ -119,31 +144,20 @@ def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
-def flags_named(cls: type, message: str) -> str:
-    """``message`` (a :class:`ConfigError`'s) with each field's environment variable replaced by its flag,
-    for a command line.
+def flags_in_help(cls: type, text: str) -> str:
+    """A field's doc, for its flag's help, with each variable it mentions written as that field's flag
+    (a doc says "instead of `CLUSTER_NAME`"; ``--help`` says "instead of `--cluster-name`"). Help text
+    only: validation names each setting as its caller does (:data:`Namer`).
 
     >>> @dataclass
     ... class S:
     ...     max_age_s: float = setting("MAX_AGE_S", 180.0, "refuse older")
-    >>> flags_named(S, "MAX_AGE_S: must be a non-negative number of seconds, got -1")
-    '--max-age-s: must be a non-negative number of seconds, got -1'
+    >>> flags_in_help(S, "with MAX_AGE_S set")
+    'with --max-age-s set'
     """
-    return _renamed(cls, message, {f.name: flag_name(cls, f.name) for f in fields(cls)})
-
-
-def context_named(cls: type, message: str) -> str:
-    """``message`` with the environment variable of each field that declares a CDK context key replaced by
-    that key (the CDK app's validation names what its user wrote)."""
-    return _renamed(cls, message, context_keys(cls))
-
-
-def _renamed(cls: type, message: str, new_names: Mapping[str, str]) -> str:
-    by_env = {env_name(cls, name): new for name, new in new_names.items()}
-    if not by_env:
-        return message
+    by_env = {env_name(cls, f.name): flag_name(cls, f.name) for f in fields(cls)}
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(by_env, key=len, reverse=True))) + r")\b")
-    return pattern.sub(lambda match: by_env[match[1]], message)
+    return pattern.sub(lambda match: by_env[match[1]], text)
 
 
 def environment(cls: type, source: object) -> dict[str, str]:
@@ -159,9 +173,21 @@ def environment(cls: type, source: object) -> dict[str, str]:
     """
     found = {}
     for name in context_keys(cls):
-        value = getattr(source, name)
-        found[env_name(cls, name)] = str(value).lower() if isinstance(value, bool) else str(value)
+        found[env_name(cls, name)] = _env_value(getattr(source, name))
     return found
+
+
+def _env_value(value: Any) -> str:
+    """A value as its variable holds it: ``true``/``false``, a whole number without ``.0``.
+
+    >>> [_env_value(v) for v in (True, 240.0, 0.5, 7, "x")]
+    ['true', '240', '0.5', '7', 'x']
+    """
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def context_keys(cls: type) -> dict[str, str]:
@@ -200,14 +226,18 @@ def read_env(
     return values, problems
 
 
-def load_settings(cls: type[T], environ: Mapping[str, str] | None, overrides: Mapping[str, Any]) -> T:
-    """Build ``cls`` from the environment, or raise :class:`ConfigError` naming every bad variable.
+def load_settings(
+    cls: type[T], environ: Mapping[str, str] | None, overrides: Mapping[str, Any], named_by: Namer | None = None
+) -> T:
+    """Build ``cls`` from the environment, or raise :class:`ConfigError` naming every bad setting: a variable
+    that does not parse by its name, the rest by ``named_by`` (:func:`env_names` by default; the CLI passes
+    :func:`flag_names` for the values its flags gave).
 
-    ``cls`` has a ``problems()`` method for the checks that span fields.
+    ``cls`` has a ``problems(name)`` method for the checks that span fields.
     """
     values, problems = read_env(cls, environ, overrides)
     settings = cls(**values)
-    problems += settings.problems()  # type: ignore[attr-defined]
+    problems += settings.problems(named_by or env_names(cls))  # type: ignore[attr-defined]
     if problems:
         raise ConfigError("; ".join(problems))
     return settings
@@ -254,10 +284,12 @@ class ClusterAccess:
     kubeconfig: str = setting("KUBECONFIG", "", "instead of both: a kubeconfig file (local runs)")
     region: str = setting("AWS_REGION", "", "the AWS region (the Lambda runtime sets it)")
 
-    def access_problems(self) -> list[str]:
+    def access_problems(self, name: Namer | None = None) -> list[str]:
         if self.cluster_name or self.kube_api_url or self.kubeconfig:
             return []
-        return ["CLUSTER_NAME: required, unless KUBE_API_URL or KUBECONFIG says where the API is"]
+        name = name or env_names(type(self))
+        needed = f"{name('cluster_name')}: required, unless {name('kube_api_url')} or {name('kubeconfig')}"
+        return [f"{needed} says where the API is"]
 
     def connect(self, session: Any) -> Any:
         from adapters.kube import connect

@@ -54,7 +54,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from adapters.settings import context_keys, context_named, default_of, parse_bool
+from adapters.settings import context_keys, context_names, default_of, parse_bool
 from application.extender.settings import ExtenderSettings
 from application.node_state.settings import NodeStateSettings
 from cdk.functions import RETENTION_NAMES
@@ -108,7 +108,7 @@ class DeployConfig:
     extender_snap_start: bool = True
     api_rate_limit: int = 500
     api_burst_limit: int = 1000
-    max_snapshot_age_s: int = int(default_of(ExtenderSettings, "max_snapshot_age_s"))  # as share_policy
+    max_snapshot_age_s: float = default_of(ExtenderSettings, "max_snapshot_age_s")  # as share_policy
     ledger_conflicts_alarm_per_5m: int = 50
     log_retention_days: int = 30
     deletion_cost_config: Mapping[str, Any] = field(default_factory=lambda: DEFAULT_DELETION_COST_CONFIG)
@@ -221,13 +221,9 @@ class DeployConfig:
         on to it (those whose settings declare a context key), named by those keys; and the node-state
         refresher's placeholder caps, likewise."""
         passed = {name: getattr(self, name) for name in context_keys(ExtenderSettings)}
-        found = [context_named(ExtenderSettings, problem) for problem in ExtenderSettings(**passed).problems()]
+        found = ExtenderSettings(**passed).problems(context_names(ExtenderSettings))
         caps = NodeStateSettings(**{name: getattr(self, name) for name in context_keys(NodeStateSettings)})
-        return found + [
-            context_named(NodeStateSettings, problem)
-            for problem in caps.problems()
-            if problem.startswith("PLACEHOLDERS_")
-        ]
+        return found + caps.placeholder_problems(context_names(NodeStateSettings))
 
     def problems(self) -> list[str]:
         found = []
@@ -426,6 +422,13 @@ def _parse(raw: Any, type_name: str) -> Any:
             return int(raw)
         except (TypeError, ValueError):
             raise ValueError(f"expected an integer, got {raw!r}") from None
+    if type_name == "float":
+        if isinstance(raw, bool):
+            raise ValueError(f"expected a number, got {raw!r}")
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a number, got {raw!r}") from None
     if type_name == "tuple[str, ...]":
         items = raw.split(",") if isinstance(raw, str) else raw
         if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):

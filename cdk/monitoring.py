@@ -57,7 +57,7 @@ class Watched:
     node_state: lambda_.Function
     deletion_cost: lambda_.Function
     stage: apigw.Stage
-    max_snapshot_age_s: int
+    max_snapshot_age_s: float
     ledger_conflicts_per_5m: int = 50
 
 
@@ -225,7 +225,7 @@ class Monitoring(Construct):
         )
         alarm(
             "SnapshotStale",
-            f"the extender is deciding from a snapshot older than {watched.max_snapshot_age_s} s "
+            f"the extender is deciding from a snapshot older than {watched.max_snapshot_age_s:g} s "
             "(node-state refresher failing or not running?)",
             metric("SnapshotAgeSeconds", EXTENDER, "Maximum"),
             watched.max_snapshot_age_s,

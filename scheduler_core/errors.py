@@ -6,6 +6,18 @@ tell a bad request (answer 400, or 200 with ``Error``) from a genuine fault (ans
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+Namer = Callable[[str], str]
+"""How a caller names a setting in a validation message, given the setting's path in the core's own
+settings (``weights.fit``): an environment variable (a Lambda), a flag (the CLI), a CDK context key. Each
+``problems(name)`` builds its messages with it, so that nothing renames them afterwards."""
+
+
+def by_path(path: str) -> str:
+    """The default :data:`Namer`: the core's own path (``weights.fit``)."""
+    return path
+
 
 class SchedulerCoreError(Exception):
     """Base class for errors raised by ``scheduler_core``."""

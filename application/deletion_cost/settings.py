@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.metric_catalogue import DELETION_COST, NAMESPACE
-from adapters.settings import ClusterAccess, load_settings, setting
+from adapters.settings import ClusterAccess, env_names, load_settings, setting
+from scheduler_core.errors import Namer
 
 
 @dataclass(frozen=True)
@@ -53,29 +54,34 @@ class DeletionCostSettings(ClusterAccess):
     service: str = setting("POWERTOOLS_SERVICE_NAME", DELETION_COST, "service name in logs and metrics")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> DeletionCostSettings:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, named_by: Namer | None = None, **overrides: Any
+    ) -> DeletionCostSettings:
         """Read the environment; explicit keyword arguments win.
 
         >>> DeletionCostSettings.from_env({"CLUSTER_NAME": "prod", "PASSES": "1"}).passes
         1
         """
-        return load_settings(cls, environ, overrides)
+        return load_settings(cls, environ, overrides, named_by)
 
-    def problems(self) -> list[str]:
-        found = self.access_problems()
+    def problems(self, name: Namer | None = None) -> list[str]:
+        """Every invalid setting, each named by ``name`` of its field (its variable by default)."""
+        name = name or env_names(type(self))
+        found = self.access_problems(name)
         if self.config_json and self.config_parameter:
-            found.append("DELETION_COST_CONFIG and DELETION_COST_CONFIG_PARAMETER: set one, not both")
+            found.append(f"{name('config_json')} and {name('config_parameter')}: set one, not both")
         if self.max_patches_per_run < 0:
-            found.append(f"MAX_PATCHES_PER_RUN: must be non-negative, got {self.max_patches_per_run}")
+            found.append(f"{name('max_patches_per_run')}: must be non-negative, got {self.max_patches_per_run}")
         if not self.patch_qps > 0:
-            found.append(f"PATCH_QPS: must be positive, got {self.patch_qps}")
+            found.append(f"{name('patch_qps')}: must be positive, got {self.patch_qps}")
         if not 1 <= self.passes <= 10:
-            found.append(f"PASSES: expected 1..10, got {self.passes}")
+            found.append(f"{name('passes')}: expected 1..10, got {self.passes}")
         if self.interval_s < 0 or self.deadline_margin_s < 0:
-            found.append("INTERVAL_S and DEADLINE_MARGIN_S: must be non-negative")
-        namespace, _, name = self.karpenter_deployment.partition("/")
-        if self.karpenter_deployment and not (namespace and name and "/" not in name):
-            found.append(f"KARPENTER_DEPLOYMENT: expected NAMESPACE/NAME or empty, got {self.karpenter_deployment!r}")
+            found.append(f"{name('interval_s')} and {name('deadline_margin_s')}: must be non-negative")
+        namespace, _, deployment = self.karpenter_deployment.partition("/")
+        if self.karpenter_deployment and not (namespace and deployment and "/" not in deployment):
+            given = self.karpenter_deployment
+            found.append(f"{name('karpenter_deployment')}: expected NAMESPACE/NAME or empty, got {given!r}")
         if self.do_not_disrupt_from < 0:
-            found.append(f"DO_NOT_DISRUPT_FROM: must be non-negative, got {self.do_not_disrupt_from}")
+            found.append(f"{name('do_not_disrupt_from')}: must be non-negative, got {self.do_not_disrupt_from}")
         return found

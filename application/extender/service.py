@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from adapters.ledger_readings import LedgerReadings
+from adapters.settings import env_names
 from adapters.snapshot_store import RefreshEvent, SnapshotSource, open_store
 from adapters.telemetry import PrometheusTelemetry, Telemetry
 from application.extender.settings import ExtenderSettings
-from scheduler_core.errors import ClusterStateUnavailableError, ConfigError
+from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, Namer
 from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome
 from scheduler_core.extender.facade import SHARING_VERBS, VERBS, Accounting, BindOutcome, ClusterSource, Extender, Reply
 from scheduler_core.extender.preemption import PreemptOutcome
@@ -335,6 +336,7 @@ def build(
     decision_level: int = logging.INFO,
     trace: Callable[[str], AbstractContextManager[Any]] | None = None,
     session: Any = None,
+    named_by: Namer | None = None,
 ) -> ExtenderService:
     """The extender service for ``settings``.
 
@@ -342,7 +344,8 @@ def build(
     JSON file ``cluster_file`` (re-read every ``snapshot_refresh_s``), the snapshot at ``snapshot_uri``,
     or none. ``telemetry``, ``logger``, ``max_reply_bytes`` and ``decision_level`` are the
     :class:`ExtenderService`'s. ``trace`` wraps each snapshot refresh in a tracing subsegment;
-    ``session`` is the boto3 session of the ledger's client (boto3's default when None). Nothing is
+    ``session`` is the boto3 session of the ledger's client (boto3's default when None). ``named_by`` names
+    the settings in a :class:`ConfigError` (their variables by default; ``serve`` names its flags). Nothing is
     started: see :meth:`ExtenderService.start`.
 
     Raises
@@ -363,7 +366,9 @@ def build(
         from adapters.live_state import LiveState
 
         if settings.access_problems():
-            raise ConfigError("a live watch needs CLUSTER_NAME, KUBE_API_URL or KUBECONFIG: the cluster to watch")
+            name = named_by or env_names(ExtenderSettings)
+            where = f"{name('cluster_name')}, {name('kube_api_url')} or {name('kubeconfig')}"
+            raise ConfigError(f"a live watch needs {where}: the cluster to watch")
         live = LiveState(lambda: settings.connect(None), label_keys=config.locality.label_keys, readings=readings)
         source = live
     elif cluster_file is not None:
@@ -374,7 +379,7 @@ def build(
         try:
             store = open_store(settings.snapshot_uri)
         except ValueError as exc:
-            raise ConfigError(f"SNAPSHOT_URI: {exc}") from exc
+            raise ConfigError(f"{(named_by or env_names(ExtenderSettings))('snapshot_uri')}: {exc}") from exc
         source = SnapshotSource(
             store,
             refresh_s=settings.snapshot_refresh_s,

@@ -16,10 +16,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from adapters.metric_catalogue import EXTENDER, NAMESPACE
-from adapters.settings import ClusterAccess, env_name, load_settings, setting
+from adapters.settings import ClusterAccess, env_names, load_settings, setting
 from adapters.snapshot_store import DEFAULT_MAX_AGE_S, DEFAULT_REFRESH_S
 from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
 from manifests.reservation import image_problems
+from scheduler_core.errors import Namer
 from scheduler_core.extender.facade import ExtenderConfig
 from scheduler_core.k8s.names import SHARE_DEVICES
 from scheduler_core.scoring.gpu_fit import ScoreWeights
@@ -27,6 +28,14 @@ from scheduler_core.scoring.locality import DEFAULT_LABEL_KEYS, LocalitySettings
 from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, SHARE_POLICIES
 
 LAMBDA_MAX_BODY_BYTES = 6 * 2**20
+CORE_FIELDS = {
+    **{f"weights.{name}": f"weight_{name}" for name in ("fit", "utilization", "locality")},
+    **{f"locality.{name}": f"locality_{name}" for name in ("label_keys", "zone_alpha", "zone_values", "self_weight")},
+    "max_body_bytes": "max_body_bytes",
+    "share_policy": "share_policy",
+}
+"""The setting behind each path of the core's :class:`~scheduler_core.extender.facade.ExtenderConfig`, as
+:meth:`ExtenderSettings._config` builds it: how its checks are named in this class's words."""
 ENV_DEVICE_WARNING = (
     "SHARE_DEVICE=env: shares get their GPU through NVIDIA_VISIBLE_DEVICES, which the NVIDIA container toolkit "
     "must then accept from unprivileged containers; any pod on a GPU node that sets it through envFrom or its "
@@ -116,7 +125,9 @@ class ExtenderSettings(ClusterAccess):
     service: str = setting("POWERTOOLS_SERVICE_NAME", EXTENDER, "service name in logs, metrics and traces")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ExtenderSettings:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, named_by: Namer | None = None, **overrides: Any
+    ) -> ExtenderSettings:
         """Read the environment; an explicit keyword argument wins over it.
 
         Raises
@@ -127,39 +138,33 @@ class ExtenderSettings(ClusterAccess):
         >>> ExtenderSettings.from_env({"SNAPSHOT_URI": "s3://b/k"}, max_snapshot_age_s=60).max_snapshot_age_s
         60
         """
-        return load_settings(cls, environ, overrides)
+        return load_settings(cls, environ, overrides, named_by)
 
-    def problems(self) -> list[str]:
-        """Every invalid setting, named by its environment variable."""
-        cls = type(self)
+    def problems(self, name: Namer | None = None) -> list[str]:
+        """Every invalid setting, each named by ``name`` of its field (its variable by default)."""
+        name = name or env_names(type(self))
         found = []
-        for name in ("snapshot_refresh_s", "max_snapshot_age_s"):
-            value = getattr(self, name)
+        for field_name in ("snapshot_refresh_s", "max_snapshot_age_s"):
+            value = getattr(self, field_name)
             if not isinstance(value, int | float) or value < 0:
-                found.append(f"{env_name(cls, name)}: must be a non-negative number of seconds, got {value!r}")
+                found.append(f"{name(field_name)}: must be a non-negative number of seconds, got {value!r}")
         if "://" in self.snapshot_uri and not self.snapshot_uri.startswith(("s3://", "file://")):
-            found.append(f"SNAPSHOT_URI: expected s3://bucket/key, file:///path or a path, got {self.snapshot_uri!r}")
-        # The core checks its own settings and names them by path (weights.fit, locality.zone_alpha,
-        # locality.zone_values['a']['b']...): name the variables instead.
-        renames = {f"weights.{name}": env_name(cls, f"weight_{name}") for name in ("fit", "utilization", "locality")}
-        renames["weights"] = f"{env_name(cls, 'weight_fit')} + {env_name(cls, 'weight_utilization')}"
-        renames |= {
-            f"locality.{name}": env_name(cls, f"locality_{name}")
-            for name in ("label_keys", "zone_alpha", "zone_values", "self_weight")
-        }
-        renames |= {name: env_name(cls, name) for name in ("max_body_bytes", "share_policy")}
+            uri = self.snapshot_uri
+            found.append(f"{name('snapshot_uri')}: expected s3://bucket/key, file:///path or a path, got {uri!r}")
+
+        def core(path: str) -> str:  # the core's checks name its own paths: each is one of these fields
+            return name(CORE_FIELDS[path])
+
         try:
-            problems = self._config().problems()
+            found += self._config().problems(core)
         except ValueError as exc:  # the zone values are not JSON of the right shape: check the rest without them
-            problems = [f"locality.zone_values: {exc}", *self._config(zone_values=False).problems()]
-        for problem in problems:
-            path = problem.partition(":")[0].partition("[")[0]
-            found.append(renames[path] + problem[len(path) :] if path in renames else problem)
+            found += [f"{core('locality.zone_values')}: {exc}", *self._config(zone_values=False).problems(core)]
         if self.ledger_table:
-            found.extend(problem + " (bind needs the API)" for problem in self.access_problems())
-        found += image_problems(env_name(cls, "reservation_image"), self.reservation_image)
+            found.extend(problem + " (bind needs the API)" for problem in self.access_problems(name))
+        found += image_problems(name("reservation_image"), self.reservation_image)
         if self.share_device not in SHARE_DEVICES:
-            found.append(f"SHARE_DEVICE: expected one of {', '.join(SHARE_DEVICES)}, got {self.share_device!r}")
+            device = self.share_device
+            found.append(f"{name('share_device')}: expected one of {', '.join(SHARE_DEVICES)}, got {device!r}")
         return found
 
     @property

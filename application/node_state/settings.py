@@ -9,9 +9,10 @@ from typing import Any
 
 from adapters.amp import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, DEFAULT_UTILIZATION_QUERY, DEFAULT_WINDOW
 from adapters.metric_catalogue import NAMESPACE, NODE_STATE
-from adapters.settings import ClusterAccess, load_settings, setting
+from adapters.settings import ClusterAccess, env_names, load_settings, setting
 from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
 from manifests.reservation import image_problems
+from scheduler_core.errors import Namer
 from scheduler_core.k8s.node_labels import LABEL_POLICIES
 from scheduler_core.state.demand import PlaceholderCaps
 
@@ -83,7 +84,9 @@ class NodeStateSettings(ClusterAccess):
     service: str = setting("POWERTOOLS_SERVICE_NAME", NODE_STATE, "service name in logs and metrics")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> NodeStateSettings:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, named_by: Namer | None = None, **overrides: Any
+    ) -> NodeStateSettings:
         """Read the environment; explicit keyword arguments win.
 
         Raises
@@ -94,36 +97,40 @@ class NodeStateSettings(ClusterAccess):
         >>> NodeStateSettings.from_env({"CLUSTER_NAME": "prod", "SNAPSHOT_URI": "s3://b/k"}).label_policy
         'fill'
         """
-        return load_settings(cls, environ, overrides)
+        return load_settings(cls, environ, overrides, named_by)
 
     @property
     def placeholder_caps(self) -> PlaceholderCaps:
         return PlaceholderCaps(self.placeholders_per_namespace, self.placeholders_total)
 
-    def problems(self) -> list[str]:
-        found = self.access_problems()
+    def problems(self, name: Namer | None = None) -> list[str]:
+        """Every invalid setting, each named by ``name`` of its field (its variable by default)."""
+        name = name or env_names(type(self))
+        found = self.access_problems(name)
         if not self.snapshot_uri:
-            found.append("SNAPSHOT_URI: required (s3://bucket/key, file:///path or a path)")
+            found.append(f"{name('snapshot_uri')}: required (s3://bucket/key, file:///path or a path)")
         if self.label_policy not in LABEL_POLICIES:
-            found.append(f"LABEL_POLICY: expected one of {', '.join(LABEL_POLICIES)}, got {self.label_policy!r}")
+            policy = self.label_policy
+            found.append(f"{name('label_policy')}: expected one of {', '.join(LABEL_POLICIES)}, got {policy!r}")
         if self.patch_concurrency < 1 or self.patch_concurrency > 64:
-            found.append(f"PATCH_CONCURRENCY: expected 1..64, got {self.patch_concurrency}")
+            found.append(f"{name('patch_concurrency')}: expected 1..64, got {self.patch_concurrency}")
         if self.ledger_table:
-            found += image_problems("RESERVATION_IMAGE", self.reservation_image)
-        found += [
-            problem.replace("placeholders.per_namespace", "PLACEHOLDERS_PER_NAMESPACE").replace(
-                "placeholders.total", "PLACEHOLDERS_TOTAL"
-            )
-            for problem in self.placeholder_caps.problems()
-        ]
+            found += image_problems(name("reservation_image"), self.reservation_image)
+        found += self.placeholder_problems(name)
         if self.watch_s < 0:
-            found.append(f"WATCH_S: must be non-negative, got {self.watch_s}")
+            found.append(f"{name('watch_s')}: must be non-negative, got {self.watch_s}")
         if not 0.05 <= self.publish_debounce_s <= 30:
-            found.append(f"PUBLISH_DEBOUNCE_S: expected 0.05..30 seconds, got {self.publish_debounce_s}")
+            found.append(f"{name('publish_debounce_s')}: expected 0.05..30 seconds, got {self.publish_debounce_s}")
         if self.deadline_margin_s < 0:
-            found.append(f"DEADLINE_MARGIN_S: must be non-negative, got {self.deadline_margin_s}")
+            found.append(f"{name('deadline_margin_s')}: must be non-negative, got {self.deadline_margin_s}")
         try:
             self.utilization_query.format(node_label="n", gpu_label="g", window="5m")
         except (KeyError, IndexError, ValueError) as exc:
-            found.append(f"UTILIZATION_QUERY: placeholders are {{node_label}}, {{gpu_label}}, {{window}}: {exc!r}")
+            where = name("utilization_query")
+            found.append(f"{where}: placeholders are {{node_label}}, {{gpu_label}}, {{window}}: {exc!r}")
         return found
+
+    def placeholder_problems(self, name: Namer | None = None) -> list[str]:
+        """The placeholder caps' checks alone (the CDK app passes them on), named by ``name`` of each field."""
+        name = name or env_names(type(self))
+        return self.placeholder_caps.problems(lambda path: name(path.replace(".", "_")))

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from adapters.settings import add_flags, flags_named, given
+from adapters.settings import add_flags, flag_names, given
 from application.extender.settings import ExtenderSettings
 from scheduler_core.errors import ConfigError, InvalidArgsError
 
@@ -75,6 +75,8 @@ def extender_settings(
     ``values``, over the variables in ``environ`` (none by default), over the declared defaults;
     :class:`UsageError` naming each bad flag."""
     try:
-        return ExtenderSettings.from_env(environ or {}, **{**(values or {}), **given(args, names)})
+        return ExtenderSettings.from_env(
+            environ or {}, named_by=flag_names(ExtenderSettings), **{**(values or {}), **given(args, names)}
+        )
     except ConfigError as exc:
-        raise UsageError(flags_named(ExtenderSettings, str(exc))) from exc
+        raise UsageError(str(exc)) from exc

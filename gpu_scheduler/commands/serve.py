@@ -14,7 +14,7 @@ import logging
 import os
 from pathlib import Path
 
-from adapters.settings import add_flags, env_name, flags_named
+from adapters.settings import add_flags, env_name, flag_names
 from application.extender.settings import ExtenderSettings
 from gpu_scheduler.commands.common import SCORING, UsageError, add_scoring, extender_settings
 from scheduler_core.errors import ConfigError
@@ -131,9 +131,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--kubeconfig {args.kubeconfig}: no such file")
     config = settings(args)
     try:
-        service = build(config, cluster_file=args.cluster, watch=args.watch, decision_level=logging.DEBUG)
+        service = build(
+            config,
+            cluster_file=args.cluster,
+            watch=args.watch,
+            decision_level=logging.DEBUG,
+            named_by=flag_names(ExtenderSettings),
+        )
     except ConfigError as exc:
-        raise UsageError(flags_named(ExtenderSettings, str(exc))) from exc
+        raise UsageError(str(exc)) from exc
     try:
         service.start()
         serve(service, args.host, args.port, ready=print_ready)

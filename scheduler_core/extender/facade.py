@@ -26,7 +26,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, InvalidArgsError, InvalidPodError
+from scheduler_core.errors import (
+    ClusterStateUnavailableError,
+    ConfigError,
+    InvalidArgsError,
+    InvalidPodError,
+    Namer,
+    by_path,
+)
 from scheduler_core.extender.admission import bind_refusal, room_refusal
 from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome, filter_verdict, prioritize_scores
 from scheduler_core.extender.preemption import Holdings, PreemptOutcome, candidates, decide_on_view, proposed_nodes
@@ -102,21 +109,21 @@ class ExtenderConfig:
             raise ConfigError("; ".join(problems))
         return self
 
-    def problems(self) -> list[str]:
-        """Every invalid field, named by its path (``weights.fit``, ``share_policy``...): the one check of
-        the extender's settings, which the Lambda's, ``serve``'s and the CDK app's validation name in their
-        own words."""
-        problems = self.weights.problems("weights") + self.locality.problems("locality")
+    def problems(self, name: Namer = by_path) -> list[str]:
+        """Every invalid field, named by ``name`` of its path (``weights.fit``, ``share_policy``...): the one
+        check of the extender's settings, which the Lambda's, ``serve``'s and the CDK app's validation call
+        with their own names for each path."""
+        problems = self.weights.problems(name) + self.locality.problems(name)
         if (
             isinstance(self.max_body_bytes, bool)
             or not isinstance(self.max_body_bytes, int)
             or self.max_body_bytes <= 0
         ):
-            problems.append(f"max_body_bytes: must be a positive integer, got {self.max_body_bytes!r}")
+            problems.append(f"{name('max_body_bytes')}: must be a positive integer, got {self.max_body_bytes!r}")
         try:
             _ = self.policy
         except ConfigError as exc:
-            problems.append(f"share_policy: {exc}")
+            problems.append(f"{name('share_policy')}: {exc}")
         return problems
 
     @property

@@ -15,7 +15,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.errors import ConfigError
+from scheduler_core.errors import ConfigError, Namer, by_path
 from scheduler_core.k8s.mig import MIG_MODES, MigMode, mig_resource
 from scheduler_core.k8s.names import ACCEPT_MIG_ANNOTATION, GPU_RESOURCE, MILLI_RESOURCE
 from scheduler_core.k8s.nodes import NodeTable
@@ -73,14 +73,16 @@ class ScoreWeights:
     utilization: float = 0.3
     locality: float = 0.5
 
-    def problems(self, path: str = "weights") -> list[str]:
+    def problems(self, name: Namer = by_path) -> list[str]:
+        """Every invalid weight, each named by ``name`` of its path (``weights.fit``)."""
         found = [
-            f"{path}.{name}: must be in [0, 1], got {value!r}"
-            for name, value in (("fit", self.fit), ("utilization", self.utilization), ("locality", self.locality))
+            f"{name(f'weights.{field}')}: must be in [0, 1], got {value!r}"
+            for field, value in (("fit", self.fit), ("utilization", self.utilization), ("locality", self.locality))
             if not (isinstance(value, int | float) and 0.0 <= value <= 1.0)
         ]
         if not found and self.fit + self.utilization <= 0:
-            found.append(f"{path}: fit + utilization must be > 0, got {self.fit} + {self.utilization}")
+            total = f"{name('weights.fit')} + {name('weights.utilization')}"
+            found.append(f"{total}: fit + utilization must be > 0, got {self.fit} + {self.utilization}")
         return found
 
     def validated(self) -> ScoreWeights:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from scheduler_core.errors import Namer, by_path
 from scheduler_core.k8s.annotations import LABEL_KEY, Peer
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import bound_row
@@ -62,20 +63,21 @@ class LocalitySettings:
             return tuple(peers)
         return (*peers, Peer(key, str(labels[key]), self.self_weight * sum(p.weight for p in peers)))
 
-    def problems(self, path: str = "locality") -> list[str]:
-        found = [
-            f"{path}.label_keys: {key!r} is not a label key" for key in self.label_keys if not LABEL_KEY.match(key)
-        ]
+    def problems(self, name: Namer = by_path) -> list[str]:
+        """Every invalid setting, each named by ``name`` of its path (``locality.zone_alpha``)."""
+        keys = name("locality.label_keys")
+        found = [f"{keys}: {key!r} is not a label key" for key in self.label_keys if not LABEL_KEY.match(key)]
         if not self.label_keys:
-            found.append(f"{path}.label_keys: at least one key is needed")
+            found.append(f"{keys}: at least one key is needed")
         if not (isinstance(self.zone_alpha, int | float) and 0.0 <= self.zone_alpha <= 1.0):
-            found.append(f"{path}.zone_alpha: must be in [0, 1], got {self.zone_alpha!r}")
+            found.append(f"{name('locality.zone_alpha')}: must be in [0, 1], got {self.zone_alpha!r}")
         if not (isinstance(self.self_weight, int | float) and 0.0 <= self.self_weight <= 10.0):
-            found.append(f"{path}.self_weight: must be in [0, 10], got {self.self_weight!r}")
+            found.append(f"{name('locality.self_weight')}: must be in [0, 10], got {self.self_weight!r}")
         for zone, row in (self.zone_values or {}).items():
             for other, value in row.items():
                 if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
-                    found.append(f"{path}.zone_values[{zone!r}][{other!r}]: must be in [0, 1], got {value!r}")
+                    where = f"{name('locality.zone_values')}[{zone!r}][{other!r}]"
+                    found.append(f"{where}: must be in [0, 1], got {value!r}")
         return found
 
     def zone_matrix(self, zones: Sequence[str]) -> npt.NDArray[np.float64]:

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from scheduler_core.errors import InvalidPodError
+from scheduler_core.errors import InvalidPodError, Namer, by_path
 from scheduler_core.k8s.names import (
     GPU_RESOURCE,
     LABEL_MEMORY,
@@ -51,10 +51,11 @@ class PlaceholderCaps:
     per_namespace: int = 16
     total: int = 64
 
-    def problems(self, path: str = "placeholders") -> list[str]:
+    def problems(self, name: Namer = by_path) -> list[str]:
+        """Each cap that is not an integer in range, named by ``name`` of its path (``placeholders.total``)."""
         return [
-            f"{path}.{name}: expected an integer in 0..{MAX_PLACEHOLDERS}, got {value!r}"
-            for name, value in (("per_namespace", self.per_namespace), ("total", self.total))
+            f"{name(f'placeholders.{field}')}: expected an integer in 0..{MAX_PLACEHOLDERS}, got {value!r}"
+            for field, value in (("per_namespace", self.per_namespace), ("total", self.total))
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PLACEHOLDERS
         ]
 

@@ -11,15 +11,16 @@ import pytest
 from adapters.settings import (
     add_flags,
     context_keys,
-    context_named,
+    context_names,
+    env_names,
     environment,
     flag_name,
-    flags_named,
+    flag_names,
     given,
     load_settings,
     setting,
 )
-from scheduler_core.errors import ConfigError
+from scheduler_core.errors import ConfigError, Namer
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,9 @@ class Example:
     limit: int = setting("LIMIT", 5, "at most 5% of this")
     dry_run: bool = setting("DRY_RUN", False, "write nothing")
 
-    def problems(self) -> list[str]:
-        return [f"MAX_AGE_S: must be >= 0, got {self.max_age_s}"] if self.max_age_s < 0 else []
+    def problems(self, name: Namer) -> list[str]:
+        found = [f"{name('max_age_s')}: must be >= 0, got {self.max_age_s}"] if self.max_age_s < 0 else []
+        return found + ([f"{name('uri')}: bad"] if self.uri == "bad" else [])
 
 
 def parser_for(**defaults: object) -> argparse.ArgumentParser:
@@ -69,12 +71,16 @@ def test_the_help_is_the_doc_with_the_default_and_variables_named_as_flags() -> 
     assert "at most 5% of this (default 9)" in text  # a command's own default, and % survives argparse
 
 
-def test_messages_name_flags_on_a_command_line_and_context_keys_in_the_cdk_app() -> None:
-    message = "MAX_AGE_S: must be >= 0, got -1; SNAPSHOT_URI: bad"
-    assert flags_named(Example, message) == "--max-age-s: must be >= 0, got -1; --snapshot: bad"
-    assert context_named(Example, message) == "maxAgeS: must be >= 0, got -1; SNAPSHOT_URI: bad"
-    with pytest.raises(ConfigError, match="MAX_AGE_S: must be >= 0"):
-        load_settings(Example, {}, {"max_age_s": -1.0})
+def test_messages_name_each_setting_as_its_caller_does_variables_flags_or_context_keys() -> None:
+    """The check names each field by the caller's namer: nothing renames a message afterwards."""
+    bad = Example(max_age_s=-1.0, uri="bad")
+    assert bad.problems(env_names(Example)) == ["MAX_AGE_S: must be >= 0, got -1.0", "SNAPSHOT_URI: bad"]
+    assert bad.problems(flag_names(Example)) == ["--max-age-s: must be >= 0, got -1.0", "--snapshot: bad"]
+    assert bad.problems(context_names(Example)) == ["maxAgeS: must be >= 0, got -1.0", "SNAPSHOT_URI: bad"]
+    with pytest.raises(ConfigError, match=r"^MAX_AGE_S: must be >= 0, got -1\.0; SNAPSHOT_URI: bad$"):
+        load_settings(Example, {}, {"max_age_s": -1.0, "uri": "bad"})
+    with pytest.raises(ConfigError, match=r"^--max-age-s: must be >= 0, got -1\.0; --snapshot: bad$"):
+        load_settings(Example, {}, {"max_age_s": -1.0, "uri": "bad"}, flag_names(Example))
 
 
 def test_the_lambda_environment_holds_the_settings_that_declare_a_context_key() -> None:

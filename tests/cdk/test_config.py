@@ -210,6 +210,7 @@ def test_the_keys_passed_to_the_extender_take_its_declared_default_and_reach_its
     for name, key in context_keys(ExtenderSettings).items():
         assert _camel(name) == key  # the context key DeployConfig reads for its field of that name
         assert deploy_fields[name].default == default_of(ExtenderSettings, name)
+        assert deploy_fields[name].type == next(f.type for f in fields(ExtenderSettings) if f.name == name), name
     config = DeployConfig.from_context(
         {"clusterName": "c", "sharePolicy": "bestfit", "maxSnapshotAgeS": "240", "reservationImage": "r.example/p:1",
          "shareDevice": "env"}
@@ -223,6 +224,8 @@ def test_the_keys_passed_to_the_extender_take_its_declared_default_and_reach_its
 
 
 def test_the_node_state_refreshers_placeholder_caps_are_deployment_keys_checked_by_its_own_rule() -> None:
+    from dataclasses import fields
+
     from adapters.settings import context_keys, environment
     from application.node_state.settings import NodeStateSettings
 
@@ -230,6 +233,9 @@ def test_the_node_state_refreshers_placeholder_caps_are_deployment_keys_checked_
         "reservation_image": "reservationImage", "placeholders_per_namespace": "placeholdersPerNamespace",
         "placeholders_total": "placeholdersTotal",
     }  # fmt: skip
+    deploy_types = {f.name: f.type for f in fields(DeployConfig)}
+    for f in fields(NodeStateSettings):  # one type each, the settings' own
+        assert f.name not in context_keys(NodeStateSettings) or deploy_types[f.name] == f.type, f.name
     config = DeployConfig.from_context({"clusterName": "c", "placeholdersPerNamespace": "4", "placeholdersTotal": "9"})
     assert environment(NodeStateSettings, config) == {
         "RESERVATION_IMAGE": config.reservation_image, "PLACEHOLDERS_PER_NAMESPACE": "4", "PLACEHOLDERS_TOTAL": "9",
