@@ -10,7 +10,7 @@ PIP    := $(BIN)/pip install --quiet --disable-pip-version-check -c requirements
 LAMBDA_ARCH ?= arm64
 LAMBDA_PYTHON ?= 3.14
 PACKAGE := build/lambda/package.json
-PACKAGE_SOURCES := $(shell find scheduler_core adapters manifests application lambdas -name '*.py') requirements.lock tools/package_lambda.py
+PACKAGE_SOURCES := $(shell find scheduler_core adapters manifests shares application lambdas -name '*.py') requirements.lock tools/package_lambda.py
 
 # The tiers (docs/testing.md): test-fast is the pure core and everything that needs no server.
 .PHONY: demo test test-fast venv lint typecheck unit bench bench-quality lock clean package synth system-packages

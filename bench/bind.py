@@ -1,6 +1,6 @@
 """``gpu-scheduler bench bind``: the extender's whole ``bind`` verb, ledger to Binding.
 
-Each bind is ``Extender.respond("bind", body)`` with a :class:`adapters.binder.LedgerBinder`: GET the
+Each bind is ``Extender.respond("bind", body)`` with a :class:`shares.binder.LedgerBinder`: GET the
 pod, the ledger's conditional write in moto's DynamoDB (server mode, its own process), the annotation
 PATCH and the Binding POST to the in-repo API double over HTTP. ``threads`` extender instances (each
 with its own clients, snapshot copy and ledger readings, as separate Lambda instances have) filter,
@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from adapters.binder import LedgerBinder
 from adapters.gpu_ledger import LedgerStore
 from adapters.kube import RetryPolicy, connect_url
 from adapters.ledger_readings import LedgerReadings
@@ -39,6 +38,7 @@ from scheduler_core.extender.wire import ExtenderArgs
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.ledger import NodeLedger
+from shares.binder import LedgerBinder
 from testing.kube_double import KubeApiDouble
 from testing.moto import moto_server
 

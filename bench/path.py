@@ -27,7 +27,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-PRODUCT_ROOTS = frozenset({"scheduler_core", "adapters", "application", "manifests", "lambdas", "gpu_scheduler"})
+PRODUCT_ROOTS = frozenset(
+    {"scheduler_core", "adapters", "application", "shares", "manifests", "lambdas", "gpu_scheduler"}
+)
 TOKEN = "bench-path"
 
 
@@ -78,16 +80,16 @@ def _world() -> Iterator[tuple[Any, Callable[..., dict[str, Any]], list[dict[str
     import boto3
     from moto import mock_aws
 
-    from adapters.binder import LedgerBinder
     from adapters.gpu_ledger import LedgerStore
     from adapters.kube import RetryPolicy, connect_url
     from adapters.ledger_readings import LedgerReadings
-    from adapters.reservations import Reservations
     from application.extender.service import ExtenderService
     from bench.ledger import TABLE, create_table
     from scheduler_core.extender.facade import Extender
     from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
     from scheduler_core.state.cluster import ClusterState
+    from shares.binder import LedgerBinder
+    from shares.reservations import Reservations
     from testing.kube_double import KubeApiDouble
 
     for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):

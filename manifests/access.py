@@ -3,7 +3,7 @@ keep each one to its own labels and annotations.
 
 Each Lambda's IAM role gets an EKS access entry in its own group (``cdk/cluster_access.py``); what the
 group may do is exactly the ClusterRole here, and nothing else (no access policy). The verbs are the
-calls each function makes (``adapters/kube.py``, ``adapters/binder.py`` and the refreshers' services):
+calls each function makes (``adapters/kube.py``, ``shares/binder.py`` and the refreshers' services):
 
 | identity | group | verbs |
 |---|---|---|

@@ -3,7 +3,7 @@
 A share of a GPU requests ``gpu-scheduler.io/gpu-milli``, which kube-scheduler ignores and no device
 plugin serves. A reservation pod bound to the share's node requests ``nvidia.com/gpu: 1``: the stock
 NVIDIA device plugin (or the GPU Operator's) picks a physical GPU for it, and kube-scheduler, the
-kubelet and the autoscalers count that GPU as taken. The pod runs ``manifests/reserve_gpu.py`` (shipped
+kubelet and the autoscalers count that GPU as taken. The pod runs ``shares/reserve_gpu.py`` (shipped
 in :func:`program_config_map`, run by a stock Python image), which reports the GPU's UUID on the pod
 itself, with the pod's own ServiceAccount token.
 
@@ -17,7 +17,7 @@ once, with a GPU UUID.
 The cluster state counts a reservation pod's CPU but not its GPU (:func:`scheduler_core.state.allocation.pod_use`):
 the shares on that GPU hold it already, by their ``assigned-gpus``.
 
-The pods are made and removed by ``adapters/reservations.py`` (the bind, the releases, the reconcile),
+The pods are made and removed by ``shares/reservations.py`` (the bind, the releases, the reconcile),
 as the identities :func:`keeper_access` names: the extender's group, the node-state refresher's, and the
 second scheduler's ServiceAccount (``gpu-scheduler serve`` run beside the scheduler). They may create pods in
 :data:`NAMESPACE` only, and only of :func:`reservation_pod`'s shape (:func:`keeper_access`'s admission
@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,18 @@ NAMESPACE = RESERVATION_NAMESPACE
 ACCOUNT = RESERVATION_APP
 USER = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
 PROGRAM_CONFIG_MAP = "gpu-reservation-program"
-PROGRAM = Path(__file__).with_name("reserve_gpu.py")
+
+
+def _program() -> Path:
+    """The reservation pods' program, ``shares/reserve_gpu.py``: it lives with the share lifecycle that
+    runs it; these manifests ship its text in a ConfigMap (found, not imported: it runs in the pod)."""
+    spec = find_spec("shares.reserve_gpu")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("shares/reserve_gpu.py, the reservation pods' program, is not installed")
+    return Path(spec.origin)
+
+
+PROGRAM = _program()
 MOUNT = "/opt/gpu-reservation"
 DEFAULT_IMAGE = "public.ecr.aws/docker/library/python:3.12-slim"
 """A stock Python image: the program needs the standard library and the NVML the container toolkit mounts."""

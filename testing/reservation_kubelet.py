@@ -6,7 +6,7 @@ No kubelet, device plugin or GPU runs on this machine. For each reservation pod 
 - the device plugin gives it a GPU of its node that no other live reservation pod there holds (each
   node's GPUs have made-up UUIDs, the same for the same node and index on every run);
 - the kubelet reports it Running (its status, as the node's kubelet writes it: the harness's user here);
-- the container runs the reservation program's report step (``manifests.reserve_gpu.report``) with a
+- the container runs the reservation program's report step (``shares.reserve_gpu.report``) with a
   token the API server binds to that pod (TokenRequest, as the kubelet mounts it), so the UUID is written
   by the pod's own identity, through the product's admission policy.
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from manifests.reservation import ACCOUNT, NAMESPACE
-from manifests.reserve_gpu import ReservationError, report
 from scheduler_core.k8s.names import RESERVED_GPU_ANNOTATION
+from shares.reserve_gpu import ReservationError, report
 from testing.control_plane import ControlPlane, KubeError
 
 _NAMESPACE_UUID = uuid.UUID("6f1c1a47-9a0e-4f0d-9a43-2d8f3c1f6a10")

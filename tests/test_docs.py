@@ -32,6 +32,7 @@ SOURCE_ROOTS = (
     "gpu_scheduler",
     "lambdas",
     "manifests",
+    "shares",
     "testing",
     "bench",
     "cdk",
@@ -399,10 +400,10 @@ def test_every_httptimeout_the_pages_state_is_the_generated_one() -> None:
 
 
 def test_every_timeout_and_budget_the_pages_state_is_the_codes() -> None:
-    from adapters.binder import BIND_BUDGET_S, BIND_DYNAMODB, BINDING_RESERVE_S, CONFIRM_S, LedgerBinder
     from application.extender.service import LIVE_MARGIN_S, SYNC_TIMEOUT_S
     from scheduler_core.extender.facade import CATCH_UP_S
     from scheduler_core.state.readings import ASSUMED_TTL_S, DEFAULT_MARGIN_S
+    from shares.binder import BIND_BUDGET_S, BIND_DYNAMODB, BINDING_RESERVE_S, CONFIRM_S, LedgerBinder
 
     ledger_s = inspect.signature(LedgerBinder).parameters["ledger_budget_s"].default
     connect, read = BIND_DYNAMODB["connect_timeout"], BIND_DYNAMODB["read_timeout"]

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO
 
-PRODUCT = ("scheduler_core", "adapters", "application", "gpu_scheduler", "lambdas", "manifests")
+PRODUCT = ("scheduler_core", "adapters", "application", "gpu_scheduler", "lambdas", "manifests", "shares")
 SIMULATORS = ("scheduler_core.simulator.simulate", "scheduler_core.simulator.locality_sim")
 EVERY_FOLDER = (*PRODUCT, "cdk", "testing", "bench", "tools")
 SCHEDULING_PATH = ("scheduler_core.extender", "scheduler_core.state", "scheduler_core.scoring", "scheduler_core.k8s")

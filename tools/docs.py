@@ -147,13 +147,13 @@ def _extender_timeouts() -> str:
     """The time limits around one extender call, each read from the constant or default that sets it."""
     import inspect
 
-    from adapters.binder import BIND_BUDGET_S, BIND_DYNAMODB, BIND_RETRY, BINDING_RESERVE_S, CONFIRM_S, LedgerBinder
     from application.extender.service import SYNC_TIMEOUT_S
     from gpu_scheduler.server import IDLE_TIMEOUT_S, REQUEST_TIMEOUT_S
     from manifests.reservation import UUID_WAIT_S
     from manifests.scheduler import BIND_HTTP_TIMEOUT_S, SchedulerOptions
     from scheduler_core.extender.facade import CATCH_UP_S
     from scheduler_core.state.readings import ASSUMED_TTL_S
+    from shares.binder import BIND_BUDGET_S, BIND_DYNAMODB, BIND_RETRY, BINDING_RESERVE_S, CONFIRM_S, LedgerBinder
 
     ledger_budget_s = inspect.signature(LedgerBinder).parameters["ledger_budget_s"].default
     http_timeout_s = SchedulerOptions(extender_url=EXAMPLE_EXTENDER_URL).http_timeout_s
@@ -171,18 +171,18 @@ def _extender_timeouts() -> str:
         ("filter waits for the live state to build a change that may free capacity", f"{CATCH_UP_S:g} s",
          "`scheduler_core.extender.facade.CATCH_UP_S`"),
         ("one bind: its Kubernetes calls, retries and waits", f"{BIND_BUDGET_S:g} s",
-         "`adapters.binder.BIND_BUDGET_S`"),
+         "`shares.binder.BIND_BUDGET_S`"),
         ("the ledger's part of it, conflicts chosen again included", f"{ledger_budget_s:g} s",
-         "`adapters.binder.LedgerBinder`"),
-        ("kept for posting the Binding", f"{BINDING_RESERVE_S:g} s", "`adapters.binder.BINDING_RESERVE_S`"),
+         "`shares.binder.LedgerBinder`"),
+        ("kept for posting the Binding", f"{BINDING_RESERVE_S:g} s", "`shares.binder.BINDING_RESERVE_S`"),
         ("a GPU's first share waits for its reservation pod's UUID (outside the budget above)",
          f"{UUID_WAIT_S:g} s", "`manifests.reservation.UUID_WAIT_S`"),
         ("kube-scheduler waits for a bind, with reservation pods (the bind's own extender entry; "
          "`--bind-http-timeout-s`)", f"{BIND_HTTP_TIMEOUT_S:g} s", "`manifests.scheduler.BIND_HTTP_TIMEOUT_S`"),
-        ("reading a failed Binding back, past the budget", f"{CONFIRM_S:g} s", "`adapters.binder.CONFIRM_S`"),
+        ("reading a failed Binding back, past the budget", f"{CONFIRM_S:g} s", "`shares.binder.CONFIRM_S`"),
         ("each Kubernetes call of a bind", f"{BIND_RETRY.request_timeout_s:g} s, {BIND_RETRY.attempts} attempts",
-         "`adapters.binder.BIND_RETRY`"),
-        ("each DynamoDB call of a bind", dynamodb, "`adapters.binder.BIND_DYNAMODB`"),
+         "`shares.binder.BIND_RETRY`"),
+        ("each DynamoDB call of a bind", dynamodb, "`shares.binder.BIND_DYNAMODB`"),
         ("`serve`: a request's arrival, first line to end of body", f"{REQUEST_TIMEOUT_S:g} s",
          "`gpu_scheduler.server.REQUEST_TIMEOUT_S`"),
         ("`serve`: an idle keep-alive connection", f"{IDLE_TIMEOUT_S:g} s", "`gpu_scheduler.server.IDLE_TIMEOUT_S`"),

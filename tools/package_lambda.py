@@ -59,7 +59,7 @@ TRIM = (
     "kubernetes/**/test",
     "kubernetes/**/tests",
 )
-SHARED_CODE = ("scheduler_core", "adapters", "manifests", "lambdas/__init__.py", "application/__init__.py")
+SHARED_CODE = ("scheduler_core", "adapters", "manifests", "shares", "lambdas/__init__.py", "application/__init__.py")
 """Every function's code: the core, the adapters, and the objects a function creates (a reservation pod)."""
 FUNCTIONS = {
     # function: (its handler and its application layer, the layers it runs with)

@@ -389,7 +389,7 @@ def build(
         )
     accounting: Accounting | None = None
     if settings.ledger_table:
-        from adapters.binder import ledger_binder
+        from shares.binder import ledger_binder
 
         binder = ledger_binder(
             settings.ledger_table,

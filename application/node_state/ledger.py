@@ -13,7 +13,6 @@ from typing import Any
 from adapters.gpu_ledger import LedgerStore, LedgerStoreError
 from adapters.kube import DeadlineReachedError
 from adapters.kube_types import SchedulingPod
-from adapters.reservations import Reservations
 from application.node_state.run import Run
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.annotations import Pairs, gpu_uuid, trusted_assigned_gpus
@@ -28,6 +27,7 @@ from scheduler_core.k8s.names import (
 from scheduler_core.k8s.pods import effective_requests
 from scheduler_core.state.allocation import reservation_of
 from scheduler_core.state.ledger import NodeLedger, reconcile
+from shares.reservations import Reservations
 
 UNASSIGNED_NON_TERMINAL = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
 

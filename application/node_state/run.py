@@ -14,9 +14,9 @@ from adapters.amp import PrometheusClient
 from adapters.ec2_gpu import GpuInfoCatalog
 from adapters.gpu_ledger import LedgerStore
 from adapters.kube import KubeClient
-from adapters.reservations import Reservations
 from adapters.snapshot_store import SnapshotStore
 from application.node_state.settings import NodeStateSettings
+from shares.reservations import Reservations
 
 if TYPE_CHECKING:
     from application.node_state.ledger import LedgerView

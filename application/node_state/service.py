@@ -20,7 +20,7 @@ One run is a list of jobs (:data:`JOBS`), each its own unit with its own failure
    is reported;
 5. **ledger** (:mod:`~application.node_state.ledger`), with ``LEDGER_TABLE`` (GPU sharing): the reconcile of
    the GPU ledger with the pods, then the reservation pods;
-6. **placeholders** (:mod:`~application.node_state.placeholders`), with reservation pods: one placeholder
+6. **placeholders** (:mod:`~shares.placeholders`), with reservation pods: one placeholder
    pod per whole GPU that unschedulable shares need, within the caps;
 7. **watch** (:mod:`~application.node_state.watch`), with ``WATCH_S`` and an ok run: the snapshot kept
    fresh from a list+watch until ``WATCH_S`` after the run started.
@@ -40,17 +40,17 @@ from typing import Any
 from adapters.amp import PrometheusClient
 from adapters.ec2_gpu import GpuInfoCatalog
 from adapters.gpu_ledger import LedgerStore
-from adapters.reservations import Reservations
 from adapters.snapshot_store import open_store
 from application.node_state.labels import apply_labels
 from application.node_state.ledger import reconcile_ledger
 from application.node_state.observe import list_cluster
-from application.node_state.placeholders import keep_placeholders
 from application.node_state.publish import publish_snapshot, read_utilization
 from application.node_state.run import Run, RunReport, Services
 from application.node_state.settings import NodeStateSettings
 from application.node_state.watch import watch
 from manifests.reservation import reserving
+from shares.placeholders import keep_placeholders
+from shares.reservations import Reservations
 
 __all__ = ["JOBS", "Job", "RunReport", "Services", "build_services", "refresh"]
 
@@ -68,13 +68,21 @@ class Job:
     wanted: Callable[[Run], bool] = lambda run: True
 
 
+def placeholders(run: Run) -> None:
+    """The placeholder job (:mod:`shares.placeholders`), timed as ``placeholders``."""
+    assert run.services.reservations is not None
+    with run.phase("placeholders"):
+        image, caps = run.services.reservations.image, run.settings.placeholder_caps
+        run.note(placeholders=keep_placeholders(run.services.kube, image, caps, run.logger))
+
+
 JOBS: tuple[Job, ...] = (
     Job("list", list_cluster),
     Job("utilization", read_utilization),
     Job("snapshot", publish_snapshot),
     Job("labels", apply_labels),
     Job("ledger", reconcile_ledger, lambda run: run.ledger is not None),
-    Job("placeholders", keep_placeholders,
+    Job("placeholders", placeholders,
         lambda run: run.ledger is not None and run.services.reservations is not None),
     Job("watch", watch, lambda run: run.settings.watch_s > 0 and run.report.status == "ok"),
 )  # fmt: skip

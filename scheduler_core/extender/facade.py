@@ -167,7 +167,7 @@ Admit = Callable[[Mapping[str, Any], Mapping[str, Any]], str]
 
 
 class Accounting(Protocol):
-    """The GPU ledger behind ``bind`` and ``preempt`` (``adapters.binder.LedgerBinder``). ``bind`` asks
+    """The GPU ledger behind ``bind`` and ``preempt`` (``shares.binder.LedgerBinder``). ``bind`` asks
     ``admit`` before it writes anything; ``holdings`` raises :class:`ClusterStateUnavailableError` when
     the ledger cannot be read."""
 

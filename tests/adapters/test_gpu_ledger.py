@@ -1,5 +1,5 @@
 """The DynamoDB GPU ledger: conditional writes, idempotency, conflicts and faults, in moto. The 8-way
-concurrency run goes through the whole bind verb: ``tests/adapters/test_binder.py``."""
+concurrency run goes through the whole bind verb: ``tests/shares/test_binder.py``."""
 
 from __future__ import annotations
 

@@ -28,4 +28,4 @@ def test_filter_prioritize_and_bind_enter_at_the_service_and_reach_what_each_nee
         assert out[verb]["stops"] >= out[verb]["modules"] + out[verb]["returns"] - 1
     assert "scheduler_core.scoring.policy" in out["prioritize"]["path"]
     assert "scheduler_core.scoring.policy" not in out["filter"]["path"]
-    assert {"adapters.binder", "adapters.gpu_ledger", "adapters.reservations"} <= set(out["bind"]["path"])
+    assert {"shares.binder", "adapters.gpu_ledger", "shares.reservations"} <= set(out["bind"]["path"])

@@ -4,7 +4,7 @@
   that reservation pods take: with shares on 3 of a node's 8 GPUs and a reservation pod for each, a
   6-GPU pod is refused for ``Insufficient nvidia.com/gpu`` and a 5-GPU pod binds (so the extender, too,
   counts each of those GPUs once, by its shares);
-- the reservation program (``manifests/reserve_gpu.py``), with a token the API server binds to one
+- the reservation program (``shares/reserve_gpu.py``), with a token the API server binds to one
   reservation pod (TokenRequest), writes its GPU's UUID on that pod over HTTPS, verifying the API
   server's certificate; the same token may not write another pod, another annotation, a label, or a
   pod in another namespace. On 1.30 and later the generated admission policy refuses those (the Role
@@ -31,9 +31,9 @@ from manifests.reservation import (
     reservation_name,
     reservation_pod,
 )
-from manifests.reserve_gpu import ReservationError, report
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, RESERVED_GPU_ANNOTATION
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
+from shares.reserve_gpu import ReservationError, report
 from testing.control_plane import ControlPlane
 from testing.product import Processes
 from tests.e2e.conftest import start_scheduler

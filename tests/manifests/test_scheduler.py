@@ -11,7 +11,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from adapters.binder import BIND_BUDGET_S
 from cdk.prometheus import scrape_configuration
 from gpu_scheduler.cli import main
 from manifests.access import DELETION_COST, EXTENDER, NODE_STATE, lambda_rbac
@@ -29,6 +28,7 @@ from manifests.scheduler import (
 from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.mig import known_mig_resources
 from scheduler_core.k8s.names import MILLI_RESOURCE
+from shares.binder import BIND_BUDGET_S
 from tests.conftest import SCHEDULER_FIXTURES
 
 URL = "https://a1b2c3d4e5.execute-api.us-east-1.amazonaws.com/v1"

@@ -1,7 +1,7 @@
 """The attack suite's world: the extender with GPU sharing on, reached the two ways it is deployed.
 
 - ``serve``: ``ExtenderHTTPServer`` over loopback, its extender wired as ``gpu-scheduler serve
-  --ledger-table`` wires it (``adapters.binder.ledger_binder`` on a ``ClusterAccess``);
+  --ledger-table`` wires it (``shares.binder.ledger_binder`` on a ``ClusterAccess``);
 - ``lambda``: the extender Lambda's handler on API Gateway events, from its environment.
 
 Both bind through the in-repo API double and record shares in moto's DynamoDB; the Lambda reads its
@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from adapters.binder import ledger_binder
 from adapters.gpu_ledger import LedgerStore
 from adapters.ledger_readings import LedgerReadings
 from adapters.settings import ClusterAccess
@@ -30,6 +29,7 @@ from gpu_scheduler.server import ExtenderHTTPServer
 from scheduler_core.extender.facade import Extender
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.snapshot import build_snapshot, write_snapshot
+from shares.binder import ledger_binder
 from testing.kube_double import KubeApiDouble
 from tests.conftest import FakeLambdaContext, api_gateway_event, make_nodes
 

@@ -21,10 +21,10 @@ from scheduler_core.k8s.names import (
 )
 from testing.kube_double import KubeApiDouble
 from testing.reservation_kubelet import gpu_uuid
-from tests.adapters.test_binder import RESERVED, pending, pod_on, reserving_binder
-from tests.adapters.test_binder import api as api  # the fixtures
-from tests.adapters.test_binder import ledger as ledger
 from tests.manifests.test_admission_cel import POD, WRITTEN, changed, denials
+from tests.shares.test_binder import RESERVED, pending, pod_on, reserving_binder
+from tests.shares.test_binder import api as api  # the fixtures
+from tests.shares.test_binder import ledger as ledger
 
 pytestmark = pytest.mark.server  # the API server double
 

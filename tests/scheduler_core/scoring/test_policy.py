@@ -109,7 +109,16 @@ def test_no_policy_name_is_tested_by_string_outside_the_registry() -> None:
     """What a policy needs and places is read from its declaration, never from its name."""
     found = [
         hit
-        for package in ("scheduler_core", "application", "lambdas", "adapters", "gpu_scheduler", "cdk", "bench")
+        for package in (
+            "scheduler_core",
+            "application",
+            "shares",
+            "lambdas",
+            "adapters",
+            "gpu_scheduler",
+            "cdk",
+            "bench",
+        )
         for path in sorted((ROOT / package).rglob("*.py"))
         for hit in _policy_names_tested(path)
     ]

@@ -11,11 +11,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from adapters.binder import LedgerBinder
 from adapters.gpu_ledger import LedgerStore
 from adapters.kube import RetryPolicy, connect_url
 from adapters.ledger_readings import LedgerReadings
-from adapters.reservations import Reservations
 from bench.ledger import TABLE, create_table
 from manifests.share_env import share_annotations
 from scheduler_core.extender.wire import ExtenderBindingArgs
@@ -28,6 +26,8 @@ from scheduler_core.k8s.names import (
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.ledger import Demand
+from shares.binder import LedgerBinder
+from shares.reservations import Reservations
 from testing.kube_double import KubeApiDouble
 from testing.reservation_kubelet import gpu_uuid
 from tests.conftest import make_nodes, make_pod

@@ -1,13 +1,14 @@
-"""The placeholder job (GPU sharing with reservation pods): one placeholder pod per whole GPU that the
-unschedulable shares need, by group, within the caps (:mod:`scheduler_core.state.demand`,
-``manifests/placeholder.py``), so that an autoscaler buys the node they wait for."""
+"""Placeholder pods (GPU sharing with reservation pods): one per whole GPU that the unschedulable shares
+need, by group, within the caps (:mod:`scheduler_core.state.demand`, the pod from
+``manifests/placeholder.py``), so that an autoscaler buys the node they wait for. The node-state refresher
+keeps them (:func:`keep_placeholders`, one of its jobs); the bind retires one that a node has room for
+(:mod:`shares.binder`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
-from application.node_state.run import Run
 from manifests.placeholder import placeholder_pod
 from scheduler_core.k8s.names import PLACEHOLDER_APP, PLACEHOLDER_NAMESPACE, SCHEDULER_NAME
 from scheduler_core.state.demand import PlaceholderCaps, cap_demand, plan_placeholders, share_demand
@@ -16,16 +17,8 @@ PENDING_SHARES = f"spec.nodeName=,spec.schedulerName={SCHEDULER_NAME},status.pha
 """The pods that may be unschedulable shares of the profile (the rest of the test is on the pod)."""
 
 
-def keep_placeholders(run: Run) -> None:
-    """The job, timed as ``placeholders``."""
-    assert run.services.reservations is not None
-    with run.phase("placeholders"):
-        image = run.services.reservations.image
-        run.note(placeholders=_placeholders(run.services.kube, image, run.settings.placeholder_caps, run.logger))
-
-
-def _placeholders(kube: KubeClient, image: str, caps: PlaceholderCaps, logger: Any) -> dict[str, int]:
-    """Keep the placeholders up to date; the report's counts. An API error ends the job, logged: the next
+def keep_placeholders(kube: KubeClient, image: str, caps: PlaceholderCaps, logger: Any) -> dict[str, int]:
+    """Keep the placeholders up to date; the node-state report's counts. An API error ends the job, logged: the next
     run tries again."""
     done = {"demand_gpus": 0, "unschedulable_shares": 0, "held_back": 0, "created": 0, "deleted": 0, "errors": 0}
     try:

@@ -17,7 +17,7 @@ ConfigMap), and:
 It refuses to report a GPU it cannot vouch for: none or several visible, or NVML and the device
 plugin's record naming different GPUs (a MIG device among them: NVML here names whole GPUs, and
 reservations are for whole GPUs). ``--discover`` prints what it found as JSON and exits
-(``tests/manifests/fixtures/reserve_gpu_h200.json`` is that output on a real H200).
+(``tests/shares/fixtures/reserve_gpu_h200.json`` is that output on a real H200).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def reserved_gpu(found: Mapping[str, Any], plugin: list[str] | None) -> str:
     >>> reserved_gpu({"gpus": [{"uuid": "GPU-a"}, {"uuid": "GPU-b"}]}, None)
     Traceback (most recent call last):
     ...
-    manifests.reserve_gpu.ReservationError: expected exactly one GPU in this container, NVML shows 2: ['GPU-a', 'GPU-b']
+    shares.reserve_gpu.ReservationError: expected exactly one GPU in this container, NVML shows 2: ['GPU-a', 'GPU-b']
     """
     uuids = [gpu["uuid"] for gpu in found.get("gpus", [])]
     if len(uuids) != 1:

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from manifests import reserve_gpu
-from manifests.reserve_gpu import Nvml, ReservationError, plugin_uuids, report, reserved_gpu
+from shares import reserve_gpu
+from shares.reserve_gpu import Nvml, ReservationError, plugin_uuids, report, reserved_gpu
 from testing.kube_double import KubeApiDouble
 from tests.conftest import make_pod
 

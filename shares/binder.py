@@ -18,7 +18,7 @@ One bind (DESIGN section 5):
    What the ledger showed free there (after this bind, or when it had no room) goes to ``readings``,
    which filter and prioritize lay over the state.
 3. With reservation pods, a share: its GPU's reservation pod is created if the write opened that GPU
-   (``adapters/reservations.py``), and the UUID it reports is waited for (``UUID_WAIT_S``, outside the
+   (``shares/reservations.py``), and the UUID it reports is waited for (``UUID_WAIT_S``, outside the
    bind's budget; no UUID, no Binding: the entry is rolled back and the bind fails).
 4. POST the Binding with ``gpu-scheduler.io/assigned-gpus`` in its metadata, and a share's UUID and size
    for its containers (``manifests/share_env.py``): the API server merges a Binding's annotations onto
@@ -63,7 +63,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 from adapters.gpu_ledger import Assigned, LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
 from adapters.kube import POOL_SIZE, DeadlineReachedError, KubeApiError, KubeClient, RetryPolicy
 from adapters.ledger_readings import LedgerReadings
-from adapters.reservations import ReservationPendingError, Reservations
 from adapters.settings import ClusterAccess
 from manifests.placeholder import is_placeholder
 from manifests.reservation import UUID_WAIT_S, reserving
@@ -77,6 +76,7 @@ from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import assumed_cpu_milli, pod_demand
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.ledger import Demand
+from shares.reservations import ReservationPendingError, Reservations
 
 log = logging.getLogger(__name__)
 
@@ -506,7 +506,7 @@ class LedgerBinder:
 
     def _close(self, node: str, gpu_count: int, slots: Sequence[int]) -> None:
         """Delete the reservation pods of ``slots``, GPUs the ledger just left without shares
-        (:meth:`adapters.reservations.Reservations.released`: never raises)."""
+        (:meth:`shares.reservations.Reservations.released`: never raises)."""
         if self.reservations is not None:
             self.reservations.released(node, slots, lambda: self.ledger.read(node, gpu_count).shared_slots())
 
