@@ -55,6 +55,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
@@ -117,6 +118,31 @@ class _NodeQueue:
     lock: threading.Lock  # held by the one writer of the node's item in this instance
     mutex: threading.Lock = field(default_factory=threading.Lock)  # guards ``waiting``
     waiting: list[_Request] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BindPlan:
+    """What one bind will write, decided from the pod and the node as read, before any write: the ledger
+    entry (``ledger``: the GPUs; None for a pod that asks for none), a share's milli (its reservation pod
+    and its annotations follow from the GPU the ledger gives it), the CPU the readings record, or the
+    placeholder to remove instead of binding it."""
+
+    args: ExtenderBindingArgs
+    node: Mapping[str, Any] = field(default_factory=dict)
+    gpu_count: int = 0
+    cpu: int = 0
+    ledger: Demand | None = None
+    share: int = 0
+    retire_placeholder: bool = False
+
+
+def _pod_key(args: ExtenderBindingArgs) -> str:
+    return f"{args.pod_namespace}/{args.pod_name}"
+
+
+def _failed(args: ExtenderBindingArgs, kind: str, message: str, **extra: Any) -> BindOutcome:
+    """A failed bind's answer: ``bind NS/NAME to NODE: message``, and its kind for the metrics."""
+    return BindOutcome(_pod_key(args), args.node, f"bind {_pod_key(args)} to {args.node}: {message}", kind, **extra)
 
 
 class LedgerBinder:
@@ -202,11 +228,15 @@ class LedgerBinder:
         return outcome
 
     def _bind(self, args: ExtenderBindingArgs, admit: Admit) -> BindOutcome:
-        pod_key = f"{args.pod_namespace}/{args.pod_name}"
+        """Plan from reads alone, then carry the plan out."""
+        plan = self._plan(args, admit)
+        return plan if isinstance(plan, BindOutcome) else self._execute(plan)
 
-        def failed(kind: str, message: str, **extra: Any) -> BindOutcome:
-            return BindOutcome(pod_key, args.node, f"bind {pod_key} to {args.node}: {message}", kind, **extra)
-
+    def _plan(self, args: ExtenderBindingArgs, admit: Admit) -> BindPlan | BindOutcome:
+        """What the bind will write, from the pod and the node as read (steps 1 of the module docstring),
+        or the answer when there is nothing to write: a pod gone, already bound, refused or invalid."""
+        failed = partial(_failed, args)
+        pod_key = _pod_key(args)
         try:
             pod = self.kube.get_pod(args.pod_namespace, args.pod_name)
         except KubeApiError as exc:
@@ -224,7 +254,7 @@ class LedgerBinder:
             return failed("pod_gone", NO_SUCH_POD)
         spec = pod.get("spec") or {}
         if is_placeholder(pod):
-            return self._retire_placeholder(args, failed)
+            return BindPlan(args, retire_placeholder=True)
         assigned = (metadata.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION, "")
         if spec.get("nodeName"):
             if spec["nodeName"] != args.node:
@@ -245,14 +275,24 @@ class LedgerBinder:
             gpu_count = self._gpu_count(args.node, node)
         except InvalidPodError as exc:
             return failed("invalid_pod", str(exc))
-        cpu = assumed_cpu_milli(pod)
-        if demand.gpus == 0:  # no GPU: nothing to record in the ledger, only the CPU it takes here
-            if cpu:
-                self.readings.observe(args.node, None, args.pod_uid, cpu)
+        ledger = None
+        if demand.gpus:  # no GPU: nothing to record in the ledger, only the CPU it takes here
+            ledger = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
+        return BindPlan(args, node, gpu_count, assumed_cpu_milli(pod), ledger, demand.share)
+
+    def _execute(self, plan: BindPlan) -> BindOutcome:
+        """Carry ``plan`` out (steps 2 to 4 of the module docstring): the ledger, a new GPU's reservation
+        pod, a share's UUID, the Binding. Each failure after the ledger write undoes it (its compensation:
+        :meth:`_roll_back`); the Binding's own failures are :meth:`_post_binding`'s."""
+        args, pod_key, failed = plan.args, _pod_key(plan.args), partial(_failed, plan.args)
+        if plan.retire_placeholder:
+            return self._retire_placeholder(args, failed)
+        if plan.ledger is None:
+            if plan.cpu:
+                self.readings.observe(args.node, None, args.pod_uid, plan.cpu)
             return self._observed_binding(args, pod_key, None)
-        ledger_demand = Demand(1, demand.share) if demand.share else Demand(demand.gpus, MILLI_PER_GPU)
         try:
-            held = self._record(args.node, gpu_count, args.pod_uid, ledger_demand)
+            held = self._record(args.node, plan.gpu_count, args.pod_uid, plan.ledger)
         except NoRoomError as exc:
             self.readings.observe(args.node, exc.free, holds=exc.holds)  # the view was stale here: the next one knows
             return failed("no_room", self._logged(pod_key, args.node, "no room in the GPU ledger", exc))
@@ -263,31 +303,29 @@ class LedgerBinder:
             return failed("busy", self._logged(pod_key, args.node, "the GPU ledger write failed", exc))
         except LedgerStoreError as exc:
             return failed("ledger_error", self._logged(pod_key, args.node, "the GPU ledger write failed", exc))
+        undo = partial(self._roll_back, args, plan.gpu_count)
         if held.opened and self.reservations is not None:
             # The first share on a GPU: its reservation pod exists before the share is bound.
             try:
                 self.reservations.open(args.node, held.opened)
             except (KubeApiError, DeadlineReachedError) as exc:
                 cause = self._logged(pod_key, args.node, "creating the GPU's reservation pod failed", exc)
-                rolled = self._roll_back(args, gpu_count)
-                return failed("reservation_error", cause, rolled_back=rolled)
+                return failed("reservation_error", cause, rolled_back=undo())
         # Other instances' binds there, and this one (its CPU as well, which fgd_cpu reads), before the
         # wait for a GPU's UUID: filter and prioritize count this share meanwhile (a failed bind forgets it).
-        self.readings.observe(args.node, held.free, args.pod_uid, cpu, holds=held.holds)
+        self.readings.observe(args.node, held.free, args.pod_uid, plan.cpu, holds=held.holds)
         shared: dict[str, str] = {}
-        if demand.share and self.reservations is not None:
+        if plan.share and self.reservations is not None:
             try:
-                shared = self._share_annotations(args.node, node, held, demand.share)
+                shared = self._share_annotations(args.node, plan.node, held, plan.share)
             except (ReservationPendingError, ValueError) as exc:  # ValueError: a value not of the bind's shape
                 # The reservation pod stays (the reconcile removes it if no share comes): the retry finds
                 # it started, where a new one would start over.
-                rolled = self._roll_back(args, gpu_count, close=False)
-                return failed("reservation_pending", str(exc), rolled_back=rolled)
+                return failed("reservation_pending", str(exc), rolled_back=undo(close=False))
             except (KubeApiError, DeadlineReachedError) as exc:
                 cause = self._logged(pod_key, args.node, "reading the GPU's reservation pod failed", exc)
-                rolled = self._roll_back(args, gpu_count)
-                return failed("reservation_error", cause, rolled_back=rolled)
-        return self._observed_binding(args, pod_key, held, gpu_count, shared)
+                return failed("reservation_error", cause, rolled_back=undo())
+        return self._observed_binding(args, pod_key, held, plan.gpu_count, shared)
 
     def _share_annotations(self, node: str, obj: Mapping[str, Any], held: Assigned, milli: int) -> dict[str, str]:
         """What a share's Binding carries for its containers (:func:`manifests.share_env.share_annotations`):
