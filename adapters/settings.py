@@ -16,7 +16,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from scheduler_core.errors import ConfigError, Namer
 
@@ -283,6 +283,23 @@ class ClusterAccess:
     kube_token: str = setting("KUBE_TOKEN", "", "with `KUBE_API_URL`: its bearer token")
     kubeconfig: str = setting("KUBECONFIG", "", "instead of both: a kubeconfig file (local runs)")
     region: str = setting("AWS_REGION", "", "the AWS region (the Lambda runtime sets it)")
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, named_by: Namer | None = None, **overrides: Any
+    ) -> Self:
+        """The settings from ``environ`` (``os.environ`` when None); an explicit keyword argument wins over
+        it. Raises :class:`ConfigError` listing every invalid setting with its value, named by ``named_by``
+        (:func:`load_settings`), at start-up.
+
+        >>> ClusterAccess.from_env({"KUBE_API_URL": "https://127.0.0.1:6443"}).kube_api_url
+        'https://127.0.0.1:6443'
+        """
+        return load_settings(cls, environ, overrides, named_by)
+
+    def problems(self, name: Namer | None = None) -> list[str]:
+        """Every invalid setting, each named by ``name`` of its field (its variable by default)."""
+        return self.access_problems(name)
 
     def access_problems(self, name: Namer | None = None) -> list[str]:
         if self.cluster_name or self.kube_api_url or self.kubeconfig:

@@ -415,20 +415,15 @@ def _parse(raw: Any, type_name: str) -> Any:
             return parse_bool(str(raw))
         except ValueError:
             raise ValueError(f"expected true or false, got {raw!r}") from None
-    if type_name == "int":
-        if isinstance(raw, bool):
-            raise ValueError(f"expected an integer, got {raw!r}")
+    if type_name in ("int", "float"):
+        number = int if type_name == "int" else float
+        expected = "an integer" if number is int else "a number"
         try:
-            return int(raw)
+            if isinstance(raw, bool):
+                raise TypeError(raw)
+            return number(raw)
         except (TypeError, ValueError):
-            raise ValueError(f"expected an integer, got {raw!r}") from None
-    if type_name == "float":
-        if isinstance(raw, bool):
-            raise ValueError(f"expected a number, got {raw!r}")
-        try:
-            return float(raw)
-        except (TypeError, ValueError):
-            raise ValueError(f"expected a number, got {raw!r}") from None
+            raise ValueError(f"expected {expected}, got {raw!r}") from None
     if type_name == "tuple[str, ...]":
         items = raw.split(",") if isinstance(raw, str) else raw
         if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):

@@ -7,17 +7,21 @@ managed pod, with no queries (so only the warm-up and not-ready costs change any
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from adapters.metric_catalogue import DELETION_COST, NAMESPACE
-from adapters.settings import ClusterAccess, env_names, load_settings, setting
+from adapters.settings import ClusterAccess, env_names, setting
 from scheduler_core.errors import Namer
 
 
 @dataclass(frozen=True)
 class DeletionCostSettings(ClusterAccess):
+    """The deletion-cost refresher's settings (:meth:`~adapters.settings.ClusterAccess.from_env`).
+
+    >>> DeletionCostSettings.from_env({"CLUSTER_NAME": "prod", "PASSES": "1"}).passes
+    1
+    """
+
     config_json: str = setting("DELETION_COST_CONFIG", "", "the workload config as JSON (see `CostConfig.from_json`)")
     config_parameter: str = setting(
         "DELETION_COST_CONFIG_PARAMETER", "", "or an SSM parameter holding it (re-read every 5 minutes)"
@@ -52,17 +56,6 @@ class DeletionCostSettings(ClusterAccess):
         "POWERTOOLS_METRICS_NAMESPACE", NAMESPACE, "CloudWatch namespace of the EMF metrics"
     )
     service: str = setting("POWERTOOLS_SERVICE_NAME", DELETION_COST, "service name in logs and metrics")
-
-    @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, named_by: Namer | None = None, **overrides: Any
-    ) -> DeletionCostSettings:
-        """Read the environment; explicit keyword arguments win.
-
-        >>> DeletionCostSettings.from_env({"CLUSTER_NAME": "prod", "PASSES": "1"}).passes
-        1
-        """
-        return load_settings(cls, environ, overrides, named_by)
 
     def problems(self, name: Namer | None = None) -> list[str]:
         """Every invalid setting, each named by ``name`` of its field (its variable by default)."""

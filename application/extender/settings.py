@@ -11,12 +11,10 @@ the CDK app's defaults, validation and Lambda environment for the keys it passes
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from adapters.metric_catalogue import EXTENDER, NAMESPACE
-from adapters.settings import ClusterAccess, env_names, load_settings, setting
+from adapters.settings import ClusterAccess, env_names, setting
 from adapters.snapshot_store import DEFAULT_MAX_AGE_S, DEFAULT_REFRESH_S
 from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
 from manifests.reservation import image_problems
@@ -53,6 +51,12 @@ CDI_RUNTIME = (
 
 @dataclass(frozen=True)
 class ExtenderSettings(ClusterAccess):
+    """The extender's settings (:meth:`~adapters.settings.ClusterAccess.from_env`).
+
+    >>> ExtenderSettings.from_env({"SNAPSHOT_URI": "s3://b/k"}, max_snapshot_age_s=60).max_snapshot_age_s
+    60
+    """
+
     snapshot_uri: str = setting(
         "SNAPSHOT_URI",
         "",
@@ -123,22 +127,6 @@ class ExtenderSettings(ClusterAccess):
         "POWERTOOLS_METRICS_NAMESPACE", NAMESPACE, "CloudWatch namespace of the EMF metrics"
     )
     service: str = setting("POWERTOOLS_SERVICE_NAME", EXTENDER, "service name in logs, metrics and traces")
-
-    @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, named_by: Namer | None = None, **overrides: Any
-    ) -> ExtenderSettings:
-        """Read the environment; an explicit keyword argument wins over it.
-
-        Raises
-        ------
-        ConfigError
-            Listing every invalid variable with its name and value, at start-up.
-
-        >>> ExtenderSettings.from_env({"SNAPSHOT_URI": "s3://b/k"}, max_snapshot_age_s=60).max_snapshot_age_s
-        60
-        """
-        return load_settings(cls, environ, overrides, named_by)
 
     def problems(self, name: Namer | None = None) -> list[str]:
         """Every invalid setting, each named by ``name`` of its field (its variable by default)."""

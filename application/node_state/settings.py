@@ -3,13 +3,11 @@ is generated from the declarations below)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from adapters.amp import DEFAULT_GPU_LABEL, DEFAULT_NODE_LABEL, DEFAULT_UTILIZATION_QUERY, DEFAULT_WINDOW
 from adapters.metric_catalogue import NAMESPACE, NODE_STATE
-from adapters.settings import ClusterAccess, env_names, load_settings, setting
+from adapters.settings import ClusterAccess, env_names, setting
 from manifests.reservation import DEFAULT_IMAGE as RESERVATION_IMAGE
 from manifests.reservation import image_problems
 from scheduler_core.errors import Namer
@@ -19,6 +17,12 @@ from scheduler_core.state.demand import PlaceholderCaps
 
 @dataclass(frozen=True)
 class NodeStateSettings(ClusterAccess):
+    """The node-state refresher's settings (:meth:`~adapters.settings.ClusterAccess.from_env`).
+
+    >>> NodeStateSettings.from_env({"CLUSTER_NAME": "prod", "SNAPSHOT_URI": "s3://b/k"}).label_policy
+    'fill'
+    """
+
     snapshot_uri: str = setting(
         "SNAPSHOT_URI", "", "where the snapshot goes: `s3://bucket/key`, `file:///path` or a path (required)"
     )
@@ -82,22 +86,6 @@ class NodeStateSettings(ClusterAccess):
         "POWERTOOLS_METRICS_NAMESPACE", NAMESPACE, "CloudWatch namespace of the EMF metrics"
     )
     service: str = setting("POWERTOOLS_SERVICE_NAME", NODE_STATE, "service name in logs and metrics")
-
-    @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, named_by: Namer | None = None, **overrides: Any
-    ) -> NodeStateSettings:
-        """Read the environment; explicit keyword arguments win.
-
-        Raises
-        ------
-        ConfigError
-            Naming every invalid variable and its value.
-
-        >>> NodeStateSettings.from_env({"CLUSTER_NAME": "prod", "SNAPSHOT_URI": "s3://b/k"}).label_policy
-        'fill'
-        """
-        return load_settings(cls, environ, overrides, named_by)
 
     @property
     def placeholder_caps(self) -> PlaceholderCaps:

@@ -22,7 +22,7 @@ def openb_dir() -> Path:
     """Where the openb trace lies: ``$OPENB_DIR``, else ``../shared/data/openb`` beside the checkout. Read at
     each call, never at import. The trace is research-use only and is never copied into the repository;
     whatever reads it skips, or falls back to :func:`synthetic_trace`, when it is absent."""
-    return Path(os.environ.get("OPENB_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data" / "openb")
+    return Path(os.environ.get("OPENB_DIR") or Path(__file__).resolve().parents[3] / "shared" / "data" / "openb")
 
 
 def openb_traces(openb: Path) -> list[str]:

@@ -341,3 +341,14 @@ def test_fidelity_to_the_released_numbers_on_one_seed(policy: str, released_name
     tasks = read_tasks(OPENB / "openb_pod_list_default.csv")
     result = simulate(cluster, tasks, policy, 42)
     assert abs(result.at("unallocated_pct", 100) - released) <= 0.5, (result.at("unallocated_pct", 100), released)
+
+
+def test_the_openb_trace_is_looked_for_beside_the_checkout_unless_openb_dir_says(monkeypatch) -> None:
+    """``../shared/data/openb`` beside the checkout, wherever the module reading it sits in the tree (moving
+    it one folder deeper once sent the replay test to look inside the checkout, where it skipped)."""
+    from scheduler_core.simulator.traces import openb_dir
+
+    monkeypatch.delenv("OPENB_DIR", raising=False)
+    assert openb_dir() == SHARED / "data" / "openb"
+    monkeypatch.setenv("OPENB_DIR", "/elsewhere/openb")
+    assert str(openb_dir()) == "/elsewhere/openb"
