@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -263,7 +264,7 @@ class DeployConfig:
             )
         if self.max_snapshot_age_s < 60:
             found.append(
-                f"maxSnapshotAgeS: expected >= 60 (the refresher runs every minute), got {self.max_snapshot_age_s}"
+                f"maxSnapshotAgeS: expected >= 60 (the refresher runs every minute), got {self.max_snapshot_age_s:g}"
             )
         if self.ledger_conflicts_alarm_per_5m < 1:
             found.append(f"ledgerConflictsAlarmPer5m: expected >= 1, got {self.ledger_conflicts_alarm_per_5m}")
@@ -421,9 +422,12 @@ def _parse(raw: Any, type_name: str) -> Any:
         try:
             if isinstance(raw, bool):
                 raise TypeError(raw)
-            return number(raw)
+            value = number(raw)
         except (TypeError, ValueError):
             raise ValueError(f"expected {expected}, got {raw!r}") from None
+        if not math.isfinite(value):  # nan passes every comparison, and inf is no age
+            raise ValueError(f"expected a finite number, got {raw!r}")
+        return value
     if type_name == "tuple[str, ...]":
         items = raw.split(",") if isinstance(raw, str) else raw
         if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):

@@ -3,7 +3,7 @@
 ``make package`` (or ``python tools/package_lambda.py --arch arm64``) writes, under ``build/lambda/``:
 
 - ``extender.zip``, ``node_state.zip``, ``deletion_cost.zip``: our code only (``scheduler_core``,
-  ``adapters``, ``manifests``, and that Lambda's handler and application packages);
+  ``adapters``, ``manifests``, ``shares``, and that Lambda's handler and application packages);
 - ``layer-<arch>.zip``: ``python/`` with numpy, msgspec, Powertools and the X-Ray SDK, for every Lambda;
 - ``layer-kube-<arch>.zip``: ``python/`` with the ``kubernetes`` client, for the two
   refreshers only. The extender never ships it (its hot path must not import ``kubernetes``);

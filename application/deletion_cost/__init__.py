@@ -1,2 +1,2 @@
 """The deletion-cost refresher's application layer, shared by its Lambda handler and
-``gpu-scheduler deletion-costs``."""
+``gpu-scheduler refresh deletion-cost``."""

@@ -11,6 +11,7 @@ the CDK app's defaults, validation and Lambda environment for the keys it passes
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 
 from adapters.metric_catalogue import EXTENDER, NAMESPACE
@@ -134,7 +135,7 @@ class ExtenderSettings(ClusterAccess):
         found = []
         for field_name in ("snapshot_refresh_s", "max_snapshot_age_s"):
             value = getattr(self, field_name)
-            if not isinstance(value, int | float) or value < 0:
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 found.append(f"{name(field_name)}: must be a non-negative number of seconds, got {value!r}")
         if "://" in self.snapshot_uri and not self.snapshot_uri.startswith(("s3://", "file://")):
             uri = self.snapshot_uri

@@ -1,1 +1,2 @@
-"""The node-state refresher's application layer, shared by its Lambda handler and ``gpu-scheduler refresh``."""
+"""The node-state refresher's application layer, shared by its Lambda handler and
+``gpu-scheduler refresh node-state``."""

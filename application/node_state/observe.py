@@ -1,7 +1,7 @@
 """The run's first job: list the cluster. Nodes (and their label plan, applied to the listed objects so that
 the snapshot matches), with the ledger the ledger's items and the unbound pods, then the bound pods and,
 where the API serves it, DRA's objects. The order is the ledger reconcile's safety (the module docstring of
-:mod:`application.node_state.service`). A failed list ends the run: there is nothing to write a snapshot
+:mod:`application.node_state.ledger`). A failed list ends the run: there is nothing to write a snapshot
 from."""
 
 from __future__ import annotations

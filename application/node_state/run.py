@@ -1,6 +1,6 @@
 """One node-state run's shared parts: the clients (:class:`Services`), what the run found so far and its
 report (:class:`Run`), and the timing of each phase. Each job in :data:`application.node_state.service.JOBS`
-reads the run and returns its fields of the report."""
+reads the run, and notes its fields of the report on it (:meth:`Run.note`)."""
 
 from __future__ import annotations
 

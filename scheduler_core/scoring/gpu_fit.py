@@ -81,7 +81,7 @@ class ScoreWeights:
             if not (isinstance(value, int | float) and 0.0 <= value <= 1.0)
         ]
         if not found and self.fit + self.utilization <= 0:
-            total = f"{name('weights.fit')} + {name('weights.utilization')}"
+            total = "weights" if name is by_path else f"{name('weights.fit')} + {name('weights.utilization')}"
             found.append(f"{total}: fit + utilization must be > 0, got {self.fit} + {self.utilization}")
         return found
 

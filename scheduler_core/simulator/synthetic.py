@@ -1,8 +1,8 @@
 """Synthetic GPU clusters: what ``gpu-scheduler demo`` schedules, and what the tests build on.
 
 v1 ``Node`` and ``Pod`` objects, exactly as the API server and kube-scheduler send them, drawn from
-:data:`CATALOGUE` (EKS GPU instance types as EC2 and GPU Feature Discovery report them). It ships
-with the CLI because the demo runs on a runtime-only install; the larger test and benchmark builders
+:data:`CATALOGUE` (EKS GPU instance types as EC2 and GPU Feature Discovery report them). It is
+installed with the core because the demo runs on a runtime-only install; the larger test and benchmark builders
 (100,000-node tables, EKS-sized pod lists) are in ``testing/synthetic.py``. Randomness comes only
 from the ``rng`` passed in.
 """

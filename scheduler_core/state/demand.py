@@ -10,8 +10,8 @@ milli (as the ledger packs them: two 600-milli shares take two GPUs, twenty 1-mi
 one-GPU placeholder pod per GPU (``manifests/placeholder.py``), asking the CPU and memory of the shares on
 it, with the group's requirements, is what Karpenter or cluster-autoscaler sees and adds nodes for. A
 placeholder is never bound (the extender's bind deletes one it would bind: its node has room for the
-shares); those beyond the demand go too. Everything here is pure; ``application/node_state/service.py`` lists
-and writes.
+shares); those beyond the demand go too. Everything here is pure; ``shares/placeholders.py`` lists and writes,
+as one of the node-state refresher's jobs.
 
 Placeholders live outside their tenants' namespaces and quotas, and autoscalers buy nodes for them, so
 their number is capped (:class:`PlaceholderCaps`): per namespace of the shares, and in all. The caps are

@@ -1,4 +1,4 @@
-/* A stand-in for libnvidia-ml.so.1 with the ABI of the calls manifests/reserve_gpu.py makes, reporting
+/* A stand-in for libnvidia-ml.so.1 with the ABI of the calls shares/reserve_gpu.py makes, reporting
  * the GPU the build defines (the tests build it from ../shared/fixtures/gpu/h200/nvml.json). FAKE_NVML_COUNT
  * sets how many GPUs it shows (1 by default; GPU i's UUID ends in i past the first), FAKE_NVML_INIT sets
  * what nvmlInit_v2 returns. Every string call honours the caller's buffer size, as NVML does

@@ -152,7 +152,7 @@ def test_normalize_scores(raw, expected):
     [
         pytest.param(ScoreWeights(fit=1.5), r"weights.fit: must be in \[0, 1\], got 1.5", id="above one"),
         pytest.param(ScoreWeights(utilization=-0.1), r"weights.utilization: must be in \[0, 1\]", id="negative"),
-        pytest.param(ScoreWeights(0.0, 0.0), "fit \\+ utilization must be > 0", id="both zero"),
+        pytest.param(ScoreWeights(0.0, 0.0), "^weights: fit \\+ utilization must be > 0", id="both zero"),
     ],
 )
 def test_invalid_weights_are_rejected_with_field_paths(weights, message):
