@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -285,6 +285,16 @@ def missing() -> str:
     return ""
 
 
+@lru_cache(maxsize=64)
+def _health(port: int) -> KubeRest:
+    """One client per kube-scheduler port, for its health checks."""
+    return KubeRest(f"https://127.0.0.1:{port}", TOKEN)
+
+
+PORT_ATTEMPTS = 3
+"""Starts of a listening process on a fresh port before "address already in use" is an error."""
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -427,6 +437,25 @@ class ControlPlane:
             time.sleep(0.2)
         raise RuntimeError(f"{name} was not ready after {timeout_s:.0f} s: {self.tail(name)}")
 
+    def _listening(
+        self, name: str, argv: Callable[[int], Sequence[str]], ready: Callable[[int], bool], timeout_s: float
+    ) -> int:
+        """Start ``argv(port)`` on a free port and wait for ``ready(port)``; the port. A port that another
+        process took between the probe and the bind (an outgoing connection's ephemeral port, say) makes the
+        process exit with "address already in use": it is started again on another port, twice at most."""
+        for attempt in range(PORT_ATTEMPTS):
+            port = free_port()
+            self._spawn(name, argv(port))
+            try:
+                self._wait(name, partial(ready, port), timeout_s=timeout_s)
+            except RuntimeError as exc:
+                if "address already in use" not in str(exc) or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self.stop_process(name)
+                continue
+            return port
+        raise AssertionError("unreachable")
+
     def tail(self, name: str, lines: int = 15) -> str:
         """The last lines of a process's log, for error messages."""
         return log_tail(self.workdir / f"{name}.log", lines)
@@ -450,7 +479,7 @@ class ControlPlane:
         assert isinstance(found, KubeBinaries)
         self.binaries = found
         self.workdir.mkdir(parents=True, exist_ok=True)
-        etcd_port, peer_port, metrics_port, api_port = (free_port() for _ in range(4))
+        etcd_port, peer_port, metrics_port = (free_port() for _ in range(3))
         etcd = shutil.which("etcd")
         assert etcd is not None
         self._spawn(
@@ -471,28 +500,30 @@ class ControlPlane:
         lines = [f'{TOKEN},admin,admin-uid,"{",".join(ADMIN_GROUPS)}"']
         lines += [f'{i.token},{i.user},{i.name}-uid,"{",".join(i.groups)}"' for i in identities().values()]
         tokens.write_text("\n".join(lines) + "\n")
-        self._spawn(
-            "kube-apiserver",
-            [str(found.folder / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
-             f"--cert-dir={self.workdir / 'certs'}", f"--service-account-key-file={pub}",
-             f"--service-account-signing-key-file={key}",
-             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-             f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
-             "--service-cluster-ip-range=10.0.0.0/24", "--disable-admission-plugins=ServiceAccount",
-             "--allow-privileged=true",  # as EKS runs it: what refuses a privileged pod is admission
-             *found.apiserver_flags],
-        )  # fmt: skip
-        self.url = f"https://127.0.0.1:{api_port}"
-        self.api = KubeRest(self.url, TOKEN)
 
-        def ready() -> bool:
+        def apiserver(port: int) -> list[str]:
+            return [
+                str(found.folder / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'certs'}", f"--service-account-key-file={pub}",
+                f"--service-account-signing-key-file={key}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
+                "--service-cluster-ip-range=10.0.0.0/24", "--disable-admission-plugins=ServiceAccount",
+                "--allow-privileged=true",  # as EKS runs it: what refuses a privileged pod is admission
+                *found.apiserver_flags,
+            ]  # fmt: skip
+
+        def ready(port: int) -> bool:
+            if self.url != f"https://127.0.0.1:{port}":  # one client per port tried
+                self.url = f"https://127.0.0.1:{port}"
+                self.api = KubeRest(self.url, TOKEN)
             self.api.request("GET", "/readyz", ok=(200,))
             self.api.get("/api/v1/namespaces/default")
             self.api.get("/api/v1/namespaces/kube-system")
             return True
 
-        self._wait("kube-apiserver", ready, timeout_s=90)
+        self._listening("kube-apiserver", apiserver, ready, timeout_s=90)
         self.kubeconfig = self.workdir / "kubeconfig"
         self.kubeconfig.write_text(yaml.safe_dump(kubeconfig(self.url, TOKEN)))
         for identity in identities().values():
@@ -559,16 +590,15 @@ class ControlPlane:
         document["clientConnection"] = {**document.get("clientConnection", {}), "kubeconfig": str(account)}
         path = self.workdir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(document))
-        port = free_port()
-        self._spawn(
+        folder, gates = self.binaries.folder, self.binaries.scheduler_gates
+        self._listening(
             name,
-            [str(self.binaries.folder / "kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
-             f"--secure-port={port}", f"--authentication-kubeconfig={account}",
-             f"--authorization-kubeconfig={account}", "-v=2",
-             *feature_gate_flags(self.binaries.scheduler_gates)],
+            lambda port: [str(folder / "kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
+                          f"--secure-port={port}", f"--authentication-kubeconfig={account}",
+                          f"--authorization-kubeconfig={account}", "-v=2", *feature_gate_flags(gates)],
+            lambda port: _health(port).raw("GET", "/healthz")[0] == 200,
+            timeout_s=60,
         )  # fmt: skip
-        health = KubeRest(f"https://127.0.0.1:{port}", TOKEN)
-        self._wait(name, lambda: health.raw("GET", "/healthz")[0] == 200, timeout_s=60)
 
     def stop_scheduler(self, name: str = "kube-scheduler") -> None:
         self.stop_process(name)

@@ -118,3 +118,37 @@ def test_a_binary_that_prints_no_version_is_refused(machine: Path, tmp_path: Pat
     (folder / "kube-scheduler").write_text("#!/bin/sh\necho hello\n")
     monkeypatch.setenv("KUBE_BIN_DIR", str(folder))
     assert "printed 'hello'" in missing()
+
+
+def test_a_process_whose_port_was_taken_meanwhile_starts_again_on_another(tmp_path: Path, monkeypatch) -> None:
+    """The replay e2e test once failed with kube-apiserver's "bind: address already in use": the port probed
+    free was taken before the server bound it. The first port handed out here is held by this test."""
+    import socket
+    import sys
+
+    from testing import control_plane
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))  # bound, not listening: no bind may take it, no connection reaches it
+    ports = iter([held.getsockname()[1], control_plane.free_port()])
+    monkeypatch.setattr(control_plane, "free_port", lambda: next(ports))
+    serve = (
+        "import socket, sys, time\n"
+        "s = socket.socket()\n"
+        "try:\n    s.bind(('127.0.0.1', int(sys.argv[1])))\n"
+        "except OSError:\n    print('listen tcp: bind: address already in use'); sys.exit(1)\n"
+        "s.listen(); time.sleep(30)\n"
+    )
+
+    def ready(port: int) -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    plane = control_plane.ControlPlane(tmp_path)
+    try:
+        port = plane._listening("probe", lambda p: [sys.executable, "-c", serve, str(p)], ready, timeout_s=20)
+        assert port != held.getsockname()[1]
+        assert "address already in use" in (tmp_path / "probe.log").read_text()
+    finally:
+        plane.stop()
+        held.close()
