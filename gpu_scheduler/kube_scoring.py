@@ -6,7 +6,7 @@ The score plugins that rank the demo's nodes differently (kube-scheduler 1.33,
 
 - ``NodeResourcesFit``: the stock profile scores ``LeastAllocated`` on ``cpu`` and ``memory`` (free share,
   times 100, integer division, weighted mean), which sends each pod to the emptiest node. The product's
-  profile (``manifests.scheduler.profile``) scores ``MostAllocated`` on ``cpu``, ``memory`` and
+  profile (``manifests.scheduler_configuration.profile``) scores ``MostAllocated`` on ``cpu``, ``memory`` and
   ``nvidia.com/gpu``. An extended resource the pod does not request is left out of the mean. Requests
   are the pods' own (the demo's pods all set them, so kube-scheduler's non-zero defaults never apply).
 - ``NodeResourcesBalancedAllocation``: ``(1 - std of the cpu and memory fractions) x 100``, the fractions
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler_core.k8s.names import GPU_RESOURCE
-from scheduler_core.k8s.pods import combine_requests, effective_cpu_milli, effective_gpu_request
+from scheduler_core.k8s.pod_requests import combine_requests, effective_cpu_milli, effective_gpu_request
 from scheduler_core.k8s.quantity import parse_quantity
 
 MAX_NODE_SCORE = 100
@@ -84,7 +84,7 @@ def request_of(pod: Mapping[str, Any]) -> tuple[int, int, int]:
 
 
 def _memory_bytes(spec: Mapping[str, Any]) -> int:
-    """Memory as kube-scheduler's ``PodRequests`` sums it (:func:`~scheduler_core.k8s.pods.combine_requests`:
+    """Memory as kube-scheduler's ``PodRequests`` sums it (:func:`~scheduler_core.k8s.pod_requests.combine_requests`:
     sidecars beside the app containers, the init containers' peak), plus ``spec.overhead``; a container's
     request, else its limit."""
 

@@ -7,6 +7,7 @@ tell a bad request (answer 400, or 200 with ``Error``) from a genuine fault (ans
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Self
 
 Namer = Callable[[str], str]
 """How a caller names a setting in a validation message, given the setting's path in the core's own
@@ -33,6 +34,21 @@ class InvalidPodError(SchedulerCoreError, ValueError):
 
 class ConfigError(SchedulerCoreError, ValueError):
     """Configuration failed validation; the message lists every problem with its field path."""
+
+
+class Validatable:
+    """A mix-in for settings that list every problem they have (``problems()``, each message with its
+    field path): :meth:`validated` raises them all at once."""
+
+    def problems(self) -> list[str]:
+        raise NotImplementedError
+
+    def validated(self) -> Self:
+        """Return ``self``, or raise :class:`ConfigError` listing every problem."""
+        problems = self.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return self
 
 
 class ClusterStateUnavailableError(SchedulerCoreError):

@@ -30,9 +30,9 @@ from typing import Any
 
 from scheduler_core.k8s.autoscaler import INSTANCE_TYPES, InstanceGpus
 from scheduler_core.k8s.names import GPU_RESOURCE, LABEL_INSTANCE_TYPE, LABEL_ZONE
-from scheduler_core.k8s.pods import effective_cpu_milli, effective_request
+from scheduler_core.k8s.pod_requests import effective_cpu_milli, effective_request
 from scheduler_core.k8s.taints import untolerated
-from testing.control_plane import machine_folder
+from testing.kube_binaries import machine_folder
 
 _INF = 2**63
 WELL_KNOWN = frozenset({

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from scheduler_core.deletion_cost.policy import CostPolicy
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
-from scheduler_core.scoring.gpu_fit import FIT_STEP_GPUS, MAX_EXTENDER_PRIORITY, Reason, ScoreWeights
+from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, Reason, ScoreWeights
+from scheduler_core.scoring.gpu_score import FIT_STEP_GPUS
 
 
 def reference_reasons(table: NodeTable, free: list[int], demand: PodDemand) -> list[int]:

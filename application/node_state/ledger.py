@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.gpu_ledger import LedgerStore, LedgerStoreError
-from adapters.kube import DeadlineReachedError
+from adapters.kube_transport import DeadlineReachedError
 from adapters.kube_types import SchedulingPod
 from application.node_state.run import Run
 from scheduler_core.errors import InvalidPodError
@@ -24,7 +24,7 @@ from scheduler_core.k8s.names import (
     RESERVED_GPU_ANNOTATION,
     VISIBLE_DEVICES_ANNOTATION,
 )
-from scheduler_core.k8s.pods import effective_requests
+from scheduler_core.k8s.pod_requests import effective_requests
 from scheduler_core.state.allocation import reservation_of
 from scheduler_core.state.ledger import NodeLedger, reconcile
 from shares.reservations import Reservations

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.errors import ConfigError
+from scheduler_core.errors import ConfigError, Validatable
 
 POLICIES = ("metrics", "connections", "static")
 METRICS_NEEDED = {
@@ -44,7 +44,7 @@ COST_RANGES = (("warming", -(2**31), -1), ("default", 0, 0), ("medium", 1, 99), 
 
 
 @dataclass(frozen=True)
-class CostPolicy:
+class CostPolicy(Validatable):
     """One workload's policy, weights and bounds (defaults are the source's)."""
 
     policy: str = "metrics"
@@ -86,12 +86,6 @@ class CostPolicy:
                 if getattr(self, name) < 0:
                     found.append(f"{path}.{name}: must not be negative, got {getattr(self, name)!r}")
         return found
-
-    def validated(self) -> CostPolicy:
-        problems = self.problems()
-        if problems:
-            raise ConfigError("; ".join(problems))
-        return self
 
     @classmethod
     def from_json(cls, document: Any, path: str = "policy") -> tuple[CostPolicy, list[str]]:

@@ -79,15 +79,9 @@ def bind_refusal(
     >>> bind_refusal(huge, node, PodDemand(), state)
     "node n is too small for the pod: it requests cpu 10000, more than the node's allocatable"
     """
-    metadata = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    phase = (pod.get("status") or {}).get("phase") or "Pending"
-    if metadata.get("deletionTimestamp"):
-        return "the pod is being deleted"
-    if phase != "Pending":
-        return f"the pod is {phase}, not Pending"
-    if spec.get("schedulerName") != scheduler_name:
-        return f"the pod is not scheduled by {scheduler_name!r}"
+    refusal = _pod_refusal(pod, scheduler_name)
+    if refusal:
+        return refusal
     name = (node.get("metadata") or {}).get("name", "")
     row = state.table.index.get(name)
     if row is None:
@@ -96,8 +90,26 @@ def bind_refusal(
     static = filter_nodes(table, table.alloc_gpus, demand, check_free=False)
     if not static.feasible[0]:
         return f"node {name} does not pass the filter for this pod: {static.messages[0]}"
+    return _node_refusal(pod, node, name)
+
+
+def _pod_refusal(pod: Mapping[str, Any], scheduler_name: str) -> str:
+    """Why the pod itself is not this extender's to bind (being deleted, not Pending, another scheduler's)."""
+    phase = (pod.get("status") or {}).get("phase") or "Pending"
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return "the pod is being deleted"
+    if phase != "Pending":
+        return f"the pod is {phase}, not Pending"
+    if (pod.get("spec") or {}).get("schedulerName") != scheduler_name:
+        return f"the pod is not scheduled by {scheduler_name!r}"
+    return ""
+
+
+def _node_refusal(pod: Mapping[str, Any], node: Mapping[str, Any], name: str) -> str:
+    """Why kube-scheduler's own filters would refuse ``node`` (named ``name``) for the pod: its nodeSelector,
+    required node affinity, untolerated taints, or CPU, memory and pod slots past the node's allocatable."""
     labels = (node.get("metadata") or {}).get("labels") or {}
-    selector = spec.get("nodeSelector") or {}
+    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
     unmatched = [f"{key}={value}" for key, value in selector.items() if labels.get(key) != value]
     if unmatched:
         return f"node {name} does not match the pod's nodeSelector ({', '.join(unmatched)})"

@@ -32,6 +32,7 @@ from scheduler_core.errors import (
     InvalidArgsError,
     InvalidPodError,
     Namer,
+    Validatable,
     by_path,
 )
 from scheduler_core.extender.admission import bind_refusal, room_refusal
@@ -49,7 +50,8 @@ from scheduler_core.extender.wire import (
 )
 from scheduler_core.k8s.autoscaler import KNOWN_MODELS, autoscaler_hint
 from scheduler_core.k8s.names import LABEL_MODEL, MILLI_PER_GPU, PEERS_ANNOTATION
-from scheduler_core.k8s.pods import PodDemand, assumed_cpu_milli, pod_demand
+from scheduler_core.k8s.pod_requests import assumed_cpu_milli
+from scheduler_core.k8s.pods import PodDemand, pod_demand
 from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, FilterResult, Reason, ScoreWeights
 from scheduler_core.scoring.locality import LocalitySettings
 from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, SharePolicy, share_policy
@@ -88,7 +90,7 @@ class CatchingUp(Protocol):
 
 
 @dataclass(frozen=True)
-class ExtenderConfig:
+class ExtenderConfig(Validatable):
     """Settings of the extender core. ``max_body_bytes`` is the largest request accepted;
     ``share_policy`` names the policy that places pods (:attr:`policy`,
     :mod:`scheduler_core.scoring.policy`); ``assume`` see below."""
@@ -101,13 +103,6 @@ class ExtenderConfig:
     """Lay the extender's own predictions over its state at once: the only node a filter keeps, or the
     one node prioritize alone scores highest, takes the pod's GPUs there (as kube-scheduler assumes a
     pod on its node before the bind returns), until the state shows where the pod really went."""
-
-    def validated(self) -> ExtenderConfig:
-        """Return ``self``, or raise :class:`ConfigError` listing every problem."""
-        problems = self.problems()
-        if problems:
-            raise ConfigError("; ".join(problems))
-        return self
 
     def problems(self, name: Namer = by_path) -> list[str]:
         """Every invalid field, named by ``name`` of its path (``weights.fit``, ``share_policy``...): the one

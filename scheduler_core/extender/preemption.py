@@ -37,7 +37,8 @@ from scheduler_core.extender.view import NodeView, all_free
 from scheduler_core.extender.wire import ExtenderPreemptionArgs, MetaVictims
 from scheduler_core.k8s.annotations import Pairs, trusted_assigned_gpus
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, GPU_RESOURCE, MILLI_PER_GPU, MILLI_RESOURCE
-from scheduler_core.k8s.pods import PodDemand, effective_requests
+from scheduler_core.k8s.pod_requests import effective_requests
+from scheduler_core.k8s.pods import PodDemand
 
 Holdings = Mapping[str, Mapping[str, Pairs]]
 """Per node, per pod UID, the ``(gpu, milli)`` pairs the ledger says the pod holds there."""

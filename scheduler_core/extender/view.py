@@ -20,7 +20,8 @@ from scheduler_core.errors import ClusterStateUnavailableError
 from scheduler_core.extender.wire import ExtenderArgs
 from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.k8s.nodes import NodeTable
-from scheduler_core.k8s.pods import PodDemand, effective_cpu_milli
+from scheduler_core.k8s.pod_requests import effective_cpu_milli
+from scheduler_core.k8s.pods import PodDemand
 from scheduler_core.scoring.gpu_fit import FilterResult, filter_nodes, free_gpus, true_per_row
 from scheduler_core.scoring.locality import LocalitySettings, locality_scores, peer_placement
 from scheduler_core.scoring.policy import Fragmentation

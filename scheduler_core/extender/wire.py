@@ -15,7 +15,7 @@ codecs they share are here.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,6 +242,14 @@ class Victims:
         return MetaVictims(uids=tuple(uids), num_pdb_violations=self.num_pdb_violations)
 
 
+def _victim_entries(body: Mapping[str, Any], key: str) -> Iterator[tuple[str, str, Mapping[str, Any], list[Any]]]:
+    """Each node of the victims map ``key`` as (node, where, entry, its ``Pods``), checked one node at a time."""
+    for node, entry in _object(_field(body, key), key).items():
+        where = f"{key}[{node!r}]"
+        entry = _object(entry, where)
+        yield node, where, entry, _optional_list(_field(entry, "Pods"), f"{where}.Pods") or []
+
+
 def _pdb_violations(entry: Mapping[str, Any], where: str) -> int:
     value = _field(entry, "NumPDBViolations")
     if value is None:
@@ -266,28 +274,24 @@ class ExtenderPreemptionArgs:
         if pod is None:
             raise InvalidArgsError("Pod: required, got null or nothing")
         victims: dict[str, Victims] | None = None
-        raw = _field(body, "NodeNameToVictims")
-        if raw is not None:
-            victims = {}
-            for node, entry in _object(raw, "NodeNameToVictims").items():
-                where = f"NodeNameToVictims[{node!r}]"
-                entry = _object(entry, where)
-                pods = _optional_list(_field(entry, "Pods"), f"{where}.Pods") or []
-                victims[node] = Victims(
+        if _field(body, "NodeNameToVictims") is not None:
+            victims = {
+                node: Victims(
                     pods=tuple(_object(p, f"{where}.Pods[{i}]") for i, p in enumerate(pods)),
                     num_pdb_violations=_pdb_violations(entry, where),
                 )
+                for node, where, entry, pods in _victim_entries(body, "NodeNameToVictims")
+            }
         meta: dict[str, MetaVictims] | None = None
-        raw = _field(body, "NodeNameToMetaVictims")
-        if raw is not None:
-            meta = {}
-            for node, entry in _object(raw, "NodeNameToMetaVictims").items():
-                where = f"NodeNameToMetaVictims[{node!r}]"
-                entry = _object(entry, where)
-                pods = _optional_list(_field(entry, "Pods"), f"{where}.Pods") or []
-                uids = tuple(
-                    _string(_field(_object(p, f"{where}.Pods[{i}]"), "UID"), f"{where}.Pods[{i}].UID")
-                    for i, p in enumerate(pods)
+        if _field(body, "NodeNameToMetaVictims") is not None:
+            meta = {
+                node: MetaVictims(
+                    uids=tuple(
+                        _string(_field(_object(p, f"{where}.Pods[{i}]"), "UID"), f"{where}.Pods[{i}].UID")
+                        for i, p in enumerate(pods)
+                    ),
+                    num_pdb_violations=_pdb_violations(entry, where),
                 )
-                meta[node] = MetaVictims(uids=uids, num_pdb_violations=_pdb_violations(entry, where))
+                for node, where, entry, pods in _victim_entries(body, "NodeNameToMetaVictims")
+            }
         return cls(pod=_object(pod, "Pod"), node_name_to_victims=victims, node_name_to_meta_victims=meta)

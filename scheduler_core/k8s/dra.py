@@ -93,7 +93,29 @@ def dra_facts(
     """
     wanted = frozenset(drivers)
     problems: list[str] = []
-    pools: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}  # (driver, pool, node) -> newest generation's
+    over: dict[str, str] = {}  # node -> why it is over a cap: nothing more of it is read
+    where, published = _published(_newest_pools(slices, wanted, problems), over)
+    claimed = _claimed(claims, wanted, where, over, problems)
+    extended = any(_mapping(_mapping(item).get("spec")).get("extendedResourceName") == GPU_RESOURCE for item in classes)
+    return DraFacts(
+        published={node: len(gpus) for node, gpus in published.items() if node not in over},
+        claimed={node: len(gpus) for node, gpus in claimed.items() if node not in over},
+        extended=extended,
+        problems=tuple(problems),
+        over_cap=over,
+    )
+
+
+_Pools = dict[tuple[str, str, str], list[Mapping[str, Any]]]
+"""(driver, pool, node) -> the specs of the pool's newest generation."""
+_Where = dict[tuple[str, str, str], dict[str, str]]
+"""(driver, pool, device) -> node -> the GPU the device holds there."""
+
+
+def _newest_pools(slices: Iterable[Any], wanted: frozenset[str], problems: list[str]) -> _Pools:
+    """The slices of ``wanted`` drivers, grouped by pool, of each pool's newest generation only; a slice
+    without a valid pool is a problem (appended to ``problems``)."""
+    pools: _Pools = {}
     newest: dict[tuple[str, str, str], int] = {}
     for position, item in enumerate(slices):
         spec = _mapping(_mapping(item).get("spec"))
@@ -111,10 +133,15 @@ def dra_facts(
             pools[key], newest[key] = [spec], generation
         elif generation == newest[key]:
             pools[key].append(spec)
-    where: dict[tuple[str, str, str], dict[str, str]] = {}  # (driver, pool, device) -> node -> the GPU it holds
+    return pools
+
+
+def _published(pools: _Pools, over: dict[str, str]) -> tuple[_Where, dict[str, set[str]]]:
+    """Where each listed device is, and the GPUs published per node; a node whose slices list more devices
+    or GPUs than a cap allows goes into ``over`` (node -> why), and the rest of its devices are not read."""
+    where: _Where = {}
     published: dict[str, set[str]] = {}
     devices: dict[str, int] = {}  # node -> devices its slices list
-    over: dict[str, str] = {}
     for (driver, pool, _), specs in pools.items():
         for spec in specs:
             for device in _list(spec.get("devices")):
@@ -133,6 +160,14 @@ def dra_facts(
                     over[node] = reason
                     continue
                 where.setdefault((driver, pool, str(_mapping(device).get("name"))), {})[node] = gpu
+    return where, published
+
+
+def _claimed(
+    claims: Iterable[Any], wanted: frozenset[str], where: _Where, over: dict[str, str], problems: list[str]
+) -> dict[str, set[str]]:
+    """The GPUs that devices allocated to claims hold, per node (a device no slice lists: on the node its
+    allocation selects, or a problem); a node they put over the cap goes into ``over``."""
     claimed: dict[str, set[str]] = {}
     for position, item in enumerate(claims):
         status = _mapping(_mapping(item).get("status"))
@@ -160,14 +195,7 @@ def dra_facts(
                 reason = over_cap("the GPUs DRA claims hold on it", len(gpus), MAX_GPUS_PER_NODE)
                 if reason:
                     over[node] = reason
-    extended = any(_mapping(_mapping(item).get("spec")).get("extendedResourceName") == GPU_RESOURCE for item in classes)
-    return DraFacts(
-        published={node: len(gpus) for node, gpus in published.items() if node not in over},
-        claimed={node: len(gpus) for node, gpus in claimed.items() if node not in over},
-        extended=extended,
-        problems=tuple(problems),
-        over_cap=over,
-    )
+    return claimed
 
 
 def dra_facts_of(objects: Mapping[str, Iterable[Any]]) -> DraFacts:

@@ -1,9 +1,9 @@
 """The node table: one row per node, one numpy column per fact the scheduler needs.
 
-Label precedence, per fact: NVIDIA GPU Feature Discovery (``nvidia.com/gpu.product|memory|count``)
-wins over the project's own labels (``gpu.nvidia.com/model|memory|count``), which the node-state
-refresher writes from EC2 instance-type data. A garbled value never raises: the node is treated as
-having no GPU information, and :attr:`NodeTable.gpu_info_errors` says why.
+Each node's facts are read from its v1 Node object by :mod:`scheduler_core.k8s.node_facts` (label
+precedence, garbled labels); a node whose facts are over a cap of :mod:`scheduler_core.k8s.limits` is
+invalid (:attr:`NodeTable.invalid`). A garbled value never raises: the node is treated as having no GPU
+information, and :attr:`NodeTable.gpu_info_errors` says why.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ import json
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.errors import InvalidArgsError
-from scheduler_core.k8s.gpu_models import normalize_model
+from scheduler_core.k8s.hash_index import HashIndex
 from scheduler_core.k8s.limits import (
     MAX_GPUS_PER_NODE,
     MAX_INT32,
@@ -27,36 +26,11 @@ from scheduler_core.k8s.limits import (
     MAX_MIG_SLICES_PER_NODE,
     over_cap,
 )
-from scheduler_core.k8s.mig import MigMode, mig_mode, resource_profile
-from scheduler_core.k8s.names import (
-    GFD_COUNT,
-    GFD_MEMORY,
-    GFD_PRODUCT,
-    GPU_RESOURCE,
-    KARPENTER_GPU_COUNT,
-    KARPENTER_GPU_MEMORY,
-    KARPENTER_GPU_NAME,
-    LABEL_COUNT,
-    LABEL_INSTANCE_TYPE,
-    LABEL_MEMORY,
-    LABEL_MODEL,
-    LABEL_ZONE,
-    MIG_CONFIG_STATE,
-)
-from scheduler_core.k8s.quantity import CountOutOfRangeError, parse_whole_count, plain_int
+from scheduler_core.k8s.mig import MigMode, mig_mode
+from scheduler_core.k8s.names import GPU_RESOURCE, LABEL_INSTANCE_TYPE, LABEL_ZONE
+from scheduler_core.k8s.node_facts import NodeGpuFacts, gpu_facts, node_parts, offered_mig_slices
 
 IntArray = npt.NDArray[np.int32]
-
-
-@dataclass(frozen=True)
-class NodeGpuFacts:
-    """GPU facts read from one node's labels and allocatable resources."""
-
-    model: str | None
-    memory_mib: int
-    count: int
-    allocatable: int
-    error: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,14 +126,14 @@ class NodeTable:
         return {name: row for row, name in enumerate(self.names)}
 
     @cached_property
-    def _hash_index(self) -> _HashIndex:
-        return _HashIndex.build(np.fromiter(map(hash, self.names), dtype=np.int64, count=self.n_nodes))
+    def _hash_index(self) -> HashIndex:
+        return HashIndex.build(np.fromiter(map(hash, self.names), dtype=np.int64, count=self.n_nodes))
 
     def rows_of(self, names: Sequence[str]) -> npt.NDArray[np.intp]:
         """Row of each of ``names`` (shape (k,)), -1 for names not in the table.
 
         Names are matched by Python's 64-bit string hash (keyed per process) in an open-addressing
-        table of numpy arrays (:class:`_HashIndex`): one vectorised probe finds almost every name, with
+        table of numpy arrays (:class:`HashIndex`): one vectorised probe finds almost every name, with
         a few random reads each, where a dict lookup or a binary search per name costs several cache
         misses (10,000 names in a 100,000-node table: 0.2 ms, against 1.1 ms for either). Hashing the
         names is the one step per name. A false match needs a 64-bit collision between a name the
@@ -357,62 +331,30 @@ class NodeTable:
         >>> table.model_name(0), int(table.alloc_gpus[0])
         ('T4', 4)
         """
-        names: list[str] = []
-        zones = _Vocabulary()
-        instance_types = _Vocabulary()
-        models = _Vocabulary()
-        rows: list[tuple[int, int, int, int, int, int, int]] = []
-        errors: dict[int, str] = {}
-        profiles = _Vocabulary()
-        slices: dict[tuple[int, int], int] = {}
-        invalid: dict[int, str] = {}
-        for row, node in enumerate(nodes):
-            name, labels, allocatable = _node_parts(node, row)
-            names.append(name)
-            mode = mig_mode(labels, allocatable)
-            facts = gpu_facts(labels, allocatable, mode)
-            offered = _mig_slices(allocatable) if mode == MigMode.MIXED else {}
-            reason = _over_caps(facts, offered)
-            if reason:  # invalid on its own: no GPU, slice or model, and its figures size nothing
-                invalid[row] = reason
-                facts, mode, offered = NodeGpuFacts(None, 0, 0, 0), MigMode.NONE, {}
-            if facts.error:
-                errors[row] = facts.error
-            for profile, count in offered.items():
-                slices[row, profiles.id_of(profile)] = count
-            rows.append(
-                (
-                    zones.id_of(labels.get(LABEL_ZONE)),
-                    instance_types.id_of(labels.get(LABEL_INSTANCE_TYPE)),
-                    models.id_of(facts.model),
-                    facts.count,
-                    facts.memory_mib,
-                    facts.allocatable,
-                    int(mode),
-                )
-            )
+        read = _read_nodes(nodes)
+        n_rows = len(read.rows)
         # One conversion at the end: per-element writes into numpy arrays cost more than the parse.
-        columns = np.array(rows, dtype=np.int32).reshape(len(rows), 7).T
-        mig_profiles = profiles.items()
-        mig_slices = np.zeros((len(rows), len(mig_profiles)), dtype=np.int32)
-        for (row, column), count in slices.items():
+        columns = np.array(read.rows, dtype=np.int32).reshape(n_rows, 7).T
+        mig_profiles = read.profiles.items()
+        mig_slices = np.zeros((n_rows, len(mig_profiles)), dtype=np.int32)
+        for (row, column), count in read.slices.items():
             mig_slices[row, column] = count
         return cls(
-            names=tuple(names),
+            names=tuple(read.names),
             zone_id=np.ascontiguousarray(columns[0]),
-            zones=zones.items(),
+            zones=read.zones.items(),
             instance_type_id=np.ascontiguousarray(columns[1]),
-            instance_types=instance_types.items(),
+            instance_types=read.instance_types.items(),
             model_id=np.ascontiguousarray(columns[2]),
-            models=models.items(),
+            models=read.models.items(),
             gpu_count=np.ascontiguousarray(columns[3]),
             memory_mib=np.ascontiguousarray(columns[4]),
             alloc_gpus=np.ascontiguousarray(columns[5]),
-            gpu_info_errors=errors,
+            gpu_info_errors=read.errors,
             mig_mode=np.ascontiguousarray(columns[6]),
             mig_profiles=mig_profiles,
             mig_slices=mig_slices,
-            invalid=invalid,
+            invalid=read.invalid,
         )
 
     @classmethod
@@ -449,58 +391,6 @@ class NodeTable:
         )
 
 
-@dataclass(frozen=True, eq=False)
-class _HashIndex:
-    """A bucketed hash table over 64-bit keys, in numpy arrays: ``keys`` and ``rows`` of shape
-    (n_buckets, 8), a bucket per key's low bits, one 64-byte cache line of keys each, with on average
-    at most two keys of eight. :meth:`find` reads each wanted key's bucket and compares all eight at
-    once, for all wanted keys in one vectorised step. The rare keys that find their bucket full, and
-    the key 0 (an empty slot's), are kept in ``spill``, a dict read only for keys found nowhere else."""
-
-    keys: npt.NDArray[np.int64]
-    rows: npt.NDArray[np.int32]
-    spill: dict[int, int]
-
-    WIDTH = 8
-
-    @classmethod
-    def build(cls, keys: npt.NDArray[np.int64]) -> _HashIndex:
-        """Index ``keys`` (row i has key i); a duplicated key keeps its first row.
-
-        >>> index = _HashIndex.build(np.array([5, 21, 5, 0, 37], dtype=np.int64))
-        >>> index.find(np.array([37, 5, 6, 21, 0], dtype=np.int64)).tolist(), index.spill
-        ([4, 0, -1, 1, 3], {0: 3})
-        """
-        n_buckets = 1 << max(0, (len(keys) // 2).bit_length())  # at least n/2 buckets: two keys each at most
-        _, first = np.unique(keys, return_index=True)  # a duplicated key is indexed once, at its first row
-        first.sort()
-        bucket = keys[first] & (n_buckets - 1)
-        order = np.argsort(bucket, kind="stable")
-        starts = np.searchsorted(bucket[order], np.arange(n_buckets))
-        rank = np.arange(len(first)) - starts[bucket[order]]
-        slot_keys = np.zeros((n_buckets, cls.WIDTH), dtype=np.int64)
-        slot_rows = np.full((n_buckets, cls.WIDTH), -1, dtype=np.int32)
-        placed = first[order]
-        fits = (rank < cls.WIDTH) & (keys[placed] != 0)
-        slot_keys[bucket[order][fits], rank[fits]] = keys[placed[fits]]
-        slot_rows[bucket[order][fits], rank[fits]] = placed[fits]
-        spill = {int(keys[row]): row for row in placed[~fits].tolist()}
-        return cls(slot_keys, slot_rows, spill)
-
-    def find(self, wanted: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
-        """The row of each wanted key (shape (k,)), -1 where none has it."""
-        bucket = wanted & (len(self.keys) - 1)
-        # np.take, and a compare without broadcasting: each 1.5-2x faster than the obvious forms here.
-        equal = np.take(self.keys, bucket, axis=0) == np.repeat(wanted, self.WIDTH).reshape(-1, self.WIDTH)
-        which, slot = np.divmod(np.flatnonzero(equal), self.WIDTH)
-        found = np.full(len(wanted), -1, dtype=np.intp)
-        found[which] = np.take(self.rows.ravel(), bucket[which] * self.WIDTH + slot)  # one slot per key at most
-        if self.spill:
-            missing = np.flatnonzero(found < 0)
-            found[missing] = [self.spill.get(key, -1) for key in wanted[missing].tolist()]
-        return found
-
-
 class _Vocabulary:
     """Interns strings to dense ids; ``None`` and ``""`` map to -1."""
 
@@ -516,88 +406,61 @@ class _Vocabulary:
         return tuple(self._ids)
 
 
-def _node_parts(node: Any, row: int) -> tuple[str, Mapping[str, Any], Mapping[str, Any]]:
-    if not isinstance(node, Mapping):
-        raise InvalidArgsError(f"Nodes.items[{row}]: expected a v1 Node object, got {type(node).__name__}")
-    metadata = node.get("metadata")
-    name = metadata.get("name") if isinstance(metadata, Mapping) else None
-    if not isinstance(name, str) or not name:
-        raise InvalidArgsError(f"Nodes.items[{row}]: metadata.name is missing")
-    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
-    status = node.get("status")
-    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
-    return (
-        name,
-        labels if isinstance(labels, Mapping) else {},
-        allocatable if isinstance(allocatable, Mapping) else {},
-    )
+@dataclass(frozen=True, eq=False)
+class _NodeRows:
+    """What :meth:`NodeTable.from_nodes` reads node by node, before one conversion to columns."""
+
+    names: list[str]
+    rows: list[tuple[int, int, int, int, int, int, int]]
+    """Per node: zone id, instance type id, model id, GPU count, MiB per GPU, allocatable GPUs, MIG mode."""
+    zones: _Vocabulary
+    instance_types: _Vocabulary
+    models: _Vocabulary
+    profiles: _Vocabulary
+    slices: dict[tuple[int, int], int]
+    """(row, profile id) -> allocatable MIG slices of that profile."""
+    errors: dict[int, str]
+    invalid: dict[int, str]
 
 
-def gpu_facts(labels: Mapping[str, Any], allocatable: Mapping[str, Any], mode: MigMode | None = None) -> NodeGpuFacts:
-    """Read GPU model, memory per GPU, count and allocatable GPUs from one node.
-
-    GFD labels win over the project labels, and those over Karpenter's (an instance type's EC2 facts, as
-    the project's are where GFD is absent: a node Karpenter just launched carries them before anything
-    else labels it), fact by fact. If the winning value of any fact is
-    garbled, the node gets no GPU information at all (model ``None``, memory 0, count 0) and
-    ``error`` names the label and the value. Allocatable GPUs come from ``status.allocatable``.
-
-    >>> gpu_facts({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"},
-    ...           {"nvidia.com/gpu": "8"})
-    NodeGpuFacts(model='H100', memory_mib=81559, count=0, allocatable=8, error='')
-    """
-    picked = [(key, labels.get(key)) for key in (_first(labels, keys) for keys in _FACT_KEYS)]
-    raw_alloc = allocatable.get(GPU_RESOURCE, 0)
-    refused = mig_refusal(labels, mig_mode(labels, allocatable) if mode is None else mode)
-    if refused:  # no GPU facts: GPU pods are refused there, with this reason; CPU-only pods are not
-        try:
-            alloc = min(parse_whole_count(raw_alloc, what=f"allocatable {GPU_RESOURCE}"), MAX_INT32)
-        except CountOutOfRangeError:
-            alloc = MAX_INT32  # a figure past any cap: the node is invalid
-        except ValueError:
-            alloc = 0
-        return NodeGpuFacts(None, 0, 0, alloc, refused)
-    values = (*(value for _, value in picked), raw_alloc)
-    keys = tuple(key for key, _ in picked)
-    if all(value is None or isinstance(value, str | int) for value in values):
-        # Nodes of one instance type share their label values: parse each combination once.
-        return _facts_cached(keys, values)
-    return _facts(keys, values)
-
-
-_FACT_KEYS = (
-    (GFD_PRODUCT, LABEL_MODEL, KARPENTER_GPU_NAME),
-    (GFD_MEMORY, LABEL_MEMORY, KARPENTER_GPU_MEMORY),
-    (GFD_COUNT, LABEL_COUNT, KARPENTER_GPU_COUNT),
-)
-"""Per fact (model, MiB per GPU, GPUs), the labels that give it, the first present winning."""
-
-
-def _first(labels: Mapping[str, Any], keys: tuple[str, ...]) -> str:
-    """The first of ``keys`` that ``labels`` has (the last when none: it reads as absent)."""
-    for key in keys[:-1]:
-        if key in labels:
-            return key
-    return keys[-1]
-
-
-def _mig_slices(allocatable: Mapping[str, Any]) -> dict[str, int]:
-    """Allocatable slices per profile of a ``mixed`` node (``nvidia.com/mig-<profile>``); a garbled count is
-    no slices."""
-    found: dict[str, int] = {}
-    for resource, raw in allocatable.items():
-        profile = resource_profile(resource) if isinstance(resource, str) else None
-        if profile is None:
-            continue
-        try:
-            count = min(parse_whole_count(raw, what=f"allocatable {resource}"), MAX_INT32)
-        except CountOutOfRangeError:
-            count = MAX_INT32  # a figure past any cap: the node is invalid
-        except ValueError:
-            continue
-        if count > 0:
-            found[profile.name] = count
-    return found
+def _read_nodes(nodes: Sequence[Any]) -> _NodeRows:
+    """Read each node's facts (:mod:`scheduler_core.k8s.node_facts`) into rows; a node over a cap is
+    invalid and keeps no GPU, slice or model."""
+    names: list[str] = []
+    zones = _Vocabulary()
+    instance_types = _Vocabulary()
+    models = _Vocabulary()
+    rows: list[tuple[int, int, int, int, int, int, int]] = []
+    errors: dict[int, str] = {}
+    profiles = _Vocabulary()
+    slices: dict[tuple[int, int], int] = {}
+    invalid: dict[int, str] = {}
+    for row, node in enumerate(nodes):
+        name, labels, allocatable = node_parts(node, row)
+        names.append(name)
+        mode = mig_mode(labels, allocatable)
+        facts = gpu_facts(labels, allocatable, mode)
+        offered = offered_mig_slices(allocatable) if mode == MigMode.MIXED else {}
+        reason = _over_caps(facts, offered)
+        if reason:  # invalid on its own: no GPU, slice or model, and its figures size nothing
+            invalid[row] = reason
+            facts, mode, offered = NodeGpuFacts(None, 0, 0, 0), MigMode.NONE, {}
+        if facts.error:
+            errors[row] = facts.error
+        for profile, count in offered.items():
+            slices[row, profiles.id_of(profile)] = count
+        rows.append(
+            (
+                zones.id_of(labels.get(LABEL_ZONE)),
+                instance_types.id_of(labels.get(LABEL_INSTANCE_TYPE)),
+                models.id_of(facts.model),
+                facts.count,
+                facts.memory_mib,
+                facts.allocatable,
+                int(mode),
+            )
+        )
+    return _NodeRows(names, rows, zones, instance_types, models, profiles, slices, errors, invalid)
 
 
 def _over_caps(facts: NodeGpuFacts, slices: Mapping[str, int]) -> str:
@@ -617,65 +480,3 @@ def _over_caps(facts: NodeGpuFacts, slices: Mapping[str, int]) -> str:
         over_cap("its allocatable MIG slices", total, MAX_MIG_SLICES_PER_NODE),
     ]
     return "; ".join(filter(None, found))
-
-
-def mig_refusal(labels: Mapping[str, Any], mode: MigMode | None = None) -> str:
-    """Why a node's GPUs cannot be placed on for now, from its MIG labels ("" when they can): a MIG
-    reconfiguration under way or failed (``nvidia.com/mig.config.state``), or an invalid layout under the
-    device plugin's ``single`` strategy (GFD's product ``...-MIG-INVALID``).
-
-    >>> mig_refusal({"nvidia.com/mig.config.state": "pending"})
-    'MIG is being reconfigured on this node (nvidia.com/mig.config.state=pending)'
-    >>> mig_refusal({"nvidia.com/mig.config.state": "success", "nvidia.com/gpu.product": "NVIDIA-H200"})
-    ''
-    """
-    if mode is None:
-        mode = mig_mode(labels, {})
-    if mode == MigMode.PENDING:
-        state = labels[MIG_CONFIG_STATE]
-        doing = "could not be reconfigured" if state == "failed" else "is being reconfigured"
-        return f"MIG {doing} on this node ({MIG_CONFIG_STATE}={state})"
-    if mode == MigMode.INVALID:
-        product = labels[GFD_PRODUCT]
-        return (
-            f"the GPUs' MIG layouts differ, which the device plugin's single strategy cannot serve "
-            f"({GFD_PRODUCT}={product})"
-        )
-    return ""
-
-
-def _facts(keys: tuple[str, ...], values: tuple[Any, ...]) -> NodeGpuFacts:
-    model_key, memory_key, count_key = keys
-    raw_model, raw_memory, raw_count, raw_alloc = values
-    int32_max = MAX_INT32
-    alloc_error = ""
-    try:
-        alloc = parse_whole_count(raw_alloc, what=f"allocatable {GPU_RESOURCE}")
-    except CountOutOfRangeError:
-        alloc = int32_max  # a figure past any cap: from_nodes makes the node invalid, naming it
-    except ValueError as exc:
-        alloc, alloc_error = 0, str(exc)
-    # Clamp to int32: no node has 2**31 GPUs; a larger figure is over the cap (limits.MAX_GPUS_PER_NODE).
-    alloc = min(alloc, int32_max)
-
-    errors: list[str] = []
-    model: str | None = None
-    if raw_model is not None:
-        model = normalize_model(raw_model) if isinstance(raw_model, str) else None
-        if model is None:
-            errors.append(f"label {model_key}={raw_model!r} is not a GPU model name")
-    numbers = []
-    for key, raw in ((memory_key, raw_memory), (count_key, raw_count)):
-        if raw is None:
-            numbers.append(0)
-        elif (number := plain_int(raw)) is not None and number <= int32_max:
-            numbers.append(number)
-        else:
-            numbers.append(0)
-            errors.append(f"label {key}={raw!r} is not a non-negative integer")
-    if errors:
-        return NodeGpuFacts(None, 0, 0, alloc, "; ".join(filter(None, [*errors, alloc_error])))
-    return NodeGpuFacts(model, numbers[0], numbers[1], alloc, alloc_error)
-
-
-_facts_cached = lru_cache(maxsize=4096)(_facts)

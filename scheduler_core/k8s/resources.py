@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.k8s.pods import combine_requests, cpu_milli, non_negative_quantity
+from scheduler_core.k8s.pod_requests import combine_requests, cpu_milli, non_negative_quantity
 from scheduler_core.k8s.quantity import parse_whole_count
 
 RESOURCES = ("cpu", "memory", "pods")
@@ -183,7 +183,7 @@ _FORMATS: tuple[Callable[[int], str], ...] = (_cores, _bytes, str)
 
 
 def _combine(spec: Mapping[str, Any]) -> list[int]:
-    """CPU and memory of the containers (:func:`~scheduler_core.k8s.pods.combine_requests`)."""
+    """CPU and memory of the containers (:func:`~scheduler_core.k8s.pod_requests.combine_requests`)."""
     app = (_container_amounts(c, f"containers[{i}]") for i, c in enumerate(_containers(spec, "containers")))
     init = (
         (c.get("restartPolicy") == "Always", _container_amounts(c, f"initContainers[{i}]"))

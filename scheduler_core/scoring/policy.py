@@ -12,7 +12,7 @@ the same scorer. The policies the extender offers:
   existed), or whose shapes ask for no GPU (no GPU pod has run yet), leaves the pod to its fallback,
   ``gpu_packing``.
 - ``gpu_packing``, ``bestfit``, ``dotprod``: shares only, on the nodes' free GPU milli; whole GPUs go by
-  best fit (:func:`~scheduler_core.scoring.gpu_fit.score_nodes`), a pod without GPUs by kube-scheduler's
+  best fit (:func:`~scheduler_core.scoring.gpu_score.score_nodes`), a pod without GPUs by kube-scheduler's
   plugins alone.
 
 The tie rules, all here:
@@ -48,7 +48,8 @@ from scheduler_core.placement.model import Cluster, Task, Workload
 from scheduler_core.placement.policies import Context, Policy, Scores, registry
 from scheduler_core.placement.policies.fgd import state_fragmentation
 from scheduler_core.placement.policies.memo import ScoreMemo
-from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, ScoreResult, ScoreWeights, score_nodes, true_per_row
+from scheduler_core.scoring.gpu_fit import MAX_EXTENDER_PRIORITY, ScoreResult, ScoreWeights, true_per_row
+from scheduler_core.scoring.gpu_score import score_nodes
 
 SHARE_POLICIES = tuple(name for name, policy in registry().items() if policy.extender)
 """The policies the extender offers, the default first."""
@@ -273,7 +274,7 @@ class SharePolicy:
         fit: npt.NDArray[np.float64] | None = None,
     ) -> ScoreResult:
         """The extender's 0..10 per node: ``fit`` (:meth:`preference`; best fit where it is None)
-        blended with utilisation and ``locality`` by :func:`~scheduler_core.scoring.gpu_fit.score_nodes`,
+        blended with utilisation and ``locality`` by :func:`~scheduler_core.scoring.gpu_score.score_nodes`,
         then one node left at the top (:func:`break_top_tie`)."""
         result = score_nodes(table, free, utilization, demand, weights, feasible=feasible, locality=locality, fit=fit)
         break_top_tie(result.score, table)

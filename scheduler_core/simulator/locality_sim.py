@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.scoring.gpu_fit import normalize_scores
+from scheduler_core.scoring.gpu_score import normalize_scores
 from scheduler_core.scoring.locality import LocalitySettings, PeerPlacement, locality_scores
 
 POLICIES = ("spread", "random", "ours")

@@ -47,7 +47,8 @@ from scheduler_core.k8s.names import (
     TERMINAL_PHASES,
 )
 from scheduler_core.k8s.nodes import NodeTable
-from scheduler_core.k8s.pods import cpu_milli, mig_request, parse_models, requests_with_cpu
+from scheduler_core.k8s.pod_requests import cpu_milli, requests_with_cpu
+from scheduler_core.k8s.pods import mig_request, parse_models
 from scheduler_core.k8s.resources import _mapping
 from scheduler_core.placement.model import Shape, Task, shape_of
 
@@ -69,7 +70,7 @@ class GpuUsage:
     problems : tuple of str
         Pods counted by a best guess or not at all, one line each.
     used_cpu : ndarray of shape (n_nodes,), int64
-        Milli-cores requested by bound, non-terminal pods (:func:`scheduler_core.k8s.pods.effective_cpu_milli`).
+        Milli-cores requested by bound, non-terminal pods (:func:`scheduler_core.k8s.pod_requests.effective_cpu_milli`).
     shapes : Counter of Shape
         The pods bound to GPU nodes, DaemonSets' aside, by shape (CPU, GPU milli, GPUs, allowed
         models): the workload FGD scores against (:func:`scheduler_core.placement.model.keep_typical` keeps
@@ -188,18 +189,57 @@ def usage_of(
     GPUs that DRA claims hold (:class:`~scheduler_core.k8s.dra.DraFacts`): busy, placed as the whole GPUs
     that no annotation places are, but not in ``whole_gpus``, since kube-scheduler's count of
     ``nvidia.com/gpu`` does not see them."""
+    tally = _tally(table, uses, claimed)
+    used = np.zeros((table.n_nodes, max_gpus), dtype=np.int64)
+    if tally.shares:
+        rows, gpus_at, amounts = np.array(tally.shares, dtype=np.int64).T
+        np.add.at(used, (rows, gpus_at), amounts)
+    whole = np.asarray(tally.whole, dtype=np.int64)
+    _place_whole(used, np.asarray(tally.place, dtype=np.int64), table.alloc_gpus)
+    problems = tally.problems
+    for row, milli, name in tally.unplaced:
+        problems.append(_place_unannotated(used[row], milli, int(table.alloc_gpus[row]), name, table.names[row]))
+    int32_max = int(np.iinfo(np.int32).max)
+    return GpuUsage(
+        used_milli=np.minimum(used, MILLI_PER_GPU).astype(np.int32),
+        whole_gpus=np.minimum(whole, int32_max).astype(np.int32),
+        problems=tuple(problems),
+        used_cpu=np.asarray(tally.cpu, dtype=np.int64),
+        shapes=_shapes(tally.kinds),
+        mig_used=tally.mig_used,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _Tally:
+    """What :func:`usage_of` counts pod by pod, per row, before it lays the GPUs out: Python lists, since
+    numpy scalar updates in the loop cost more than the parse."""
+
+    whole: list[int]  # nvidia.com/gpu requested
+    place: list[int]  # the whole GPUs no annotation places (DRA claims' too): they take the lowest free ones
+    cpu: list[int]  # milli-cores requested
+    kinds: dict[tuple[int, int, int, object], int]  # (cpu, gpus, milli, model annotation): pods
+    shares: list[tuple[int, int, int]]  # (row, gpu, milli) from annotations
+    unplaced: list[tuple[int, int, str]]  # (row, milli, pod) without a usable annotation
+    problems: list[str]
+    mig_used: npt.NDArray[np.int32]  # (n_nodes, len(table.mig_profiles)): MIG slices requested
+
+
+def _tally(table: NodeTable, uses: Iterable[PodUse], claimed: Mapping[str, int] | None) -> _Tally:
+    """Count each pod on its node's row (see :func:`usage_of`); pods on no row of the table, or on an
+    invalid one, count nowhere."""
     n_nodes = table.n_nodes
     whole_list = [0] * n_nodes  # Python ints in the loop: numpy scalar updates cost more than the parse
-    place_list = [0] * n_nodes  # the whole GPUs no annotation places: they take the lowest free ones
+    place_list = [0] * n_nodes
     index = table.index
     for node, count in (claimed or {}).items():
         if (at := index.get(node)) is not None:
             place_list[at] += count
     cpu_list = [0] * n_nodes
     alloc_list = table.alloc_gpus.tolist()
-    kinds: dict[tuple[int, int, int, object], int] = {}  # (cpu, gpus, milli, model annotation): pods
-    shares: list[tuple[int, int, int]] = []  # (row, gpu, milli) from annotations
-    unplaced: list[tuple[int, int, str]] = []  # (row, milli, pod) without a usable annotation
+    kinds: dict[tuple[int, int, int, object], int] = {}
+    shares: list[tuple[int, int, int]] = []
+    unplaced: list[tuple[int, int, str]] = []
     problems: list[str] = []
     profile_column = {profile: k for k, profile in enumerate(table.mig_profiles)}
     mig_used = np.zeros((n_nodes, len(profile_column)), dtype=np.int32)
@@ -239,23 +279,7 @@ def usage_of(
                 problems.append(f"pod {use.name} on {use.node}: assigned GPU {gpu}, but the node has {alloc}")
                 continue
             shares.append((row, gpu, amount))
-    used = np.zeros((n_nodes, max_gpus), dtype=np.int64)
-    if shares:
-        rows, gpus_at, amounts = np.array(shares, dtype=np.int64).T
-        np.add.at(used, (rows, gpus_at), amounts)
-    whole = np.asarray(whole_list, dtype=np.int64)
-    _place_whole(used, np.asarray(place_list, dtype=np.int64), table.alloc_gpus)
-    for row, milli, name in unplaced:
-        problems.append(_place_unannotated(used[row], milli, int(table.alloc_gpus[row]), name, table.names[row]))
-    int32_max = int(np.iinfo(np.int32).max)
-    return GpuUsage(
-        used_milli=np.minimum(used, MILLI_PER_GPU).astype(np.int32),
-        whole_gpus=np.minimum(whole, int32_max).astype(np.int32),
-        problems=tuple(problems),
-        used_cpu=np.asarray(cpu_list, dtype=np.int64),
-        shapes=_shapes(kinds),
-        mig_used=mig_used,
-    )
+    return _Tally(whole_list, place_list, cpu_list, kinds, shares, unplaced, problems, mig_used)
 
 
 def _shapes(kinds: Mapping[tuple[int, int, int, object], int]) -> Counter[Shape]:

@@ -37,7 +37,7 @@ from scheduler_core.k8s.names import (
     PLACEHOLDER_GROUP_LABEL,
     SCHEDULER_NAME,
 )
-from scheduler_core.k8s.pods import effective_requests
+from scheduler_core.k8s.pod_requests import effective_requests
 from scheduler_core.k8s.resources import CPU, MEMORY, pod_requests
 
 REQUIREMENT_ANNOTATIONS = (LABEL_MODEL, LABEL_MEMORY)

@@ -197,13 +197,21 @@ def apply_readings(
         np.minimum(out[row], cap, out=out[row])
         if row not in newest or reading.at >= newest[row].at:
             newest[row] = reading
+    _take_on_the_way(out, on_the_way, newest)
+    return out
+
+
+def _take_on_the_way(
+    free: npt.NDArray[np.int32], on_the_way: dict[int, list[Observed]], newest: dict[int, Observed]
+) -> None:
+    """Take each row's predictions (row -> predictions) off ``free``, in place, oldest first, but those of
+    the pods that the row's newest ledger reading (row -> reading) holds already."""
     for row, predictions in on_the_way.items():
         last = newest.get(row)
         held = last.holds if last is not None and last.holds is not None else frozenset()
         for prediction in sorted(predictions, key=lambda p: p.at):
             if prediction.uid not in held:
-                _take(out[row], prediction.taken)
-    return out
+                _take(free[row], prediction.taken)
 
 
 def _take(free: npt.NDArray[np.int32], taken: Sequence[tuple[int, int]]) -> None:

@@ -192,11 +192,16 @@ def write_snapshot(snapshot: ClusterState, *, revision: Revision | None = None) 
     """
     if snapshot.generated_at is None or snapshot.free_milli is None:
         raise ValueError("write_snapshot: the state needs generated_at and free_milli (build it with build_snapshot)")
+    arrays = _members_of(snapshot, _header_of(snapshot, revision), snapshot.free_milli)
+    buffer = io.BytesIO()
+    np.savez(buffer, allow_pickle=False, **arrays)
+    return buffer.getvalue()
+
+
+def _header_of(snapshot: ClusterState, revision: Revision | None) -> dict[str, Any]:
+    """The ``header`` member's document (keys in the order they are written)."""
     table = snapshot.table
-    util = snapshot.gpu_utilization
-    if util is None:
-        util = np.full(snapshot.free_milli.shape, np.nan, dtype=np.float32)
-    header = {
+    header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "generated_at": snapshot.generated_at,
         "cluster": snapshot.cluster,
@@ -217,10 +222,21 @@ def write_snapshot(snapshot: ClusterState, *, revision: Revision | None = None) 
         header["revision"] = str(revision)
     if snapshot.free_cpu is not None:
         header["shapes"] = [[*shape, count] for shape, count in snapshot.shapes]
+    return header
+
+
+def _members_of(
+    snapshot: ClusterState, header: Mapping[str, Any], free_milli: npt.NDArray[np.int32]
+) -> dict[str, npt.NDArray[Any]]:
+    """The archive's members, ``header`` first, the optional ones where the state has them."""
+    table = snapshot.table
+    util = snapshot.gpu_utilization
+    if util is None:
+        util = np.full(free_milli.shape, np.nan, dtype=np.float32)
     arrays: dict[str, npt.NDArray[Any]] = {
         "header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
         "names_utf8": np.frombuffer("\n".join(table.names).encode(), dtype=np.uint8),
-        "free_milli": snapshot.free_milli,
+        "free_milli": free_milli,
         "gpu_utilization": util,
         "app_node": snapshot.apps.node_entries,
         "app_zone_counts": snapshot.apps.zone_counts,
@@ -242,9 +258,7 @@ def write_snapshot(snapshot: ClusterState, *, revision: Revision | None = None) 
         arrays["dra_gpus"], arrays["claimed_gpus"] = snapshot.dra_gpus, snapshot.claimed_gpus
     for column in _NODE_COLUMNS[:-1]:
         arrays[column] = getattr(table, column)
-    buffer = io.BytesIO()
-    np.savez(buffer, allow_pickle=False, **arrays)
-    return buffer.getvalue()
+    return arrays
 
 
 def read_snapshot(data: bytes) -> ClusterState:
@@ -283,6 +297,39 @@ def snapshot_revision(data: bytes) -> Revision | None:
 
 
 def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, Any]) -> ClusterState:
+    n_nodes = header["n_nodes"]
+    table, used_gpus = _table_from(members, header)
+    util = np.ascontiguousarray(members["gpu_utilization"], dtype=np.float32)
+    problems = tuple(str(p) for p in header.get("problems", []))
+    apps = AppIndex(
+        apps=tuple(header["apps"]),
+        node_entries=np.ascontiguousarray(members.get("app_node", np.zeros((3, 0))), dtype=np.int32),
+        zone_counts=np.ascontiguousarray(members.get("app_zone_counts", np.zeros((0, 0))), dtype=np.int32),
+    )
+    free_milli = np.ascontiguousarray(members["free_milli"], dtype=np.int32)
+    generated_at = float(header["generated_at"])
+    free_cpu, shapes = _cpu_and_shapes(members, header, n_nodes)
+    measured = header.get("utilization_at")
+    whole = members.get("whole_gpus")
+    if whole is not None and whole.shape != (n_nodes,):
+        raise SnapshotFormatError(f"snapshot member 'whole_gpus': expected shape {(n_nodes,)}, got {whole.shape}")
+    mig_used = members.get("mig_used")
+    if mig_used is not None:
+        _check_counts("mig_used", mig_used, table.mig_counts.shape)
+    dra_gpus, claimed = _dra_columns(members, n_nodes)
+    return ClusterState(
+        table, used_gpus, node_utilization(util, table.alloc_gpus), problems, apps, free_milli, generated_at,
+        free_cpu, shapes, str(header["cluster"]), util, float(measured) if isinstance(measured, int | float) else None,
+        None if whole is None else np.ascontiguousarray(whole, dtype=np.int32),
+        None if mig_used is None else np.ascontiguousarray(mig_used, dtype=np.int32), dra_gpus, claimed,
+        header.get("dra_extended") is True and dra_gpus is not None,
+    )  # fmt: skip
+
+
+def _table_from(
+    members: Mapping[str, npt.NDArray[Any]], header: Mapping[str, Any]
+) -> tuple[NodeTable, npt.NDArray[np.int32]]:
+    """The node table, checked against the header, and the ``used_gpus`` column read with its columns."""
     n_nodes, max_gpus = header["n_nodes"], header["max_gpus"]
     expected: dict[str, tuple[int, ...]] = {name: (n_nodes,) for name in _NODE_COLUMNS}
     expected |= {"free_milli": (n_nodes, max_gpus), "gpu_utilization": (n_nodes, max_gpus)}
@@ -322,23 +369,13 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
         invalid=invalid,
     )
     _check_ids(table)
-    util = np.ascontiguousarray(members["gpu_utilization"], dtype=np.float32)
-    problems = tuple(str(p) for p in header.get("problems", []))
-    apps = AppIndex(
-        apps=tuple(header["apps"]),
-        node_entries=np.ascontiguousarray(members.get("app_node", np.zeros((3, 0))), dtype=np.int32),
-        zone_counts=np.ascontiguousarray(members.get("app_zone_counts", np.zeros((0, 0))), dtype=np.int32),
-    )
-    free_milli = np.ascontiguousarray(members["free_milli"], dtype=np.int32)
-    generated_at = float(header["generated_at"])
-    free_cpu, shapes = _cpu_and_shapes(members, header, n_nodes)
-    measured = header.get("utilization_at")
-    whole = members.get("whole_gpus")
-    if whole is not None and whole.shape != (n_nodes,):
-        raise SnapshotFormatError(f"snapshot member 'whole_gpus': expected shape {(n_nodes,)}, got {whole.shape}")
-    mig_used = members.get("mig_used")
-    if mig_used is not None:
-        _check_counts("mig_used", mig_used, table.mig_counts.shape)
+    return table, column["used_gpus"]
+
+
+def _dra_columns(
+    members: Mapping[str, npt.NDArray[Any]], n_nodes: int
+) -> tuple[npt.NDArray[np.int32] | None, npt.NDArray[np.int32] | None]:
+    """The optional ``dra_gpus`` and ``claimed_gpus`` members: both or neither."""
     dra = [members.get("dra_gpus"), members.get("claimed_gpus")]
     if (dra[0] is None) != (dra[1] is None):
         raise SnapshotFormatError("snapshot members 'dra_gpus' and 'claimed_gpus' come together; one is missing")
@@ -346,13 +383,7 @@ def _snapshot_from(members: Mapping[str, npt.NDArray[Any]], header: dict[str, An
         if array is not None:
             _check_counts(name, array, (n_nodes,))
     dra_gpus, claimed = (None if a is None else np.ascontiguousarray(a, dtype=np.int32) for a in dra)
-    return ClusterState(
-        table, column["used_gpus"], node_utilization(util, table.alloc_gpus), problems, apps, free_milli, generated_at,
-        free_cpu, shapes, str(header["cluster"]), util, float(measured) if isinstance(measured, int | float) else None,
-        None if whole is None else np.ascontiguousarray(whole, dtype=np.int32),
-        None if mig_used is None else np.ascontiguousarray(mig_used, dtype=np.int32), dra_gpus, claimed,
-        header.get("dra_extended") is True and dra_gpus is not None,
-    )  # fmt: skip
+    return dra_gpus, claimed
 
 
 def _mig_columns(members: Mapping[str, npt.NDArray[Any]], n_nodes: int) -> dict[str, Any]:

@@ -106,7 +106,9 @@ def unique_rows(rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt
 def score(ctx: Context, task: Task, nodes: npt.NDArray[np.intp]) -> Scores:
     d, option_gpu, rows = deltas(ctx, task, nodes)
     option_score = np.floor(100.0 / (1.0 + np.exp(-d / 1000.0))).astype(np.int64)
-    return best_per_node(option_score, option_gpu, rows, nodes.shape[0], task)
+    if not task.sharing:
+        return option_score, no_gpu(np.arange(nodes.shape[0]))
+    return best_per_node(option_score, option_gpu, rows, nodes.shape[0])
 
 
 def best_per_node(
@@ -114,11 +116,9 @@ def best_per_node(
     option_gpu: npt.NDArray[np.int64],
     rows: npt.NDArray[np.intp],
     n: int,
-    task: Task,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Each node's best option score, and its GPU (highest score, then lowest GPU index)."""
-    if not task.sharing:
-        return option_score, no_gpu(np.arange(n))
+    """Each of ``n`` nodes' best option score, and its GPU (highest score, then lowest GPU index); ``rows``
+    is each option's node."""
     order = np.lexsort((option_gpu, -option_score, rows))
     first = np.ones(order.shape[0], dtype=bool)
     first[1:] = rows[order][1:] != rows[order][:-1]

@@ -43,8 +43,10 @@ BY_CONTENT_ENTRIES = 2_048
 :data:`MAX_TASKS`); past it, they are forgotten at once and relearned."""
 Compute = Callable[[npt.NDArray[np.intp]], Scores]
 """Scores for the candidates at the given positions of the call, computed by the policy itself."""
-Inputs = Callable[[npt.NDArray[np.intp]], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]]
-"""The candidates' rows at the given positions: free milli per GPU (n, width), free CPU and model row."""
+Rows = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+"""Some candidates' inputs: free milli per GPU (n, width), free CPU (n,) and model row (n,)."""
+Inputs = Callable[[npt.NDArray[np.intp]], Rows]
+"""The candidates' rows at the given positions."""
 
 
 @dataclass
@@ -59,6 +61,17 @@ class _Kept:
     by_content: dict[bytes, tuple[int, int]] = field(default_factory=dict)
     """Score and GPU by a row's inputs (its bytes), whatever its slot: many nodes pass through the same
     states (empty, one pod of a shape, two...), so a node that changed often takes a state some node had."""
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What one call of :meth:`ScoreMemo.scores` scores besides its slots: the task, how to read and to
+    compute its candidates (by their positions in the call), and its token's id (0: none)."""
+
+    task: Task
+    inputs: Inputs
+    compute: Compute
+    tok: int
 
 
 class ScoreMemo:
@@ -145,31 +158,26 @@ class ScoreMemo:
                 if token is not self._token:
                     self._token, self._token_id = token, self._token_id % (np.iinfo(np.int32).max - 1) + 1
                 tok = self._token_id
-            return self._scores(workload_key, task, slots, width, inputs, compute, tok, fixed)
+            if slots.shape[0] == 0:
+                return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+            self._fit(workload_key, width, int(slots.max()) + 1)
+            return self._scores(_Call(task, inputs, compute, tok), slots, fixed)
 
-    def _scores(
-        self,
-        workload_key: Hashable,
-        task: Task,
-        slots: npt.NDArray[np.intp],
-        width: int,
-        inputs: Inputs,
-        compute: Compute,
-        tok: int,
-        fixed: npt.NDArray[np.bool_] | None,
-    ) -> Scores:
-        if slots.shape[0] == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        size = int(slots.max()) + 1
+    def _fit(self, workload_key: Hashable, width: int, size: int) -> None:
+        """Drop everything kept for another workload or width; make room for ``size`` slots."""
         if workload_key != self._workload_key or width != self._seen_gpu.shape[1]:
             self._reset(workload_key, size, width)
         elif size > self._version.shape[0]:
             self._grow(size)
+
+    def _scores(self, call: _Call, slots: npt.NDArray[np.intp], fixed: npt.NDArray[np.bool_] | None) -> Scores:
+        """:meth:`scores` on slots that fit: those valid under the token are taken, the others' inputs
+        read and compared with those seen, and the scores missing for them computed (``slots`` not empty)."""
         if slots.min() < 0:  # the candidates the state lacks: computed every time, never kept
-            return self._partly_kept(workload_key, task, slots, width, inputs, compute, tok, fixed)
-        kept = self._kept(task)
-        if tok:
-            hit = kept.checked[slots] == tok
+            return self._partly_kept(call, slots, fixed)
+        kept = self._kept(call.task)
+        if call.tok:
+            hit = kept.checked[slots] == call.tok
             if fixed is not None:
                 hit &= fixed
             if hit.all():
@@ -178,31 +186,19 @@ class ScoreMemo:
         else:
             rest = np.arange(slots.shape[0])
         at = slots[rest]
-        gpu_left, cpu_left, model_id = inputs(rest)
-        changed = (
-            (self._seen_gpu[at] != gpu_left).any(axis=1)
-            | (self._seen_cpu[at] != cpu_left)
-            | (self._seen_model[at] != model_id)
-        )
+        rows = call.inputs(rest)
+        changed = ~self._same_as_seen(at, rows)
         if changed.any():
             moved = np.flatnonzero(changed)
-            self._seen_gpu[at[moved]] = gpu_left[moved]
-            self._seen_cpu[at[moved]] = cpu_left[moved]
-            self._seen_model[at[moved]] = model_id[moved]
-            self._version[at[moved]] = self._new_version()
+            self._see(at[moved], _picked(rows, moved))
         missing = np.flatnonzero(kept.version[at] != self._version[at])
         kept_now = np.ones(rest.shape[0], dtype=bool)
         if missing.size:
-            score, gpu = self._by_content(
-                kept, gpu_left[missing], cpu_left[missing], model_id[missing], rest[missing], compute
-            )
+            read = _picked(rows, missing)
+            score, gpu = self._by_content(kept, read, rest[missing], call.compute)
             # Keep only what matches the inputs now seen there (a slot repeated with other inputs does not).
             there = at[missing]
-            same = (
-                (self._seen_gpu[there] == gpu_left[missing]).all(axis=1)
-                & (self._seen_cpu[there] == cpu_left[missing])
-                & (self._seen_model[there] == model_id[missing])
-            )
+            same = self._same_as_seen(there, read)
             store = there[same]
             kept.score[store] = score[same]
             kept.gpu[store] = gpu[same]
@@ -210,29 +206,39 @@ class ScoreMemo:
             kept_now[missing[~same]] = False
         # Valid under the token where read as the token has them; a score from other inputs is not.
         as_token = kept_now if fixed is None else kept_now & fixed[rest]
-        kept.checked[at] = np.where(as_token, tok, 0)
+        kept.checked[at] = np.where(as_token, call.tok, 0)
         result = kept.score[slots], kept.gpu[slots].astype(np.int64)
         if missing.size and not kept_now.all():
             result[0][rest[missing]], result[1][rest[missing]] = score, gpu
         return result
 
-    def _by_content(
-        self,
-        kept: _Kept,
-        gpu_left: npt.NDArray[np.int64],
-        cpu_left: npt.NDArray[np.int64],
-        model_id: npt.NDArray[np.int64],
-        positions: npt.NDArray[np.intp],
-        compute: Compute,
-    ) -> Scores:
+    def _same_as_seen(self, at: npt.NDArray[np.intp], rows: Rows) -> npt.NDArray[np.bool_]:
+        """Per candidate, whether its inputs are those last seen at its slot (``at``)."""
+        gpu_left, cpu_left, model_id = rows
+        same: npt.NDArray[np.bool_] = (
+            (self._seen_gpu[at] == gpu_left).all(axis=1)
+            & (self._seen_cpu[at] == cpu_left)
+            & (self._seen_model[at] == model_id)
+        )
+        return same
+
+    def _see(self, at: npt.NDArray[np.intp], rows: Rows) -> None:
+        """Record ``rows`` as the inputs of slots ``at``, under a new version: what was kept there is stale."""
+        gpu_left, cpu_left, model_id = rows
+        self._seen_gpu[at] = gpu_left
+        self._seen_cpu[at] = cpu_left
+        self._seen_model[at] = model_id
+        self._version[at] = self._new_version()
+
+    def _by_content(self, kept: _Kept, rows: Rows, positions: npt.NDArray[np.intp], compute: Compute) -> Scores:
         """Scores for these rows: those whose inputs some slot had before from :attr:`_Kept.by_content`,
         the others computed (in one batch) and remembered there. At most :data:`BY_CONTENT_ROWS` rows are
         looked up per call (a whole state's first scoring computes in one batch), and at most
         :data:`BY_CONTENT_ENTRIES` remembered per task shape."""
         if positions.shape[0] > BY_CONTENT_ROWS:
             return compute(positions)
-        rows = np.column_stack([gpu_left, cpu_left, model_id]).astype(np.int64, copy=False)
-        keys = [row.tobytes() for row in rows]
+        stacked = np.column_stack(rows).astype(np.int64, copy=False)
+        keys = [row.tobytes() for row in stacked]
         table = kept.by_content
         found = [table.get(key) for key in keys]
         todo = np.array([hit is None for hit in found], dtype=bool)
@@ -252,27 +258,19 @@ class ScoreMemo:
             )
         return score, gpu
 
-    def _partly_kept(
-        self,
-        workload_key: Hashable,
-        task: Task,
-        slots: npt.NDArray[np.intp],
-        width: int,
-        inputs: Inputs,
-        compute: Compute,
-        tok: int,
-        fixed: npt.NDArray[np.bool_] | None,
-    ) -> Scores:
+    def _partly_kept(self, call: _Call, slots: npt.NDArray[np.intp], fixed: npt.NDArray[np.bool_] | None) -> Scores:
         """Kept slots through the memo, the others computed directly, merged in call order."""
         inside, outside = np.flatnonzero(slots >= 0), np.flatnonzero(slots < 0)
         score = np.empty(slots.shape[0], dtype=np.int64)
         gpu = np.empty(slots.shape[0], dtype=np.int64)
-        score[outside], gpu[outside] = compute(outside)
-        score[inside], gpu[inside] = self._scores(
-            workload_key, task, slots[inside], width,
-            lambda positions: inputs(inside[positions]), lambda positions: compute(inside[positions]),
-            tok, None if fixed is None else fixed[inside],
+        score[outside], gpu[outside] = call.compute(outside)
+        if not inside.size:
+            return score, gpu
+        within = _Call(
+            call.task, lambda positions: call.inputs(inside[positions]),
+            lambda positions: call.compute(inside[positions]), call.tok,
         )  # fmt: skip
+        score[inside], gpu[inside] = self._scores(within, slots[inside], None if fixed is None else fixed[inside])
         return score, gpu
 
     def _new_version(self) -> int:
@@ -318,3 +316,9 @@ class ScoreMemo:
         )  # fmt: skip
         self._tasks[key] = kept
         return kept
+
+
+def _picked(rows: Rows, index: npt.NDArray[np.intp]) -> Rows:
+    """The inputs of the candidates at ``index`` among ``rows``."""
+    gpu_left, cpu_left, model_id = rows
+    return gpu_left[index], cpu_left[index], model_id[index]

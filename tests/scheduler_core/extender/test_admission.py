@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import pytest
@@ -35,37 +35,41 @@ def affinity(*expressions: dict[str, Any]) -> dict[str, Any]:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
 
 
+def in_zone_a(operator: str) -> Callable[[dict[str, Any]], None]:
+    """A change to a pod: a required node affinity of ``zone OPERATOR [us-east-1a]`` (a100-0's zone)."""
+    return lambda pod: pod["spec"].update(
+        affinity=affinity({"key": LABEL_ZONE, "operator": operator, "values": ["us-east-1a"]})
+    )
+
+
+def requesting(**requests: str) -> Callable[[dict[str, Any]], None]:
+    """A change to a pod: its first container's ``requests`` updated with ``requests``."""
+    return lambda pod: pod["spec"]["containers"][0]["resources"]["requests"].update(**requests)
+
+
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
         pytest.param(lambda pod: None, "", id="a pod that fits is admitted"),
         pytest.param(
-            lambda pod: pod["spec"].update(
-                affinity=affinity({"key": LABEL_ZONE, "operator": "NotIn", "values": ["us-east-1a"]})
-            ),
+            in_zone_a("NotIn"),
             "node a100-0 does not match the pod's required node affinity (topology.kubernetes.io/zone NotIn "
             "[us-east-1a])",
             id="a required affinity that excludes the node refuses it",
         ),
+        pytest.param(in_zone_a("In"), "", id="a required affinity that admits the node does not"),
         pytest.param(
-            lambda pod: pod["spec"].update(
-                affinity=affinity({"key": LABEL_ZONE, "operator": "In", "values": ["us-east-1a"]})
-            ),
-            "",
-            id="a required affinity that admits the node does not",
-        ),
-        pytest.param(
-            lambda pod: pod["spec"]["containers"][0]["resources"]["requests"].update(cpu="96"),
+            requesting(cpu="96"),
             "node a100-0 is too small for the pod: it requests cpu 96, more than the node's allocatable",
             id="more CPU than the node's allocatable",
         ),
         pytest.param(
-            lambda pod: pod["spec"]["containers"][0]["resources"]["requests"].update(memory="2Ti", cpu="100"),
+            requesting(memory="2Ti", cpu="100"),
             "node a100-0 is too small for the pod: it requests cpu 100, memory 2Ti, more than the node's allocatable",
             id="every resource short is named",
         ),
         pytest.param(
-            lambda pod: pod["spec"]["containers"][0]["resources"]["requests"].update(cpu="half"),
+            requesting(cpu="half"),
             "the pod's requests cannot be read: containers[0].resources.requests.cpu: expected a Kubernetes quantity",
             id="an unreadable request refuses",
         ),

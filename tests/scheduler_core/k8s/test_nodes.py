@@ -4,7 +4,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_core.errors import InvalidArgsError
-from scheduler_core.k8s.nodes import NodeTable, _HashIndex, gpu_facts
+from scheduler_core.k8s.hash_index import HashIndex
+from scheduler_core.k8s.node_facts import gpu_facts
+from scheduler_core.k8s.nodes import NodeTable
 from tests.conftest import SCHEDULER_FIXTURES, load_fixture, make_nodes, requires_fixtures
 
 
@@ -163,7 +165,7 @@ def test_the_hash_index_finds_each_keys_first_row(keys, others, crowd):
     slots (``crowd``: multiples of a large power of two share their low bits) are all found, at the
     first row that has them; keys absent are -1."""
     keys = keys + [k << 20 for k in range(crowd * 4)]
-    index = _HashIndex.build(np.array(keys, dtype=np.int64))
+    index = HashIndex.build(np.array(keys, dtype=np.int64))
     first: dict[int, int] = {}
     for row, key in enumerate(keys):
         first.setdefault(key, row)

@@ -4,15 +4,8 @@ import pytest
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.names import LABEL_MEMORY, LABEL_MODEL
 from scheduler_core.k8s.nodes import NodeTable
-from scheduler_core.k8s.pods import (
-    MAX_MEMORY_CHARS,
-    MAX_MODELS_CHARS,
-    effective_cpu_milli,
-    effective_gpu_request,
-    parse_models,
-    pod_demand,
-    requests_with_cpu,
-)
+from scheduler_core.k8s.pod_requests import effective_cpu_milli, effective_gpu_request, requests_with_cpu
+from scheduler_core.k8s.pods import MAX_MEMORY_CHARS, MAX_MODELS_CHARS, parse_models, pod_demand
 from scheduler_core.state.allocation import gpu_usage
 from tests.conftest import make_nodes, make_pod
 

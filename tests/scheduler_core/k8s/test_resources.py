@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_core.errors import InvalidPodError
-from scheduler_core.k8s.pods import effective_cpu_milli
+from scheduler_core.k8s.pod_requests import effective_cpu_milli
 from scheduler_core.k8s.resources import NO_LIMIT, RESOURCES, insufficient, node_allocatable, pod_requests
 
 GI = 2**30

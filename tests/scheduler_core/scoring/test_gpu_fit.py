@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
-from scheduler_core.scoring.gpu_fit import Reason, ScoreWeights, filter_nodes, free_gpus, normalize_scores, score_nodes
+from scheduler_core.scoring.gpu_fit import Reason, ScoreWeights, filter_nodes, free_gpus
+from scheduler_core.scoring.gpu_score import normalize_scores, score_nodes
 from scheduler_core.scoring.policy import DEFAULT_SHARE_POLICY, share_policy
 from testing.reference import reference_normalize, reference_reasons, reference_scores
 
