@@ -1,4 +1,4 @@
-"""Kubernetes API access for the refreshers: EKS tokens, cached cluster endpoints, retries, raw JSON.
+"""Kubernetes API access for the refreshers and the bind: EKS tokens, cached cluster endpoints, and the calls.
 
 Three ways to connect:
 
@@ -14,26 +14,26 @@ Everything goes through the official ``kubernetes`` client, but responses are re
 gigabytes; dicts cost seconds. ``kubernetes`` is imported only when a client is made, so that the
 extender's hot path never pays for it (DESIGN section 8).
 
-Errors: 409, 429 and 5xx (and dropped connections) are retried with bounded, jittered exponential
-backoff that honours ``Retry-After`` and never runs past the caller's deadline. What is left is
-raised as :class:`KubeApiError`, carrying the code, reason and message from the server's ``Status``.
+Errors: each call goes through :class:`adapters.kube_transport.KubeTransport`, which retries 409, 429 and
+5xx (and dropped connections) with bounded, jittered exponential backoff that honours ``Retry-After`` and
+never runs past the caller's deadline. What is left is raised as
+:class:`~adapters.kube_transport.KubeApiError`, carrying the code, reason and message from the server's
+``Status``.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import logging
-import random
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any
 
 from adapters.errors import AdapterError
-from adapters.kube_types import list_type
+from adapters.kube_transport import KubeApiError, KubeTransport, ListExpiredError, RetryPolicy
 from scheduler_core.k8s.names import DRA_GROUP, DRA_OBJECTS, DRA_VERSIONS
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,6 @@ TOKEN_PREFIX = "k8s-aws-v1."
 TOKEN_EXPIRY_S = 60
 TOKEN_REFRESH_AFTER_S = 45  # re-made well before the 60 s expiry
 LIST_PAGE_SIZE = 500
-RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 MERGE_PATCH = "application/merge-patch+json"
 DRA_KINDS = dict(
     zip(
@@ -52,24 +51,8 @@ DRA_KINDS = dict(
 """The DRA objects the state reads, and their list calls in the generated client's ``Resource<version>Api``."""
 
 
-class KubeApiError(AdapterError):
-    """The API answered with an error, or could not be reached, after any retries."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}" if status else message)
-        self.status, self.reason, self.message = status, reason, message
-
-
-class ListExpiredError(KubeApiError):
-    """410: the continue token outlived the server's snapshot; the list must start again."""
-
-
 class KubeConfigError(AdapterError):
     """A kubeconfig that cannot be used: no file, no current context, no cluster in it."""
-
-
-class DeadlineReachedError(AdapterError):
-    """Not enough time is left to make (or retry) the call."""
 
 
 # ---- EKS token -----------------------------------------------------------------------------------
@@ -199,22 +182,10 @@ def connect_url(url: str, token: str, **options: Any) -> KubeClient:
     return KubeClient(client.ApiClient(configuration), **options)
 
 
-# urllib3 warns of each of its own retries ("Retrying (Retry(total=2...))"), three lines per failed call; the
-# client's callers retry with backoff and say so once (adapters.live_state), so only its errors are shown.
-logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-
-
 # ---- the client ----------------------------------------------------------------------------------
-@dataclass
-class RetryPolicy:
-    attempts: int = 4
-    base_s: float = 0.2
-    max_s: float = 5.0
-    request_timeout_s: float = 30.0
-
-
-class KubeClient:
-    """The calls the refreshers make, on raw JSON, with retries bounded by an optional deadline.
+class KubeClient(KubeTransport):
+    """The calls the refreshers make, on raw JSON, with retries bounded by an optional deadline
+    (:class:`~adapters.kube_transport.KubeTransport`).
 
     Parameters
     ----------
@@ -233,13 +204,9 @@ class KubeClient:
     ) -> None:
         from kubernetes import client
 
+        super().__init__(retry=retry, deadline=deadline, min_call_s=min_call_s, sleep=sleep)
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
-        self.retry = retry or RetryPolicy()
-        self.deadline = deadline
-        self.min_call_s = min_call_s
-        self._sleep = sleep
-        self.retries = 0
         self.dra_version = ""  # set by dra_api()
 
     # -- reads --
@@ -298,34 +265,12 @@ class KubeClient:
         Raises :class:`ListExpiredError` when ``resource_version`` is too old (410: list again), and
         :class:`KubeApiError` for any other refusal or a broken stream.
         """
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError as TransportError
-
-        try:
-            response = self._list_method(kind)(
-                watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
-                timeout_seconds=timeout_s, field_selector=field_selector or None,
-                _preload_content=False, _request_timeout=(10, timeout_s + 30),
-            )  # fmt: skip
-        except ApiException as exc:
-            raise _api_error(exc) from exc
-        except TransportError as exc:
-            raise KubeApiError(0, "Unreachable", f"the API server could not be reached: {exc}") from exc
-        try:
-            for line in _lines(response):
-                event = _decode_event(line, item_type)
-                kind_of = str(event.get("type") or "")
-                obj = event.get("object") or {}
-                if kind_of == "ERROR":
-                    code = int(obj.get("code") or 0)
-                    error = ListExpiredError if code == 410 else KubeApiError
-                    raise error(code, str(obj.get("reason") or "Error"), str(obj.get("message") or ""))
-                yield kind_of, obj
-        except TransportError as exc:
-            raise KubeApiError(0, "StreamBroken", f"the watch of {kind} broke off: {exc}") from exc
-        finally:
-            response.close()
-            response.release_conn()
+        yield from self._stream(
+            self._list_method(kind), f"the watch of {kind}", item_type,
+            watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
+            timeout_seconds=timeout_s, field_selector=field_selector or None,
+            _request_timeout=(10, timeout_s + 30),
+        )  # fmt: skip
 
     def _list_method(self, kind: str) -> Callable[..., Any]:
         """The generated client's list call of ``kind``: ``nodes``, ``pods``, or one of :data:`DRA_KINDS`
@@ -422,142 +367,3 @@ class KubeClient:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         return self._json(self.core.create_namespaced_pod_binding, name, namespace, body, _retry_409=False)
-
-    # -- plumbing --
-    def _json(
-        self,
-        method: Callable[..., Any],
-        *args: Any,
-        _retry_409: bool = True,
-        _item_type: Any = None,
-        **kwargs: Any,
-    ) -> dict[str, Any]:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError as TransportError
-
-        policy = self.retry
-        last: KubeApiError | None = None  # what the previous attempt got: a DeadlineReachedError's cause
-        for attempt in range(policy.attempts):
-            try:
-                timeout = self._time_for_call()
-            except DeadlineReachedError as exc:
-                raise exc from last  # no cause: nothing was sent
-            try:
-                response = method(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
-                return _decode(response.data, _item_type)
-            except ApiException as exc:
-                error = _api_error(exc)
-                retryable = exc.status in RETRIED_STATUSES and (exc.status != 409 or _retry_409)
-                if not retryable or attempt == policy.attempts - 1:
-                    raise error from exc
-                wait = _retry_after(exc.headers) or _backoff(policy, attempt)
-                log.info("retrying after %s (attempt %d): waiting %.2f s", error, attempt + 1, wait)
-                last = error
-            except TransportError as exc:
-                last = KubeApiError(0, "Unreachable", f"the API server could not be reached: {exc}")
-                if attempt == policy.attempts - 1:
-                    raise last from exc
-                wait = _backoff(policy, attempt)
-            self.retries += 1
-            try:
-                self._wait(wait)  # a Retry-After longer than the time left fails now, not after it
-            except DeadlineReachedError as exc:
-                raise exc from last
-        raise AssertionError("unreachable")
-
-    def _time_for_call(self) -> float:
-        timeout = self.retry.request_timeout_s
-        if self.deadline is None:
-            return timeout
-        left = self.deadline()
-        if left < self.min_call_s:
-            raise DeadlineReachedError(f"{left:.1f} s left, under the {self.min_call_s:.1f} s a call needs")
-        return min(timeout, left)
-
-    def _wait(self, seconds: float) -> None:
-        if self.deadline is not None and self.deadline() - seconds < self.min_call_s:
-            raise DeadlineReachedError("no time left to retry")
-        self._sleep(seconds)
-
-
-_DECODERS: dict[Any, Any] = {}
-_EVENT_DECODERS: dict[Any, Any] = {}
-
-
-def _lines(response: Any) -> Iterator[bytes]:
-    """The newline-delimited JSON of a watch, line by line, as the chunks arrive."""
-    buffer = b""
-    for chunk in response.stream(amt=None, decode_content=False):
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        yield from (line for line in lines if line.strip())
-    if buffer.strip():
-        yield buffer
-
-
-def _decode_event(line: bytes, item_type: Any) -> dict[str, Any]:
-    """One watch event: ``object`` decoded into ``item_type`` when it fits (an ERROR's Status does not)."""
-    import msgspec
-
-    if item_type is not None:
-        decoder = _EVENT_DECODERS.get(item_type)
-        if decoder is None:
-            make: Any = TypedDict  # built at run time: the item type is a parameter
-            event_type = make(f"EventOf{item_type.__name__}", {"type": str, "object": item_type}, total=False)
-            decoder = _EVENT_DECODERS[item_type] = msgspec.json.Decoder(event_type)
-        try:
-            typed: dict[str, Any] = decoder.decode(line)
-            return typed
-        except msgspec.ValidationError:
-            pass
-    try:
-        event: dict[str, Any] = msgspec.json.decode(line)
-    except msgspec.DecodeError as exc:
-        raise KubeApiError(0, "BadResponse", f"a watch event that is not JSON: {exc}") from exc
-    return event
-
-
-def _decode(data: bytes, item_type: Any) -> dict[str, Any]:
-    import msgspec
-
-    if item_type is not None:
-        decoder = _DECODERS.get(item_type)
-        if decoder is None:
-            decoder = _DECODERS[item_type] = msgspec.json.Decoder(list_type(item_type))
-        try:
-            typed: dict[str, Any] = decoder.decode(data)
-            return typed
-        except msgspec.ValidationError as exc:
-            log.warning("a list page does not fit %s (%s); decoding it in full", item_type.__name__, exc)
-    try:
-        body: dict[str, Any] = msgspec.json.decode(data)
-    except msgspec.DecodeError as exc:
-        raise KubeApiError(0, "BadResponse", f"the API server sent a body that is not JSON: {exc}") from exc
-    return body
-
-
-def _api_error(exc: Any) -> KubeApiError:
-    status = int(exc.status or 0)
-    reason, message = str(exc.reason or ""), ""
-    try:
-        body = json.loads(exc.body or b"{}")
-        if isinstance(body, dict):
-            reason = str(body.get("reason") or reason)
-            message = str(body.get("message") or "")
-    except (TypeError, ValueError):
-        message = str(exc.body or "")[:200]
-    kind = ListExpiredError if status == 410 else KubeApiError
-    return kind(status, reason, message or reason)
-
-
-def _retry_after(headers: Any) -> float | None:
-    raw = (headers or {}).get("Retry-After")
-    try:
-        return min(float(raw), 10.0) if raw is not None else None
-    except ValueError:
-        return None
-
-
-def _backoff(policy: RetryPolicy, attempt: int) -> float:
-    # Full jitter: spreads the retries of concurrent refreshers instead of synchronising them.
-    return random.uniform(0, min(policy.max_s, policy.base_s * 2**attempt))

@@ -41,13 +41,18 @@ class GpuContainer(TypedDict, total=False):
     restartPolicy: str
 
 
-class SchedulingPodMetadata(TypedDict, total=False):
+class PodMetadata(TypedDict, total=False):
+    """What every reader of pods takes from their ``metadata``; each adds its own annotations."""
+
     name: str
     namespace: str
     uid: str
     resourceVersion: str
     deletionTimestamp: str
     labels: dict[str, str]
+
+
+class SchedulingPodMetadata(PodMetadata, total=False):
     annotations: SchedulingAnnotations
 
 
@@ -86,14 +91,8 @@ CostAnnotations = TypedDict(
 )
 
 
-class CostPodMetadata(TypedDict, total=False):
-    name: str
-    namespace: str
-    uid: str
-    resourceVersion: str
+class CostPodMetadata(PodMetadata, total=False):
     creationTimestamp: str
-    deletionTimestamp: str
-    labels: dict[str, str]
     annotations: CostAnnotations
 
 

@@ -2,7 +2,9 @@
 release, and to the pods the product makes for shares.
 
 - :mod:`~shares.binder`: the ``bind`` verb's I/O (the GPU ledger, the reservation pod, the Binding with
-  the share's device), with its rollbacks;
+  the share's device), with its rollbacks; its writes to a node's ledger item take turns in
+  :mod:`~shares.ledger_writes`, its deadline is :mod:`~shares.bind_deadline`'s, and what a failed bind
+  answers is :mod:`~shares.bind_answers`';
 - :mod:`~shares.reservations`: reservation pods through the API (open by the bind, close by whoever
   releases a GPU's last share, reconcile by the node-state refresher);
 - :mod:`~shares.reserve_gpu`: the program a reservation pod runs (which GPU it was given, reported on

@@ -13,10 +13,10 @@ One bind (DESIGN section 5):
 2. Record its GPUs in the node's ledger item: a conditional write on the item's version, idempotent
    per pod UID; a lost race re-reads and chooses again, with jitter, while the bind's budget lasts
    (``LedgerStore.assign``). Binds to one node from this instance take turns (a lock per node), so
-   they never race each other. Whole-GPU pods are recorded too, so the ledger holds every GPU on the
-   node. Shares the live state has seen go (``gone``) are dropped from the item by the same write.
-   What the ledger showed free there (after this bind, or when it had no room) goes to ``readings``,
-   which filter and prioritize lay over the state.
+   they never race each other (``shares/ledger_writes.py``). Whole-GPU pods are recorded too, so the
+   ledger holds every GPU on the node. Shares the live state has seen go (``gone``) are dropped from the
+   item by the same write. What the ledger showed free there (after this bind, or when it had no room)
+   goes to ``readings``, which filter and prioritize lay over the state.
 3. With reservation pods, a share: its GPU's reservation pod is created if the write opened that GPU
    (``shares/reservations.py``), and the UUID it reports is waited for (``UUID_WAIT_S``, outside the
    bind's budget; no UUID, no Binding: the entry is rolled back and the bind fails).
@@ -31,16 +31,14 @@ entry again, so that a failed bind holds no GPUs, and kube-scheduler retries the
 timeout or a 5xx, or unreadable, keeps the entry for the reconcile: that Binding may still commit,
 and releasing the GPUs it uses would let another pod take them.
 
-A failed bind's ``Error`` reaches kube-scheduler and, from there, the pod's events, which its tenant
-reads: it names the step that failed and the cause in a few fixed words ("the GPU ledger write failed:
-throttled, try again", "posting the Binding failed: HTTP 403 Forbidden"), never the table, an ARN, the
-API server's or DynamoDB's own text, or another pod's details. Those go to the log.
+A failed bind's ``Error`` reaches kube-scheduler and the pod's events, which its tenant reads: it names
+the step that failed and the cause in a few fixed words (``shares/bind_answers.py``); the rest goes to the log.
 
 Idempotency comes from the ledger keyed by pod UID and the pod's own state, not from a separate
 idempotency table: a repeat finds the same assignment and writes nothing new.
 
 Every bind has :data:`BIND_BUDGET_S` for its Kubernetes calls, retries and waits included (a
-``Retry-After`` is cut to what is left), inside kube-scheduler's ``httpTimeout``.
+``Retry-After`` is cut to what is left), inside kube-scheduler's ``httpTimeout`` (``shares/bind_deadline.py``).
 
 The Kubernetes client is made on the first bind (``connect`` imports ``kubernetes`` lazily), so
 filter and prioritize never load it.
@@ -50,19 +48,16 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from http import HTTPStatus
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from adapters.gpu_ledger import Assigned, LedgerConflictError, LedgerStore, LedgerStoreError, NoRoomError
-from adapters.kube import POOL_SIZE, DeadlineReachedError, KubeApiError, KubeClient, RetryPolicy
+from adapters.kube import POOL_SIZE, KubeClient
+from adapters.kube_transport import DeadlineReachedError, KubeApiError, RetryPolicy
 from adapters.ledger_readings import LedgerReadings
 from adapters.settings import ClusterAccess
 from manifests.placeholder import is_placeholder
@@ -74,9 +69,13 @@ from scheduler_core.extender.preemption import Holdings
 from scheduler_core.extender.wire import ExtenderBindingArgs
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, MILLI_PER_GPU
 from scheduler_core.k8s.nodes import NodeTable
-from scheduler_core.k8s.pods import assumed_cpu_milli, pod_demand
+from scheduler_core.k8s.pod_requests import assumed_cpu_milli
+from scheduler_core.k8s.pods import pod_demand
 from scheduler_core.state.cluster import ClusterState
 from scheduler_core.state.ledger import Demand
+from shares.bind_answers import NO_SUCH_POD, failed_bind, ledger_cause, pod_key_of, refused, short
+from shares.bind_deadline import BindDeadline
+from shares.ledger_writes import BusyError, LedgerWrites
 from shares.reservations import ReservationPendingError, Reservations
 
 log = logging.getLogger(__name__)
@@ -98,28 +97,6 @@ kube-scheduler's wait, and a ledger that does not answer must fail the bind with
 many connections as binds at once (botocore keeps 10)."""
 
 
-class _BusyError(LedgerStoreError):
-    """The bind's budget ran out waiting for this instance's other writes to the node."""
-
-
-@dataclass(eq=False)
-class _Request:
-    """One bind waiting for its node's ledger write."""
-
-    uid: str
-    demand: Demand
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Assigned | None = None
-    error: LedgerStoreError | None = None
-
-
-@dataclass
-class _NodeQueue:
-    lock: threading.Lock  # held by the one writer of the node's item in this instance
-    mutex: threading.Lock = field(default_factory=threading.Lock)  # guards ``waiting``
-    waiting: list[_Request] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class BindPlan:
     """What one bind will write, decided from the pod and the node as read, before any write: the ledger
@@ -134,15 +111,6 @@ class BindPlan:
     ledger: Demand | None = None
     share: int = 0
     retire_placeholder: bool = False
-
-
-def _pod_key(args: ExtenderBindingArgs) -> str:
-    return f"{args.pod_namespace}/{args.pod_name}"
-
-
-def _failed(args: ExtenderBindingArgs, kind: str, message: str, **extra: Any) -> BindOutcome:
-    """A failed bind's answer: ``bind NS/NAME to NODE: message``, and its kind for the metrics."""
-    return BindOutcome(_pod_key(args), args.node, f"bind {_pod_key(args)} to {args.node}: {message}", kind, **extra)
 
 
 class LedgerBinder:
@@ -185,19 +153,17 @@ class LedgerBinder:
         # The node object as a watch holds it (serve --watch): admission reads it there instead of a GET,
         # as kube-scheduler decided from its own cache. A node it does not hold is read from the API.
         self.node_of: Callable[[str], Mapping[str, Any] | None] = node_of or (lambda _node: None)
-        self._queues: dict[str, _NodeQueue] = {}
-        self._queues_lock = threading.Lock()
+        self._writes = LedgerWrites(self._write_batch, self._close)
         self.bind_budget_s = bind_budget_s
         # Reservation pods, one per GPU that holds shares (None: Kubernetes does not count those GPUs).
         self.reservations = reservations
         self.uuid_wait_s = uuid_wait_s
         self.share_device = share_device  # how a share's GPU reaches its containers (SHARE_DEVICE)
-        self._until = threading.local()  # this thread's bind deadline (time.monotonic)
+        self._deadline = BindDeadline()
 
     def deadline(self) -> float:
         """Seconds left to the bind running on this thread (the Kubernetes client's ``deadline``)."""
-        until = getattr(self._until, "at", None)
-        return math.inf if until is None else until - time.monotonic()
+        return self._deadline.left()
 
     @property
     def kube(self) -> KubeClient:
@@ -217,11 +183,8 @@ class LedgerBinder:
 
     # -- bind --------------------------------------------------------------------------------------
     def bind(self, args: ExtenderBindingArgs, admit: Admit | None = None) -> BindOutcome:
-        self._until.at = time.monotonic() + self.bind_budget_s
-        try:
+        with self._deadline.running(self.bind_budget_s):
             outcome = self._bind(args, admit or (lambda _pod, _node: ""))
-        finally:
-            self._until.at = None
         if outcome.error:
             # The pod is not where filter or prioritize predicted: drop the prediction at once.
             self.readings.forget([args.pod_uid])
@@ -235,8 +198,8 @@ class LedgerBinder:
     def _plan(self, args: ExtenderBindingArgs, admit: Admit) -> BindPlan | BindOutcome:
         """What the bind will write, from the pod and the node as read (steps 1 of the module docstring),
         or the answer when there is nothing to write: a pod gone, already bound, refused or invalid."""
-        failed = partial(_failed, args)
-        pod_key = _pod_key(args)
+        failed = partial(failed_bind, args)
+        pod_key = pod_key_of(args)
         try:
             pod = self.kube.get_pod(args.pod_namespace, args.pod_name)
         except KubeApiError as exc:
@@ -284,22 +247,25 @@ class LedgerBinder:
         """Carry ``plan`` out (steps 2 to 4 of the module docstring): the ledger, a new GPU's reservation
         pod, a share's UUID, the Binding. Each failure after the ledger write undoes it (its compensation:
         :meth:`_roll_back`); the Binding's own failures are :meth:`_post_binding`'s."""
-        args, pod_key, failed = plan.args, _pod_key(plan.args), partial(_failed, plan.args)
+        args, pod_key, failed = plan.args, pod_key_of(plan.args), partial(failed_bind, plan.args)
         if plan.retire_placeholder:
             return self._retire_placeholder(args, failed)
         if plan.ledger is None:
             if plan.cpu:
                 self.readings.observe(args.node, None, args.pod_uid, plan.cpu)
-            return self._observed_binding(args, pod_key, None)
+            return self._post_binding(args, pod_key, None)
         try:
-            held = self._record(args.node, plan.gpu_count, args.pod_uid, plan.ledger)
+            held = self._writes.record(
+                args.node, plan.gpu_count, args.pod_uid, plan.ledger,
+                deadline=self.deadline, reserve_s=BINDING_RESERVE_S, bind_budget_s=self.bind_budget_s,
+            )  # fmt: skip
         except NoRoomError as exc:
             self.readings.observe(args.node, exc.free, holds=exc.holds)  # the view was stale here: the next one knows
             return failed("no_room", self._logged(pod_key, args.node, "no room in the GPU ledger", exc))
         except LedgerConflictError as exc:
             cause = self._logged(pod_key, args.node, "the GPU ledger write failed", exc)
             return failed("conflict", cause, conflicts=exc.conflicts)
-        except _BusyError as exc:
+        except BusyError as exc:
             return failed("busy", self._logged(pod_key, args.node, "the GPU ledger write failed", exc))
         except LedgerStoreError as exc:
             return failed("ledger_error", self._logged(pod_key, args.node, "the GPU ledger write failed", exc))
@@ -325,7 +291,7 @@ class LedgerBinder:
             except (KubeApiError, DeadlineReachedError) as exc:
                 cause = self._logged(pod_key, args.node, "reading the GPU's reservation pod failed", exc)
                 return failed("reservation_error", cause, rolled_back=undo())
-        return self._observed_binding(args, pod_key, held, plan.gpu_count, shared)
+        return self._post_binding(args, pod_key, held, plan.gpu_count, shared)
 
     def _share_annotations(self, node: str, obj: Mapping[str, Any], held: Assigned, milli: int) -> dict[str, str]:
         """What a share's Binding carries for its containers (:func:`manifests.share_env.share_annotations`):
@@ -333,14 +299,9 @@ class LedgerBinder:
         deadline moves by the time waited: the generated bind ``httpTimeout`` allows for it), and its size."""
         assert self.reservations is not None
         ((slot, _milli),) = held.pairs
-        started = time.monotonic()
-        until = started + self.uuid_wait_s
-        budget = getattr(self._until, "at", None)
-        self._until.at = until if budget is None else max(budget, until)
-        try:
+        until = time.monotonic() + self.uuid_wait_s
+        with self._deadline.set_apart(until):  # not counted against the bind's own budget, nor added to it
             uuid = self.reservations.reported(node, slot, until)
-        finally:  # the wait does not count against the bind's own budget, and adds nothing to it either
-            self._until.at = None if budget is None else budget + (time.monotonic() - started)
         memory_mib = int(NodeTable.from_nodes([obj]).memory_mib[0])
         return share_annotations(uuid, milli, memory_mib, device=self.share_device)
 
@@ -358,102 +319,22 @@ class LedgerBinder:
 
     @staticmethod
     def _logged(pod_key: str, node: str, step: str, exc: Exception) -> str:
-        """``step: cause`` for the bind's answer, which reaches kube-scheduler and the pod's events: the
-        cause in a few fixed words (:func:`_short`), never the table, an ARN, the API server's or
-        DynamoDB's own text, or another pod's details. The whole of ``exc`` goes to the log (a lost race
-        or a full node, routine under load, at INFO)."""
-        routine = isinstance(exc, NoRoomError | LedgerConflictError | _BusyError)
+        """``step: cause`` for the bind's answer, the cause in a few fixed words a tenant may read
+        (:func:`shares.bind_answers.short`). The whole of ``exc`` goes to the log (a lost race or a full
+        node, routine under load, at INFO)."""
+        routine = isinstance(exc, NoRoomError | LedgerConflictError | BusyError)
         log.log(logging.INFO if routine else logging.WARNING, "bind %s to %s: %s: %s", pod_key, node, step, exc)
-        return f"{step}: {_short(exc)}"
+        return f"{step}: {short(exc)}"
 
-    def _observed_binding(
-        self,
-        args: ExtenderBindingArgs,
-        pod_key: str,
-        held: Assigned | None,
-        gpu_count: int = 0,
-        shared: Mapping[str, str] | None = None,
-    ) -> BindOutcome:
-        """:meth:`_post_binding`, the bind's reading about the pod taken back if it fails. The reading is
-        made before the Binding is posted: a live state forgets it when its watch shows the pod bound,
-        and a reading made after that event would cap the node for ``margin_s`` with a share that may
-        be gone by then."""
-        bound = self._post_binding(args, pod_key, held, gpu_count, shared)
-        if bound.error:
-            self.readings.forget([args.pod_uid])
-        return bound
-
-    def _record(self, node: str, gpu_count: int, uid: str, demand: Demand) -> Assigned:
-        """Record the pod in the node's ledger item: the bind's GPUs, or the error that says why not.
-
-        One write at a time per node in this instance, so that it never races itself (other instances it
-        may). Binds that arrive while one writes wait, and the next writer records all of them in one
-        conditional write (a group commit): packing sends pod after pod to the same node, and one write
-        each, in turn, would make the ledger's round trip the bind rate. The wait counts against the bind's
-        budget, and what is left must cover the Binding too: a bind that could not post its Binding in
-        time would write the ledger only to roll it back.
-        """
-        request = _Request(uid, demand)
-        queue = self._queue(node)
-        with queue.mutex:
-            queue.waiting.append(request)
-        emptied: tuple[int, ...] = ()
-        if queue.lock.acquire(timeout=max(0.0, self.deadline() - BINDING_RESERVE_S)):
-            try:
-                if not request.done.is_set():
-                    emptied = self._commit(node, gpu_count, queue)
-            finally:
-                queue.lock.release()
-            # The write dropped the last shares of these GPUs (pods the watch saw go): out of the lock.
-            self._close(node, gpu_count, emptied)
-        else:
-            with queue.mutex:
-                if request in queue.waiting:  # nobody took it: nothing was written for it
-                    queue.waiting.remove(request)
-                    raise _BusyError(f"other binds to {node} held it for the bind's {self.bind_budget_s:g} s")
-            request.done.wait(timeout=max(0.0, self.deadline()))  # taken: its write is on its way
-        if not request.done.is_set():
-            raise _BusyError(
-                f"the write of {node}'s ledger item did not end within the bind's {self.bind_budget_s:g} s; "
-                "what it records is the reconcile's to check"
-            )
-        if request.error is not None:
-            raise request.error
-        assert request.result is not None
-        return request.result
-
-    def _commit(self, node: str, gpu_count: int, queue: _NodeQueue) -> tuple[int, ...]:
-        """Write every bind waiting on ``node`` in one go, and hand each its result (with the lock held);
-        the GPUs the write left without shares."""
-        with queue.mutex:
-            batch, queue.waiting = queue.waiting, []
-        try:
-            budget_s = min(self.ledger_budget_s, self.deadline() - BINDING_RESERVE_S)
-            if budget_s <= 0:
-                raise _BusyError(f"no time left in the bind's {self.bind_budget_s:g} s to write the ledger")
-            outcomes = self.ledger.assign_many(
-                node, gpu_count, [(r.uid, r.demand) for r in batch], budget_s=budget_s, drop=self.gone(node)
-            )
-            for request in batch:
-                outcome = outcomes[request.uid]
-                if isinstance(outcome, NoRoomError):
-                    request.error = outcome
-                else:
-                    request.result = outcome
-        except LedgerStoreError as exc:
-            for request in batch:
-                request.error = exc
-        finally:
-            for request in batch:
-                request.done.set()
-        return next((r.result.emptied for r in batch if r.result is not None and r.result.emptied), ())
-
-    def _queue(self, node: str) -> _NodeQueue:
-        with self._queues_lock:
-            queue = self._queues.get(node)
-            if queue is None:
-                queue = self._queues[node] = _NodeQueue(threading.Lock())
-            return queue
+    def _write_batch(
+        self, node: str, gpu_count: int, batch: list[tuple[str, Demand]]
+    ) -> dict[str, Assigned | NoRoomError]:
+        """The ledger write of the binds waiting on ``node`` (:class:`shares.ledger_writes.LedgerWrites`), in
+        what is left of the bind's budget once the Binding's share is kept; shares seen gone are dropped by it."""
+        budget_s = min(self.ledger_budget_s, self.deadline() - BINDING_RESERVE_S)
+        if budget_s <= 0:
+            raise BusyError(f"no time left in the bind's {self.bind_budget_s:g} s to write the ledger")
+        return self.ledger.assign_many(node, gpu_count, batch, budget_s=budget_s, drop=self.gone(node))
 
     def _post_binding(
         self,
@@ -467,7 +348,11 @@ class LedgerBinder:
         their annotation (and a share's ``shared`` annotations for its containers). A failed POST may still
         have landed (a timeout, a lost reply, a 5xx): the pod
         itself says, and only a pod known not to be bound here gives its GPUs back. Releasing them for a
-        Binding that did land would let the next pod take the same milli."""
+        Binding that did land would let the next pod take the same milli.
+
+        The bind's reading about the pod is taken back if the Binding fails. It is made before the Binding
+        is posted: a live state forgets it when its watch shows the pod bound, and a reading made after
+        that event would cap the node for ``margin_s`` with a share that may be gone by then."""
         annotation = held.annotation if held is not None else ""
         conflicts = held.conflicts if held is not None else 0
         already = held is not None and held.already
@@ -480,16 +365,17 @@ class LedgerBinder:
                 conflict = bool(where) or (isinstance(exc, KubeApiError) and exc.status == 409)
                 log.warning("bind %s to %s: posting the Binding failed: %s", pod_key, args.node, exc)
                 # A 409 names the node the pod went to: not the caller's to learn; nor is the API's own text.
-                cause = "another bind placed the pod first" if conflict else _short(exc)
+                cause = "another bind placed the pod first" if conflict else short(exc)
                 rolled = False
                 # Unbound now is not unbound for good: a Binding whose request timed out or got a 5xx may
                 # still commit after the read. Only a refusal, or nothing sent, gives the GPUs back.
-                if where is None or (where == "" and not _refused(exc)):
+                if where is None or (where == "" and not refused(exc)):
                     cause += "; whether the Binding landed is unknown, so its GPUs stay recorded until the reconcile"
                 else:
                     rolled = held is not None and not held.already and self._roll_back(args, gpu_count)
                 message = f"bind {pod_key} to {args.node}: posting the Binding failed: {cause}"
                 kind = "already_bound" if conflict else "kube_error"
+                self.readings.forget([args.pod_uid])
                 return BindOutcome(
                     pod_key, args.node, message, kind, annotation, conflicts, already, rolled_back=rolled
                 )
@@ -501,15 +387,13 @@ class LedgerBinder:
         The read gets :data:`CONFIRM_S` of its own, whatever is left of the bind's budget: a wrong guess
         either way costs more than kube-scheduler's wait (a double booking, or GPUs held until the
         reconcile)."""
-        budget, self._until.at = getattr(self._until, "at", None), time.monotonic() + CONFIRM_S
         try:
-            pod = self.kube.get_pod(args.pod_namespace, args.pod_name)
+            with self._deadline.replaced(CONFIRM_S):
+                pod = self.kube.get_pod(args.pod_namespace, args.pod_name)
         except KubeApiError as exc:
             return "" if exc.status == 404 else None
         except DeadlineReachedError:
             return None
-        finally:
-            self._until.at = budget
         if (pod.get("metadata") or {}).get("uid") != args.pod_uid:
             return ""
         return str((pod.get("spec") or {}).get("nodeName") or "")
@@ -519,7 +403,7 @@ class LedgerBinder:
         False when the release failed too, which the node-state refresher's reconcile then repairs.
         Nothing else to undo: the annotations only ever travel in the Binding."""
         try:
-            with self._node_lock(args.node):
+            with self._writes.lock(args.node):
                 released = self.ledger.release(args.node, gpu_count, args.pod_uid)
         except LedgerStoreError:
             log.exception("rolling back the ledger entry of %s on %s failed", args.pod_uid, args.node)
@@ -528,16 +412,12 @@ class LedgerBinder:
             self._close(args.node, gpu_count, released.emptied)
         return True
 
-    def _node_lock(self, node: str) -> threading.Lock:
-        """The one lock on ``node``'s ledger item in this instance (binds, rollbacks, releases)."""
-        return self._queue(node).lock
-
     def release_pod(self, node: str, uid: str) -> bool:
         """Free what a pod that is gone or finished holds on ``node`` (True if it held something), and the
         reservation pod of a GPU it leaves without shares; the live state calls this, so shares come back
         within seconds, not at the next reconcile."""
         gpu_count = self._gpu_count(node)
-        with self._node_lock(node):
+        with self._writes.lock(node):
             released = self.ledger.release(node, gpu_count, uid)
         self._close(node, gpu_count, released.emptied)
         return released.held
@@ -575,62 +455,9 @@ class LedgerBinder:
         except LedgerStoreError as exc:
             log.warning("preempt: reading the GPU ledger failed: %s", exc)
             raise ClusterStateUnavailableError(
-                f"preempt: reading the GPU ledger failed: {_ledger_cause(exc)}", kind="ledger_error"
+                f"preempt: reading the GPU ledger failed: {ledger_cause(exc)}", kind="ledger_error"
             ) from exc
         return {node: dict(item.assignments) for node, item in items.items()}
-
-
-def _refused(exc: KubeApiError | DeadlineReachedError) -> bool:
-    """Whether a failed Binding certainly did not land: the API server refused it (a 4xx, throttling
-    included), or nothing was sent (a deadline reached before the first attempt), or the deadline came
-    after a refusal. A transport error or a 5xx may have landed."""
-    if isinstance(exc, DeadlineReachedError):
-        cause = exc.__cause__
-        return cause is None or (isinstance(cause, KubeApiError) and _refused(cause))
-    return 400 <= exc.status < 500
-
-
-NO_SUCH_POD = "no pod with that namespace, name and UID"
-"""The answer for a pod that does not exist and for one whose UID is another: the same, so that bind is
-no oracle for which pods exist in which namespace."""
-_THROTTLED = frozenset(
-    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded", "LimitExceededException"}
-)
-
-
-def _short(exc: Exception) -> str:
-    """What went wrong, in words a tenant may read (see :meth:`LedgerBinder._logged`)."""
-    if isinstance(exc, DeadlineReachedError):
-        return "the bind ran out of time; kube-scheduler will retry the pod"
-    if isinstance(exc, KubeApiError):
-        if exc.status == 0:
-            return "the API server could not be reached"
-        try:
-            phrase = HTTPStatus(exc.status).phrase
-        except ValueError:
-            phrase = "error"
-        return f"HTTP {exc.status} {phrase}"
-    if isinstance(exc, NoRoomError):
-        return "the pod's GPUs do not fit in what this node has free; kube-scheduler will retry the pod"
-    if isinstance(exc, LedgerConflictError):
-        return f"{exc.conflicts} conflicting writes by other binds to this node; kube-scheduler will retry the pod"
-    if isinstance(exc, _BusyError):
-        return "other binds to this node held it for the bind's whole budget; kube-scheduler will retry the pod"
-    if isinstance(exc, LedgerStoreError):
-        return _ledger_cause(exc)
-    return "internal error; see the extender's log"
-
-
-def _ledger_cause(exc: LedgerStoreError) -> str:
-    """A DynamoDB failure in fixed words: throttled, unreachable, or otherwise (the log has the rest)."""
-    cause = exc.__cause__
-    if isinstance(cause, ClientError):
-        if cause.response.get("Error", {}).get("Code") in _THROTTLED:
-            return "throttled, try again"
-        return "DynamoDB refused the request; see the extender's log"
-    if isinstance(cause, BotoCoreError):
-        return "DynamoDB did not answer in time, try again"
-    return "the node's ledger item could not be read; see the extender's log"
 
 
 def ledger_binder(

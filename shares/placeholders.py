@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
+from adapters.kube import KubeClient
+from adapters.kube_transport import DeadlineReachedError, KubeApiError
 from manifests.placeholder import placeholder_pod
 from scheduler_core.k8s.names import PLACEHOLDER_APP, PLACEHOLDER_NAMESPACE, SCHEDULER_NAME
 from scheduler_core.state.demand import PlaceholderCaps, cap_demand, plan_placeholders, share_demand

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.gpu_ledger import LedgerStoreError
-from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
+from adapters.kube import KubeClient
+from adapters.kube_transport import DeadlineReachedError, KubeApiError
 from manifests.reservation import DEFAULT_IMAGE, NAMESPACE, reservation_name, reservation_pod
 from scheduler_core.k8s.annotations import gpu_uuid
 from scheduler_core.k8s.names import RESERVED_GPU_ANNOTATION, TERMINAL_PHASES

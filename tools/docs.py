@@ -92,7 +92,9 @@ EXAMPLE_EXTENDER_URL = "https://API_ID-VPCE_ID.execute-api.REGION.amazonaws.com/
 
 
 def _scheduler_configuration() -> str:
-    from manifests.scheduler import SchedulerOptions, dump_yaml, scheduler_configuration
+    from manifests.scheduler import dump_yaml
+    from manifests.scheduler_configuration import scheduler_configuration
+    from manifests.scheduler_options import SchedulerOptions
 
     config = scheduler_configuration(SchedulerOptions(extender_url=EXAMPLE_EXTENDER_URL))
     return f"```yaml\n{dump_yaml(config)}```"
@@ -102,7 +104,8 @@ def _pods_reaching_the_extender() -> str:
     """Per combination of ``--sharing`` and ``--gpu-pods-only``: which pods kube-scheduler sends the
     extender (all of the profile's without ``managedResources``; with it, those that request one of
     them), what the configuration lists, and the verbs."""
-    from manifests.scheduler import SchedulerOptions, extender_entry, profile
+    from manifests.scheduler_configuration import extender_entry, profile
+    from manifests.scheduler_options import SchedulerOptions
     from scheduler_core.k8s.names import MIG_RESOURCE_PREFIX
 
     rows = [
@@ -150,7 +153,7 @@ def _extender_timeouts() -> str:
     from application.extender.service import SYNC_TIMEOUT_S
     from gpu_scheduler.server import IDLE_TIMEOUT_S, REQUEST_TIMEOUT_S
     from manifests.reservation import UUID_WAIT_S
-    from manifests.scheduler import BIND_HTTP_TIMEOUT_S, SchedulerOptions
+    from manifests.scheduler_options import BIND_HTTP_TIMEOUT_S, SchedulerOptions
     from scheduler_core.extender.facade import CATCH_UP_S
     from scheduler_core.state.readings import ASSUMED_TTL_S
     from shares.binder import BIND_BUDGET_S, BIND_DYNAMODB, BIND_RETRY, BINDING_RESERVE_S, CONFIRM_S, LedgerBinder
@@ -165,7 +168,7 @@ def _extender_timeouts() -> str:
     rows = [
         ("kube-scheduler waits for each call (`httpTimeout` in the generated configuration; "
          "`gpu-scheduler scheduler-config --http-timeout-s`)", f"{http_timeout_s:g} s",
-         "`manifests.scheduler.SchedulerOptions`"),
+         "`manifests.scheduler_options.SchedulerOptions`"),
         ("a prediction of filter or prioritize counts (the extender's assumed pods)", f"{ASSUMED_TTL_S:g} s",
          "`scheduler_core.state.readings.ASSUMED_TTL_S`"),
         ("filter waits for the live state to build a change that may free capacity", f"{CATCH_UP_S:g} s",
@@ -178,7 +181,7 @@ def _extender_timeouts() -> str:
         ("a GPU's first share waits for its reservation pod's UUID (outside the budget above)",
          f"{UUID_WAIT_S:g} s", "`manifests.reservation.UUID_WAIT_S`"),
         ("kube-scheduler waits for a bind, with reservation pods (the bind's own extender entry; "
-         "`--bind-http-timeout-s`)", f"{BIND_HTTP_TIMEOUT_S:g} s", "`manifests.scheduler.BIND_HTTP_TIMEOUT_S`"),
+         "`--bind-http-timeout-s`)", f"{BIND_HTTP_TIMEOUT_S:g} s", "`manifests.scheduler_options.BIND_HTTP_TIMEOUT_S`"),
         ("reading a failed Binding back, past the budget", f"{CONFIRM_S:g} s", "`shares.binder.CONFIRM_S`"),
         ("each Kubernetes call of a bind", f"{BIND_RETRY.request_timeout_s:g} s, {BIND_RETRY.attempts} attempts",
          "`shares.binder.BIND_RETRY`"),

@@ -59,8 +59,12 @@ TRIM = (
     "kubernetes/**/test",
     "kubernetes/**/tests",
 )
-SHARED_CODE = ("scheduler_core", "adapters", "manifests", "shares", "lambdas/__init__.py", "application/__init__.py")
-"""Every function's code: the core, the adapters, and the objects a function creates (a reservation pod)."""
+SHARED_CODE = (
+    "scheduler_core", "adapters", "manifests", "shares", "lambdas/__init__.py", "lambdas/refresher.py",
+    "application/__init__.py",
+)  # fmt: skip
+"""Every function's code: the core, the adapters, the objects a function creates (a reservation pod), and what
+the refreshers' handlers share."""
 FUNCTIONS = {
     # function: (its handler and its application layer, the layers it runs with)
     name: ((f"lambdas/{name}", f"application/{name}"), layers)

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from adapters.amp import PrometheusClient, PrometheusQueryError
-from adapters.kube import DeadlineReachedError, KubeApiError, KubeClient
+from adapters.kube import KubeClient
+from adapters.kube_transport import DeadlineReachedError, KubeApiError
 from adapters.kube_types import CostPod
 from application.deletion_cost.settings import DeletionCostSettings
 from scheduler_core.deletion_cost.karpenter import cost_annotation

@@ -38,8 +38,17 @@ from adapters.snapshot_store import RefreshEvent, SnapshotSource, open_store
 from adapters.telemetry import PrometheusTelemetry, Telemetry
 from application.extender.settings import ExtenderSettings
 from scheduler_core.errors import ClusterStateUnavailableError, ConfigError, Namer
+from scheduler_core.extender import (
+    SHARING_VERBS,
+    VERBS,
+    Accounting,
+    BindOutcome,
+    ClusterSource,
+    Extender,
+    ExtenderConfig,
+    Reply,
+)
 from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome
-from scheduler_core.extender.facade import SHARING_VERBS, VERBS, Accounting, BindOutcome, ClusterSource, Extender, Reply
 from scheduler_core.extender.preemption import PreemptOutcome
 from scheduler_core.extender.wire import STATUS, encode_json, error_body
 from scheduler_core.state.readings import DEFAULT_MARGIN_S
@@ -360,51 +369,16 @@ def build(
     logger = logger if logger is not None else log
     # With a live state, readings older than the state are dropped sooner: it catches up in milliseconds.
     readings = LedgerReadings(margin_s=LIVE_MARGIN_S if watch else DEFAULT_MARGIN_S)
-    source: ClusterSource | None = None
-    live = None
-    if watch:
-        from adapters.live_state import LiveState
-
-        if settings.access_problems():
-            name = named_by or env_names(ExtenderSettings)
-            where = f"{name('cluster_name')}, {name('kube_api_url')} or {name('kubeconfig')}"
-            raise ConfigError(f"a live watch needs {where}: the cluster to watch")
-        live = LiveState(lambda: settings.connect(None), label_keys=config.locality.label_keys, readings=readings)
-        source = live
-    elif cluster_file is not None:
+    name = named_by or env_names(ExtenderSettings)
+    live = _live_state(settings, config, readings, name) if watch else None
+    source: ClusterSource | None = live
+    if live is None and cluster_file is not None:
         from adapters.cluster_file import ClusterFile
 
         source = ClusterFile(cluster_file, refresh_s=settings.snapshot_refresh_s)
-    elif settings.snapshot_uri:
-        try:
-            store = open_store(settings.snapshot_uri)
-        except ValueError as exc:
-            raise ConfigError(f"{(named_by or env_names(ExtenderSettings))('snapshot_uri')}: {exc}") from exc
-        source = SnapshotSource(
-            store,
-            refresh_s=settings.snapshot_refresh_s,
-            max_age_s=settings.max_snapshot_age_s,
-            trace=trace,
-            on_refresh=partial(report_refresh, telemetry, logger),
-        )
-    accounting: Accounting | None = None
-    if settings.ledger_table:
-        from shares.binder import ledger_binder
-
-        binder = ledger_binder(
-            settings.ledger_table,
-            settings,
-            session=session,
-            cluster=source,
-            readings=readings,
-            reservation_image=settings.reservation_image,
-            share_device=settings.share_device,
-        )
-        if settings.env_device_warning:
-            logger.warning(settings.env_device_warning)
-        if live is not None:
-            live.on_gone, binder.gone, binder.node_of = binder.release_pod, live.gone_on, live.node
-        accounting = binder
+    elif live is None and settings.snapshot_uri:
+        source = _snapshot_source(settings, partial(report_refresh, telemetry, logger), trace, name)
+    accounting = _ledger_binder(settings, source, readings, live, session, logger) if settings.ledger_table else None
     extender = Extender(config, source, readings, accounting)
     return ExtenderService(
         extender,
@@ -415,3 +389,61 @@ def build(
         live=live,
         decision_level=decision_level,
     )
+
+
+def _live_state(settings: ExtenderSettings, config: ExtenderConfig, readings: LedgerReadings, name: Namer) -> Any:
+    """The live watch of the cluster ``settings`` reach (:class:`~adapters.live_state.LiveState`)."""
+    from adapters.live_state import LiveState
+
+    if settings.access_problems():
+        where = f"{name('cluster_name')}, {name('kube_api_url')} or {name('kubeconfig')}"
+        raise ConfigError(f"a live watch needs {where}: the cluster to watch")
+    return LiveState(lambda: settings.connect(None), label_keys=config.locality.label_keys, readings=readings)
+
+
+def _snapshot_source(
+    settings: ExtenderSettings,
+    on_refresh: Callable[[RefreshEvent], None],
+    trace: Callable[[str], AbstractContextManager[Any]] | None,
+    name: Namer,
+) -> SnapshotSource:
+    """The snapshot at ``settings.snapshot_uri``, re-checked every ``snapshot_refresh_s``."""
+    try:
+        store = open_store(settings.snapshot_uri)
+    except ValueError as exc:
+        raise ConfigError(f"{name('snapshot_uri')}: {exc}") from exc
+    return SnapshotSource(
+        store,
+        refresh_s=settings.snapshot_refresh_s,
+        max_age_s=settings.max_snapshot_age_s,
+        trace=trace,
+        on_refresh=on_refresh,
+    )
+
+
+def _ledger_binder(
+    settings: ExtenderSettings,
+    source: ClusterSource | None,
+    readings: LedgerReadings,
+    live: Any,
+    session: Any,
+    logger: Any,
+) -> Accounting:
+    """The binder on the ledger table ``settings`` name; with a live state, each learns of the other's pods
+    (a pod gone frees its share, and a bind asks where a pod already is)."""
+    from shares.binder import ledger_binder
+
+    binder = ledger_binder(
+        settings.ledger_table,
+        settings,
+        session=session,
+        cluster=source,
+        readings=readings,
+        reservation_image=settings.reservation_image,
+        share_device=settings.share_device,
+    )
+    if settings.env_device_warning:
+        logger.warning(settings.env_device_warning)
+    if live is not None:
+        live.on_gone, binder.gone, binder.node_of = binder.release_pod, live.gone_on, live.node
+    return binder

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from adapters.ec2_gpu import GpuInfoCatalog
-from adapters.kube import DeadlineReachedError, KubeApiError
+from adapters.kube_transport import DeadlineReachedError, KubeApiError
 from application.node_state.run import Plan, Run
 from scheduler_core.k8s.names import GFD_PRODUCT, LABEL_INSTANCE_TYPE
 from scheduler_core.k8s.node_labels import LabelPolicy, desired_info, label_changes

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from adapters.kube import DRA_KINDS, DeadlineReachedError, KubeApiError, KubeClient
+from adapters.kube import DRA_KINDS, KubeClient
+from adapters.kube_transport import DeadlineReachedError, KubeApiError
 from adapters.kube_types import SchedulingPod
 from application.node_state.labels import plan_labels
 from application.node_state.ledger import note_bound, read_ledger

@@ -1,6 +1,6 @@
 """Deletion-cost refresher on Lambda: EventBridge invokes it every minute;
 :func:`~application.deletion_cost.service.refresh` does the passes, this module only emits their metrics
-and its log line.
+(:func:`lambdas.refresher.run_refresher` runs it and writes its log line).
 
 Settings, Powertools and the clients are built once, at import: a bad deployment fails at start-up
 with every problem named (``application/deletion_cost/settings.py``).
@@ -12,7 +12,6 @@ Metrics (EMF): ``PodsSeen``, ``CostPatches``, ``CostUnchanged``, ``MetricsMissin
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 import boto3
@@ -23,6 +22,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from adapters.metric_catalogue import emit_count
 from application.deletion_cost.service import RunReport, build_services, refresh
 from application.deletion_cost.settings import DeletionCostSettings
+from lambdas.refresher import run_refresher
 
 SETTINGS = DeletionCostSettings.from_env()
 logger = Logger(service=SETTINGS.service)
@@ -42,7 +42,7 @@ _METRICS = (
 
 
 def emit(report: RunReport) -> None:
-    """The invocation's metrics and its one log line."""
+    """The invocation's metrics."""
     for name, attribute in _METRICS:
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=report.total(attribute))
     metrics.add_metric(name="RunMs", unit=MetricUnit.Milliseconds, value=round(report.run_ms, 1))
@@ -50,12 +50,9 @@ def emit(report: RunReport) -> None:
     if report.passes:
         for name, count in report.passes[-1].cost_ranges.items():
             emit_count("PodsByCostRange", count, namespace=metrics.namespace, service=logger.service, range=name)
-    (logger.info if report.status == "ok" else logger.error)("deletion-cost run", extra={"report": asdict(report)})
 
 
 @logger.inject_lambda_context(clear_state=True)
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    report = refresh(SETTINGS, SERVICES, time_left=lambda: context.get_remaining_time_in_millis() / 1000, logger=logger)
-    emit(report)
-    return asdict(report)
+    return run_refresher(refresh, SETTINGS, SERVICES, context, emit=emit, logger=logger, what="deletion-cost run")

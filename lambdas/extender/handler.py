@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
@@ -66,24 +67,18 @@ else:
     register_before_snapshot(_resolve_once)
 
 
-@app.post("/filter")
-def filter_route() -> Response[str]:
-    return _answer("filter")
+def _verb_route(verb: str) -> Callable[[], Response[str]]:
+    """The route of ``POST /<verb>``: the extender's answer to the request (``filter_route`` and so on)."""
+
+    def route() -> Response[str]:
+        return _answer(verb)
+
+    route.__name__ = route.__qualname__ = f"{verb}_route"
+    return route
 
 
-@app.post("/prioritize")
-def prioritize_route() -> Response[str]:
-    return _answer("prioritize")
-
-
-@app.post("/bind")
-def bind_route() -> Response[str]:
-    return _answer("bind")
-
-
-@app.post("/preempt")
-def preempt_route() -> Response[str]:
-    return _answer("preempt")
+for _verb in ("filter", "prioritize", "bind", "preempt"):
+    app.post(f"/{_verb}")(_verb_route(_verb))
 
 
 @app.get("/healthz")

@@ -1,7 +1,7 @@
 """Node-state refresher on Lambda: EventBridge invokes it every minute (with
 ``WATCH_S``, each invocation then watches until the next one has taken over);
-:func:`~application.node_state.service.refresh` does the run, this module only emits its metrics and its
-log line.
+:func:`~application.node_state.service.refresh` does the run, this module only emits its metrics
+(:func:`lambdas.refresher.run_refresher` runs it and writes its log line).
 
 Settings, Powertools and the clients are built once, at import: a bad deployment fails at start-up
 with every problem named (``application/node_state/settings.py``).
@@ -19,7 +19,6 @@ unschedulable shares' demand that the placeholder caps leave without a placehold
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 import boto3
@@ -30,6 +29,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from adapters.metric_catalogue import emit_count
 from application.node_state.service import RunReport, build_services, refresh
 from application.node_state.settings import NodeStateSettings
+from lambdas.refresher import run_refresher
 
 SETTINGS = NodeStateSettings.from_env()
 logger = Logger(service=SETTINGS.service)
@@ -51,7 +51,7 @@ _METRICS = (
 
 
 def emit(report: RunReport) -> None:
-    """The run's metrics and its one log line."""
+    """The run's metrics."""
     for name, attribute, unit in _METRICS:
         metrics.add_metric(name=name, unit=unit, value=round(float(getattr(report, attribute)), 3))
     metrics.add_metric(name="NodesWithoutGpuInfo", unit=MetricUnit.Count, value=sum(report.unlabelled.values()))
@@ -84,12 +84,9 @@ def emit(report: RunReport) -> None:
             metrics.add_metric(name="PlaceholdersHeldBack", unit=MetricUnit.Count, value=held)
         for kind, count in report.ledger_drift.items():
             emit_count("LedgerDrift", count, namespace=metrics.namespace, service=logger.service, kind=kind)
-    (logger.info if report.status == "ok" else logger.error)("node-state run", extra={"report": asdict(report)})
 
 
 @logger.inject_lambda_context(clear_state=True)
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    report = refresh(SETTINGS, SERVICES, time_left=lambda: context.get_remaining_time_in_millis() / 1000, logger=logger)
-    emit(report)
-    return asdict(report)
+    return run_refresher(refresh, SETTINGS, SERVICES, context, emit=emit, logger=logger, what="node-state run")

@@ -117,7 +117,7 @@ def test_an_unreachable_dynamodb_is_a_ledger_error_naming_the_table_not_a_crash(
     from botocore.config import Config
 
     from adapters.gpu_ledger import create_table as create
-    from testing.control_plane import free_port
+    from testing.processes import free_port
 
     client = boto3.client(
         "dynamodb", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{free_port()}",

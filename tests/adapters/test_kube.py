@@ -9,16 +9,8 @@ from typing import Any
 import pytest
 
 from adapters import kube
-from adapters.kube import (
-    DeadlineReachedError,
-    EksTokenSource,
-    KubeApiError,
-    ListExpiredError,
-    RetryPolicy,
-    connect_eks,
-    connect_url,
-    describe_cluster,
-)
+from adapters.kube import EksTokenSource, connect_eks, connect_url, describe_cluster
+from adapters.kube_transport import DeadlineReachedError, KubeApiError, ListExpiredError, RetryPolicy
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.kube_double import KubeApiDouble
 

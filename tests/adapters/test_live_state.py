@@ -7,12 +7,13 @@ import copy
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import pytest
 
-from adapters.kube import KubeApiError, ListExpiredError
+from adapters.kube_transport import KubeApiError, ListExpiredError
 from adapters.ledger_readings import LedgerReadings
 from adapters.live_state import LiveState, prometheus_text
 from scheduler_core.errors import ClusterStateUnavailableError
@@ -97,6 +98,17 @@ def _until(condition: Any, timeout_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+@contextmanager
+def synced(kube: ScriptedKube, **options: Any) -> Iterator[LiveState]:
+    """A live state on ``kube``, started, with its first lists in; closed after."""
+    live = LiveState(lambda: kube, **options).start()
+    try:
+        assert live.wait_synced(5)
+        yield live
+    finally:
+        live.close()
+
+
 @pytest.fixture
 def kube() -> Iterator[ScriptedKube]:
     scripted = ScriptedKube(make_nodes("A100", "T4"), [_bound("w", "a100-0", gpus=3)])
@@ -121,9 +133,7 @@ def test_filter_waits_for_the_first_list_and_then_sees_it(kube: ScriptedKube) ->
 
 def test_events_reach_the_state_and_forget_the_readings_about_their_pods(kube: ScriptedKube) -> None:
     readings = LedgerReadings(margin_s=60)
-    live = LiveState(lambda: kube, readings=readings, min_interval_s=0.0).start()
-    try:
-        assert live.wait_synced(5)
+    with synced(kube, readings=readings, min_interval_s=0.0) as live:
         pod = _bound("p", "t4-1", gpus=2, rv=102)
         readings.observe("t4-1", (0, 0, 1000, 1000), pod["metadata"]["uid"])  # the extender's prediction
         readings.observe("a100-0", (0, 0, 0), "uid-of-a-pod-never-seen")
@@ -134,8 +144,6 @@ def test_events_reach_the_state_and_forget_the_readings_about_their_pods(kube: S
         kube.push("pods", ("DELETED", pod))
         _until(lambda: live().free_gpus.tolist() == [5, 4])
         assert live.stats()["events"] == 2 and live.stats()["lag_max_s"] < 5
-    finally:
-        live.close()
 
 
 def test_a_pending_pods_event_keeps_the_prediction_made_for_it(kube: ScriptedKube) -> None:
@@ -144,9 +152,7 @@ def test_a_pending_pods_event_keeps_the_prediction_made_for_it(kube: ScriptedKub
     and must not drop the prediction (the next pod would be scored on the node as if this one were not
     coming). Its binding, or its deletion, does."""
     readings = LedgerReadings(margin_s=60)
-    live = LiveState(lambda: kube, readings=readings, min_interval_s=0.0).start()
-    try:
-        assert live.wait_synced(5)
+    with synced(kube, readings=readings, min_interval_s=0.0) as live:
         pending = make_pod("p", 0, milli=250)
         uid = pending["metadata"]["uid"]
         readings.assume("t4-1", ((0, 250),), uid)  # prioritize's prediction
@@ -164,16 +170,11 @@ def test_a_pending_pods_event_keeps_the_prediction_made_for_it(kube: ScriptedKub
         kube.push("pods", ("DELETED", _bound("other", "a100-0", gpus=1, rv=104)))
         _until(lambda: live().free_gpus.tolist() == [5, 3])  # p's share holds one of t4-1's GPUs
         assert readings.pending(None, assumed=True) == []
-    finally:
-        live.close()
 
 
 def test_a_gone_or_finished_share_is_handed_to_the_ledger(kube: ScriptedKube) -> None:
     released: list[tuple[str, str]] = []
-    live = LiveState(lambda: kube, on_gone=lambda node, uid: released.append((node, uid)), min_interval_s=0.0)
-    live.start()
-    try:
-        assert live.wait_synced(5)
+    with synced(kube, on_gone=lambda node, uid: released.append((node, uid)), min_interval_s=0.0) as live:
         share = _bound("s", "t4-1", gpus=0, milli=250, assigned="1:250")
         whole = _bound("whole", "t4-1", gpus=1)
         kube.push("pods", ("ADDED", share))
@@ -182,14 +183,10 @@ def test_a_gone_or_finished_share_is_handed_to_the_ledger(kube: ScriptedKube) ->
         kube.push("pods", ("DELETED", whole))  # no share: nothing to release
         kube.push("pods", ("DELETED", share))  # a pod deleted, or finished (it leaves the watched set)
         _until(lambda: released == [("t4-1", share["metadata"]["uid"])])
-    finally:
-        live.close()
 
 
 def test_catch_up_waits_for_a_deletion_received_but_not_yet_built_and_not_for_a_bind(kube: ScriptedKube) -> None:
-    live = LiveState(lambda: kube, min_interval_s=1.0).start()  # rebuilds at least 1 s apart
-    try:
-        assert live.wait_synced(5)
+    with synced(kube, min_interval_s=1.0) as live:  # rebuilds at least 1 s apart
         _until(lambda: live.catch_up(0.0) is False)  # the first state holds everything listed
         assert live.catch_up(1.0) is False  # nothing received since
         kube.push("pods", ("ADDED", _bound("bound", "t4-1", gpus=1, rv=102)))
@@ -202,14 +199,10 @@ def test_catch_up_waits_for_a_deletion_received_but_not_yet_built_and_not_for_a_
         assert live.catch_up(3.0) is True
         assert live().free_gpus.tolist() == [8, 3]
         assert live.catch_up(1.0) is False and live.stats()["catch_ups"] == 2
-    finally:
-        live.close()
 
 
 def test_catch_up_waits_briefly_for_the_deletion_of_a_terminating_pod_on_a_refused_node(kube: ScriptedKube) -> None:
-    live = LiveState(lambda: kube, min_interval_s=0.0).start()
-    try:
-        assert live.wait_synced(5)
+    with synced(kube, min_interval_s=0.0) as live:
         terminating = _bound("w", "a100-0", gpus=3, rv=102)
         terminating["metadata"]["deletionTimestamp"] = "2026-12-04T00:00:00Z"
         kube.push("pods", ("MODIFIED", terminating))
@@ -221,17 +214,13 @@ def test_catch_up_waits_briefly_for_the_deletion_of_a_terminating_pod_on_a_refus
         threading.Timer(0.01, kube.push, ("pods", ("DELETED", terminating))).start()
         assert live.catch_up(1.0, ["a100-0"]) is True  # it came: the state has it now
         assert live().free_gpus.tolist() == [8, 4]
-    finally:
-        live.close()
 
 
 def test_catch_up_for_node_facts_waits_for_a_node_change_only(kube: ScriptedKube) -> None:
     """A refusal for a node's own facts waits for a node change received but not built, never for a pod
     deletion; for a node known to be behind (kube-scheduler passed its GPU count) it waits briefly for
     the change to arrive."""
-    live = LiveState(lambda: kube, min_interval_s=1.0).start()  # rebuilds at least 1 s apart
-    try:
-        assert live.wait_synced(5)
+    with synced(kube, min_interval_s=1.0) as live:  # rebuilds at least 1 s apart
         _until(lambda: live.catch_up(0.0) is False)
         kube.push("pods", ("DELETED", _bound("w", "a100-0", gpus=3, rv=102)))
         _until(lambda: live.stats()["events"] == 1)
@@ -250,15 +239,11 @@ def test_catch_up_for_node_facts_waits_for_a_node_change_only(kube: ScriptedKube
         threading.Timer(0.01, kube.push, ("nodes", ("MODIFIED", more))).start()
         assert live.catch_up(3.0, ["t4-1"], node_facts=True) is True
         assert live().table.alloc_gpus.tolist() == [8, 8]
-    finally:
-        live.close()
 
 
 def test_a_deletion_drops_the_ledgers_earlier_readings_of_its_node_but_not_the_pods_own(kube: ScriptedKube) -> None:
     readings = LedgerReadings(margin_s=60)
-    live = LiveState(lambda: kube, readings=readings, min_interval_s=0.0).start()
-    try:
-        assert live.wait_synced(5)
+    with synced(kube, readings=readings, min_interval_s=0.0) as live:
         readings.observe("a100-0", (0, 0, 0, 0, 0, 0, 0, 0))  # a bind refused for room: the ledger's count
         readings.observe("t4-1", (0, 0, 0, 0))
         readings.observe("a100-0", (0,) * 8, "uid-of-a-pod-not-shown-yet")  # the extender's own decision
@@ -266,18 +251,13 @@ def test_a_deletion_drops_the_ledgers_earlier_readings_of_its_node_but_not_the_p
         _until(lambda: live().free_gpus.tolist()[0] == 8)
         left = [(r.node, r.uid) for r in readings.pending(None)]
         assert left == [("t4-1", ""), ("a100-0", "uid-of-a-pod-not-shown-yet")]
-    finally:
-        live.close()
 
 
 def test_a_410_lists_again_and_shares_gone_meanwhile_are_released(kube: ScriptedKube) -> None:
     released: list[tuple[str, str]] = []
     share = _bound("s", "t4-1", gpus=0, milli=500, assigned="0:500")
     kube.items["pods"].append(share)
-    live = LiveState(lambda: kube, on_gone=lambda node, uid: released.append((node, uid)), min_interval_s=0.0)
-    live.start()
-    try:
-        assert live.wait_synced(5)
+    with synced(kube, on_gone=lambda node, uid: released.append((node, uid)), min_interval_s=0.0) as live:
         kube.items["pods"] = [p for p in kube.items["pods"] if p is not share]  # deleted while no watch saw it
         kube.push("pods", 410)
         _until(lambda: kube.lists["pods"] == 2)
@@ -287,22 +267,16 @@ def test_a_410_lists_again_and_shares_gone_meanwhile_are_released(kube: Scripted
         kube.push("pods", None)
         _until(lambda: kube.watched_from.count(("pods", "100")) >= 3)
         assert kube.lists["pods"] == 2
-    finally:
-        live.close()
 
 
 def test_a_broken_watch_is_retried_and_the_last_good_state_stays_in_service(kube: ScriptedKube) -> None:
-    live = LiveState(lambda: kube, min_interval_s=0.0).start()
-    try:
-        assert live.wait_synced(5)
+    with synced(kube, min_interval_s=0.0) as live:
         before = live()
         kube.push("nodes", KubeApiError(0, "StreamBroken", "the watch of nodes broke off"))
         _until(lambda: live.stats()["watch_errors"] == 1)
         assert live() is before
         kube.push("nodes", ("ADDED", make_nodes("H100")[0] | {"metadata": {"name": "h100-9", "labels": {}}}))
         _until(lambda: "h100-9" in live().table.names)
-    finally:
-        live.close()
 
 
 def test_claims_watched_hold_their_gpus_and_one_let_go_frees_them_for_catch_up() -> None:
@@ -352,13 +326,9 @@ def test_the_state_waits_for_dra_discovery_and_its_lists_before_it_serves() -> N
 
 
 def test_without_dra_served_only_nodes_and_pods_are_watched(kube: ScriptedKube) -> None:
-    live = LiveState(lambda: kube, min_interval_s=0.0).start()
-    try:
-        assert live.wait_synced(5)
+    with synced(kube, min_interval_s=0.0) as live:
         assert live().claimed_gpus is None and live.stats()["dra_watched"] is False
         assert {kind for kind, _ in kube.watched_from} <= {"nodes", "pods"}
-    finally:
-        live.close()
 
 
 def test_the_stats_read_as_prometheus_text() -> None:

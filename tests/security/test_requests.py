@@ -152,7 +152,7 @@ def test_a_dead_ledger_is_a_503_for_preempt_and_an_error_for_bind_never_a_500(se
     from botocore.config import Config
 
     from adapters.gpu_ledger import LedgerStore
-    from testing.control_plane import free_port
+    from testing.processes import free_port
 
     dead = boto3.client(
         "dynamodb", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{free_port()}",

@@ -21,10 +21,10 @@ from scheduler_core.k8s.names import (
 )
 from testing.kube_double import KubeApiDouble
 from testing.reservation_kubelet import gpu_uuid
-from tests.manifests.test_admission_cel import POD, WRITTEN, changed, denials
-from tests.shares.test_binder import RESERVED, pending, pod_on, reserving_binder
-from tests.shares.test_binder import api as api  # the fixtures
-from tests.shares.test_binder import ledger as ledger
+from tests.manifests.test_admission_cel import POD, WRITTEN, annotation_writes, changed, denials
+from tests.shares.conftest import RESERVED, pending, pod_on, reserving_binder
+from tests.shares.conftest import api as api  # the fixtures
+from tests.shares.conftest import ledger as ledger
 
 pytestmark = pytest.mark.server  # the API server double
 
@@ -86,17 +86,7 @@ def test_a_reservation_pod_that_reports_anything_but_a_gpu_uuid_gives_no_share_a
 
 
 @pytest.mark.parametrize("key", DEVICE_KEYS)
-@pytest.mark.parametrize(
-    ("resource", "operation", "new", "was"),
-    [
-        ("pods", "CREATE", True, None),
-        ("pods", "UPDATE", True, False),
-        ("pods/status", "UPDATE", True, False),
-        ("pods", "UPDATE", "other", True),
-        ("pods/binding", "CREATE", True, None),
-    ],
-    ids=["created with it", "set on the pod", "set through pods/status", "changed", "in a Binding"],
-)
+@pytest.mark.parametrize(("resource", "operation", "new", "was"), annotation_writes(but=("removed",)))
 def test_no_tenant_may_give_a_pod_a_cdi_device(key: str, resource: str, operation: str, new: Any, was: Any) -> None:
     value = f"{CDI_DEVICE_KIND}=GPU-8a1b2c3d-0000-1111-2222-333344445555"
 

@@ -28,6 +28,30 @@ def local_bundle(tmp_path_factory):
     return out, build(out, "x86_64", python)
 
 
+def unpacked(out: Path, names: tuple[str, ...], root: Path) -> Path:
+    """The archives ``names`` of ``out`` extracted together into ``root``, as Lambda lays out a function's
+    code and its layers."""
+    for name in names:
+        with zipfile.ZipFile(out / name) as archive:
+            archive.extractall(root)
+    return root
+
+
+def lambda_runtime(tmp_path: Path) -> Path:
+    """What the Lambda runtime provides besides the layers (its own boto3, as /var/runtime has it): links to
+    this environment's copies."""
+    import boto3
+    import botocore
+    import jmespath
+    import s3transfer
+
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    for module in (boto3, botocore, jmespath, s3transfer):
+        (runtime / module.__name__).symlink_to(Path(module.__file__).parent)
+    return runtime
+
+
 def test_bundle_is_under_the_lambda_limit_and_has_no_kubernetes(local_bundle):
     out, report = local_bundle
     assert set(report["functions"]) == {"extender", "node_state", "deletion_cost"}
@@ -60,10 +84,7 @@ def test_the_package_manifest_tells_the_cdk_app_what_was_built(local_bundle):
 
 def test_bundle_plus_layer_serve_a_request_with_nothing_else_installed(local_bundle, tmp_path):
     out, _ = local_bundle
-    root = tmp_path / "task"
-    for name in ("extender.zip", "layer-x86_64.zip"):
-        with zipfile.ZipFile(out / name) as archive:
-            archive.extractall(root)
+    root = unpacked(out, ("extender.zip", "layer-x86_64.zip"), tmp_path / "task")
     snapshot = tmp_path / "snapshot.npz"
     pods = [make_pod("r", 4, node_name="a100-0", phase="Running")]
     snapshot.write_bytes(
@@ -104,25 +125,15 @@ def test_bundle_plus_layer_serve_a_request_with_nothing_else_installed(local_bun
 
 def test_the_node_state_refresher_runs_from_its_bundle_and_layers(local_bundle, tmp_path, monkeypatch):
     """Code + both layers + what the Lambda runtime provides (boto3), against the API double and moto's server."""
+    import boto3
     from moto.server import ThreadedMotoServer
 
     from testing.kube_double import KubeApiDouble
     from testing.synthetic import eks_cluster
 
     out, _ = local_bundle
-    root = tmp_path / "task"
-    for name in ("node_state.zip", "layer-x86_64.zip", "layer-kube-x86_64.zip"):
-        with zipfile.ZipFile(out / name) as archive:
-            archive.extractall(root)
-    runtime = tmp_path / "runtime"  # the Lambda runtime's own boto3, as /var/runtime has it
-    runtime.mkdir()
-    import boto3
-    import botocore
-    import jmespath
-    import s3transfer
-
-    for module in (boto3, botocore, jmespath, s3transfer):
-        (runtime / module.__name__).symlink_to(Path(module.__file__).parent)
+    root = unpacked(out, ("node_state.zip", "layer-x86_64.zip", "layer-kube-x86_64.zip"), tmp_path / "task")
+    runtime = lambda_runtime(tmp_path)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     try:

@@ -216,6 +216,12 @@ class Step(NamedTuple):
     metrics: dict[Metric, float]
 
 
+def posted(what: str, verb: str, pod: dict[str, Any], *, metrics: dict[Metric, float], reply: Any) -> Step:
+    """A step that POSTs ``pod`` with every node's name to ``/VERB`` and expects a 200 with ``reply``, having
+    recorded ``metrics``."""
+    return Step(what, "POST", f"/{verb}", body(pod, ALL), 200, reply, metrics)
+
+
 STEPS = [
     Step(
         "health says what is configured",
@@ -226,20 +232,18 @@ STEPS = [
         {"status": "ok", "snapshot": True, "ledger": True, "verbs": ["filter", "prioritize", "bind", "preempt"]},
         {},
     ),
-    Step(
+    posted(
         "filter by names keeps the nodes with room and says why of the others",
-        "POST",
-        "/filter",
-        body(make_pod("two", 2, models="A100,L40S"), ALL),
-        200,
-        {
+        "filter",
+        make_pod("two", 2, models="A100,L40S"),
+        metrics=filtered(3, 2),
+        reply={
             "Nodes": None,
             "NodeNames": ["a100-1", "l40s-2"],
             "FailedNodes": {},
             "FailedAndUnresolvableNodes": {"t4-0": "GPU model T4 not in A100,L40S"},
             "Error": "",
         },
-        filtered(3, 2),
     ),
     Step(
         "filter with full Node objects returns the objects sent",
@@ -256,13 +260,12 @@ STEPS = [
         },
         filtered(2, 1),
     ),
-    Step(
+    posted(
         "a pod no node can host is counted Unschedulable by its main reason",
-        "POST",
-        "/filter",
-        body(make_pod("huge", 64), ALL),
-        200,
-        {
+        "filter",
+        make_pod("huge", 64),
+        metrics=filtered(3, 0, too_few_gpus=1),
+        reply={
             "Nodes": None,
             "NodeNames": [],
             "FailedNodes": {},
@@ -273,25 +276,20 @@ STEPS = [
             },
             "Error": "",
         },
-        filtered(3, 0, too_few_gpus=1),
     ),
-    Step(
+    posted(
         "an invalid annotation is an Error in a 200, counted by its kind",
-        "POST",
-        "/filter",
-        body(make_pod("bad", 1, models="T4!"), ALL),
-        200,
-        REPLY_INVALID_POD,
-        filtered(0, 0, invalid_pod=1),
+        "filter",
+        make_pod("bad", 1, models="T4!"),
+        metrics=filtered(0, 0, invalid_pod=1),
+        reply=REPLY_INVALID_POD,
     ),
-    Step(
+    posted(
         "prioritize scores every node sent",
-        "POST",
-        "/prioritize",
-        body(make_pod("two", 2, models="A100,L40S"), ALL),
-        200,
-        REPLY_SCORES,
-        {("PrioritizeLatencyMs", ""): 1},
+        "prioritize",
+        make_pod("two", 2, models="A100,L40S"),
+        metrics={("PrioritizeLatencyMs", ""): 1},
+        reply=REPLY_SCORES,
     ),
     Step(
         "a body that is not JSON is a 400",

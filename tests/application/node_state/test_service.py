@@ -116,21 +116,9 @@ def expected_used_milli(nodes: list[dict[str, Any]], pods: list[dict[str, Any]])
     return used
 
 
-@requires_prometheus
-def test_one_run_labels_nodes_writes_the_snapshot_and_a_second_run_patches_nothing(
-    aws: Any, api: KubeApiDouble, cluster: Any, prometheus: str
-) -> None:
-    nodes, pods = cluster
-    before = {n["metadata"]["name"]: dict(n["metadata"]["labels"]) for n in nodes}
-    report = run(aws, api, prometheus)
-
-    assert report.status == "ok", report.error
-    assert report.nodes_seen == 500
-    assert report.unlabelled == {"no GFD labels; instance type m5.4xlarge has no GPUs": 50}
-    # 225 GFD-only + 200 bare GPU nodes get labels; the 25 with stale labels keep them under "fill".
-    assert report.label_patches_planned == report.nodes_labeled == 425
-    assert report.label_patch_failures == report.label_patches_skipped == 0
-
+def assert_only_the_gpu_labels_were_patched(api: KubeApiDouble, before: dict[str, dict[str, str]]) -> None:
+    """425 merge patches of the GPU labels alone; no other label moved, GFD's figures won where a node has
+    them, and a bare T4 got EC2's."""
     patches = [r for r in api.writes() if r.method == "PATCH"]
     assert len(patches) == 425 and {r.content_type for r in patches} == {"application/merge-patch+json"}
     for request in patches:
@@ -152,9 +140,13 @@ def test_one_run_labels_nodes_writes_the_snapshot_and_a_second_run_patches_nothi
     assert {k: bare_t4["metadata"]["labels"][k] for k in OWNED_LABELS} == {
         "gpu.nvidia.com/model": "T4", "gpu.nvidia.com/memory": "16384", "gpu.nvidia.com/count": "4"}  # fmt: skip
 
-    snapshot = stored_snapshot(aws)
+
+def assert_the_snapshot_counts_every_bound_pod(
+    snapshot: Any, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
+) -> None:
+    """GPU milli and CPU used per node as the pod specs add them up, and the workload shapes of what runs on
+    GPU nodes."""
     table = snapshot.table
-    assert table.n_nodes == 500 and snapshot.cluster == "prod"
     used = (1000 - snapshot.free_milli).clip(min=0)
     exists = np.arange(snapshot.max_gpus)[None, :] < table.alloc_gpus[:, None]
     per_node = np.where(exists, used, 0).sum(axis=1)
@@ -176,6 +168,28 @@ def test_one_run_labels_nodes_writes_the_snapshot_and_a_second_run_patches_nothi
     assert max(shapes, key=shapes.__getitem__) == (1000, 1000, 1, "")  # one whole GPU is the most common
     assert any(0 < milli < 1000 for _, milli, _, _ in shapes), "a share shape is common enough to keep"
     assert sum(shapes.values()) >= 0.95 * on_gpu_nodes
+
+
+@requires_prometheus
+def test_one_run_labels_nodes_writes_the_snapshot_and_a_second_run_patches_nothing(
+    aws: Any, api: KubeApiDouble, cluster: Any, prometheus: str
+) -> None:
+    nodes, pods = cluster
+    before = {n["metadata"]["name"]: dict(n["metadata"]["labels"]) for n in nodes}
+    report = run(aws, api, prometheus)
+
+    assert report.status == "ok", report.error
+    assert report.nodes_seen == 500
+    assert report.unlabelled == {"no GFD labels; instance type m5.4xlarge has no GPUs": 50}
+    # 225 GFD-only + 200 bare GPU nodes get labels; the 25 with stale labels keep them under "fill".
+    assert report.label_patches_planned == report.nodes_labeled == 425
+    assert report.label_patch_failures == report.label_patches_skipped == 0
+    assert_only_the_gpu_labels_were_patched(api, before)
+
+    snapshot = stored_snapshot(aws)
+    table = snapshot.table
+    assert table.n_nodes == 500 and snapshot.cluster == "prod"
+    assert_the_snapshot_counts_every_bound_pod(snapshot, nodes, pods)
     row = table.index["gpu-00000"]
     assert snapshot.gpu_utilization[row, :2].tolist() == pytest.approx([0.4, 0.6])
     assert np.isnan(snapshot.gpu_utilization[row, 2:]).all()

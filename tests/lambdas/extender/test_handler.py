@@ -13,6 +13,7 @@ from moto import mock_aws
 from adapters.metric_catalogue import CATALOGUE, EXTENDER
 from scheduler_core.state.snapshot import build_snapshot, write_snapshot
 from testing.kube_double import KubeApiDouble
+from tests.captured_requests import each_captured_request
 from tests.conftest import (
     REPO,
     SCHEDULER_FIXTURES,
@@ -21,13 +22,11 @@ from tests.conftest import (
     assert_catalogued,
     assert_protocol_correct_filter,
     captured_nodes,
-    fixture_id,
     load_fixture,
     make_nodes,
     make_pod,
     request_verb,
     requires_fixtures,
-    scheduler_requests,
 )
 
 pytestmark = pytest.mark.server  # the Lambda handler over moto
@@ -95,8 +94,7 @@ def invoke(load_handler, capsys):
     return make
 
 
-@requires_fixtures()
-@pytest.mark.parametrize("path", scheduler_requests("filter") + scheduler_requests("prioritize"), ids=fixture_id)
+@each_captured_request
 def test_every_captured_request_in_both_node_modes(aws, invoke, path):
     put_snapshot(aws, captured_nodes())
     call = invoke()
