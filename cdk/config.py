@@ -61,7 +61,7 @@ from application.node_state.settings import NodeStateSettings
 from cdk.functions import RETENTION_NAMES
 from cdk.network import GATEWAY_SERVICES, INTERFACE_SERVICES, SERVICES, VPC_WIDE_SERVICES
 from cdk.prometheus import DCGM_NAMESPACE, KSM_NAMESPACE
-from manifests.scheduler import DEFAULT_IMAGE, SchedulerOptions, parse_node_selector
+from manifests.scheduler_options import DEFAULT_IMAGE, SchedulerOptions, parse_node_selector
 from scheduler_core.deletion_cost.policy import CostConfig
 from scheduler_core.errors import ConfigError
 
@@ -285,6 +285,13 @@ class DeployConfig:
         return found
 
     def _network_problems(self) -> list[str]:
+        """The network keys: the cluster's VPC, how the scheduler pods reach the extender's endpoint, and
+        the service endpoints."""
+        return self._vpc_problems() + self._scheduler_pods_problems() + self._endpoint_problems()
+
+    def _vpc_problems(self) -> list[str]:
+        """``vpcId`` and the IDs that go with it: each one given needs it, it needs the subnets, the cluster
+        security group and (for gateway endpoints it makes) the route tables; every ID is well formed."""
         found = []
         imported = {
             "subnetIds": self.subnet_ids,
@@ -325,6 +332,12 @@ class DeployConfig:
         ):
             found += [f"{key}: expected {prefix}- and 8 or 17 hex digits, got {v!r}" for v in values
                       if v and not _is_id(v, prefix)]  # fmt: skip
+        return found
+
+    def _scheduler_pods_problems(self) -> list[str]:
+        """How the scheduler pods reach the extender's endpoint: their own security group (not the
+        cluster's), a node selector with its node group's group, or an imported endpoint that takes neither."""
+        found = []
         if self.scheduler_security_group_id and self.scheduler_security_group_id == self.cluster_security_group_id:
             found.append(
                 "schedulerSecurityGroupId: must not be the cluster security group, which every pod on managed nodes "
@@ -348,6 +361,12 @@ class DeployConfig:
                 "schedulerSecurityGroupId: not used with executeApiEndpointId (the imported endpoint keeps its own "
                 "security group: make it admit only the scheduler pods)"
             )
+        return found
+
+    def _endpoint_problems(self) -> list[str]:
+        """Private DNS only on endpoints this stack creates, and only services it knows in
+        ``existingVpcEndpoints``."""
+        found = []
         if self.execute_api_endpoint_id and self.execute_api_private_dns:
             found.append(
                 "executeApiPrivateDns: applies only to the endpoint this stack creates, not executeApiEndpointId"

@@ -71,6 +71,27 @@ def endpoint_policy(resource: str) -> dict[str, Any]:
     }
 
 
+def resource_policy(endpoint_id: str) -> iam.PolicyDocument:
+    """The API's resource policy: ``execute-api:Invoke`` allowed with ``aws:SourceVpce`` equal to
+    ``endpoint_id``, and denied explicitly with any other."""
+    return iam.PolicyDocument(
+        statements=[
+            iam.PolicyStatement(
+                sid=sid,
+                effect=effect,
+                principals=[iam.AnyPrincipal()],
+                actions=["execute-api:Invoke"],
+                resources=["execute-api:/*"],
+                conditions={operator: {"aws:SourceVpce": endpoint_id}},
+            )
+            for sid, effect, operator in (
+                ("AllowOnlyThroughTheClusterEndpoint", iam.Effect.ALLOW, "StringEquals"),
+                ("DenyEverythingElse", iam.Effect.DENY, "StringNotEquals"),
+            )
+        ]
+    )
+
+
 class ExtenderApi(Construct):
     """Attributes: ``endpoint`` (the created VPC endpoint, None when imported), ``endpoint_id``,
     ``endpoint_security_group`` (None when imported), ``endpoint_policy`` (the custom resource narrowing the
@@ -95,75 +116,76 @@ class ExtenderApi(Construct):
         imported_endpoint_id: str = "",
     ) -> None:
         super().__init__(scope, construct_id)
-        account_apis = f"arn:{Aws.PARTITION}:execute-api:{Aws.REGION}:{Aws.ACCOUNT_ID}:*"
         self.endpoint: ec2.CfnVPCEndpoint | None = None
         self.endpoint_security_group: ec2.SecurityGroup | None = None
         if imported_endpoint_id:
             self.endpoint_id = imported_endpoint_id
         else:
-            self.endpoint_security_group = ec2.SecurityGroup(
-                self,
-                "EndpointSecurityGroup",
-                vpc=vpc,
-                description="execute-api endpoint for the gpu-scheduler extender: 443 from the scheduler pods only",
-                allow_all_outbound=False,
-            )
-            self.endpoint_security_group.add_ingress_rule(
-                ec2.Peer.security_group_id(scheduler_security_group_id),
-                ec2.Port.tcp(443),
-                "the gpu-scheduler kube-scheduler pods",
-            )
-            # L1, so the endpoint needs only subnet IDs (an imported VPC's AZs stay unknown; DESIGN section 8).
-            self.endpoint = ec2.CfnVPCEndpoint(
-                self,
-                "ExecuteApiEndpoint",
-                vpc_id=vpc.vpc_id,
-                service_name=f"com.amazonaws.{Aws.REGION}.execute-api",
-                vpc_endpoint_type="Interface",
-                private_dns_enabled=private_dns,
-                subnet_ids=list(subnet_ids),
-                security_group_ids=[self.endpoint_security_group.security_group_id],
-                # Until the custom resource below narrows it to this API: this account's APIs only.
-                policy_document=endpoint_policy(account_apis),
-            )
+            self.endpoint = self._endpoint(vpc, subnet_ids, scheduler_security_group_id, private_dns)
             self.endpoint_id = self.endpoint.ref
         endpoint_id = self.endpoint_id
-        invoke = "execute-api:/*"
-        policy = iam.PolicyDocument(
-            statements=[
-                iam.PolicyStatement(
-                    sid="AllowOnlyThroughTheClusterEndpoint",
-                    principals=[iam.AnyPrincipal()],
-                    actions=["execute-api:Invoke"],
-                    resources=[invoke],
-                    conditions={"StringEquals": {"aws:SourceVpce": endpoint_id}},
-                ),
-                iam.PolicyStatement(
-                    sid="DenyEverythingElse",
-                    effect=iam.Effect.DENY,
-                    principals=[iam.AnyPrincipal()],
-                    actions=["execute-api:Invoke"],
-                    resources=[invoke],
-                    conditions={"StringNotEquals": {"aws:SourceVpce": endpoint_id}},
-                ),
-            ]
-        )
         # API Gateway writes access logs with the account's CloudWatch role, which this app never
         # creates or changes (cloud_watch_role=False; docs/deploy.md lists the one-time account setting).
         self.access_logs = logs.LogGroup(self, "AccessLogs", retention=access_log_retention)
+        self.api = self._rest_api(endpoint_id, rate_limit, burst_limit)
+        integration = apigw.LambdaIntegration(handler, proxy=True)
+        # kube-scheduler POSTs to <urlPrefix>/<verb>; /healthz is for people and probes.
+        for verb in verbs:
+            self.api.root.add_resource(verb).add_method("POST", integration)
+        self.api.root.add_resource("healthz").add_method("GET", integration)
+        self.url = f"https://{self.api.rest_api_id}-{endpoint_id}.execute-api.{Aws.REGION}.{Aws.URL_SUFFIX}/{STAGE}"
+        self.endpoint_policy: cr.AwsCustomResource | None = None
+        if self.endpoint is not None:
+            self.endpoint_policy = self._narrow_endpoint_policy(endpoint_id, access_log_retention)
+
+    def _endpoint(
+        self, vpc: ec2.IVpc, subnet_ids: Sequence[str], scheduler_security_group_id: str, private_dns: bool
+    ) -> ec2.CfnVPCEndpoint:
+        """The ``execute-api`` interface endpoint, admitting 443 from the scheduler pods' group only, and
+        allowing this account's APIs until :meth:`_narrow_endpoint_policy` narrows it to this one."""
+        self.endpoint_security_group = ec2.SecurityGroup(
+            self,
+            "EndpointSecurityGroup",
+            vpc=vpc,
+            description="execute-api endpoint for the gpu-scheduler extender: 443 from the scheduler pods only",
+            allow_all_outbound=False,
+        )
+        self.endpoint_security_group.add_ingress_rule(
+            ec2.Peer.security_group_id(scheduler_security_group_id),
+            ec2.Port.tcp(443),
+            "the gpu-scheduler kube-scheduler pods",
+        )
+        account_apis = f"arn:{Aws.PARTITION}:execute-api:{Aws.REGION}:{Aws.ACCOUNT_ID}:*"
+        # L1, so the endpoint needs only subnet IDs (an imported VPC's AZs stay unknown; DESIGN section 8).
+        return ec2.CfnVPCEndpoint(
+            self,
+            "ExecuteApiEndpoint",
+            vpc_id=vpc.vpc_id,
+            service_name=f"com.amazonaws.{Aws.REGION}.execute-api",
+            vpc_endpoint_type="Interface",
+            private_dns_enabled=private_dns,
+            subnet_ids=list(subnet_ids),
+            security_group_ids=[self.endpoint_security_group.security_group_id],
+            # Until the custom resource below narrows it to this API: this account's APIs only.
+            policy_document=endpoint_policy(account_apis),
+        )
+
+    def _rest_api(self, endpoint_id: str, rate_limit: int, burst_limit: int) -> apigw.RestApi:
+        """The PRIVATE REST API, associated with the endpoint and invokable only through it; its stage
+        throttled, traced and logging each request as JSON to ``access_logs``."""
         # Associating the endpoint is what makes the endpoint-specific hostname resolve (with private DNS
         # on or off).
         associated = ec2.InterfaceVpcEndpoint.from_interface_vpc_endpoint_attributes(
             self, "AssociatedEndpoint", port=443, vpc_endpoint_id=endpoint_id
         )
-        self.api = apigw.RestApi(
+        return apigw.RestApi(
             self,
             "Api",
             description="gpu-scheduler kube-scheduler extender (private)",
             endpoint_configuration=apigw.EndpointConfiguration(
                 types=[apigw.EndpointType.PRIVATE], vpc_endpoints=[associated]
             ),
-            policy=policy,
+            policy=resource_policy(endpoint_id),
             cloud_watch_role=False,
             deploy_options=apigw.StageOptions(
                 stage_name=STAGE,
@@ -175,15 +197,6 @@ class ExtenderApi(Construct):
                 tracing_enabled=True,
             ),
         )
-        integration = apigw.LambdaIntegration(handler, proxy=True)
-        # kube-scheduler POSTs to <urlPrefix>/<verb>; /healthz is for people and probes.
-        for verb in verbs:
-            self.api.root.add_resource(verb).add_method("POST", integration)
-        self.api.root.add_resource("healthz").add_method("GET", integration)
-        self.url = f"https://{self.api.rest_api_id}-{endpoint_id}.execute-api.{Aws.REGION}.{Aws.URL_SUFFIX}/{STAGE}"
-        self.endpoint_policy: cr.AwsCustomResource | None = None
-        if self.endpoint is not None:
-            self.endpoint_policy = self._narrow_endpoint_policy(endpoint_id, access_log_retention)
 
     def _narrow_endpoint_policy(self, endpoint_id: str, log_retention: logs.RetentionDays) -> cr.AwsCustomResource:
         """``ec2:ModifyVpcEndpoint`` at deploy time: the endpoint's policy becomes this API's stage only."""

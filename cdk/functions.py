@@ -74,20 +74,7 @@ class SchedulerFunction(Construct):
             retention=retention(log_retention_days),
             removal_policy=RemovalPolicy.RETAIN,
         )
-        self.role = iam.Role(
-            self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description=f"eks-gpu-scheduler {name}: only the grants made in the stack",
-        )
-        # Exactly the two calls the runtime makes, on this function's own log group.
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                resources=[self.log_group.log_group_arn],
-            )
-        )
-        self.role.add_to_policy(iam.PolicyStatement(actions=list(VPC_ACCESS_ACTIONS), resources=["*"]))
+        self.role = self._role(name)
         self.function = lambda_.Function(
             self,
             "Function",
@@ -112,6 +99,25 @@ class SchedulerFunction(Construct):
             # Initialised once per published version and restored from its snapshot (Python 3.12+).
             snap_start=lambda_.SnapStartConf.ON_PUBLISHED_VERSIONS if snap_start else None,
         )
+
+    def _role(self, name: str) -> iam.Role:
+        """The execution role, holding only what a function needs to run: writing its own log group and
+        attaching to the VPC. The stack grants the rest."""
+        role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"eks-gpu-scheduler {name}: only the grants made in the stack",
+        )
+        # Exactly the two calls the runtime makes, on this function's own log group.
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[self.log_group.log_group_arn],
+            )
+        )
+        role.add_to_policy(iam.PolicyStatement(actions=list(VPC_ACCESS_ACTIONS), resources=["*"]))
+        return role
 
 
 RETENTION_NAMES = {

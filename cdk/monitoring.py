@@ -180,50 +180,10 @@ class Monitoring(Construct):
         )
 
     def _alarms(self, watched: Watched) -> None:
-        stage = watched.stage
-
-        def alarm(
-            name: str, description: str, metric_: cloudwatch.IMetric, threshold: float, periods: int, datapoints: int
-        ) -> None:
-            created = cloudwatch.Alarm(
-                self,
-                name,
-                alarm_description=description,
-                metric=metric_,
-                threshold=threshold,
-                evaluation_periods=periods,
-                datapoints_to_alarm=datapoints,
-                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-            )
-            self.notify(created)
-            self.alarms[name] = created
-
-        alarm(
-            "Extender5xxRate",
-            "more than 1% of extender API calls answer 5xx: kube-scheduler fails those scheduling cycles",
-            cloudwatch.MathExpression(
-                expression="IF(requests > 0, 100 * errors / requests, 0)",
-                using_metrics={
-                    "errors": stage.metric_server_error(period=MINUTE, statistic="Sum"),
-                    "requests": stage.metric_count(period=MINUTE, statistic="SampleCount"),
-                },
-                label="5xx %",
-                period=MINUTE,
-            ),
-            1,
-            5,
-            3,
-        )
-        alarm(
-            "ExtenderLatencyP99",
-            "extender p99 over 1 s, measured at API Gateway (kube-scheduler's httpTimeout is 3 s)",
-            stage.metric_latency(period=MINUTE, statistic="p99"),
-            1000,
-            5,
-            3,
-        )
-        alarm(
+        """Every alarm, each sent to the topic: the extender API's errors and latency, a stale snapshot,
+        failing refreshers, and a spike of GPU-ledger conflicts."""
+        self._api_alarms(watched.stage)
+        self._alarm(
             "SnapshotStale",
             f"the extender is deciding from a snapshot older than {watched.max_snapshot_age_s:g} s "
             "(node-state refresher failing or not running?)",
@@ -236,7 +196,7 @@ class Monitoring(Construct):
             ("NodeStateFailing", watched.node_state, NODE_STATE),
             ("DeletionCostFailing", watched.deletion_cost, DELETION_COST),
         ):
-            alarm(
+            self._alarm(
                 name,
                 f"{service}: 3 or more failed runs in 5 minutes (crashes or runs reporting failure)",
                 cloudwatch.MathExpression(
@@ -252,7 +212,7 @@ class Monitoring(Construct):
                 1,
                 1,
             )
-        alarm(
+        self._alarm(
             "LedgerConflictSpike",
             f"more than {watched.ledger_conflicts_per_5m} GPU-ledger conflicts in 5 minutes: binds are contending",
             metric("LedgerConflicts", EXTENDER, period=FIVE_MINUTES),
@@ -260,6 +220,52 @@ class Monitoring(Construct):
             1,
             1,
         )
+
+    def _api_alarms(self, stage: apigw.Stage) -> None:
+        """The extender as kube-scheduler sees it, at API Gateway: 5xx answers and p99 latency."""
+        self._alarm(
+            "Extender5xxRate",
+            "more than 1% of extender API calls answer 5xx: kube-scheduler fails those scheduling cycles",
+            cloudwatch.MathExpression(
+                expression="IF(requests > 0, 100 * errors / requests, 0)",
+                using_metrics={
+                    "errors": stage.metric_server_error(period=MINUTE, statistic="Sum"),
+                    "requests": stage.metric_count(period=MINUTE, statistic="SampleCount"),
+                },
+                label="5xx %",
+                period=MINUTE,
+            ),
+            1,
+            5,
+            3,
+        )
+        self._alarm(
+            "ExtenderLatencyP99",
+            "extender p99 over 1 s, measured at API Gateway (kube-scheduler's httpTimeout is 3 s)",
+            stage.metric_latency(period=MINUTE, statistic="p99"),
+            1000,
+            5,
+            3,
+        )
+
+    def _alarm(
+        self, name: str, description: str, metric_: cloudwatch.IMetric, threshold: float, periods: int, datapoints: int
+    ) -> None:
+        """An alarm above ``threshold`` in ``datapoints`` of ``periods``, missing data not breaching; sent to
+        the topic and kept in ``alarms``."""
+        created = cloudwatch.Alarm(
+            self,
+            name,
+            alarm_description=description,
+            metric=metric_,
+            threshold=threshold,
+            evaluation_periods=periods,
+            datapoints_to_alarm=datapoints,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        self.notify(created)
+        self.alarms[name] = created
 
     def notify(self, alarm: cloudwatch.Alarm) -> None:
         """Send this alarm's state changes (alarm and back to OK) to the topic."""
@@ -303,10 +309,17 @@ def _graph(
 
 
 def _widgets(watched: Watched, alarms: Mapping[str, cloudwatch.Alarm]) -> list[list[cloudwatch.IWidget]]:
+    """The dashboard's three rows: the extender, the refreshers, the GPU ledger and scale-down order."""
+    return [_extender_row(watched, alarms), _refresher_row(watched), _state_row()]
+
+
+def _extender_row(watched: Watched, alarms: Mapping[str, cloudwatch.Alarm]) -> list[cloudwatch.IWidget]:
+    """Is kube-scheduler getting fast, correct answers: latency at each layer, errors, what the filter sees,
+    the snapshot's age and the alarms' states."""
     stage, extender = watched.stage, watched.extender
     percentiles = ("p50", "p90", "p99")
     unschedulable = _by_dimension("Unschedulable", EXTENDER, "reason")
-    extender_row: list[cloudwatch.IWidget] = [
+    return [
         cloudwatch.TextWidget(
             markdown="## Extender: is kube-scheduler getting fast, correct answers?", width=24, height=1
         ),
@@ -352,7 +365,11 @@ def _widgets(watched: Watched, alarms: Mapping[str, cloudwatch.Alarm]) -> list[l
         ),
         cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(alarms.values()), width=8, height=6),
     ]
-    refresher_row: list[cloudwatch.IWidget] = [
+
+
+def _refresher_row(watched: Watched) -> list[cloudwatch.IWidget]:
+    """Is the state fresh and are the writes landing: run durations, label and cost writes, failures, AMP."""
+    return [
         cloudwatch.TextWidget(
             markdown="## Refreshers: is the state fresh and are the writes landing?", width=24, height=1
         ),
@@ -390,7 +407,11 @@ def _widgets(watched: Watched, alarms: Mapping[str, cloudwatch.Alarm]) -> list[l
         _graph("AMP query latency", [metric("AmpQueryMs", NODE_STATE, p) for p in ("p50", "p99")], unit="ms"),
         _graph("Snapshot size", [metric("SnapshotBytes", NODE_STATE, "Maximum")], unit="bytes"),
     ]
-    state_row: list[cloudwatch.IWidget] = [
+
+
+def _state_row() -> list[cloudwatch.IWidget]:
+    """The GPU ledger (binds, conflicts, refusals, drift) and the deletion-cost distribution."""
+    return [
         cloudwatch.TextWidget(markdown="## GPU ledger and scale-down order", width=24, height=1),
         _graph(
             "GPU sharing: binds, conflicts, rollbacks",
@@ -407,4 +428,3 @@ def _widgets(watched: Watched, alarms: Mapping[str, cloudwatch.Alarm]) -> list[l
             stacked=True,
         ),
     ]
-    return [extender_row, refresher_row, state_row]

@@ -120,32 +120,7 @@ class SchedulerNetwork(Construct):
             self.cluster_security_group_id = cluster_security_group_id
             self.scheduler_security_group_id = scheduler_security_group_id
         else:
-            demo = ec2.Vpc(
-                self,
-                "DemoVpc",
-                max_azs=2,
-                nat_gateways=0,
-                subnet_configuration=[
-                    ec2.SubnetConfiguration(name="private", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=24)
-                ],
-                flow_logs={
-                    "all": ec2.FlowLogOptions(
-                        traffic_type=ec2.FlowLogTrafficType.REJECT,
-                        destination=ec2.FlowLogDestination.to_cloud_watch_logs(
-                            logs.LogGroup(self, "DemoFlowLogs", retention=log_retention)
-                        ),
-                    )
-                },
-            )
-            self.vpc = demo
-            subnets = list(demo.isolated_subnets)
-            self.subnet_ids = [s.subnet_id for s in subnets]
-            routes = [s.route_table.route_table_id for s in subnets]
-            # A stand-in for the EKS cluster security group.
-            self.cluster_security_group_id = ec2.SecurityGroup(
-                self, "DemoClusterSecurityGroup", vpc=demo, description="demo cluster"
-            ).security_group_id
-            self.scheduler_security_group_id = ""
+            subnets, routes = self._demo_vpc(log_retention)
         self.scheduler_security_group: ec2.SecurityGroup | None = None
         if scheduler_pods == "securityGroupPolicy" and not self.scheduler_security_group_id:
             self.scheduler_security_group = self._scheduler_pods_group()
@@ -153,54 +128,87 @@ class SchedulerNetwork(Construct):
         if scheduler_pods == "securityGroupPolicy":
             self._admit_scheduler_pods()
 
-        self.lambda_security_group = ec2.SecurityGroup(
-            self,
-            "LambdaSecurityGroup",
-            vpc=self.vpc,
-            description="gpu-scheduler Lambdas: HTTPS out, nothing in",
-            allow_all_outbound=False,
-        )
-        self.lambda_security_group.add_egress_rule(
-            ec2.Peer.any_ipv4(), HTTPS, "the EKS API, the VPC endpoints and the S3/DynamoDB gateways"
-        )
-        ec2.CfnSecurityGroupIngress(
-            self,
-            "ClusterApiFromLambdas",
-            group_id=self.cluster_security_group_id,
-            source_security_group_id=self.lambda_security_group.security_group_id,
-            ip_protocol="tcp",
-            from_port=443,
-            to_port=443,
-            description="gpu-scheduler Lambdas to the EKS API",
-        )
+        self.lambda_security_group = self._lambda_group()
         self.functions = FunctionNetwork(self.vpc, subnets, self.lambda_security_group)
-
         self.endpoints: dict[str, ec2.CfnVPCEndpoint] = {}
-        for service in (s for s in services if s in GATEWAY_SERVICES):
+        self._gateway_endpoints([s for s in services if s in GATEWAY_SERVICES], routes)
+        self.endpoint_security_group: ec2.SecurityGroup | None = None
+        interfaces = [s for s in services if s in INTERFACE_SERVICES]
+        if interfaces:
+            self._interface_endpoints(interfaces)
+
+    def _demo_vpc(self, log_retention: logs.RetentionDays) -> tuple[list[ec2.ISubnet], list[str]]:
+        """A demo VPC in place of the cluster's: isolated subnets in two zones, no NAT, rejected flows logged,
+        and a stand-in for the cluster security group. Returns its subnets and their route tables."""
+        demo = ec2.Vpc(
+            self,
+            "DemoVpc",
+            max_azs=2,
+            nat_gateways=0,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(name="private", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=24)
+            ],
+            flow_logs={
+                "all": ec2.FlowLogOptions(
+                    traffic_type=ec2.FlowLogTrafficType.REJECT,
+                    destination=ec2.FlowLogDestination.to_cloud_watch_logs(
+                        logs.LogGroup(self, "DemoFlowLogs", retention=log_retention)
+                    ),
+                )
+            },
+        )
+        self.vpc = demo
+        subnets = list(demo.isolated_subnets)
+        self.subnet_ids = [s.subnet_id for s in subnets]
+        # A stand-in for the EKS cluster security group.
+        self.cluster_security_group_id = ec2.SecurityGroup(
+            self, "DemoClusterSecurityGroup", vpc=demo, description="demo cluster"
+        ).security_group_id
+        self.scheduler_security_group_id = ""
+        return subnets, [s.route_table.route_table_id for s in subnets]
+
+    def _closed_group(self, construct_id: str, description: str) -> ec2.SecurityGroup:
+        """A security group in the VPC that lets nothing out until a rule says so (CDK's default allows all)."""
+        return ec2.SecurityGroup(self, construct_id, vpc=self.vpc, description=description, allow_all_outbound=False)
+
+    def _lambda_group(self) -> ec2.SecurityGroup:
+        """The Lambdas' security group: HTTPS out, nothing in; the cluster security group admits it on 443."""
+        group = self._closed_group("LambdaSecurityGroup", "gpu-scheduler Lambdas: HTTPS out, nothing in")
+        group.add_egress_rule(ec2.Peer.any_ipv4(), HTTPS, "the EKS API, the VPC endpoints and the S3/DynamoDB gateways")
+        self._ingress(
+            "ClusterApiFromLambdas",
+            self.cluster_security_group_id,
+            group.security_group_id,
+            "tcp",
+            443,
+            "gpu-scheduler Lambdas to the EKS API",
+        )
+        return group
+
+    def _gateway_endpoints(self, gateways: Sequence[str], route_table_ids: Sequence[str]) -> None:
+        """A gateway endpoint per service, on the private subnets' route tables."""
+        for service in gateways:
             self.endpoints[service] = ec2.CfnVPCEndpoint(
                 self,
                 f"{_title(service)}Gateway",
                 vpc_id=self.vpc.vpc_id,
                 service_name=f"com.amazonaws.{Aws.REGION}.{service}",
                 vpc_endpoint_type="Gateway",
-                route_table_ids=routes,
+                route_table_ids=list(route_table_ids),
             )
-        interfaces = [s for s in services if s in INTERFACE_SERVICES]
-        self.endpoint_security_group: ec2.SecurityGroup | None = None
-        if not interfaces:
-            return
-        self.endpoint_security_group = ec2.SecurityGroup(
-            self,
+
+    def _interface_endpoints(self, interfaces: Sequence[str]) -> None:
+        """An interface endpoint per service in the subnets, behind one security group; without private DNS
+        each one's own URL goes into ``endpoint_urls``."""
+        self.endpoint_security_group = group = self._closed_group(
             "EndpointSecurityGroup",
-            vpc=self.vpc,
             # One description for both settings: changing it would replace the group.
-            description="gpu-scheduler AWS service endpoints: 443 from the Lambdas (and the cluster with private DNS)",
-            allow_all_outbound=False,
+            "gpu-scheduler AWS service endpoints: 443 from the Lambdas (and the cluster with private DNS)",
         )
-        self.endpoint_security_group.add_ingress_rule(self.lambda_security_group, HTTPS, "gpu-scheduler Lambdas")
-        if private_dns:
+        group.add_ingress_rule(self.lambda_security_group, HTTPS, "gpu-scheduler Lambdas")
+        if self.private_dns:
             # Private DNS sends the cluster's own calls to these services here too: admit them.
-            self.endpoint_security_group.add_ingress_rule(
+            group.add_ingress_rule(
                 ec2.Peer.security_group_id(self.cluster_security_group_id), HTTPS, "the cluster's pods and nodes"
             )
         for service in interfaces:
@@ -210,23 +218,20 @@ class SchedulerNetwork(Construct):
                 vpc_id=self.vpc.vpc_id,
                 service_name=f"com.amazonaws.{Aws.REGION}.{service}",
                 vpc_endpoint_type="Interface",
-                private_dns_enabled=private_dns,
+                private_dns_enabled=self.private_dns,
                 subnet_ids=self.subnet_ids,
-                security_group_ids=[self.endpoint_security_group.security_group_id],
+                security_group_ids=[group.security_group_id],
             )
             self.endpoints[service] = endpoint
-            if not private_dns:
+            if not self.private_dns:
                 self.endpoint_urls[service] = f"https://{regional_dns_name(endpoint)}"
 
     def _scheduler_pods_group(self) -> ec2.SecurityGroup:
         """The scheduler pods' own security group, the one source the extender's endpoint admits: HTTPS out
         (the cluster API, that endpoint) and DNS to the cluster security group (CoreDNS)."""
-        group = ec2.SecurityGroup(
-            self,
+        group = self._closed_group(
             "SchedulerPodsSecurityGroup",
-            vpc=self.vpc,
-            description="gpu-scheduler kube-scheduler pods (SecurityGroupPolicy): the extender API admits them",
-            allow_all_outbound=False,
+            "gpu-scheduler kube-scheduler pods (SecurityGroupPolicy): the extender API admits them",
         )
         group.add_egress_rule(ec2.Peer.any_ipv4(), HTTPS, "the cluster API and the extender API's endpoint")
         cluster = ec2.Peer.security_group_id(self.cluster_security_group_id)
@@ -237,31 +242,30 @@ class SchedulerNetwork(Construct):
     def _admit_scheduler_pods(self) -> None:
         """What a pod with a security group of its own needs from the cluster's (EKS, Security Groups for
         Pods): the API server and CoreDNS admit it, and it admits the kubelet's probes from the nodes."""
+        cluster, pods = self.cluster_security_group_id, self.scheduler_security_group_id
+        from_pods = "gpu-scheduler kube-scheduler pods to"
+        probes = "the kubelet's probes of the gpu-scheduler kube-scheduler pods"
         rules = (
-            ("SchedulerPodsToClusterApi", "tcp", 443, "gpu-scheduler kube-scheduler pods to the EKS API"),
-            ("SchedulerPodsToCoreDnsTcp", "tcp", 53, "gpu-scheduler kube-scheduler pods to CoreDNS"),
-            ("SchedulerPodsToCoreDnsUdp", "udp", 53, "gpu-scheduler kube-scheduler pods to CoreDNS"),
+            ("SchedulerPodsToClusterApi", cluster, pods, "tcp", 443, f"{from_pods} the EKS API"),
+            ("SchedulerPodsToCoreDnsTcp", cluster, pods, "tcp", 53, f"{from_pods} CoreDNS"),
+            ("SchedulerPodsToCoreDnsUdp", cluster, pods, "udp", 53, f"{from_pods} CoreDNS"),
+            ("KubeletProbesToSchedulerPods", pods, cluster, "tcp", SCHEDULER_PORT, probes),
         )
-        for construct_id, protocol, port, description in rules:
-            ec2.CfnSecurityGroupIngress(
-                self,
-                construct_id,
-                group_id=self.cluster_security_group_id,
-                source_security_group_id=self.scheduler_security_group_id,
-                ip_protocol=protocol,
-                from_port=port,
-                to_port=port,
-                description=description,
-            )
+        for construct_id, group_id, source_id, protocol, port, description in rules:
+            self._ingress(construct_id, group_id, source_id, protocol, port, description)
+
+    def _ingress(self, construct_id: str, group_id: str, source_id: str, protocol: str, port: int, why: str) -> None:
+        """``group_id`` admits ``source_id`` on ``port``: a rule of its own, as the group may be one this
+        stack does not own (the cluster's)."""
         ec2.CfnSecurityGroupIngress(
             self,
-            "KubeletProbesToSchedulerPods",
-            group_id=self.scheduler_security_group_id,
-            source_security_group_id=self.cluster_security_group_id,
-            ip_protocol="tcp",
-            from_port=SCHEDULER_PORT,
-            to_port=SCHEDULER_PORT,
-            description="the kubelet's probes of the gpu-scheduler kube-scheduler pods",
+            construct_id,
+            group_id=group_id,
+            source_security_group_id=source_id,
+            ip_protocol=protocol,
+            from_port=port,
+            to_port=port,
+            description=why,
         )
 
     def sdk_environment(self, *services: str) -> dict[str, str]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aws_cdk import Acknowledgment, Aws, CfnOutput, Duration, Stack, Validations
+from aws_cdk import Aws, CfnOutput, Duration, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
@@ -16,6 +17,7 @@ from adapters.runtime import version
 from adapters.settings import environment
 from application.extender.settings import ExtenderSettings
 from application.node_state.settings import NodeStateSettings
+from cdk.acknowledgments import acknowledge_findings
 from cdk.cluster_access import ClusterAccess, KubernetesIdentity
 from cdk.config import DeployConfig
 from cdk.extender_api import ExtenderApi
@@ -30,9 +32,6 @@ from manifests.reservation import reserving
 from manifests.scheduler import all_manifests
 from scheduler_core.extender.facade import SHARING_VERBS, VERBS
 
-# The construct ID of aws-cdk-lib's singleton function behind every AwsCustomResource in a stack.
-AWS_SDK_CALL_PROVIDER = "AWS679f53fac002430cb0da5b7982bd2287"
-
 
 class GpuSchedulerStack(Stack):
     """Attributes: ``network``, ``state``, ``monitoring``, ``extender``, ``node_state``, ``deletion_cost``
@@ -45,21 +44,7 @@ class GpuSchedulerStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         self.config = config
         log_retention = retention(config.log_retention_days)
-        self.network = SchedulerNetwork(
-            self,
-            "Network",
-            services=config.vpc_endpoints,
-            vpc_id=config.vpc_id,
-            subnet_ids=config.subnet_ids,
-            route_table_ids=config.route_table_ids,
-            cluster_security_group_id=config.cluster_security_group_id,
-            scheduler_security_group_id=config.scheduler_security_group_id,
-            scheduler_pods=config.scheduler_pods,
-            private_dns=config.vpc_endpoint_private_dns,
-            log_retention=log_retention,
-        )
-        network = self.network
-
+        self.network = self._network(log_retention)
         self.state = SchedulerState(self, "State")
         self.monitoring = Monitoring(
             self,
@@ -69,7 +54,7 @@ class GpuSchedulerStack(Stack):
             alarm_topic_arn=config.alarm_topic_arn,
             amp_workspace_id=config.amp_workspace_id,
             # Without private DNS the queries go to the aps-workspaces endpoint by its own name.
-            amp_endpoint_url=network.endpoint_urls.get("aps-workspaces", ""),
+            amp_endpoint_url=self.network.endpoint_urls.get("aps-workspaces", ""),
         )
         cluster_arn = f"arn:{Aws.PARTITION}:eks:{Aws.REGION}:{Aws.ACCOUNT_ID}:cluster/{config.cluster_name}"
         deletion_cost_config = ssm.StringParameter(
@@ -83,18 +68,57 @@ class GpuSchedulerStack(Stack):
             package=package,
             layer_scope=self,
             log_retention_days=config.log_retention_days,
-            network=network.functions,
+            network=self.network.functions,
         )
+        self.extender = self._extender_function(package, common)
+        node_state_dlq = DeadLetterQueue(self, "NodeStateDlq")
+        self.node_state = self._node_state_function(common, node_state_dlq)
+        deletion_cost_dlq = DeadLetterQueue(self, "DeletionCostDlq")
+        self.deletion_cost = self._deletion_cost_function(common, deletion_cost_dlq, deletion_cost_config)
+        self.refreshers = self._schedules(node_state_dlq, deletion_cost_dlq)
+        self.api = self._extender_api(log_retention)
+
+        self._observe(cluster_arn)
+        self._grant(cluster_arn, deletion_cost_config)
+        self.manifests = all_manifests(
+            config.scheduler_options(self.api.url, self.network.scheduler_security_group_id),
+            admission_policy=config.admission_policy,
+        )
+        self.access = self._cluster_access(log_retention)
+        acknowledge_findings(self)
+        self._outputs()
+
+    def _network(self, log_retention: logs.RetentionDays) -> SchedulerNetwork:
+        """The cluster's VPC (or a demo one) with the endpoints the Lambdas need, as the context names them."""
+        config = self.config
+        return SchedulerNetwork(
+            self,
+            "Network",
+            services=config.vpc_endpoints,
+            vpc_id=config.vpc_id,
+            subnet_ids=config.subnet_ids,
+            route_table_ids=config.route_table_ids,
+            cluster_security_group_id=config.cluster_security_group_id,
+            scheduler_security_group_id=config.scheduler_security_group_id,
+            scheduler_pods=config.scheduler_pods,
+            private_dns=config.vpc_endpoint_private_dns,
+            log_retention=log_retention,
+        )
+
+    def _extender_function(self, package: LambdaPackage, common: Shared) -> SchedulerFunction:
+        """The extender: filter and prioritize over the snapshot; with sharing also bind and preempt on the
+        GPU ledger, which needs the cluster, the ledger and the refreshers' kubernetes layer."""
+        config = self.config
         # The settings the deployment passes on (MAX_SNAPSHOT_AGE_S, SHARE_POLICY) are declared with the extender's.
         extender_environment = {"SNAPSHOT_URI": self.state.snapshot_uri, **environment(ExtenderSettings, config)}
         extender_layers: list[lambda_.ILayerVersion] = []
         if config.sharing:
             # bind writes the ledger and the Binding: the refreshers' kubernetes layer, loaded on the first bind.
             extender_environment |= {"LEDGER_TABLE": self.state.ledger.table_name, "CLUSTER_NAME": config.cluster_name}
-            extender_environment |= network.sdk_environment("eks")
+            extender_environment |= self.network.sdk_environment("eks")
             base = package.layers(self, "extender")
             extender_layers = [layer for layer in package.layers(self, "node_state") if layer not in base]
-        self.extender = SchedulerFunction(
+        return SchedulerFunction(
             self,
             "Extender",
             name="extender",
@@ -106,14 +130,18 @@ class GpuSchedulerStack(Stack):
             # numpy work per request is CPU-bound: 1769 MB is one full vCPU.
             memory_mib=1769,
             # kube-scheduler gives up after httpTimeout: 3 s, and the bind's own 15 s where a share's first
-            # bind on a GPU waits for its reservation pod's UUID (manifests.scheduler.extender_entries).
+            # bind on a GPU waits for its reservation pod's UUID (manifests.scheduler_configuration.extender_entries).
             timeout=Duration.seconds(20 if config.sharing and reserving(config.reservation_image) else 5),
             reserved_concurrency=config.extender_reserved_concurrency,
             snap_start=config.snap_start,
             **common,
         )
-        node_state_dlq = DeadLetterQueue(self, "NodeStateDlq")
-        self.node_state = SchedulerFunction(
+
+    def _node_state_function(self, common: Shared, dlq: DeadLetterQueue) -> SchedulerFunction:
+        """The node-state refresher: GPU labels, the snapshot, utilisation; with sharing the ledger's reconcile
+        and the placeholders."""
+        config = self.config
+        return SchedulerFunction(
             self,
             "NodeState",
             name="node_state",
@@ -129,7 +157,7 @@ class GpuSchedulerStack(Stack):
                     else {}
                 ),
                 **({"WATCH_S": str(config.watch_s)} if config.watch_s else {}),
-                **network.sdk_environment("eks", "ec2"),
+                **self.network.sdk_environment("eks", "ec2"),
             },
             memory_mib=1769,
             # Watching, a run lasts WATCH_S; DEADLINE_MARGIN_S (10 s) ends it before the timeout anyway.
@@ -137,47 +165,61 @@ class GpuSchedulerStack(Stack):
             # Polling, one run at a time: the next tick redoes the work anyway. Watching, two: the next run
             # starts while this one still watches, and takes over (conditional snapshot writes).
             reserved_concurrency=2 if config.watch_s else 1,
-            dead_letter_queue=node_state_dlq,
+            dead_letter_queue=dlq,
             **common,
         )
-        deletion_cost_dlq = DeadLetterQueue(self, "DeletionCostDlq")
-        self.deletion_cost = SchedulerFunction(
+
+    def _deletion_cost_function(
+        self, common: Shared, dlq: DeadLetterQueue, deletion_cost_config: ssm.StringParameter
+    ) -> SchedulerFunction:
+        """The deletion-cost refresher, reading its workload config from ``deletion_cost_config``."""
+        return SchedulerFunction(
             self,
             "DeletionCost",
             name="deletion_cost",
             service=DELETION_COST,
             description="deletion-cost refresher: controller.kubernetes.io/pod-deletion-cost on managed pods",
             environment={
-                "CLUSTER_NAME": config.cluster_name,
+                "CLUSTER_NAME": self.config.cluster_name,
                 "AMP_QUERY_URL": self.monitoring.query_url,
                 "DELETION_COST_CONFIG_PARAMETER": deletion_cost_config.parameter_name,
-                **network.sdk_environment("eks", "ssm"),
+                **self.network.sdk_environment("eks", "ssm"),
             },
             memory_mib=1024,
             timeout=Duration.seconds(60),  # two passes 30 s apart (PASSES, INTERVAL_S)
             reserved_concurrency=1,
-            dead_letter_queue=deletion_cost_dlq,
+            dead_letter_queue=dlq,
             **common,
         )
-        self.refreshers = {
+
+    def _schedules(
+        self, node_state_dlq: DeadLetterQueue, deletion_cost_dlq: DeadLetterQueue
+    ) -> dict[str, ScheduledRefresher]:
+        """Each refresher on its EventBridge rate, its dead-letter queue's alarm sent to the alarm topic."""
+        refreshers = {
             "node_state": ScheduledRefresher(
                 self,
                 "NodeStateSchedule",
                 function=self.node_state.function,
                 dlq=node_state_dlq,
-                rate_minutes=config.node_state_schedule_minutes,
+                rate_minutes=self.config.node_state_schedule_minutes,
             ),
             "deletion_cost": ScheduledRefresher(
                 self,
                 "DeletionCostSchedule",
                 function=self.deletion_cost.function,
                 dlq=deletion_cost_dlq,
-                rate_minutes=config.deletion_cost_schedule_minutes,
+                rate_minutes=self.config.deletion_cost_schedule_minutes,
             ),
         }
-        for refresher in self.refreshers.values():
+        for refresher in refreshers.values():
             self.monitoring.notify(refresher.alarm)
+        return refreshers
 
+    def _extender_api(self, log_retention: logs.RetentionDays) -> ExtenderApi:
+        """The private API in front of the extender: its ``live`` alias where SnapStart or provisioned
+        concurrency needs a published version, else the function itself."""
+        config, network = self.config, self.network
         handler: lambda_.IFunction = self.extender.function
         if config.extender_provisioned_concurrency or config.snap_start:
             # A published version behind an alias: SnapStart and provisioned concurrency apply only to versions.
@@ -188,7 +230,7 @@ class GpuSchedulerStack(Stack):
                 version=self.extender.function.current_version,
                 provisioned_concurrent_executions=config.extender_provisioned_concurrency or None,
             )
-        self.api = ExtenderApi(
+        return ExtenderApi(
             self,
             "ExtenderApi",
             vpc=network.vpc,
@@ -203,6 +245,9 @@ class GpuSchedulerStack(Stack):
             access_log_retention=log_retention,
         )
 
+    def _observe(self, cluster_arn: str) -> None:
+        """The dashboard and alarms on the functions and the API, and AMP's scraper of the cluster."""
+        config = self.config
         self.monitoring.observe(
             Watched(
                 extender=self.extender.function,
@@ -216,22 +261,21 @@ class GpuSchedulerStack(Stack):
         self.monitoring.scrape(
             cluster_name=config.cluster_name,
             cluster_arn=cluster_arn,
-            subnet_ids=network.subnet_ids,
-            security_group_ids=[network.cluster_security_group_id],
+            subnet_ids=self.network.subnet_ids,
+            security_group_ids=[self.network.cluster_security_group_id],
             dcgm_namespace=config.dcgm_exporter_namespace,
             ksm_namespace=config.kube_state_metrics_namespace,
         )
-        self._grant(cluster_arn, deletion_cost_config)
-        self.manifests = all_manifests(
-            config.scheduler_options(self.api.url, network.scheduler_security_group_id),
-            admission_policy=config.admission_policy,
-        )
+
+    def _cluster_access(self, log_retention: logs.RetentionDays) -> ClusterAccess:
+        """Each function's Kubernetes identity, and with ``applyManifests`` the manifests applied."""
+        config = self.config
         roles = {
             lambda_identities.EXTENDER.name: self.extender.role,
             lambda_identities.NODE_STATE.name: self.node_state.role,
             lambda_identities.DELETION_COST.name: self.deletion_cost.role,
         }
-        self.access = ClusterAccess(
+        return ClusterAccess(
             self,
             "ClusterAccess",
             cluster_name=config.cluster_name,
@@ -243,7 +287,10 @@ class GpuSchedulerStack(Stack):
             manifests=self.manifests if config.apply_manifests else (),
             log_retention=log_retention,
         )
-        self._acknowledge()
+
+    def _outputs(self) -> None:
+        """What the operator configures from: the API's URL, the scheduler-config command, the IDs and ARNs."""
+        network = self.network
         CfnOutput(
             self,
             "ExtenderUrl",
@@ -346,120 +393,6 @@ class GpuSchedulerStack(Stack):
             f"gpu-scheduler scheduler-config {' '.join(flags)} --out gpu-scheduler.yaml && "
             "kubectl apply -f gpu-scheduler.yaml"
         )
-
-    def _acknowledge(self) -> None:
-        """cdk-nag AwsSolutions findings that are deliberate, each with a reason that holds for this stack."""
-
-        def ack(scope: Construct, rule: str, reason: str) -> None:
-            Validations.of(scope).acknowledge(Acknowledgment(id=f"AwsSolutions::AwsSolutions-{rule}", reason=reason))
-
-        star = (
-            "X-Ray's PutTraceSegments and PutTelemetryRecords, and the network-interface actions Lambda takes "
-            "with the execution role to attach the function to the VPC (those of the managed "
-            "AWSLambdaVPCAccessExecutionRole), have no useful resource-level permissions"
-        )
-        for fn in (self.extender, self.deletion_cost):
-            ack(fn.role, "IAM5[Resource::*]", star)
-        ack(
-            self.node_state.role,
-            "IAM5[Resource::*]",
-            star + "; ec2:DescribeInstanceTypes (GPU facts for unlabelled nodes) has none either",
-        )
-        ack(
-            self.state.bucket,
-            "S1",
-            "the bucket holds one object, the snapshot the node-state refresher rewrites every minute and logs "
-            "writing (SnapshotBytes metric, its run report); server access logs would add a second bucket and "
-            "thousands of log objects a day. S3 data events are not in CloudTrail unless the account's trail "
-            "records them: docs/security.md says how to add this bucket to it",
-        )
-        if self.access.kubectl is not None:
-            self._acknowledge_kubectl_provider(self.access.kubectl, ack)
-        if self.api.endpoint_policy is not None:
-            self._acknowledge_sdk_call_provider(ack)
-        api = self.api.api
-        if self.config.execute_api_endpoint_id:
-            path = (
-                f"the imported endpoint {self.config.execute_api_endpoint_id}, whose security group and policy its "
-                "owner keeps to the scheduler pods and this API (docs/security.md)"
-            )
-        else:
-            path = (
-                "this stack's execute-api endpoint, whose security group admits 443 only from the scheduler pods' "
-                "security group and whose policy allows invoking only this API"
-            )
-        ack(api, "APIG2", "the extender validates every request body itself and answers in the protocol's Error field")
-        ack(
-            api,
-            "APIG3",
-            f"private API with no public path: its resource policy allows only aws:SourceVpce of {path}; "
-            "stage throttling bounds the rate",
-        )
-        boundary = (
-            "kube-scheduler can neither sign requests (SigV4) nor send headers, and a private REST API cannot "
-            "verify client certificates, so no authorizer can check it; the boundary is the network: the "
-            f"resource policy allows only {path}"
-        )
-        ack(api, "APIG4", boundary)
-        ack(api, "COG4", "kube-scheduler cannot present Cognito tokens either: " + boundary)
-        ack(
-            api,
-            "APIG6",
-            "execution logging needs the account-level API Gateway CloudWatch role, which this app must not "
-            "create or change; JSON access logs and the Lambda's own logs cover each request",
-        )
-
-    def _acknowledge_sdk_call_provider(self, ack: Any) -> None:
-        """The CDK-owned function behind ``AwsCustomResource`` (the endpoint-policy call), deploy-time only."""
-        provider = self.node.try_find_child(AWS_SDK_CALL_PROVIDER)
-        if provider is None:
-            return
-        ack(
-            provider,
-            "IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",
-            "the CDK-owned AwsCustomResource provider (one ec2:ModifyVpcEndpoint on this stack's endpoint at "
-            "deploy time) attaches this managed policy to its own role",
-        )
-
-    def _acknowledge_kubectl_provider(self, kubectl: Construct, ack: Any) -> None:
-        """aws_eks_v2's kubectl provider: CDK-owned, deploy-time only. cdk-nag names some findings by the
-        provider's own logical IDs, so those IDs are looked up rather than written out."""
-        provider = "aws_eks_v2's kubectl provider (CDK-owned, runs only while deploying the manifests)"
-        handler = kubectl.node.find_child("Handler")
-        handler_id = self.resolve(self.get_logical_id(handler.node.default_child))
-        ecr_public_id = self.resolve(self.get_logical_id(handler.node.find_child("HasEcrPublic")))
-        ecr_public = json.dumps(
-            {
-                "Fn::If": [
-                    ecr_public_id,
-                    {
-                        "Fn::Join": [
-                            "",
-                            [
-                                "arn:",
-                                {"Ref": "AWS::Partition"},
-                                ":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly",
-                            ],
-                        ]
-                    },
-                    {"Ref": "AWS::NoValue"},
-                ]
-            },
-            separators=(",", ":"),
-        )
-        managed = "arn:<AWS::Partition>:iam::aws:policy/"
-        for policy in (
-            f"{managed}service-role/AWSLambdaBasicExecutionRole",
-            f"{managed}AmazonEC2ContainerRegistryReadOnly",
-            ecr_public,
-        ):
-            ack(kubectl, f"IAM4[Policy::{policy}]", f"{provider} attaches this managed policy to its own roles")
-        ack(
-            kubectl,
-            f"IAM5[Resource::<{handler_id}.Arn>:*]",
-            f"{provider}: its framework invokes the handler's versions",
-        )
-        ack(kubectl, "L1", f"{provider} pins its handler's runtime")
 
 
 def _construct_name(identity: str) -> str:

@@ -39,6 +39,9 @@ RBAC cannot say *which* label or annotation a patch may touch. ``admission_polic
 - nobody else may set, change or remove ``assigned-gpus`` on a pod (``pods/status`` included) or in a
   Binding, but the second scheduler's ServiceAccount, with which ``gpu-scheduler serve`` run beside the
   scheduler binds.
+
+The CEL snippets these share with the product's other policies are in ``manifests/admission.py``; the
+policies that keep the product's PriorityClasses and security group to it are in ``manifests/guards.py``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from manifests.admission import (
+    cel_list,
+    core_rule,
+    denying_policy,
+    frozen_list_checks,
+    in_group,
+    metadata_map,
+    only_these_change,
+)
 from scheduler_core.k8s.annotations import BIND_ANNOTATION_SHAPES
 from scheduler_core.k8s.names import (
     BIND_ANNOTATIONS,
@@ -66,7 +78,6 @@ from scheduler_core.k8s.names import (
 _LABELS = {"app.kubernetes.io/name": SCHEDULER_NAME, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
 DEFAULT_SCHEDULER_ACCOUNT = f"system:serviceaccount:kube-system:{SCHEDULER_NAME}"
 RBAC = "rbac.authorization.k8s.io"
-ADMISSION = "admissionregistration.k8s.io/v1"
 NODE_LABELS = (LABEL_MODEL, LABEL_MEMORY, LABEL_COUNT)
 
 
@@ -162,10 +173,6 @@ def lambda_rbac(*, sharing: bool) -> list[dict[str, Any]]:
 
 
 # ---- admission policies ---------------------------------------------------------------------------
-def _cel_list(values: Sequence[str]) -> str:
-    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
-
-
 TRUSTED_NAMESPACE_LABEL = "gpu-scheduler.io/gpu-env"
 """A namespace labelled ``gpu-scheduler.io/gpu-env=trusted``, and ``kube-system``, are exempt from
 ``manifests.share_env.share_env_policy``'s check on ``NVIDIA_VISIBLE_DEVICES`` and from the ban on CDI
@@ -180,57 +187,6 @@ TRUSTED_NAMESPACE = (
     f"namespaceObject.metadata.labels['{TRUSTED_NAMESPACE_LABEL}'] == 'trusted')"
 )
 """CEL: the request's namespace is ``kube-system`` or labelled :data:`TRUSTED_NAMESPACE_LABEL` ``trusted``."""
-
-
-FROZEN_LISTS = ("ownerReferences", "finalizers")
-"""Metadata lists no identity may change: the garbage collector deletes an object whose owner does not
-exist, and a finalizer nobody removes keeps one from ever going."""
-
-
-def _list(obj: str, field: str) -> str:
-    """``obj.metadata.field``, or an empty list where the object has none."""
-    return f"has({obj}.metadata.{field}) ? {obj}.metadata.{field} : []"
-
-
-def _map(obj: str, field: str) -> str:
-    """``obj.metadata.field``, or an empty map where the object has none."""
-    return f"has({obj}.metadata.{field}) ? {obj}.metadata.{field} : {{}}"
-
-
-def _only_these_change(new: str, old: str, keys: Sequence[str]) -> str:
-    """Every key outside ``keys`` keeps its value, and none is added or removed."""
-    allowed = _cel_list(keys)
-    return (
-        f"{new}.all(k, k in {allowed} || (k in {old} && {old}[k] == {new}[k])) && "
-        f"{old}.all(k, k in {allowed} || k in {new})"
-    )
-
-
-def _in_group(group: str) -> str:
-    return f"'{group}' in request.userInfo.groups"
-
-
-def _rules(resource: str, *operations: str) -> dict[str, Any]:
-    return {"apiGroups": [""], "apiVersions": ["v1"], "operations": list(operations), "resources": [resource]}
-
-
-def _policy(name: str, spec: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The policy and a binding that denies what it refuses, cluster-wide."""
-    return [
-        {
-            "apiVersion": ADMISSION,
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": _meta(name),
-            # A request the policy cannot evaluate is refused: these are security checks.
-            "spec": {"failurePolicy": "Fail", **spec},
-        },
-        {
-            "apiVersion": ADMISSION,
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": _meta(name),
-            "spec": {"policyName": name, "validationActions": ["Deny"]},
-        },
-    ]
 
 
 RESTRICTED = {
@@ -318,94 +274,14 @@ def pod_shape_policy(name: str, namespace: str, kind: str, checks: Sequence[tupl
     and ``checks`` (CEL expression, what it asks for), whoever creates them; a refusal says "a pod in
     NAMESPACE must be KIND: what"."""
     spec = {
-        "matchConstraints": {"resourceRules": [_rules("pods", "CREATE")]},
+        "matchConstraints": {"resourceRules": [core_rule("pods", "CREATE")]},
         "matchConditions": [{"name": "in-its-namespace", "expression": f"request.namespace == '{namespace}'"}],
         "validations": [
             {"expression": expression, "message": f"a pod in {namespace} must be {kind}: {what}", "reason": "Forbidden"}
             for expression, what in (*POD_SHAPE_CHECKS, *checks)
         ],
     }
-    return _policy(name, spec)
-
-
-def priority_class_policy(owners: Mapping[str, str]) -> list[dict[str, Any]]:
-    """A policy and its binding that admit a pod naming one of the product's PriorityClasses (``owners``:
-    class -> the namespace whose pods it is for) only in that namespace: the reservation pods' class is the
-    highest a user's class may have, and a tenant's pod of it could be preempted by nothing."""
-    classes = _cel_list(sorted(owners))
-    owner = "{" + ", ".join(f"'{name}': '{namespace}'" for name, namespace in sorted(owners.items())) + "}"
-    spec = {
-        "matchConstraints": {"resourceRules": [_rules("pods", "CREATE")]},
-        "matchConditions": [
-            {
-                "name": "names-a-product-class",
-                "expression": f"has(object.spec.priorityClassName) && object.spec.priorityClassName in {classes}",
-            }
-        ],
-        "validations": [
-            {
-                "expression": f"request.namespace == {owner}[object.spec.priorityClassName]",
-                "messageExpression": (
-                    f"'PriorityClass ' + object.spec.priorityClassName + ' belongs to eks-gpu-scheduler: only pods "
-                    f"in ' + {owner}[object.spec.priorityClassName] + ' may use it'"
-                ),
-                "message": f"the PriorityClasses {', '.join(sorted(owners))} are eks-gpu-scheduler's own",
-                "reason": "Forbidden",
-            }
-        ],
-    }
-    return _policy(f"{SCHEDULER_NAME}-priority-classes", spec)
-
-
-def security_group_policy_guard(
-    group: str, namespace: str, name: str, pod_labels: Mapping[str, str]
-) -> list[dict[str, Any]]:
-    """A policy and its binding that admit a ``SecurityGroupPolicy`` naming ``group`` (the one the extender
-    API's endpoint admits) only as the product writes it: ``name`` in ``namespace``, selecting the pods with
-    ``pod_labels`` and nothing else; with no ``name`` (the scheduler pods' nodes carry the group), none at
-    all. Whoever may create SecurityGroupPolicies could otherwise put any pod of theirs in that group, and
-    so in reach of the API."""
-    owner = f"only the SecurityGroupPolicy {namespace}/{name} may name it" if name else "no SecurityGroupPolicy may "
-    owner += "" if name else "name it (the scheduler's nodes carry it)"
-    selector = "{'matchLabels': {" + ", ".join(f"'{k}': '{v}'" for k, v in sorted(pod_labels.items())) + "}}"
-    spec = {
-        "matchConstraints": {
-            "resourceRules": [
-                {
-                    "apiGroups": ["vpcresources.k8s.aws"],
-                    "apiVersions": ["*"],
-                    "operations": ["CREATE", "UPDATE"],
-                    "resources": ["securitygrouppolicies"],
-                }
-            ]
-        },
-        "matchConditions": [
-            {
-                "name": "names-the-schedulers-group",
-                "expression": (
-                    "has(object.spec) && has(object.spec.securityGroups) && has(object.spec.securityGroups.groupIds) "
-                    f"&& '{group}' in object.spec.securityGroups.groupIds"
-                ),
-            }
-        ],
-        "validations": [
-            {
-                "expression": f"request.namespace == '{namespace}' && object.metadata.name == '{name}'"
-                if name
-                else "false",
-                "message": f"security group {group} is the one the gpu-scheduler extender API admits: {owner}",
-                "reason": "Forbidden",
-            },
-            {
-                "expression": f"!has(object.spec.serviceAccountSelector) && has(object.spec.podSelector) && "
-                f"object.spec.podSelector == {selector}",
-                "message": f"the SecurityGroupPolicy naming {group} selects the gpu-scheduler pods only "
-                f"(podSelector {selector}, no serviceAccountSelector)",
-                "reason": "Forbidden",
-            },
-        ],
-    }
-    return _policy(f"{SCHEDULER_NAME}-security-group", spec)
+    return denying_policy(name, spec)
 
 
 def _own_writes_only(
@@ -414,20 +290,20 @@ def _own_writes_only(
     """A policy spec: ``identity``'s updates of ``resource`` change only ``keys`` of ``metadata.field``,
     and leave ``metadata.frozen`` and ``spec`` as they were."""
     return {
-        "matchConstraints": {"resourceRules": [_rules(resource, "UPDATE")]},
-        "matchConditions": [{"name": f"is-{identity.name}", "expression": _in_group(identity.group)}],
+        "matchConstraints": {"resourceRules": [core_rule(resource, "UPDATE")]},
+        "matchConditions": [{"name": f"is-{identity.name}", "expression": in_group(identity.group)}],
         "variables": [
-            {"name": "new", "expression": _map("object", field)},
-            {"name": "old", "expression": _map("oldObject", field)},
+            {"name": "new", "expression": metadata_map("object", field)},
+            {"name": "old", "expression": metadata_map("oldObject", field)},
         ],
         "validations": [
             {
-                "expression": _only_these_change("variables.new", "variables.old", keys),
+                "expression": only_these_change("variables.new", "variables.old", keys),
                 "message": f"{identity.group} may change only {', '.join(keys)} in metadata.{field}",
                 "reason": "Forbidden",
             },
             {
-                "expression": f"({_map('object', frozen)}) == ({_map('oldObject', frozen)})",
+                "expression": f"({metadata_map('object', frozen)}) == ({metadata_map('oldObject', frozen)})",
                 "message": f"{identity.group} may not change metadata.{frozen}",
                 "reason": "Forbidden",
             },
@@ -436,14 +312,7 @@ def _own_writes_only(
                 "message": f"{identity.group} may not change spec",
                 "reason": "Forbidden",
             },
-            *(
-                {
-                    "expression": f"({_list('object', field)}) == ({_list('oldObject', field)})",
-                    "message": f"{identity.group} may not change metadata.{field}",
-                    "reason": "Forbidden",
-                }
-                for field in FROZEN_LISTS
-            ),
+            *frozen_list_checks(identity.group),
         ],
     }
 
@@ -455,7 +324,7 @@ def _bind_annotations(obj: str, *, when: str = "") -> str:
     guard = f"{when} && " if when else ""
     annotations = f"{obj}.metadata.annotations"
     return (
-        f"{guard}has({annotations}) ? {_cel_list(BIND_ANNOTATIONS)}.filter(k, k in {annotations})"
+        f"{guard}has({annotations}) ? {cel_list(BIND_ANNOTATIONS)}.filter(k, k in {annotations})"
         f".map(k, k + '=' + {annotations}[k]) : []"
     )
 
@@ -473,98 +342,103 @@ def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDU
     """The ValidatingAdmissionPolicies and their bindings (Kubernetes 1.30 or newer), in apply order.
     ``scheduler_account`` is the second scheduler's ServiceAccount as a user name, which may write
     ``assigned-gpus`` (``gpu-scheduler serve`` run beside the scheduler binds with it)."""
-    docs = _policy(
+    docs = denying_policy(
         f"{SCHEDULER_NAME}-node-state-labels",
         _own_writes_only(NODE_STATE, "nodes", "labels", NODE_LABELS, frozen="annotations"),
     )
-    docs += _policy(
+    docs += denying_policy(
         f"{SCHEDULER_NAME}-deletion-cost-annotation",
         _own_writes_only(DELETION_COST, "pods", "annotations", COST_ANNOTATIONS, frozen="labels"),
     )
     if sharing:
-        binder = f"{_in_group(EXTENDER.group)} || request.userInfo.username == '{scheduler_account}'"
-        shapes = " && ".join(
-            f"(!('{key}' in variables.annotations) || variables.annotations['{key}'].matches('{pattern}'))"
-            for key, pattern in BIND_ANNOTATION_SHAPES.items()
-        )
-        docs += _policy(
-            f"{SCHEDULER_NAME}-extender-bindings",
-            {
-                "matchConstraints": {"resourceRules": [_rules("pods/binding", "CREATE")]},
-                "matchConditions": [{"name": "is-a-binder", "expression": binder}],
-                "variables": [{"name": "annotations", "expression": _map("object", "annotations")}],
-                "validations": [
-                    {
-                        "expression": f"variables.annotations.all(k, k in {_cel_list(BIND_ANNOTATIONS)})",
-                        "message": f"Bindings may carry no annotation but {', '.join(BIND_ANNOTATIONS)}",
-                        "reason": "Forbidden",
-                    },
-                    {
-                        "expression": shapes,
-                        "message": (
-                            "a Binding's gpu-scheduler annotations must be of the bind's shapes (GPU index:milli "
-                            "pairs, a GPU UUID, its CDI device, the share's size)"
-                        ),
-                        "reason": "Invalid",
-                    },
-                ],
-            },
-        )
+        docs += denying_policy(f"{SCHEDULER_NAME}-extender-bindings", _binders_bindings(scheduler_account))
     # The ledger reconcile and the whole-GPU count trust assigned-gpus, and a share's containers get their
     # GPU from visible-devices: only the extender writes them.
-    docs += _policy(
-        f"{SCHEDULER_NAME}-assigned-gpus",
-        {
-            "matchConstraints": {
-                "resourceRules": [
-                    _rules("pods", "CREATE", "UPDATE"),
-                    _rules("pods/status", "UPDATE"),
-                    _rules("pods/binding", "CREATE"),
-                ]
-            },
-            "matchConditions": [
-                {"name": "not-the-extender", "expression": f"!({_in_group(EXTENDER.group)})"},
-                {"name": "not-the-scheduler", "expression": f"request.userInfo.username != '{scheduler_account}'"},
-            ],
-            "variables": [
-                {"name": "assigned", "expression": _bind_annotations("object")},
-                # oldObject is null on CREATE: only read on UPDATE (&& short-circuits).
-                {
-                    "name": "oldAssigned",
-                    "expression": _bind_annotations("oldObject", when="request.operation == 'UPDATE'"),
-                },
-                {"name": "devices", "expression": _device_annotations("object")},
-                {
-                    "name": "oldDevices",
-                    "expression": _device_annotations("oldObject", when="request.operation == 'UPDATE'"),
-                },
-            ],
-            "validations": [
-                {
-                    "expression": (
-                        "request.operation == 'UPDATE' ? variables.assigned == variables.oldAssigned "
-                        ": size(variables.assigned) == 0"
-                    ),
-                    "message": (
-                        f"only the gpu-scheduler extender may set, change or remove {', '.join(BIND_ANNOTATIONS)}"
-                    ),
-                    "reason": "Forbidden",
-                },
-                {
-                    # A container runtime may inject any device these name (docs/sharing.md): a tenant who could
-                    # write one would take a GPU nobody gave it. kube-system and namespaces labelled trusted
-                    # (a cluster administrator's) keep their own.
-                    "expression": (
-                        f"({TRUSTED_NAMESPACE}) || (request.operation == 'UPDATE' ? "
-                        "variables.devices == variables.oldDevices : size(variables.devices) == 0)"
-                    ),
-                    "message": (
-                        f"only the gpu-scheduler extender may give a pod CDI devices (annotations "
-                        f"{' and '.join(p + '*' for p in CDI_ANNOTATION_PREFIXES)})"
-                    ),
-                    "reason": "Forbidden",
-                },
-            ],
-        },
-    )
+    docs += denying_policy(f"{SCHEDULER_NAME}-assigned-gpus", _bind_annotations_by_binders_only(scheduler_account))
     return docs
+
+
+def _binders_bindings(scheduler_account: str) -> dict[str, Any]:
+    """A policy spec: the Bindings of the extender's group and of ``scheduler_account`` carry no annotation
+    but :data:`BIND_ANNOTATIONS`, each of the bind's shape (``BIND_ANNOTATION_SHAPES``)."""
+    binder = f"{in_group(EXTENDER.group)} || request.userInfo.username == '{scheduler_account}'"
+    shapes = " && ".join(
+        f"(!('{key}' in variables.annotations) || variables.annotations['{key}'].matches('{pattern}'))"
+        for key, pattern in BIND_ANNOTATION_SHAPES.items()
+    )
+    return {
+        "matchConstraints": {"resourceRules": [core_rule("pods/binding", "CREATE")]},
+        "matchConditions": [{"name": "is-a-binder", "expression": binder}],
+        "variables": [{"name": "annotations", "expression": metadata_map("object", "annotations")}],
+        "validations": [
+            {
+                "expression": f"variables.annotations.all(k, k in {cel_list(BIND_ANNOTATIONS)})",
+                "message": f"Bindings may carry no annotation but {', '.join(BIND_ANNOTATIONS)}",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": shapes,
+                "message": (
+                    "a Binding's gpu-scheduler annotations must be of the bind's shapes (GPU index:milli "
+                    "pairs, a GPU UUID, its CDI device, the share's size)"
+                ),
+                "reason": "Invalid",
+            },
+        ],
+    }
+
+
+def _bind_annotations_by_binders_only(scheduler_account: str) -> dict[str, Any]:
+    """A policy spec: nobody but the extender's group and ``scheduler_account`` sets, changes or removes
+    :data:`BIND_ANNOTATIONS` on a pod (``pods/status`` included) or in a Binding, nor any CDI device
+    annotation outside a trusted namespace (:data:`TRUSTED_NAMESPACE`)."""
+    return {
+        "matchConstraints": {
+            "resourceRules": [
+                core_rule("pods", "CREATE", "UPDATE"),
+                core_rule("pods/status", "UPDATE"),
+                core_rule("pods/binding", "CREATE"),
+            ]
+        },
+        "matchConditions": [
+            {"name": "not-the-extender", "expression": f"!({in_group(EXTENDER.group)})"},
+            {"name": "not-the-scheduler", "expression": f"request.userInfo.username != '{scheduler_account}'"},
+        ],
+        "variables": [
+            {"name": "assigned", "expression": _bind_annotations("object")},
+            # oldObject is null on CREATE: only read on UPDATE (&& short-circuits).
+            {
+                "name": "oldAssigned",
+                "expression": _bind_annotations("oldObject", when="request.operation == 'UPDATE'"),
+            },
+            {"name": "devices", "expression": _device_annotations("object")},
+            {
+                "name": "oldDevices",
+                "expression": _device_annotations("oldObject", when="request.operation == 'UPDATE'"),
+            },
+        ],
+        "validations": [
+            {
+                "expression": (
+                    "request.operation == 'UPDATE' ? variables.assigned == variables.oldAssigned "
+                    ": size(variables.assigned) == 0"
+                ),
+                "message": f"only the gpu-scheduler extender may set, change or remove {', '.join(BIND_ANNOTATIONS)}",
+                "reason": "Forbidden",
+            },
+            {
+                # A container runtime may inject any device these name (docs/sharing.md): a tenant who could
+                # write one would take a GPU nobody gave it. kube-system and namespaces labelled trusted
+                # (a cluster administrator's) keep their own.
+                "expression": (
+                    f"({TRUSTED_NAMESPACE}) || (request.operation == 'UPDATE' ? "
+                    "variables.devices == variables.oldDevices : size(variables.devices) == 0)"
+                ),
+                "message": (
+                    f"only the gpu-scheduler extender may give a pod CDI devices (annotations "
+                    f"{' and '.join(p + '*' for p in CDI_ANNOTATION_PREFIXES)})"
+                ),
+                "reason": "Forbidden",
+            },
+        ],
+    }

@@ -37,19 +37,8 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from manifests.access import (
-    CONTAINER,
-    EXTENDER,
-    FROZEN_LISTS,
-    NODE_STATE,
-    POD_RESTRICTED,
-    RESTRICTED,
-    _list,
-    _map,
-    _only_these_change,
-    _policy,
-    pod_shape_policy,
-)
+from manifests.access import CONTAINER, EXTENDER, NODE_STATE, POD_RESTRICTED, RESTRICTED, pod_shape_policy
+from manifests.admission import denying_policy, frozen_list_checks, metadata_map, only_these_change
 from scheduler_core.k8s.annotations import GPU_UUID
 from scheduler_core.k8s.names import (
     GPU_RESOURCE,
@@ -208,17 +197,40 @@ def program_config_map() -> dict[str, Any]:
 
 def reservation_access() -> list[dict[str, Any]]:
     """The reservation pods' ServiceAccount, its Role and RoleBinding (pods patch, in :data:`NAMESPACE`
-    only), and the admission policy that keeps each token to its own pod's ``reserved-gpu`` annotation,
-    written once and as a GPU UUID, in apply order."""
+    only), and the admission policy that keeps each token to its own pod's ``reserved-gpu`` annotation
+    (:func:`_own_pod_policy`), in apply order."""
     meta = {"name": ACCOUNT, "namespace": NAMESPACE, "labels": dict(_LABELS)}
-    key = RESERVED_GPU_ANNOTATION
     rbac = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}],
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": ACCOUNT},
+            "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}],
+        },
+        *denying_policy(f"{SCHEDULER_NAME}-reservation-own-pod", _own_pod_policy()),
+    ]
+
+
+def _own_pod_policy() -> dict[str, Any]:
+    """A policy spec: a reservation pod's token changes only the pod it is bound to (the ``pod-name`` and
+    ``pod-uid`` its projected token carries), and of it only the ``reserved-gpu`` annotation, written once
+    and as a GPU UUID."""
+    key = RESERVED_GPU_ANNOTATION
     extra = "request.userInfo.extra"
     own_pod = (
         f"'{POD_NAME_EXTRA}' in {extra} && '{POD_UID_EXTRA}' in {extra} && "
         f"{extra}['{POD_NAME_EXTRA}'] == [object.metadata.name] && {extra}['{POD_UID_EXTRA}'] == [object.metadata.uid]"
     )
-    policy = {
+    return {
         "matchConstraints": {
             "resourceRules": [
                 {
@@ -231,8 +243,8 @@ def reservation_access() -> list[dict[str, Any]]:
         },
         "matchConditions": [{"name": "is-a-reservation-pod", "expression": f"request.userInfo.username == '{USER}'"}],
         "variables": [
-            {"name": "new", "expression": _map("object", "annotations")},
-            {"name": "old", "expression": _map("oldObject", "annotations")},
+            {"name": "new", "expression": metadata_map("object", "annotations")},
+            {"name": "old", "expression": metadata_map("oldObject", "annotations")},
         ],
         "validations": [
             {
@@ -241,7 +253,7 @@ def reservation_access() -> list[dict[str, Any]]:
                 "reason": "Forbidden",
             },
             {
-                "expression": _only_these_change("variables.new", "variables.old", [RESERVED_GPU_ANNOTATION]),
+                "expression": only_these_change("variables.new", "variables.old", [RESERVED_GPU_ANNOTATION]),
                 "message": f"{USER} may change only {RESERVED_GPU_ANNOTATION} in metadata.annotations",
                 "reason": "Forbidden",
             },
@@ -258,39 +270,15 @@ def reservation_access() -> list[dict[str, Any]]:
             },
             {
                 "expression": (
-                    f"({_map('object', 'labels')}) == ({_map('oldObject', 'labels')}) && object.spec == oldObject.spec"
-                    " && (!has(object.status) || object.status == oldObject.status)"
+                    f"({metadata_map('object', 'labels')}) == ({metadata_map('oldObject', 'labels')}) && "
+                    "object.spec == oldObject.spec && (!has(object.status) || object.status == oldObject.status)"
                 ),
                 "message": f"{USER} may not change labels, spec or status",
                 "reason": "Forbidden",
             },
-            *(
-                {
-                    "expression": f"({_list('object', field)}) == ({_list('oldObject', field)})",
-                    "message": f"{USER} may not change metadata.{field}",
-                    "reason": "Forbidden",
-                }
-                for field in FROZEN_LISTS
-            ),
+            *frozen_list_checks(USER),
         ],
     }
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        {
-            "apiVersion": f"{rbac}/v1",
-            "kind": "Role",
-            "metadata": meta,
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}],
-        },
-        {
-            "apiVersion": f"{rbac}/v1",
-            "kind": "RoleBinding",
-            "metadata": meta,
-            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": ACCOUNT},
-            "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}],
-        },
-        *_policy(f"{SCHEDULER_NAME}-reservation-own-pod", policy),
-    ]
 
 
 KEEPER = f"{ACCOUNT}-keeper"
@@ -301,16 +289,44 @@ def keeper_access(scheduler_account: str, *, image: str = DEFAULT_IMAGE) -> list
     """The Role that lets the extender's group, the node-state group and ``scheduler_account`` (the second
     scheduler's ServiceAccount as ``system:serviceaccount:NS:NAME``) create, read and delete pods in
     :data:`NAMESPACE`, and the admission policy that admits there only pods of :func:`reservation_pod`'s
-    shape running ``image``, whoever creates them."""
+    shape running ``image``, whoever creates them (:func:`_reservation_pod_checks`)."""
     rbac = "rbac.authorization.k8s.io"
     meta = {"name": KEEPER, "namespace": NAMESPACE, "labels": dict(_LABELS)}
     account_namespace, account = scheduler_account.removeprefix("system:serviceaccount:").split(":", 1)
+    return [
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete"]}],
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": KEEPER},
+            "subjects": [
+                {"apiGroup": rbac, "kind": "Group", "name": EXTENDER.group},
+                {"apiGroup": rbac, "kind": "Group", "name": NODE_STATE.group},
+                {"kind": "ServiceAccount", "name": account, "namespace": account_namespace},
+            ],
+        },
+        *pod_shape_policy(
+            f"{SCHEDULER_NAME}-reservation-pods", NAMESPACE, "a GPU reservation pod", _reservation_pod_checks(image)
+        ),
+    ]
+
+
+def _reservation_pod_checks(image: str) -> list[tuple[str, str]]:
+    """What a pod in :data:`NAMESPACE` must be beside ``POD_SHAPE_CHECKS``, as (CEL expression, what it asks
+    for): :func:`reservation_pod`'s image, command, environment, priority, GPU, ServiceAccount and volumes,
+    bound to a node, with no GPU reported yet."""
     container = CONTAINER
     command = ", ".join(f"'{part}'" for part in ("python3", f"{MOUNT}/{PROGRAM.name}"))
     env_names = ", ".join(f"'{name}'" for name in ENV_NAMES)
     root_ca = "has(s.configMap) && s.configMap.name == 'kube-root-ca.crt'"
     allowed_sources = f"has(s.serviceAccountToken) || has(s.downwardAPI) || ({root_ca})"
-    checks = [
+    return [
         (f"{container}.image == '{image}'", f"the image {image}"),
         (f"has({container}.command) && {container}.command == [{command}]", "the reservation program as command"),
         (f"!has({container}.args) || {container}.args.size() == 0", "no args"),
@@ -341,26 +357,6 @@ def keeper_access(scheduler_account: str, *, image: str = DEFAULT_IMAGE) -> list
             f"(has(v.projected) && v.projected.sources.all(s, {allowed_sources})))",
             f"only volumes of the {PROGRAM_CONFIG_MAP} ConfigMap and the ServiceAccount's token",
         ),
-    ]
-    return [
-        {
-            "apiVersion": f"{rbac}/v1",
-            "kind": "Role",
-            "metadata": meta,
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete"]}],
-        },
-        {
-            "apiVersion": f"{rbac}/v1",
-            "kind": "RoleBinding",
-            "metadata": meta,
-            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": KEEPER},
-            "subjects": [
-                {"apiGroup": rbac, "kind": "Group", "name": EXTENDER.group},
-                {"apiGroup": rbac, "kind": "Group", "name": NODE_STATE.group},
-                {"kind": "ServiceAccount", "name": account, "namespace": account_namespace},
-            ],
-        },
-        *pod_shape_policy(f"{SCHEDULER_NAME}-reservation-pods", NAMESPACE, "a GPU reservation pod", checks),
     ]
 
 

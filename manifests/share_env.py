@@ -42,7 +42,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from manifests.access import TRUSTED_NAMESPACE, _policy, _rules
+from manifests.access import TRUSTED_NAMESPACE
+from manifests.admission import core_rule, denying_policy
 from scheduler_core.k8s.annotations import GPU_UUID, bind_annotation_problems
 from scheduler_core.k8s.names import (
     CDI_ANNOTATION_PREFIXES,
@@ -174,7 +175,9 @@ def share_env_policy(device: str = "cdi") -> list[dict[str, Any]]:
     visible, *sizes = SHARE_ENV
     shared_env(device)  # a known device, or ValueError
     spec: dict[str, Any] = {
-        "matchConstraints": {"resourceRules": [_rules("pods", "CREATE"), _rules("pods/ephemeralcontainers", "UPDATE")]},
+        "matchConstraints": {
+            "resourceRules": [core_rule("pods", "CREATE"), core_rule("pods/ephemeralcontainers", "UPDATE")]
+        },
         "variables": [
             {"name": "all_containers", "expression": _containers("object", ephemeral=True)},
             {"name": "gpu_containers", "expression": _containers("object", ephemeral=False)},
@@ -210,23 +213,27 @@ def share_env_policy(device: str = "cdi") -> list[dict[str, Any]]:
         ],
     }
     if device == "env":  # the GPU reaches the containers through the variable: each one must read it
-        spec["validations"].append(
-            {
-                "expression": (
-                    "request.subResource == 'ephemeralcontainers' || !variables.share || "
-                    "variables.gpu_containers.all(c, has(c.env) && c.env.exists(e, "
-                    f"e.name == '{visible.name}'))"
-                ),
-                "message": (
-                    f"every container of a GPU share must read {visible.name} from the bind's annotation: add "
-                    f'env: [{{name: {visible.name}, valueFrom: {{fieldRef: {{fieldPath: "{field_path(visible)}"}}}}}}] '
-                    "(and the size variables: docs/sharing.md), or serve the MutatingAdmissionPolicy "
-                    f"{SCHEDULER_NAME}-share-env that adds them"
-                ),
-                "reason": "Invalid",
-            }
-        )
-    return _policy(f"{SCHEDULER_NAME}-share-env", spec)
+        spec["validations"].append(_every_gpu_container_reads(visible))
+    return denying_policy(f"{SCHEDULER_NAME}-share-env", spec)
+
+
+def _every_gpu_container_reads(visible: ShareEnv) -> dict[str, Any]:
+    """With ``SHARE_DEVICE=env``: the validation that every container of a share pod, ephemeral ones aside,
+    reads ``visible`` from the bind's annotation, whose refusal says what to add."""
+    return {
+        "expression": (
+            "request.subResource == 'ephemeralcontainers' || !variables.share || "
+            "variables.gpu_containers.all(c, has(c.env) && c.env.exists(e, "
+            f"e.name == '{visible.name}'))"
+        ),
+        "message": (
+            f"every container of a GPU share must read {visible.name} from the bind's annotation: add "
+            f'env: [{{name: {visible.name}, valueFrom: {{fieldRef: {{fieldPath: "{field_path(visible)}"}}}}}}] '
+            "(and the size variables: docs/sharing.md), or serve the MutatingAdmissionPolicy "
+            f"{SCHEDULER_NAME}-share-env that adds them"
+        ),
+        "reason": "Invalid",
+    }
 
 
 MUTATING_APIS = tuple(f"admissionregistration.k8s.io/{v}" for v in ("v1alpha1", "v1beta1", "v1"))
@@ -273,7 +280,7 @@ def share_env_mutation(api_version: str, device: str = "cdi") -> list[dict[str, 
             "kind": "MutatingAdmissionPolicy",
             "metadata": {"name": name, "labels": labels},
             "spec": {
-                "matchConstraints": {"resourceRules": [_rules("pods", "CREATE")]},
+                "matchConstraints": {"resourceRules": [core_rule("pods", "CREATE")]},
                 "matchConditions": [{"name": "is-a-share", "expression": IS_SHARE}],
                 "failurePolicy": "Fail",
                 "reinvocationPolicy": "IfNeeded",

@@ -10,6 +10,24 @@ HELP = "the second kube-scheduler's manifests (RBAC, configuration, Deployment)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options, in ``--help``'s order: the extender's, the scheduler pods', sharing's, Karpenter's, the
+    pods' network, then what to leave out and where to write."""
+    _add_extender_arguments(parser)
+    _add_scheduler_pod_arguments(parser)
+    _add_sharing_arguments(parser)
+    _add_karpenter_arguments(parser)
+    _add_pod_network_arguments(parser)
+    parser.add_argument(
+        "--no-admission-policy",
+        action="store_true",
+        help="leave out the ValidatingAdmissionPolicies (Kubernetes older than 1.30; CDK admissionPolicy=false)",
+    )
+    parser.add_argument("--namespace", default="kube-system")
+    parser.add_argument("--out", type=Path, help="write here (default: stdout)")
+
+
+def _add_extender_arguments(parser: argparse.ArgumentParser) -> None:
+    """How kube-scheduler calls the extender: its URL, verbs, weight, timeout and which pods."""
     parser.add_argument(
         "--url", required=True, help="the extender's base URL, stage included (https://..., or http://127.0.0.1:PORT)"
     )
@@ -25,9 +43,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="call the extender only for pods that request a GPU (managedResources); by default every pod of "
         "the profile, so that CPU-only pods strand no GPU",
     )
+
+
+def _add_scheduler_pod_arguments(parser: argparse.ArgumentParser) -> None:
+    """The scheduler pods' API client rate and image."""
     parser.add_argument("--client-qps", type=int, default=100, help="the scheduler's API client qps (default 100)")
     parser.add_argument("--client-burst", type=int, default=200, help="and its burst (default 200)")
     parser.add_argument("--image", help="kube-scheduler image; match the cluster's minor version")
+
+
+def _add_sharing_arguments(parser: argparse.ArgumentParser) -> None:
+    """With --sharing: the reservation pods, the bind's timeout, and how a share's GPU reaches its containers."""
     parser.add_argument(
         "--reservation-image",
         help="with --sharing: the image of the pods that hold shared GPUs in Kubernetes' count (default "
@@ -57,6 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default cdi: a CDI device no tenant can name; env: NVIDIA_VISIBLE_DEVICES, which lets any pod on a GPU "
         "node name any GPU there; docs/sharing.md)",
     )
+
+
+def _add_karpenter_arguments(parser: argparse.ArgumentParser) -> None:
+    """The Karpenter NodePools for GPU nodes (docs/autoscalers.md)."""
     parser.add_argument(
         "--karpenter-node-class",
         default="",
@@ -69,6 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="WhenEmpty",
         help="the whole-GPU NodePool's consolidation policy (default WhenEmpty; the shared pool's is always WhenEmpty)",
     )
+
+
+def _add_pod_network_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the scheduler pods reach the extender API's endpoint: its security group, or a node group in it."""
     parser.add_argument(
         "--security-group",
         default="",
@@ -85,13 +119,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead: run the scheduler pods on the nodes with this label (a node group in --security-group), "
         "tolerating taints with its key; repeat for more labels",
     )
-    parser.add_argument(
-        "--no-admission-policy",
-        action="store_true",
-        help="leave out the ValidatingAdmissionPolicies (Kubernetes older than 1.30; CDK admissionPolicy=false)",
-    )
-    parser.add_argument("--namespace", default="kube-system")
-    parser.add_argument("--out", type=Path, help="write here (default: stdout)")
 
 
 NO_POD_NETWORK_WARNING = (
@@ -104,7 +131,8 @@ NO_POD_NETWORK_WARNING = (
 def run(args: argparse.Namespace) -> int:
     from application.extender.settings import CDI_RUNTIME, ENV_DEVICE_WARNING
     from gpu_scheduler.commands.common import UsageError
-    from manifests.scheduler import DEFAULT_IMAGE, SchedulerOptions, all_manifests, parse_node_selector, render_yaml
+    from manifests.scheduler import all_manifests, render_yaml
+    from manifests.scheduler_options import DEFAULT_IMAGE, SchedulerOptions, parse_node_selector
 
     selector, bad = parse_node_selector(args.node_selector)
     if bad:

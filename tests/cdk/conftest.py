@@ -28,6 +28,13 @@ IMPORTED_NETWORK = {
     "clusterSecurityGroupId": "sg-0cccccccccccccccc",
     "schedulerSecurityGroupId": "sg-0dddddddddddddddd",
 }
+IMPORTED_ENDPOINT = {**{k: v for k, v in IMPORTED_NETWORK.items() if k != "schedulerSecurityGroupId"},
+                     "executeApiEndpointId": "vpce-0eeeeeeeeeeeeeeee"}  # fmt: skip
+"""Context: the imported VPC with an imported execute-api endpoint (whose owner admits the scheduler pods)."""
+APPLIED_WITH_SHARING = {"applyManifests": True, "sharing": True, **IMPORTED_NETWORK}
+"""Context: the imported VPC, with sharing, and the manifests applied by the stack."""
+OURS = ("ExtenderFunction", "NodeStateFunction", "DeletionCostFunction")
+"""The logical-ID prefixes of the package's three functions."""
 
 
 def write_stand_in_package(directory: Path, *, arch: str = "arm64", python: str = "3.14") -> Path:
@@ -62,6 +69,20 @@ class Synth:
         (plugin,) = json.loads((self.outdir / "validation-report.json").read_text())["pluginReports"]
         report: dict[str, Any] = plugin
         return report
+
+
+Synthesise = Callable[..., Synth]
+
+
+def our_functions(synthesised: Synth) -> dict[str, Any]:
+    """The three Lambdas of the package (not the CDK-owned providers)."""
+    return {k: v for k, v in synthesised.resources("AWS::Lambda::Function").items() if k.startswith(OURS)}
+
+
+def by_prefix(resources: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The one resource whose logical ID starts with ``prefix``."""
+    (value,) = [v for k, v in resources.items() if k.startswith(prefix)]
+    return dict(value)
 
 
 @pytest.fixture(scope="session")

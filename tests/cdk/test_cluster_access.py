@@ -22,7 +22,8 @@ from manifests.access import (
     identities,
     lambda_rbac,
 )
-from manifests.scheduler import SchedulerOptions, all_manifests
+from manifests.scheduler import all_manifests
+from manifests.scheduler_options import SchedulerOptions
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, DELETION_COST_ANNOTATION, VISIBLE_DEVICES_ANNOTATION
 
 from .conftest import bare_stack

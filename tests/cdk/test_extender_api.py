@@ -56,23 +56,20 @@ def _api_id(t: Template) -> str:
 
 
 def _resource_policy(t: Template, endpoint: Any) -> list[dict[str, Any]]:
+    """The statements expected: invoke allowed through ``endpoint``, and denied explicitly through any other."""
     return [
         {
             "Action": "execute-api:Invoke",
-            "Condition": {"StringEquals": {"aws:SourceVpce": endpoint}},
-            "Effect": "Allow",
+            "Condition": {operator: {"aws:SourceVpce": endpoint}},
+            "Effect": effect,
             "Principal": {"AWS": "*"},
             "Resource": "execute-api:/*",
-            "Sid": "AllowOnlyThroughTheClusterEndpoint",
-        },
-        {
-            "Action": "execute-api:Invoke",
-            "Condition": {"StringNotEquals": {"aws:SourceVpce": endpoint}},
-            "Effect": "Deny",
-            "Principal": {"AWS": "*"},
-            "Resource": "execute-api:/*",
-            "Sid": "DenyEverythingElse",
-        },
+            "Sid": sid,
+        }
+        for sid, effect, operator in (
+            ("AllowOnlyThroughTheClusterEndpoint", "Allow", "StringEquals"),
+            ("DenyEverythingElse", "Deny", "StringNotEquals"),
+        )
     ]
 
 

@@ -48,16 +48,23 @@ def _pod_phase(namespace: str, pod: str, phase: str) -> dict[tuple[tuple[str, st
     return {_labels(namespace=namespace, pod=pod, uid=f"uid-{pod}", phase=p): float(p == phase) for p in PHASES}
 
 
+def _gpu(index: str, uuid: str, hostname: str, **pod: str) -> tuple[tuple[str, str], ...]:
+    """The DCGM exporter's labels for GPU ``index`` of ``hostname``, and the pod using it (if any)."""
+    return _labels(
+        gpu=index, UUID=uuid, device=f"nvidia{index}", modelName="NVIDIA A100-SXM4-80GB", Hostname=hostname, **pod
+    )
+
+
 def _cluster() -> dict[str, Any]:
     """Two 8-GPU nodes. gpu-a: trainer-0 (4 GPUs, busy) and trainer-1 (2 GPUs, idle); gpu-b: only a
     finished pod. waiting-0 wants 8 GPUs and has been pending for 20 minutes."""
+    return {**_scheduler_series(), **_gpu_series(), **_pod_series()}
+
+
+def _scheduler_series() -> dict[str, Any]:
+    """The second kube-scheduler's own metrics, and another profile's that the expressions must leave out."""
     sched = {"profile": "gpu-scheduler"}
     buckets = {"0.001": 0.2, "0.01": 1.0, "0.1": 1.9, "1": 2.0, "+Inf": 2.0}  # attempts per second at or under le
-    requests = {
-        ("trainer-0", "gpu-a", 4), ("trainer-1", "gpu-a", 2), ("done-0", "gpu-b", 8), ("waiting-0", "", 8),
-    }  # fmt: skip
-    phases = {"trainer-0": "Running", "trainer-1": "Running", "done-0": "Succeeded", "waiting-0": "Pending"}
-    costs = {"trainer-0": ("250", "high"), "trainer-1": ("35", "medium"), "waiting-0": ("-50", "warming")}
     return {
         "scheduler_schedule_attempts_total": {
             _labels(**sched, result="scheduled"): (100.0, 2.0),
@@ -72,33 +79,33 @@ def _cluster() -> dict[str, Any]:
             _labels(job="gpu-scheduler", queue=queue): float(n)
             for queue, n in {"active": 0, "backoff": 1, "unschedulable": 3, "gated": 0}.items()
         },
+    }
+
+
+def _gpu_series() -> dict[str, Any]:
+    """The DCGM exporter's utilisation of three GPUs (two of them in use) and the nodes' allocatable GPUs."""
+    return {
         "DCGM_FI_DEV_GPU_UTIL": {
-            _labels(
-                gpu="0",
-                UUID="GPU-0a",
-                device="nvidia0",
-                modelName="NVIDIA A100-SXM4-80GB",
-                Hostname="gpu-a",
-                namespace="ml",
-                pod="trainer-0",
-                container="main",
-            ): 85.0,
-            _labels(
-                gpu="4",
-                UUID="GPU-4a",
-                device="nvidia4",
-                modelName="NVIDIA A100-SXM4-80GB",
-                Hostname="gpu-a",
-                namespace="ml",
-                pod="trainer-1",
-                container="main",
-            ): 2.0,
-            _labels(gpu="0", UUID="GPU-0b", device="nvidia0", modelName="NVIDIA A100-SXM4-80GB", Hostname="gpu-b"): 0.0,
+            _gpu("0", "GPU-0a", "gpu-a", namespace="ml", pod="trainer-0", container="main"): 85.0,
+            _gpu("4", "GPU-4a", "gpu-a", namespace="ml", pod="trainer-1", container="main"): 2.0,
+            _gpu("0", "GPU-0b", "gpu-b"): 0.0,
         },
         "kube_node_status_allocatable": {
             **{_labels(node=n, resource="nvidia_com_gpu", unit="integer"): 8.0 for n in ("gpu-a", "gpu-b")},
             _labels(node="gpu-a", resource="cpu", unit="core"): 96.0,
         },
+    }
+
+
+def _pod_series() -> dict[str, Any]:
+    """kube-state-metrics' view of the four pods: GPU requests, phases, creation times and the deletion-cost
+    annotations the refresher wrote."""
+    requests = {
+        ("trainer-0", "gpu-a", 4), ("trainer-1", "gpu-a", 2), ("done-0", "gpu-b", 8), ("waiting-0", "", 8),
+    }  # fmt: skip
+    phases = {"trainer-0": "Running", "trainer-1": "Running", "done-0": "Succeeded", "waiting-0": "Pending"}
+    costs = {"trainer-0": ("250", "high"), "trainer-1": ("35", "medium"), "waiting-0": ("-50", "warming")}
+    return {
         "kube_pod_container_resource_requests": {
             _labels(
                 namespace="ml",

@@ -7,7 +7,7 @@ server."""
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, NamedTuple
 
 import celpy
 import pytest
@@ -110,34 +110,51 @@ FOREIGN_CHANGES = {
 }
 
 
-def as_node_state(new: dict[str, Any]) -> list[str]:
-    return denials(resource="nodes", operation="UPDATE", user="ns", groups=[NODE_STATE.group], obj=new, old=NODE)
+class Writer(NamedTuple):
+    """A Lambda identity that updates objects: the resource, its user and group, the object as it was, and
+    the write that is its own (the path changed, the value written)."""
+
+    resource: str
+    user: str
+    group: str
+    before: dict[str, Any]
+    own_path: tuple[str, ...]
+    own_value: str
 
 
-def test_the_node_state_identity_may_change_its_gpu_labels() -> None:
-    assert as_node_state(changed(NODE, ("metadata", "labels", LABEL_MODEL), "H100")) == []
+WRITERS = {
+    "node-state": Writer("nodes", "ns", NODE_STATE.group, NODE, ("metadata", "labels", LABEL_MODEL), "H100"),
+    "deletion-cost": Writer(
+        "pods", "dc", DELETION_COST.group, POD, ("metadata", "annotations", DELETION_COST_ANNOTATION), "100"
+    ),
+}
+
+
+def as_writer(name: str, new: dict[str, Any]) -> list[str]:
+    """The denials of the identity ``name``'s update of its object to ``new``."""
+    writer = WRITERS[name]
+    return denials(
+        resource=writer.resource,
+        operation="UPDATE",
+        user=writer.user,
+        groups=[writer.group],
+        obj=new,
+        old=writer.before,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_a_lambda_identity_may_make_its_own_write(name: str) -> None:
+    """The node-state identity its GPU labels, the deletion-cost identity the cost."""
+    writer = WRITERS[name]
+    assert as_writer(name, changed(writer.before, writer.own_path, writer.own_value)) == []
 
 
 @pytest.mark.parametrize("change", sorted(FOREIGN_CHANGES))
-def test_the_node_state_identity_may_change_nothing_else_of_a_node(change: str) -> None:
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_a_lambda_identity_may_change_nothing_else_of_the_object_it_writes(name: str, change: str) -> None:
     path, value = FOREIGN_CHANGES[change]
-    if path == ("metadata", "labels"):
-        value = {**NODE["metadata"]["labels"], "extra": "x"}
-    assert as_node_state(changed(NODE, path, value)) != []
-
-
-def as_deletion_cost(new: dict[str, Any]) -> list[str]:
-    return denials(resource="pods", operation="UPDATE", user="dc", groups=[DELETION_COST.group], obj=new, old=POD)
-
-
-def test_the_deletion_cost_identity_may_write_the_cost() -> None:
-    assert as_deletion_cost(changed(POD, ("metadata", "annotations", DELETION_COST_ANNOTATION), "100")) == []
-
-
-@pytest.mark.parametrize("change", sorted(FOREIGN_CHANGES))
-def test_the_deletion_cost_identity_may_change_nothing_else_of_a_pod(change: str) -> None:
-    path, value = FOREIGN_CHANGES[change]
-    assert as_deletion_cost(changed(POD, path, value)) != []
+    assert as_writer(name, changed(WRITERS[name].before, path, value)) != []
 
 
 ASSIGNED = changed(POD, ("metadata", "annotations", ASSIGNED_GPUS_ANNOTATION), "0:250")
@@ -153,32 +170,43 @@ WRITTEN = {
 """A value of the bind's shape for each annotation it writes (``manifests.share_env.share_annotations``)."""
 
 
+def annotated_pod(key: str, state: bool | str | None, value: str) -> dict[str, Any] | None:
+    """:data:`POD` as a request carries it: ``None``, no object (the old one of a CREATE); ``False``, without
+    ``key``; ``True``, with ``key`` set to ``value``; a string, with ``key`` set to that string."""
+    if state is None:
+        return None
+    if state is False:
+        return POD
+    return changed(POD, ("metadata", "annotations", key), state if isinstance(state, str) else value)
+
+
+ANNOTATION_WRITES = {
+    "created with it": ("pods", "CREATE", True, None),
+    "set on the pod": ("pods", "UPDATE", True, False),
+    "set through pods/status": ("pods/status", "UPDATE", True, False),
+    "removed": ("pods", "UPDATE", False, True),
+    "changed": ("pods", "UPDATE", "other", True),
+    "in a Binding": ("pods/binding", "CREATE", True, None),
+}
+"""Each way a request writes an annotation, by name: (resource, operation, the new object, the old one), the
+objects as :func:`annotated_pod`'s ``state`` (a Binding carries the annotation)."""
+
+
+def annotation_writes(*, but: tuple[str, ...] = ()) -> list[Any]:
+    """:data:`ANNOTATION_WRITES` but the names ``but``, as ``pytest.param`` with their names as ids, for a
+    ``("resource", "operation", "new", "was")`` parametrisation."""
+    return [pytest.param(*write, id=name) for name, write in ANNOTATION_WRITES.items() if name not in but]
+
+
 @pytest.mark.parametrize("key", BIND_ANNOTATIONS)
-@pytest.mark.parametrize(
-    ("resource", "operation", "new", "was"),
-    [
-        ("pods", "CREATE", True, None),
-        ("pods", "UPDATE", True, False),
-        ("pods/status", "UPDATE", True, False),
-        ("pods", "UPDATE", False, True),
-        ("pods", "UPDATE", "other", True),
-        ("pods/binding", "CREATE", True, None),
-    ],
-    ids=["created with it", "set on the pod", "set through pods/status", "removed", "changed", "in a Binding"],
-)
+@pytest.mark.parametrize(("resource", "operation", "new", "was"), annotation_writes())
 def test_nobody_else_may_write_the_binds_annotations(
     key: str, resource: str, operation: str, new: bool | str, was: bool | None
 ) -> None:
     """assigned-gpus, and what a share's containers read (visible-devices: which GPU they get)."""
-
-    def pod(value: bool | str | None) -> Any:
-        if value is None:
-            return None
-        text = value if isinstance(value, str) else WRITTEN[key]
-        return changed(POD, ("metadata", "annotations", key), text) if value else POD
-
-    obj = {"metadata": {"annotations": {key: WRITTEN[key]}}} if resource == "pods/binding" else pod(new)
-    kwargs = {"resource": resource, "operation": operation, "obj": obj, "old": pod(was)}
+    binding = {"metadata": {"annotations": {key: WRITTEN[key]}}}
+    obj = binding if resource == "pods/binding" else annotated_pod(key, new, WRITTEN[key])
+    kwargs = {"resource": resource, "operation": operation, "obj": obj, "old": annotated_pod(key, was, WRITTEN[key])}
     assert denials(user="tenant", groups=["system:authenticated"], **kwargs) != []
     assert denials(user="x", groups=[DELETION_COST.group], **kwargs) != []
     # The extender's group and the second scheduler's ServiceAccount (serve as its sidecar) may.

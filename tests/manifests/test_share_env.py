@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpu_scheduler.cli import main
-from manifests.scheduler import SchedulerOptions, all_manifests
+from manifests.scheduler import all_manifests
+from manifests.scheduler_options import SchedulerOptions
 from manifests.share_env import (
     MUTATING_APIS,
     SHARE_ENV,
