@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from adapters.gpu_ledger import LedgerStore
-from adapters.kube import RetryPolicy, connect_url
+from adapters.kube import connect_url
+from adapters.kube_transport import RetryPolicy
 from adapters.ledger_readings import LedgerReadings
 from bench.ledger import SHARES, TABLE, create_table
 from bench.timing import run_threads
@@ -107,20 +108,9 @@ def bind_all(
         specs = [make_pod(f"p{i}", 0, milli=rng.choice(SHARES)) for i in range(pods)]
         api.load("pods", specs)
 
-        def instance() -> Extender:
-            def kube() -> Any:
-                client = connect_url(api.url, TOKEN)
-                client.retry = RetryPolicy(attempts=2, base_s=0.05, max_s=0.2, request_timeout_s=5.0)
-                return client
-
-            dynamodb = boto3.client("dynamodb", region_name="us-east-1", endpoint_url=endpoint)
-            readings = LedgerReadings()
-            binder = LedgerBinder(LedgerStore(TABLE, dynamodb), kube, lambda: snapshot, readings if learn else None)
-            binder.kube.get_node(names[0])  # connected and warm, as a warm Lambda is: the first bind is measured apart
-            return Extender(cluster=lambda: snapshot, readings=readings, accounting=binder)
-
         def schedule(worker: int) -> None:
-            extender, choose = instance(), random.Random(worker)
+            extender = _lambda_instance(api.url, endpoint, snapshot, names[0], learn=learn)
+            choose = random.Random(worker)
             for i in range(worker, pods, threads):
                 pod = specs[i]
                 candidates = choose.sample(names[:hot], 3) + choose.sample(names, 5)
@@ -128,30 +118,53 @@ def bind_all(
                 feasible = extender.filter(args).kept
                 scored = extender.prioritize(ExtenderArgs(pod=pod, node_names=feasible))
                 by_score = sorted(zip(scored.values, scored.hosts, strict=True), key=lambda pair: -pair[0])
-                for _, host in by_score:
-                    meta = pod["metadata"]
-                    body = json.dumps(
-                        {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": host}
-                    ).encode()
-                    started = time.perf_counter()
-                    reply = extender.respond("bind", body)
-                    elapsed = 1000 * (time.perf_counter() - started)
-                    assert isinstance(reply.outcome, BindOutcome)
-                    with lock:
-                        run.latencies_ms.append(elapsed)
-                        run.conflicts += reply.outcome.conflicts
-                        run.outcome[reply.outcome.error_kind or "bound"] += 1
-                    if not reply.outcome.error:
-                        break
-                else:
-                    with lock:
-                        run.unplaced += 1
+                _bind_best(extender, pod, [host for _, host in by_score], run, lock)
 
         run.wall_s = run_threads(schedule, threads)
         run.pods = api.objects("pods")
         reader = LedgerStore(TABLE, boto3.client("dynamodb", region_name="us-east-1", endpoint_url=endpoint))
         run.items = [reader.read(name, 8) for name in names]
     return run
+
+
+def _lambda_instance(api_url: str, endpoint: str, snapshot: ClusterState, warm_node: str, *, learn: bool) -> Extender:
+    """One Lambda instance over ``snapshot``: its own extender, Kubernetes client (to the API double at
+    ``api_url``), DynamoDB client (``endpoint``) and ledger readings (kept out of its view unless ``learn``)."""
+    import boto3
+
+    def kube() -> Any:
+        client = connect_url(api_url, TOKEN)
+        client.retry = RetryPolicy(attempts=2, base_s=0.05, max_s=0.2, request_timeout_s=5.0)
+        return client
+
+    dynamodb = boto3.client("dynamodb", region_name="us-east-1", endpoint_url=endpoint)
+    readings = LedgerReadings()
+    binder = LedgerBinder(LedgerStore(TABLE, dynamodb), kube, lambda: snapshot, readings if learn else None)
+    binder.kube.get_node(warm_node)  # connected and warm, as a warm Lambda is: the first bind is measured apart
+    return Extender(cluster=lambda: snapshot, readings=readings, accounting=binder)
+
+
+def _bind_best(extender: Extender, pod: dict[str, Any], hosts: list[str], run: BindRun, lock: threading.Lock) -> None:
+    """Bind ``pod`` to the first of ``hosts`` (best first) that takes it, as kube-scheduler's retry after an
+    ``Error`` would; each bind's latency and outcome into ``run`` (under ``lock``), and the pod as
+    unplaced where none took it."""
+    for host in hosts:
+        meta = pod["metadata"]
+        body = json.dumps(
+            {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": host}
+        ).encode()
+        started = time.perf_counter()
+        reply = extender.respond("bind", body)
+        elapsed = 1000 * (time.perf_counter() - started)
+        assert isinstance(reply.outcome, BindOutcome)
+        with lock:
+            run.latencies_ms.append(elapsed)
+            run.conflicts += reply.outcome.conflicts
+            run.outcome[reply.outcome.error_kind or "bound"] += 1
+        if not reply.outcome.error:
+            return
+    with lock:
+        run.unplaced += 1
 
 
 def first_bind_import_ms(runs: int = 3) -> float:

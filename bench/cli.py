@@ -147,6 +147,8 @@ def _names(text: str) -> list[str]:
 
 
 Suite = Callable[[argparse.Namespace], dict[str, Any]]
+AddSuite = Callable[[str, Suite, str], argparse.ArgumentParser]
+"""Adds one suite's subcommand (its name, the function that runs it, its one-line help) and returns it."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,6 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(run=run)
         return sub
 
+    # In the order ``--help`` lists them.
+    _add_in_process_suites(suite)
+    _add_refresher_suites(suite)
+    _add_request_path_suites(suite)
+    _add_placement_suites(suite)
+    _add_deployment_suites(suite)
+    _add_e2e_suites(suite)
+    return parser
+
+
+def _add_in_process_suites(suite: AddSuite) -> None:
+    """The computations timed in this process: the extender's filter and score, and deletion costs."""
     ext = suite("extender", _extender, "core filter+score and the full handle() path")
     ext.add_argument("--nodes", type=int_list, default=[1000, 10000, 100000], help="core table sizes")
     ext.add_argument("--payload-nodes", type=int_list, default=[100, 500, 1000], help="full Node payload sizes")
@@ -178,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     dc.add_argument("--pods", type=int_list, default=[1000, 10000, 100000])
     dc.add_argument("--repeat", type=int, default=100)
     dc.add_argument("--seed", type=int, default=1)
+
+
+def _add_refresher_suites(suite: AddSuite) -> None:
+    """The refreshers' runs against the API double, and the state builders against a hostile node."""
     dcr = suite("deletion-cost-run", _deletion_cost_run, "one deletion-cost refresher run against the API double")
     dcr.add_argument("--pods", type=int, default=10_000)
     dcr.add_argument("--seed", type=int, default=0)
@@ -192,25 +210,36 @@ def build_parser() -> argparse.ArgumentParser:
     caps.add_argument("--repeat", type=int, default=5, help="runs of each builder on each cluster (medians)")
     caps.add_argument("--seed", type=int, default=0)
     caps.add_argument("--liar-gpus", type=int, default=2**31 - 1, help="the GPUs the one hostile node says it has")
+
+
+def _add_request_path_suites(suite: AddSuite) -> None:
+    """The modules a request passes through, then binds under contention: the ledger alone and the whole
+    bind verb (the same two options each)."""
     suite("path", _path, "the modules filter, prioritize and a share's bind pass through, by a profile hook")
-    led = suite("ledger", _ledger, "GPU-ledger binds under contention against moto's DynamoDB server")
-    led.add_argument("--threads", type=int, default=8)
-    led.add_argument("--pods", type=int, default=2000)
-    bnd = suite("bind", _bind, "the whole bind verb: ledger in moto's server, annotation and Binding")
-    bnd.add_argument("--threads", type=int, default=8)
-    bnd.add_argument("--pods", type=int, default=1000)
+    for name, run, help_text, pods in (
+        ("ledger", _ledger, "GPU-ledger binds under contention against moto's DynamoDB server", 2000),
+        ("bind", _bind, "the whole bind verb: ledger in moto's server, annotation and Binding", 1000),
+    ):
+        sub = suite(name, run, help_text)
+        sub.add_argument("--threads", type=int, default=8)
+        sub.add_argument("--pods", type=int, default=pods)
+
+
+def _add_placement_suites(suite: AddSuite) -> None:
+    """The placement policies on openb traces (synthetic without them)."""
+    trace_help = "openb trace name (synthetic when ../shared lacks it)"
     pol = suite("policies", _policies, "placement policies: seconds per seed and cost per decision")
     pol.add_argument(
         "--policies", default="random,dotprod,gpu_clustering,gpu_packing,bestfit,fgd,fgd_cpu", help="comma list"
     )
-    pol.add_argument("--trace", default="default", help="openb trace name (synthetic when ../shared lacks it)")
+    pol.add_argument("--trace", default="default", help=trace_help)
     pol.add_argument("--seed", type=int, default=42)
     shp = suite("share-policy", _share_policy, "which policy the extender should place GPU shares with")
     shp.add_argument(
         "--candidates",
         help="comma list (default: fgd, extender, fgd_cpu_blind and every other policy the extender offers)",
     )
-    shp.add_argument("--trace", default="default", help="openb trace name (synthetic when ../shared lacks it)")
+    shp.add_argument("--trace", default="default", help=trace_help)
     shp.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")
     shp.add_argument("--jobs", type=int, default=2)
     ks = suite("kube-scores", _kube_scores, "the FGD protocol decided by kube-scheduler's score arithmetic")
@@ -221,17 +250,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--plugins", default="most_allocated,balanced_allocation", help="comma list of the score plugins that act"
     )
     ks.add_argument("--jobs", type=int, default=2)
+
+
+def _add_deployment_suites(suite: AddSuite) -> None:
+    """What deploying costs: the CDK app's synth, and the Lambda's cold start and SnapStart restore (the
+    same three options each)."""
     syn = suite("synth", _synth, "make synth: wall time and peak memory of the CDK app")
     syn.add_argument("--runs", type=int, default=3)
     syn.add_argument("--package-dir", type=Path, default=Path("build/lambda"), help="where make package wrote")
-    cold = suite("cold-start", _cold_start, "fresh interpreter: import + init + first request (S3 via moto)")
-    cold.add_argument("--runs", type=int, default=5)
-    cold.add_argument("--snapshot-nodes", type=int, default=10000)
-    cold.add_argument("--seed", type=int, default=1)
-    snap = suite("snapstart", _snapstart, "SnapStart's restore stood in for by a fork: first request against warm")
-    snap.add_argument("--runs", type=int, default=5)
-    snap.add_argument("--snapshot-nodes", type=int, default=10000)
-    snap.add_argument("--seed", type=int, default=1)
+    for name, run, help_text in (
+        ("cold-start", _cold_start, "fresh interpreter: import + init + first request (S3 via moto)"),
+        ("snapstart", _snapstart, "SnapStart's restore stood in for by a fork: first request against warm"),
+    ):
+        sub = suite(name, run, help_text)
+        sub.add_argument("--runs", type=int, default=5)
+        sub.add_argument("--snapshot-nodes", type=int, default=10000)
+        sub.add_argument("--seed", type=int, default=1)
+
+
+def _add_e2e_suites(suite: AddSuite) -> None:
+    """The product under a real kube-scheduler (the control plane of ``../shared/k8s``)."""
     e2e = suite("e2e", _e2e, "the product under a real kube-scheduler: throughput and packing (../shared/k8s)")
     e2e.add_argument("--nodes", type=int, default=500, help="8-GPU nodes for the whole-GPU runs")
     e2e.add_argument("--pods", type=int, default=1000, help="one-GPU pods per drain")
@@ -263,7 +301,6 @@ def build_parser() -> argparse.ArgumentParser:
     watching.add_argument("--watch", type=float, default=25.0, help="WATCH_S of each invocation")
     watching.add_argument("--invocations", type=int, default=4, help="invocations started")
     watching.add_argument("--churn", type=float, default=5.0, help="other pods created (and deleted) per second")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,8 +37,9 @@ import numpy as np
 import numpy.typing as npt
 
 from bench import check_choices
-from manifests.scheduler import GPU_RESOURCE, SchedulerOptions, profile
-from scheduler_core.k8s.names import MILLI_PER_GPU
+from manifests.scheduler_configuration import profile
+from manifests.scheduler_options import SchedulerOptions
+from scheduler_core.k8s.names import GPU_RESOURCE, MILLI_PER_GPU
 from scheduler_core.k8s.nodes import NodeTable
 from scheduler_core.k8s.pods import PodDemand
 from scheduler_core.placement.model import Cluster, Task, Workload, tightest

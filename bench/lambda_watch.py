@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
-from testing.control_plane import ControlPlane, missing
+from testing.control_plane import ControlPlane
+from testing.kube_binaries import missing
 from testing.lambda_watch import Schedule, probe, wait_stored
 from testing.product import Processes
 

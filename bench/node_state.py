@@ -9,14 +9,16 @@ The 2-core machine runs the double and the refresher at once, so the wall times 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import resource
-import subprocess
-import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from bench import kube_double_process
+
+if TYPE_CHECKING:
+    from application.node_state.run import RunReport
 
 
 def _rss_mb() -> float:
@@ -39,14 +41,7 @@ def run(n_nodes: int, n_pods: int, seed: int, concurrency: int) -> dict[str, Any
     # One log line per labelled node is right for a Lambda, not for a benchmark's terminal.
     logging.getLogger("application.node_state.service").setLevel(logging.WARNING)
     started = time.perf_counter()
-    double = subprocess.Popen(
-        [sys.executable, "-m", "testing.kube_double", "--nodes", str(n_nodes), "--pods", str(n_pods),
-         "--seed", str(seed)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert double.stdout is not None
-        ready = json.loads(double.stdout.readline())
+    with kube_double_process("--nodes", str(n_nodes), "--pods", str(n_pods), "--seed", str(seed)) as ready:
         setup_s = time.perf_counter() - started
         baseline_mb = _rss_mb()
         runs = []
@@ -64,25 +59,7 @@ def run(n_nodes: int, n_pods: int, seed: int, concurrency: int) -> dict[str, Any
             for label in ("first run (labels every GPU node)", "steady state (nothing to patch)"):
                 wall = time.perf_counter()
                 report = refresh(settings, services, time_left=lambda: 900.0)
-                runs.append(
-                    {
-                        "run": label,
-                        "wall_s": round(time.perf_counter() - wall, 2),
-                        "status": report.status,
-                        "nodes_seen": report.nodes_seen,
-                        "pods_seen": report.pods_seen,
-                        "nodes_labeled": report.nodes_labeled,
-                        "label_patch_failures": report.label_patch_failures,
-                        "snapshot_bytes": report.snapshot_bytes,
-                        "snapshot_write_ms": round(report.snapshot_write_ms, 1),
-                        "peak_rss_mb": round(_rss_mb(), 1),
-                        "phases_ms": report.phases_ms,
-                    }
-                )
-    finally:
-        if double.stdin:
-            double.stdin.close()
-        double.wait(timeout=60)
+                runs.append(_run_figures(label, time.perf_counter() - wall, report))
     return {
         "benchmark": "node-state",
         "nodes": n_nodes,
@@ -92,4 +69,22 @@ def run(n_nodes: int, n_pods: int, seed: int, concurrency: int) -> dict[str, Any
         "rss_before_first_run_mb": round(baseline_mb, 1),
         "runs": runs,
         "targets": {"wall_s": 30, "peak_rss_mb": 1536},
+    }
+
+
+def _run_figures(label: str, wall_s: float, report: RunReport) -> dict[str, Any]:
+    """One refresher run's figures: its wall time, what its report says, and this process's peak memory
+    so far."""
+    return {
+        "run": label,
+        "wall_s": round(wall_s, 2),
+        "status": report.status,
+        "nodes_seen": report.nodes_seen,
+        "pods_seen": report.pods_seen,
+        "nodes_labeled": report.nodes_labeled,
+        "label_patch_failures": report.label_patch_failures,
+        "snapshot_bytes": report.snapshot_bytes,
+        "snapshot_write_ms": round(report.snapshot_write_ms, 1),
+        "peak_rss_mb": round(_rss_mb(), 1),
+        "phases_ms": report.phases_ms,
     }

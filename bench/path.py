@@ -5,14 +5,16 @@ Three requests, each traced once after a warm-up on another pod (so that lazy im
 are not counted): a whole-GPU ``filter`` and its ``prioritize`` on a 16-node snapshot, and a share's
 ``bind`` with its reservation pod (moto's DynamoDB in process, the in-repo API server double, which plays
 the kubelet that reports the reservation pod's GPU). Each enters at
-:meth:`application.extender.service.ExtenderService.answer`, the layer both transports hand a body to.
+:meth:`application.extender.service.ExtenderService.answer`, the layer both transports hand a body to;
+filter and prioritize carry node names only, as the generated configuration (``nodeCacheCapable: true``)
+makes kube-scheduler send them.
 
 The hook follows the calling thread: on each call and each return, the product module now running (in
 ``scheduler_core``, ``adapters``, ``application``, ``manifests``, ``lambdas``, ``gpu_scheduler``; the
 standard library, numpy, boto3 and moto are not product modules, and calls into them do not move the path).
 A *stop* is a run of execution in one module; a *return* is a stop in a module the path had already left.
-Reported per request: the modules in order of first entry, how many times each was entered, the stops and
-the returns.
+Reported per request: the modules in order of first entry, the packages (folders) they are in, how many
+times each was entered, the stops and the returns.
 """
 
 from __future__ import annotations
@@ -34,8 +36,13 @@ TOKEN = "bench-path"
 
 
 def _module(frame: FrameType | None) -> str:
+    """The product module now running at ``frame``: its own, or its nearest product caller's (for the
+    standard library and the packages it calls); "" once the climb reaches this harness, which is the
+    transport here and not part of the path."""
     while frame is not None:
         name = str(frame.f_globals.get("__name__", ""))
+        if name == __name__:
+            return ""
         if name.split(".")[0] in PRODUCT_ROOTS:
             return name
         frame = frame.f_back
@@ -61,6 +68,7 @@ def trace(call: Callable[[], Any]) -> dict[str, Any]:
     entered = Counter(stops)
     return {
         "modules": len(entered),
+        "packages": sorted({module.rsplit(".", 1)[0] for module in entered}),
         "stops": len(stops),
         "returns": len(stops) - len(entered),
         "most_entered": dict(entered.most_common(5)),
@@ -81,7 +89,8 @@ def _world() -> Iterator[tuple[Any, Callable[..., dict[str, Any]], list[dict[str
     from moto import mock_aws
 
     from adapters.gpu_ledger import LedgerStore
-    from adapters.kube import RetryPolicy, connect_url
+    from adapters.kube import connect_url
+    from adapters.kube_transport import RetryPolicy
     from adapters.ledger_readings import LedgerReadings
     from application.extender.service import ExtenderService
     from bench.ledger import TABLE, create_table
@@ -126,10 +135,10 @@ def run(*, filter_only: bool = False) -> dict[str, Any]:
 
     out: dict[str, Any] = {"suite": "path", "at": time.strftime("%Y-%m-%d")}
     with _world() as (service, pending, nodes):
-        node_list = {"items": nodes}
+        names = [node["metadata"]["name"] for node in nodes]
 
         def scheduling(verb: str, pod: dict[str, Any]) -> Callable[[], Any]:
-            body = json.dumps({"Pod": pod, "Nodes": node_list}).encode()
+            body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
             return lambda: service.answer(verb, body)
 
         for verb in ("filter", "prioritize"):

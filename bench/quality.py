@@ -85,30 +85,7 @@ def released() -> dict[tuple[str, str], float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=ROOT / "build" / "quality.json")
-    parser.add_argument("--policies", default=",".join(POLICIES), help="comma list (default: all)")
-    parser.add_argument(
-        "--traces",
-        default="public",
-        help="public (those with released results, the default), unreleased (the directory's others), all,"
-        " or a comma list",
-    )
-    parser.add_argument(
-        "--tie-orders", type=int, default=0,
-        help="per seed, this many tie orders (the same task order, ties shuffled anew), and the paired table "
-        "against FGD with 95 %% intervals (0: the seed's own tie order, as the published runs)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--floor", action="store_true", help="only the GPU waste that packing each trace's shares must leave"
-    )
-    parser.add_argument(
-        "--resume", action="store_true",
-        help="take the runs already in --out (the same trace, policy, seed and tie order) and run only the rest",
-    )  # fmt: skip
-    args = parser.parse_args()
+    args = _parser().parse_args()
     if not openb_dir().is_dir():
         raise SystemExit(f"{openb_dir()} is absent: the trace is research-use only and is not shipped here")
     published = released()
@@ -132,15 +109,7 @@ def main() -> int:
         except ValueError as exc:
             raise SystemExit(str(exc)) from exc
         print(f"--resume: {len(runs)} runs taken from {args.out}, {len(jobs)} to run")
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for (*_, order), (trace, policy, seed, unalloc, seconds) in zip(
-            jobs, tqdm(pool.map(_run, *zip(*jobs, strict=True)) if jobs else [], total=len(jobs)), strict=True
-        ):
-            runs.append({"trace": trace, "policy": policy, "seed": seed, "tie_order": order,
-                         "unalloc_100": unalloc, "seconds": seconds})  # fmt: skip
-            if len(runs) % 50 == 0:  # a long run stopped part way keeps what it has
-                _write(args.out, runs)
-    _write(args.out, runs)
+    _run_jobs(jobs, runs, args.out, args.jobs)
     text = table(runs, policies, traces, published)
     if args.tie_orders > 0 and "fgd" in policies:
         text += "\n\n" + paired_table(runs, [p for p in policies if p != "fgd"], traces)
@@ -149,6 +118,48 @@ def main() -> int:
     print(text)
     print(f"wrote {args.out}, {args.out.with_suffix('.md')} and {args.out.with_suffix('.png')}")
     return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The flags of ``make bench-quality`` (``python bench/quality.py``)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "quality.json")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma list (default: all)")
+    parser.add_argument(
+        "--traces",
+        default="public",
+        help="public (those with released results, the default), unreleased (the directory's others), all,"
+        " or a comma list",
+    )
+    parser.add_argument(
+        "--tie-orders", type=int, default=0,
+        help="per seed, this many tie orders (the same task order, ties shuffled anew), and the paired table "
+        "against FGD with 95 %% intervals (0: the seed's own tie order, as the published runs)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--floor", action="store_true", help="only the GPU waste that packing each trace's shares must leave"
+    )
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="take the runs already in --out (the same trace, policy, seed and tie order) and run only the rest",
+    )  # fmt: skip
+    return parser
+
+
+def _run_jobs(jobs: Sequence[Job], runs: list[dict[str, Any]], out: Path, workers: int) -> None:
+    """Run ``jobs`` on ``workers`` processes, each run appended to ``runs`` as it ends and ``runs`` written
+    to ``out`` every 50 runs and at the end."""
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for (*_, order), (trace, policy, seed, unalloc, seconds) in zip(
+            jobs, tqdm(pool.map(_run, *zip(*jobs, strict=True)) if jobs else [], total=len(jobs)), strict=True
+        ):
+            runs.append({"trace": trace, "policy": policy, "seed": seed, "tie_order": order,
+                         "unalloc_100": unalloc, "seconds": seconds})  # fmt: skip
+            if len(runs) % 50 == 0:  # a long run stopped part way keeps what it has
+                _write(out, runs)
+    _write(out, runs)
 
 
 Job = tuple[str, str, int, int | None]

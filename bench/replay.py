@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,6 +47,12 @@ from scheduler_core.placement.model import Cluster, Task, whole_gpus
 from scheduler_core.simulator.simulate import Recorder, SimResult, check_trace, simulate, tune_order
 from scheduler_core.simulator.simulate import until as cut
 from scheduler_core.simulator.traces import read_gpu_node_rows, read_tasks
+
+if TYPE_CHECKING:  # imported where they are used: the trace helpers need no control plane
+    from bench.e2e_harness import VersionPoller
+    from testing.bind_watch import BindWatch
+    from testing.control_plane import ControlPlane
+    from testing.product import Processes
 
 NAMESPACE = "replay"
 TABLE = "gpu-ledger"
@@ -143,14 +149,9 @@ def run(
     config_args: Sequence[str] = (),
     settle: bool = False,
 ) -> dict[str, Any]:
-    from tqdm import tqdm
-
-    from adapters.gpu_ledger import create_table
-    from bench.e2e import VersionPoller
-    from testing.control_plane import BindWatch, ControlPlane, generated_scheduler_config, missing
-    from testing.moto import aws_env, dynamodb_client, moto_server
-    from testing.product import Processes
-    from testing.reservation_kubelet import ReservationKubelet
+    """The replay (:func:`_replay`) and ``simulate --policy`` :data:`COMPARED_POLICY` on the same trace
+    and seed, as one report."""
+    from testing.kube_binaries import missing
 
     reason = missing()
     if reason:
@@ -158,11 +159,48 @@ def run(
     names, cluster, tasks = load(nodes_csv, pods_csv, sample=sample, seed=seed)
     order = tune_order(tasks, cluster.total_gpus, tune, np.random.default_rng(seed))
     arrivals = cut(order, tasks, cluster.total_gpus, until)
-    row_of = {name: row for row, name in enumerate(names)}
     recorder = Recorder(cluster, tasks)
-    counts = {"bound": 0, "unschedulable": 0, "timed_out": 0, "off_trace": 0}
-    reasons: Counter[str] = Counter()
     started = time.perf_counter()
+    replayer, state_lag = _replay(names, cluster, tasks, arrivals, recorder, serve_args, config_args,
+                                  settle=settle, progress=progress)  # fmt: skip
+    seconds = time.perf_counter() - started
+    replayed = recorder.result("replay", seed, seconds)
+    simulated = simulate(cluster, tasks, COMPARED_POLICY, seed, tune=tune, arrived_pct=until)
+    return {
+        "benchmark": "replay", "nodes_csv": str(nodes_csv), "pods_csv": str(pods_csv), "seed": seed,
+        "tune": tune, "until": until, "sample": sample, "nodes": cluster.n_nodes, "gpus": cluster.total_gpus,
+        "serve_args": list(serve_args), "config_args": list(config_args), "pods_submitted": len(arrivals),
+        "outcomes": replayer.counts,
+        "seconds": round(seconds, 1), "settle": settle, "state_lag": state_lag,
+        "failed_by_reason": dict(replayer.reasons.most_common(12)),
+        "replay": _curves(replayed, until), f"simulate_{COMPARED_POLICY}": _curves(simulated, until),
+    }  # fmt: skip
+
+
+def _replay(
+    names: list[str],
+    cluster: Cluster,
+    tasks: list[Task],
+    arrivals: Sequence[int],
+    recorder: Recorder,
+    serve_args: Sequence[str],
+    config_args: Sequence[str],
+    *,
+    settle: bool,
+    progress: bool,
+) -> tuple[_Replayer, dict[str, Any]]:
+    """Submit the tasks ``arrivals`` lists, in turn, through a control plane of their own (moto's DynamoDB
+    for the ledger, the stand-in kubelet for reservation pods); the tallies, and how far serve's
+    published state trailed the binds."""
+    from tqdm import tqdm
+
+    from bench.e2e_harness import VersionPoller
+    from testing.bind_watch import BindWatch
+    from testing.control_plane import ControlPlane
+    from testing.moto import moto_server
+    from testing.product import Processes
+    from testing.reservation_kubelet import ReservationKubelet
+
     with tempfile.TemporaryDirectory(prefix="replay-") as tmp:
         work = Path(tmp)
         with (
@@ -171,63 +209,99 @@ def run(
             Processes(work) as product,
             ReservationKubelet(plane),  # a share binds once its GPU's reservation pod reported the UUID
         ):
-            env = aws_env(endpoint)
-            create_table(dynamodb_client(endpoint), TABLE)
-            plane.add_nodes([trace_node(name, cluster, row) for row, name in enumerate(names)], workers=8)
-            plane.ensure_namespaces([NAMESPACE])
-            url = product.serve(
-                "serve",
-                [
-                    "--watch",
-                    "--kubeconfig",
-                    str(plane.kubeconfig_of("scheduler")),
-                    "--ledger-table",
-                    TABLE,
-                    *serve_args,
-                ],
-                env,
-            )
-            plane.start_scheduler(generated_scheduler_config(["--url", url, "--sharing", *config_args]))
+            url = _start_product(endpoint, plane, product, names, cluster, serve_args, config_args)
             watch = BindWatch(plane.api, NAMESPACE)
             poller = VersionPoller(url)
+            replayer = _Replayer(plane, watch, poller, names, tasks, recorder, settle=settle)
             try:
                 steps = tqdm(arrivals, desc="replay", unit="pod", disable=not progress, mininterval=1.0)
                 for step, index in enumerate(steps):
-                    task, name = tasks[index], f"t-{step:06d}"
-                    plane.api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", trace_pod(name, task))
-                    outcome = watch.outcome(name, OUTCOME_TIMEOUT_S)
-                    if outcome is None or outcome[0] == "unschedulable":
-                        counts["timed_out" if outcome is None else "unschedulable"] += 1
-                        message = outcome[1] if outcome else "no answer within the outcome timeout"
-                        reasons[failure_reason(message, task)] += 1
-                        plane.delete_pod(NAMESPACE, name)  # dropped, as the simulator drops it
-                        recorder.arrive(task, None)
-                        continue
-                    row = row_of.get(outcome[1])
-                    if row is None:
-                        counts["off_trace"] += 1
-                        recorder.arrive(task, None)
-                        continue
-                    counts["bound"] += 1
-                    if settle:
-                        poller.wait_for(watch.version_of.get(name, 0), OUTCOME_TIMEOUT_S)
-                    recorder.arrive(task, row, placed_gpus(recorder.state, row, task, watch.annotations_of[name]))
+                    replayer.submit(f"t-{step:06d}", index)
                 state_lag = poller.lags(watch)
             finally:
                 poller.close()
                 watch.close()
-    seconds = time.perf_counter() - started
-    replayed = recorder.result("replay", seed, seconds)
-    simulated = simulate(cluster, tasks, COMPARED_POLICY, seed, tune=tune, arrived_pct=until)
-    return {
-        "benchmark": "replay", "nodes_csv": str(nodes_csv), "pods_csv": str(pods_csv), "seed": seed,
-        "tune": tune, "until": until, "sample": sample, "nodes": cluster.n_nodes, "gpus": cluster.total_gpus,
-        "serve_args": list(serve_args), "config_args": list(config_args), "pods_submitted": len(arrivals),
-        "outcomes": counts,
-        "seconds": round(seconds, 1), "settle": settle, "state_lag": state_lag,
-        "failed_by_reason": dict(reasons.most_common(12)),
-        "replay": _curves(replayed, until), f"simulate_{COMPARED_POLICY}": _curves(simulated, until),
-    }  # fmt: skip
+    return replayer, state_lag
+
+
+def _start_product(
+    endpoint: str,
+    plane: ControlPlane,
+    product: Processes,
+    names: list[str],
+    cluster: Cluster,
+    serve_args: Sequence[str],
+    config_args: Sequence[str],
+) -> str:
+    """The trace's nodes in ``plane``, the ledger's table at ``endpoint``, ``serve --watch --ledger-table``
+    and the scheduler on the generated ``--sharing`` configuration; serve's URL."""
+    from adapters.gpu_ledger import create_table
+    from testing.moto import aws_env, dynamodb_client
+    from testing.product_manifests import generated_scheduler_config
+
+    env = aws_env(endpoint)
+    create_table(dynamodb_client(endpoint), TABLE)
+    plane.add_nodes([trace_node(name, cluster, row) for row, name in enumerate(names)], workers=8)
+    plane.ensure_namespaces([NAMESPACE])
+    url = product.serve(
+        "serve",
+        [
+            "--watch",
+            "--kubeconfig",
+            str(plane.kubeconfig_of("scheduler")),
+            "--ledger-table",
+            TABLE,
+            *serve_args,
+        ],
+        env,
+    )
+    plane.start_scheduler(generated_scheduler_config(["--url", url, "--sharing", *config_args]))
+    return url
+
+
+class _Replayer:
+    """Submits the trace's pods one at a time and tallies how each ended: ``counts`` by outcome, the
+    failed ones' ``reasons``, and where each bound pod went (into ``recorder``)."""
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        watch: BindWatch,
+        poller: VersionPoller,
+        names: list[str],
+        tasks: list[Task],
+        recorder: Recorder,
+        *,
+        settle: bool,
+    ) -> None:
+        self.plane, self.watch, self.poller, self.settle = plane, watch, poller, settle
+        self.tasks, self.recorder = tasks, recorder
+        self.row_of = {name: row for row, name in enumerate(names)}
+        self.counts = {"bound": 0, "unschedulable": 0, "timed_out": 0, "off_trace": 0}
+        self.reasons: Counter[str] = Counter()
+
+    def submit(self, name: str, index: int) -> None:
+        """Submit task ``index`` as pod ``name`` and wait until it is bound or the scheduler gives up on it
+        (dropped, as the simulator drops it); with ``settle``, also until serve's state shows the bind."""
+        task = self.tasks[index]
+        self.plane.api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", trace_pod(name, task))
+        outcome = self.watch.outcome(name, OUTCOME_TIMEOUT_S)
+        if outcome is None or outcome[0] == "unschedulable":
+            self.counts["timed_out" if outcome is None else "unschedulable"] += 1
+            message = outcome[1] if outcome else "no answer within the outcome timeout"
+            self.reasons[failure_reason(message, task)] += 1
+            self.plane.delete_pod(NAMESPACE, name)  # dropped, as the simulator drops it
+            self.recorder.arrive(task, None)
+            return
+        row = self.row_of.get(outcome[1])
+        if row is None:
+            self.counts["off_trace"] += 1
+            self.recorder.arrive(task, None)
+            return
+        self.counts["bound"] += 1
+        if self.settle:
+            self.poller.wait_for(self.watch.version_of.get(name, 0), OUTCOME_TIMEOUT_S)
+        self.recorder.arrive(task, row, placed_gpus(self.recorder.state, row, task, self.watch.annotations_of[name]))
 
 
 def _interrupt(_signum: int, _frame: Any) -> None:

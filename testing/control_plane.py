@@ -1,14 +1,9 @@
 """A real Kubernetes control plane on loopback, with no kubelets: etcd, kube-apiserver, kube-scheduler and,
 when asked, kube-controller-manager.
 
-No Kubernetes binary is kept in any repository. The harness takes kube-apiserver, kube-scheduler and
-kube-controller-manager of one version from ``$KUBE_BIN_DIR`` where it is set, else from the machine's
-cache folder (:func:`machine_folder`: ``${XDG_CACHE_HOME:-~/.cache}/eks-gpu-scheduler/kubernetes``,
-the binaries themselves or one subfolder per version, the newest taken); etcd is Debian's
-``etcd-server``. :func:`missing` says, in one line, what is absent, for tests to skip with. The version
-is read from the binaries (:class:`KubeBinaries`): it decides the scheduler configuration's API version
-and whether DRA's feature gate is turned on. ``../shared/k8s/README.md`` gives the flags a cluster with
-no kubelets needs; they are the ones used here.
+The binaries are found by :mod:`testing.kube_binaries`, which also says what is missing for tests to
+skip with; the identities, tokens and kubeconfigs the API server knows come from
+:mod:`testing.credentials`; the harness talks to it through :class:`testing.kube_rest.KubeRest`.
 
 Every process runs in its own session with its log in the work folder, and is stopped by PID (TERM,
 then KILL), on error too. Fake nodes are created Ready, with their not-ready taint removed; nothing
@@ -19,15 +14,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import re
 import shutil
-import signal
-import socket
-import ssl
 import subprocess
-import sys
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,62 +23,19 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from manifests.access import EXTENDER
-from manifests.access import identities as lambda_identities
-from manifests.scheduler import CONFIG_FILE, SCHEDULER_NAME, feature_gate_flags, feature_gates
+from manifests.scheduler import feature_gate_flags
+from testing.credentials import TOKEN, identities, write_kubeconfigs, write_service_account_keys, write_token_file
+from testing.kube_binaries import KubeBinaries, find_binaries, missing
+from testing.kube_rest import KubeError, KubeRest
+from testing.processes import free_port, log_tail, stop_group
+from testing.product_manifests import generated_manifests
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_K8S = REPO.parent / "shared" / "k8s"
-BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
-SCHEDULER_NAMESPACE = "kube-system"
-"""Where ``gpu-scheduler scheduler-config`` puts the second scheduler by default."""
-TOKEN = "e2e-admin-token"
-ADMIN_GROUPS = ("system:masters", EXTENDER.group)
-"""The harness's own user (the test's hands: nodes, pods, namespaces): an administrator, also in the
-extender's group so that fixtures may create pods that already hold ``assigned-gpus`` (the product's
-admission policy lets only that group write it; no product component runs as this user)."""
-
-
-@dataclass(frozen=True)
-class Identity:
-    """A user the API server knows by a static token: what one component of the product (or of
-    Kubernetes) is in a real cluster."""
-
-    name: str
-    user: str
-    groups: tuple[str, ...]
-
-    @property
-    def token(self) -> str:
-        return f"e2e-{self.name}-token"
-
-
-def identities() -> dict[str, Identity]:
-    """Each component's identity, as the product deploys it (``manifests/access.py``,
-    ``manifests/scheduler.py``): the second kube-scheduler and ``gpu-scheduler serve`` beside it in its
-    pod (the ``gpu-scheduler`` ServiceAccount) and the three Lambdas (their EKS access entries' groups);
-    and ``tenant``, a user of no product group, whom a test grants what it probes with.
-    Not the product's: kube-controller-manager runs as the harness's administrator, as the cluster's
-    own controllers would hold every right they use."""
-    account = f"system:serviceaccount:{SCHEDULER_NAMESPACE}:{SCHEDULER_NAME}"
-    found = {
-        "scheduler": Identity(
-            "scheduler", account, ("system:serviceaccounts", f"system:serviceaccounts:{SCHEDULER_NAMESPACE}")
-        ),
-    }
-    # Someone who may edit pods and nothing of the product's: what a tenant's controller can be.
-    found["tenant"] = Identity("tenant", "e2e-tenant", ("e2e-tenants",))
-    for lambda_identity in lambda_identities(sharing=True):
-        found[lambda_identity.name] = Identity(
-            lambda_identity.name, f"eks-gpu-scheduler-{lambda_identity.name}", (lambda_identity.group,)
-        )
-    return found
 
 
 ACCESS_KINDS = {
@@ -111,180 +56,6 @@ ACCESS_KINDS = {
 namespace, PriorityClass and program, which come with them)."""
 
 
-def stop_group(process: subprocess.Popen[bytes]) -> None:
-    """Stop a process started in its own session, with everything it started: TERM, then KILL."""
-    with suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        with suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=15)
-
-
-def log_tail(path: Path, lines: int) -> str:
-    """The last ``lines`` of a log, on one line, for error messages ("" when there is none)."""
-    text = path.read_text(errors="replace") if path.exists() else ""
-    return " | ".join(text.strip().splitlines()[-lines:])
-
-
-def serve_in_thread(
-    handler: type[BaseHTTPRequestHandler], wrap: Callable[[socket.socket], socket.socket] | None = None
-) -> ThreadingHTTPServer:
-    """``handler`` on a free loopback port, served by a daemon thread of this process; ``wrap`` (TLS,
-    say) replaces the listening socket first. Stop it with ``shutdown()`` and ``server_close()``."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    if wrap is not None:
-        server.socket = wrap(server.socket)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def machine_folder() -> Path:
-    """The machine-level folder the harness looks in when ``$KUBE_BIN_DIR`` is unset: outside every
-    checkout, so that each clone on the machine (CI's included) finds the same control plane."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "eks-gpu-scheduler" / "kubernetes"
-
-
-_VERSION = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$")
-
-
-@dataclass(frozen=True)
-class KubeBinaries:
-    """kube-apiserver, kube-scheduler and kube-controller-manager of one version in ``folder``, as their
-    ``--version`` reports it (``v1.33.3``; ``v0.0.0-master+89aaf7c…`` for the captures' 1.25 pre-release
-    built without version stamps)."""
-
-    folder: Path
-    version: str
-
-    @property
-    def release(self) -> tuple[int, int, int, str]:
-        """(major, minor, patch, pre-release); an unstamped build (``v0.0.0-…``) or an unreadable
-        version is (0, 0, 0, "")."""
-        found = _VERSION.match(self.version)
-        if found is None:
-            return (0, 0, 0, "")
-        return (int(found[1]), int(found[2]), int(found[3]), found[4] or "")
-
-    @property
-    def scheduler_api(self) -> str:
-        """The ``KubeSchedulerConfiguration`` API these binaries take: ``v1`` from 1.25.0 (``v1beta3``
-        is gone from 1.29); ``v1beta3`` before, the captures' pre-release and unstamped builds
-        included."""
-        major, minor, _patch, pre = self.release
-        released_v1 = (major, minor) > (1, 25) or ((major, minor) == (1, 25) and not pre)
-        return "kubescheduler.config.k8s.io/" + ("v1" if released_v1 else "v1beta3")
-
-    @property
-    def dra(self) -> tuple[str, tuple[str, ...], dict[str, bool]] | None:
-        """Dynamic Resource Allocation where these binaries have it: (the ``resource.k8s.io`` version
-        served, kube-apiserver's extra flags, the feature gates kube-scheduler needs). 1.33 serves
-        ``v1beta2`` behind the ``DynamicResourceAllocation`` gate (off by default; with ``DRAPrioritizedList``
-        for ``firstAvailable`` requests); from 1.34 it is GA,
-        ``v1`` and on by default. None before 1.33, whose alpha and beta shapes the product does not
-        read."""
-        major, minor = self.release[:2]
-        if (major, minor) >= (1, 34):
-            return ("resource.k8s.io/v1", (), {})
-        if (major, minor) == (1, 33):
-            # firstAvailable (KEP-4816) is alpha in 1.33 and beta, on by default, from 1.34.
-            gate = {"DynamicResourceAllocation": True, "DRAPrioritizedList": True}
-            runtime = "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
-            return ("resource.k8s.io/v1beta2", (*feature_gate_flags(gate), runtime), gate)
-        return None
-
-    @property
-    def mutating_policy(self) -> tuple[str, tuple[str, ...]] | None:
-        """MutatingAdmissionPolicy where these binaries have it: (the ``admissionregistration.k8s.io``
-        version, kube-apiserver's flags that serve it). Alpha in 1.32 and 1.33 (``v1alpha1``), beta from
-        1.34 (``v1beta1``), both behind the ``MutatingAdmissionPolicy`` gate and off by default: the suite
-        turns it on, so that share pods get their environment as the product's policy gives it. None
-        before 1.32."""
-        major, minor = self.release[:2]
-        if (major, minor) < (1, 32):
-            return None
-        api = "admissionregistration.k8s.io/" + ("v1alpha1" if (major, minor) < (1, 34) else "v1beta1")
-        return (api, (*feature_gate_flags({"MutatingAdmissionPolicy": True}), f"--runtime-config={api}=true"))
-
-    @property
-    def apiserver_flags(self) -> tuple[str, ...]:
-        """kube-apiserver's extra flags: DRA's and the mutating policies', gates and APIs each in one flag."""
-        flags = [*(self.dra[1] if self.dra else ()), *(self.mutating_policy[1] if self.mutating_policy else ())]
-        merged: dict[str, list[str]] = {}
-        for flag in flags:
-            name, _, value = flag.partition("=")
-            merged.setdefault(name, []).append(value)
-        return tuple(f"{name}={','.join(values)}" for name, values in merged.items())
-
-    @property
-    def scheduler_gates(self) -> dict[str, bool]:
-        """kube-scheduler's feature gates: those the product's Deployment sets for this version
-        (:func:`manifests.scheduler.feature_gates`), and DRA's."""
-        return feature_gates(self.version) | (self.dra[2] if self.dra else {})
-
-
-def read_binaries(folder: Path) -> KubeBinaries | str:
-    """The binaries in ``folder`` and their version, or why they cannot be used (one line)."""
-    absent = [name for name in BINARIES if not (folder / name).is_file()]
-    if absent:
-        return f"{folder} has no {', '.join(absent)}"
-    stamp = tuple((folder / name).stat().st_mtime_ns for name in BINARIES)
-    return _read_versions(folder, stamp)
-
-
-@lru_cache(maxsize=8)
-def _read_versions(folder: Path, _stamp: tuple[int, ...]) -> KubeBinaries | str:
-    versions = {}
-    for name in BINARIES:
-        try:
-            done = subprocess.run([str(folder / name), "--version"], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{folder / name} does not run here: {exc}"
-        words = done.stdout.split()
-        if done.returncode != 0 or len(words) != 2 or words[0] != "Kubernetes":
-            return f"{folder / name} --version printed {(done.stdout + done.stderr).strip()[:120]!r}"
-        versions[name] = words[1]
-    if len(set(versions.values())) != 1:
-        return f"{folder} holds binaries of different versions: {versions}"
-    return KubeBinaries(folder, versions["kube-apiserver"])
-
-
-def find_binaries() -> KubeBinaries | str:
-    """``$KUBE_BIN_DIR`` where it is set; else :func:`machine_folder`, its binaries or, of its
-    subfolders that hold all three, the newest version. Why none can be used, in one line, otherwise."""
-    explicit = os.environ.get("KUBE_BIN_DIR")
-    if explicit:
-        found = read_binaries(Path(explicit))
-        return found if isinstance(found, KubeBinaries) else f"$KUBE_BIN_DIR: {found}"
-    home = machine_folder()
-    candidates = [home, *(sorted(p for p in home.iterdir() if p.is_dir()) if home.is_dir() else [])]
-    usable = [found for folder in candidates if isinstance(found := read_binaries(folder), KubeBinaries)]
-    if not usable:
-        return (
-            f"no Kubernetes control plane: $KUBE_BIN_DIR is unset and {home} holds none "
-            f"(kube-apiserver, kube-scheduler, kube-controller-manager of one version; {SHARED_K8S / 'README.md'})"
-        )
-    return max(
-        usable, key=lambda b: (*b.release[:3], not b.release[3], b.release[3])
-    )  # a release over its pre-releases
-
-
-def missing() -> str:
-    """Why a control plane cannot start here, in one line; "" when it can."""
-    found = find_binaries()
-    if isinstance(found, str):
-        return found
-    if shutil.which("etcd") is None:
-        return "etcd is not installed: apt-get install -y etcd-server (make test installs it as root)"
-    if shutil.which("openssl") is None:
-        return "openssl is not installed: apt-get install -y openssl"
-    return ""
-
-
 @lru_cache(maxsize=64)
 def _health(port: int) -> KubeRest:
     """One client per kube-scheduler port, for its health checks."""
@@ -293,96 +64,6 @@ def _health(port: int) -> KubeRest:
 
 PORT_ATTEMPTS = 3
 """Starts of a listening process on a fresh port before "address already in use" is an error."""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class KubeError(Exception):
-    """The API server answered with an error status."""
-
-    def __init__(self, status: int, body: Any, what: str) -> None:
-        message = body.get("message") if isinstance(body, dict) else str(body)[:300]
-        super().__init__(f"{what}: HTTP {status}: {message}")
-        self.status, self.body = status, body
-
-
-class KubeRest:
-    """A small JSON client for the harness itself: one keep-alive HTTPS connection per thread."""
-
-    def __init__(self, url: str, token: str) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 443
-        self.token = token
-        self._context = ssl.create_default_context()
-        self._context.check_hostname = False
-        self._context.verify_mode = ssl.CERT_NONE  # a loopback apiserver with a self-signed certificate
-        self._local = threading.local()
-
-    def _connection(self) -> http.client.HTTPSConnection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = http.client.HTTPSConnection(self.host, self.port, context=self._context, timeout=60)
-            self._local.conn = conn
-        return conn
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        content_type: str = "application/json",
-        ok: Sequence[int] = (200, 201),
-    ) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        status, raw = self.raw(method, path, data, content_type)
-        try:
-            parsed = json.loads(raw) if raw else None
-        except ValueError:
-            parsed = raw.decode(errors="replace")
-        if status not in ok:
-            raise KubeError(status, parsed, f"{method} {path}")
-        return parsed
-
-    def raw(self, method: str, path: str, data: bytes | None = None, content_type: str = "") -> tuple[int, bytes]:
-        """The status and body bytes of one request (retried once on a dropped keep-alive connection)."""
-        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = content_type
-        for attempt in (1, 2):
-            conn = self._connection()
-            try:
-                conn.request(method, path, body=data, headers=headers)
-                response = conn.getresponse()
-                return response.status, response.read()
-            except (http.client.HTTPException, OSError):
-                conn.close()
-                self._local.conn = None
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
-
-    def get(self, path: str) -> Any:
-        return self.request("GET", path)
-
-    def items(self, path: str) -> list[dict[str, Any]]:
-        """Every item of a list, following ``continue``."""
-        found: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            separator = "&" if "?" in path else "?"
-            page = self.get(f"{path}{separator}limit=500" + (f"&continue={urllib.parse.quote(token)}" if token else ""))
-            found.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue") or ""
-            if not token:
-                return found
-
-    def patch(self, path: str, body: Any) -> Any:
-        return self.request("PATCH", path, body, content_type="application/merge-patch+json")
 
 
 @dataclass
@@ -472,6 +153,8 @@ class ControlPlane:
 
     # -- etcd and the API server --------------------------------------------------------------
     def start(self) -> None:
+        """etcd, then kube-apiserver on it with the harness's credentials; the kubeconfigs written and the
+        product's access documents applied."""
         reason = missing()
         if reason:
             raise RuntimeError(reason)
@@ -479,6 +162,16 @@ class ControlPlane:
         assert isinstance(found, KubeBinaries)
         self.binaries = found
         self.workdir.mkdir(parents=True, exist_ok=True)
+        etcd_port = self._start_etcd()
+        self._start_apiserver(found, etcd_port)
+        self.kubeconfig = write_kubeconfigs(self.workdir, self.url)
+        mutating = ["--mutating-policy", found.mutating_policy[0].rsplit("/", 1)[1]] if found.mutating_policy else []
+        # The access documents only (a SecurityGroupPolicy is no access document: it names an unused group).
+        argv = ["--url", "https://unused.invalid/extender", "--security-group", "sg-00000000", "--sharing"]
+        self.apply_access(generated_manifests([*argv, *mutating]))
+
+    def _start_etcd(self) -> int:
+        """etcd on free loopback ports, its data in the work folder; its client port."""
         etcd_port, peer_port, metrics_port = (free_port() for _ in range(3))
         etcd = shutil.which("etcd")
         assert etcd is not None
@@ -491,15 +184,13 @@ class ControlPlane:
              f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
              f"--listen-metrics-urls=http://127.0.0.1:{metrics_port}", "--log-level=warn"],
         )  # fmt: skip
-        key, pub = self.workdir / "sa.key", self.workdir / "sa.pub"
-        subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
-        subprocess.run(
-            ["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(pub)], check=True, capture_output=True
-        )
-        tokens = self.workdir / "tokens.csv"
-        lines = [f'{TOKEN},admin,admin-uid,"{",".join(ADMIN_GROUPS)}"']
-        lines += [f'{i.token},{i.user},{i.name}-uid,"{",".join(i.groups)}"' for i in identities().values()]
-        tokens.write_text("\n".join(lines) + "\n")
+        return etcd_port
+
+    def _start_apiserver(self, found: KubeBinaries, etcd_port: int) -> None:
+        """kube-apiserver on etcd at ``etcd_port``, knowing the harness's tokens and service-account keys;
+        ``url`` and ``api`` point at it once it is ready."""
+        key, pub = write_service_account_keys(self.workdir)
+        tokens = write_token_file(self.workdir)
 
         def apiserver(port: int) -> list[str]:
             return [
@@ -524,16 +215,6 @@ class ControlPlane:
             return True
 
         self._listening("kube-apiserver", apiserver, ready, timeout_s=90)
-        self.kubeconfig = self.workdir / "kubeconfig"
-        self.kubeconfig.write_text(yaml.safe_dump(kubeconfig(self.url, TOKEN)))
-        for identity in identities().values():
-            (self.workdir / f"kubeconfig-{identity.name}").write_text(
-                yaml.safe_dump(kubeconfig(self.url, identity.token))
-            )
-        mutating = ["--mutating-policy", found.mutating_policy[0].rsplit("/", 1)[1]] if found.mutating_policy else []
-        # The access documents only (a SecurityGroupPolicy is no access document: it names an unused group).
-        argv = ["--url", "https://unused.invalid/extender", "--security-group", "sg-00000000", "--sharing"]
-        self.apply_access(generated_manifests([*argv, *mutating]))
 
     # -- who is who ---------------------------------------------------------------------------
     def kubeconfig_of(self, identity: str) -> Path:
@@ -727,137 +408,9 @@ class ControlPlane:
             list(pool.map(action, items))
 
 
-def kubeconfig(url: str, token: str) -> dict[str, Any]:
-    """A kubeconfig for ``url`` with a bearer token and no TLS verification (a loopback test cluster)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "e2e", "cluster": {"server": url, "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "admin", "user": {"token": token}}],
-        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin"}}],
-        "current-context": "e2e",
-    }
-
-
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def scheduled(pod: Mapping[str, Any]) -> bool:
     return bool((pod.get("spec") or {}).get("nodeName"))
-
-
-class BindWatch:
-    """Watches pods from a resourceVersion and records, per pod, when it was first seen bound (monotonic
-    seconds): bind rates come from these stamps, taken the moment the API server reports each bind."""
-
-    def __init__(self, api: KubeRest, namespace: str) -> None:
-        self.api, self.namespace = api, namespace
-        self.bound_at: dict[str, float] = {}
-        self.node_of: dict[str, str] = {}
-        self.version_of: dict[str, int] = {}  # the resourceVersion of the event that showed the pod bound
-        self.nominated: dict[str, str] = {}  # status.nominatedNodeName, as first seen (a preemption's choice)
-        self.annotations_of: dict[str, dict[str, str]] = {}  # as the event that showed the pod bound had them
-        self.unschedulable: dict[str, str] = {}  # PodScheduled False, Unschedulable: the scheduler's message
-        self._changed = threading.Condition()
-        self._stop = threading.Event()
-        listing = api.get(f"/api/v1/namespaces/{namespace}/pods?limit=1")
-        self._version = listing["metadata"]["resourceVersion"]
-        self._thread = threading.Thread(target=self._run, name="bind-watch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        context = ssl.create_default_context()
-        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-        while not self._stop.is_set():
-            conn = http.client.HTTPSConnection(self.api.host, self.api.port, context=context, timeout=5)
-            query = f"watch=1&resourceVersion={self._version}&allowWatchBookmarks=true"
-            path = f"/api/v1/namespaces/{self.namespace}/pods?{query}"
-            try:
-                conn.request("GET", path, headers={"Authorization": f"Bearer {self.api.token}"})
-                response = conn.getresponse()
-                for line in response:
-                    if self._stop.is_set():
-                        break
-                    event = json.loads(line)
-                    obj = event.get("object") or {}
-                    version = (obj.get("metadata") or {}).get("resourceVersion")
-                    if version:
-                        self._version = version
-                    name = (obj.get("metadata") or {}).get("name")
-                    node = (obj.get("spec") or {}).get("nodeName")
-                    nominee = (obj.get("status") or {}).get("nominatedNodeName")
-                    if name and nominee:
-                        self.nominated.setdefault(name, nominee)
-                    if name and node and name not in self.bound_at:
-                        self.bound_at[name] = time.monotonic()
-                        self.node_of[name] = node
-                        self.version_of[name] = int(version) if version and version.isdigit() else 0
-                        self.annotations_of[name] = dict((obj.get("metadata") or {}).get("annotations") or {})
-                    for condition in (obj.get("status") or {}).get("conditions") or []:
-                        if name and (condition.get("type"), condition.get("status"), condition.get("reason")) == (
-                            "PodScheduled", "False", "Unschedulable"):  # fmt: skip
-                            self.unschedulable.setdefault(name, str(condition.get("message") or ""))
-                    with self._changed:
-                        self._changed.notify_all()
-            except (OSError, http.client.HTTPException, ValueError):
-                time.sleep(0.05)
-            finally:
-                conn.close()
-
-    def outcome(self, name: str, timeout_s: float) -> tuple[str, str] | None:
-        """``("bound", node)`` or ``("unschedulable", message)`` for pod ``name``, once the API server
-        reports either; None after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        with self._changed:
-            while True:
-                if name in self.node_of:
-                    return "bound", self.node_of[name]
-                if name in self.unschedulable:
-                    return "unschedulable", self.unschedulable[name]
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self._changed.wait(timeout=min(left, 0.5))
-
-    def wait(self, count: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while len(self.bound_at) < count and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return len(self.bound_at) >= count
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
-@lru_cache(maxsize=32)
-def _scheduler_config_output(argv: tuple[str, ...]) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "gpu_scheduler", "scheduler-config", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"gpu-scheduler scheduler-config {' '.join(argv)} exited with {done.returncode}: {done.stderr}"
-        )
-    return done.stdout
-
-
-def generated_manifests(argv: Sequence[str]) -> list[dict[str, Any]]:
-    """Every document ``gpu-scheduler scheduler-config ARGV`` writes: what the product deploys, exactly. The
-    command runs as its own process (the doubles never import the CLI); its output is kept per ``argv``."""
-    return [document for document in yaml.safe_load_all(_scheduler_config_output(tuple(argv))) if document]
-
-
-def generated_scheduler_config(argv: Sequence[str], which: str = CONFIG_FILE) -> dict[str, Any]:
-    """The KubeSchedulerConfiguration inside what ``gpu-scheduler scheduler-config ARGV`` writes: the
-    ConfigMap the product deploys, exactly; ``which`` of its two (``break-glass.yaml``: no extender)."""
-    for document in generated_manifests(argv):
-        if document.get("kind") == "ConfigMap" and document["metadata"]["name"].endswith("-config"):
-            config: dict[str, Any] = yaml.safe_load(document["data"][which])
-            return config
-    raise RuntimeError("gpu-scheduler scheduler-config wrote no scheduler ConfigMap")

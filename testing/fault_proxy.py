@@ -18,7 +18,9 @@ from typing import Any
 
 import yaml
 
-from testing.control_plane import KubeRest, kubeconfig, serve_in_thread
+from testing.credentials import kubeconfig
+from testing.kube_rest import KubeRest
+from testing.processes import serve_in_thread
 
 Fault = Callable[[str, str], tuple[str, int] | None]
 """``(method, path)`` to None (forward it), or ``(when, status)``: ``"instead"`` answers ``status`` without

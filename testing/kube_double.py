@@ -25,80 +25,28 @@ fixtures pin it down (``tests/testing/test_kube_double.py`` checks that):
   ``deviceclasses``, ``resourceslices`` and ``resourceclaims`` in that version, loaded with :meth:`load`
   (no scheduler runs here: a claim is loaded as kube-scheduler leaves it, allocation and all); without
   it, ``/apis/resource.k8s.io`` is 404, as on a server that does not serve DRA.
+
+The requests are read by :mod:`testing.kube_double_requests`, the objects kept by
+:mod:`testing.kube_double_store` and written as :mod:`testing.kube_double_objects` says.
 """
 
 from __future__ import annotations
 
-import base64
-import bisect
 import copy
 import json
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-_KINDS = {"nodes": "Node", "pods": "Pod", "deviceclasses": "DeviceClass", "resourceslices": "ResourceSlice",
-          "resourceclaims": "ResourceClaim", "deployments": "Deployment"}  # fmt: skip
-_NAMESPACED = ("pods", "resourceclaims", "deployments")
-_POD_FIELDS = ("metadata.name", "metadata.namespace", "spec.nodeName", "status.phase", "spec.schedulerName")
-_NODE_FIELDS = ("metadata.name", "spec.unschedulable")
-_SNAPSHOTS_KEPT = 8
-# Strategic merge: the merge key of each list field the double knows; other lists are replaced.
-_MERGE_KEYS = {
-    "containers": "name",
-    "initContainers": "name",
-    "ephemeralContainers": "name",
-    "conditions": "type",
-    "addresses": "type",
-    "taints": "key",
-    "tolerations": "key",
-    "env": "name",
-    "ports": "containerPort",
-    "volumes": "name",
-    "volumeMounts": "mountPath",
-}
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-class ApiError(Exception):
-    """A failure answered with a v1 ``Status`` body."""
-
-    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.code, self.reason, self.message, self.details = code, reason, message, details
-
-    def status(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
-        body |= {"message": self.message, "reason": self.reason}
-        if self.details is not None:
-            body["details"] = self.details
-        return body | {"code": self.code}
-
-
-def encode(obj: Any) -> bytes:
-    """The apiserver's compact JSON, ending in a newline."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
-
-
-@dataclass
-class _Entry:
-    obj: dict[str, Any]
-    raw: bytes  # the item as it appears in a list (no kind/apiVersion), compact
-
-
-@dataclass
-class _Collection:
-    entries: dict[str, _Entry] = field(default_factory=dict)
-    keys: list[str] = field(default_factory=list)  # sorted
+from testing.kube_double_objects import conflict, encode, merge_patch, report_reservation, validate, with_kind
+from testing.kube_double_requests import VERBS, ApiError, Route, decode_body, parse_route
+from testing.kube_double_store import KubeStore
 
 
 @dataclass
@@ -146,11 +94,9 @@ class KubeApiDouble:
         self.dra_api = dra_api
         self._tokens = None if tokens is None else set(tokens)
         self._authenticate = authenticate
-        self._lock = threading.RLock()
-        self._collections = {kind: _Collection() for kind in _KINDS}
-        self._rv = resource_version
+        self._store = KubeStore(resource_version)
+        self._lock = self._store.lock  # which also guards the faults and the request log
         self._created = 0  # pods POSTed, for their UIDs
-        self._snapshots: OrderedDict[tuple[str, int], tuple[list[str], dict[str, _Entry]]] = OrderedDict()
         self._faults: list[_Fault] = []
         self.requests: list[LoggedRequest] = []
         self._server: ThreadingHTTPServer | None = None
@@ -159,43 +105,22 @@ class KubeApiDouble:
     # ---- state -------------------------------------------------------------------------------
     def load(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """Add objects as they are, keeping their ``resourceVersion`` (fixtures) or assigning one."""
-        collection = self._collections[kind]
-        with self._lock:
-            for source in objects:
-                obj = copy.deepcopy(dict(source))
-                obj.pop("kind", None)
-                obj.pop("apiVersion", None)
-                metadata = obj.setdefault("metadata", {})
-                if kind in _NAMESPACED:
-                    metadata.setdefault("namespace", "default")
-                if "resourceVersion" in metadata:
-                    self._rv = max(self._rv, int(metadata["resourceVersion"]))
-                else:
-                    self._rv += 1
-                    metadata["resourceVersion"] = str(self._rv)
-                key = self._key(kind, metadata.get("namespace"), metadata["name"])
-                if key not in collection.entries:
-                    collection.keys.append(key)
-                collection.entries[key] = _Entry(obj, _raw(obj))
-            collection.keys.sort()
+        self._store.load(kind, objects)
 
     @property
     def resource_version(self) -> int:
-        return self._rv
+        return self._store.rv
 
     def set_resource_version(self, rv: int) -> None:
         with self._lock:
-            self._rv = rv
+            self._store.rv = rv
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         """A deep copy of an object (for assertions); KeyError when absent."""
-        with self._lock:
-            return copy.deepcopy(self._collections[kind].entries[self._key(kind, namespace, name)].obj)
+        return self._store.get(kind, name, namespace)
 
     def objects(self, kind: str) -> list[dict[str, Any]]:
-        with self._lock:
-            collection = self._collections[kind]
-            return [copy.deepcopy(collection.entries[key].obj) for key in collection.keys]
+        return self._store.objects(kind)
 
     def fail_next(
         self, method: str, path_pattern: str, code: int, *, times: int = 1, retry_after: str | None = None
@@ -209,10 +134,6 @@ class KubeApiDouble:
 
     def writes(self) -> list[LoggedRequest]:
         return [r for r in self.requests if r.method in ("PATCH", "PUT", "POST", "DELETE")]
-
-    @staticmethod
-    def _key(kind: str, namespace: str | None, name: str) -> str:
-        return f"{namespace}/{name}" if kind in _NAMESPACED else name
 
     # ---- server ------------------------------------------------------------------------------
     def __enter__(self) -> KubeApiDouble:
@@ -253,7 +174,7 @@ class KubeApiDouble:
         content_type = headers.get("Content-Type", "").split(";")[0].strip()
         extra: dict[str, str] = {}
         try:
-            route = _route(method, path)
+            route = parse_route(method, path)
             self._check_auth(headers.get("Authorization"), method, route)
             fault = self._take_fault(method, f"{path}?{parts.query}" if parts.query else path)
             if fault is not None:
@@ -275,10 +196,10 @@ class KubeApiDouble:
                     return fault
         return None
 
-    def _check_auth(self, header: str | None, method: str, route: _Route) -> None:
+    def _check_auth(self, header: str | None, method: str, route: Route) -> None:
         token = header[len("Bearer") :].strip() if header and header.startswith("Bearer") else ""
         if not token:
-            verb = _VERBS.get((method, route.name is None), "get")
+            verb = VERBS.get((method, route.name is None), "get")
             resource = route.kind + ("/binding" if route.binding else "")
             where = f'in the namespace "{route.namespace}"' if route.namespace else "at the cluster scope"
             raise ApiError(
@@ -297,7 +218,7 @@ class KubeApiDouble:
             raise ApiError(401, "Unauthorized", "Unauthorized")
 
     def _dispatch(
-        self, method: str, route: _Route, query: Mapping[str, str], content_type: str, body: bytes
+        self, method: str, route: Route, query: Mapping[str, str], content_type: str, body: bytes
     ) -> tuple[int, bytes]:
         if route.kind == "resource.k8s.io":
             return 200, self._dra_group(method)
@@ -312,25 +233,26 @@ class KubeApiDouble:
         if route.binding:
             if method != "POST":
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on pods/binding")
-            return 201, self._bind(route, _decode(body))
+            return 201, self._bind(route, decode_body(body))
         if route.name is None:
             if method == "POST" and route.kind == "pods" and route.namespace:
-                return 201, self._create(route, _decode(body))
+                return 201, self._create(route, decode_body(body))
             if method != "GET":
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the list")
-            return 200, self._list(route, query)
+            api_version = "v1" if route.kind in ("nodes", "pods") else self.dra_api
+            return 200, self._store.list_response(route, query, api_version)
         if method == "GET":
             with self._lock:
-                return 200, _with_kind(route.kind, self._entry(route).obj)
+                return 200, with_kind(route.kind, self._store.entry(route).obj)
         if method == "PATCH":
-            return 200, self._patch(route, content_type, _decode(body))
+            return 200, self._patch(route, content_type, decode_body(body))
         if method == "PUT":
-            return 200, self._put(route, _decode(body))
+            return 200, self._put(route, decode_body(body))
         if method == "DELETE":
             with self._lock:
-                entry = self._entry(route)
-                self._remove(route)
-                return 200, _with_kind(route.kind, entry.obj)
+                entry = self._store.entry(route)
+                self._store.remove(route)
+                return 200, with_kind(route.kind, entry.obj)
         raise ApiError(405, "MethodNotAllowed", f"the server does not allow the {method} method")
 
     def _dra_group(self, method: str) -> bytes:
@@ -341,100 +263,22 @@ class KubeApiDouble:
         return encode({"kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io", "versions": [entry],
                        "preferredVersion": entry})  # fmt: skip
 
-    # ---- lists -------------------------------------------------------------------------------
-    def _list(self, route: _Route, query: Mapping[str, str]) -> bytes:
-        labels = parse_label_selector(query.get("labelSelector", ""))
-        fields = parse_field_selector(query.get("fieldSelector", ""), route.kind)
-        limit = _int_param(query, "limit")
-        token = query.get("continue", "")
-        prefix = f"{route.namespace}/" if route.namespace else ""
-        with self._lock:
-            if token:
-                rv, start = _decode_continue(token)
-                snapshot = self._snapshots.get((route.kind, rv))
-                if snapshot is None:
-                    raise ApiError(
-                        410,
-                        "Expired",
-                        "The provided continue parameter is too old to display a consistent list result. You"
-                        " can start a new list without the continue parameter, or use the continue token in"
-                        " this response to retrieve the remainder of the results. Continuing with the provided"
-                        " token results in an inconsistent list - objects that were created, modified, or"
-                        " deleted between the time the first chunk was returned and now may show up in the list.",
-                    )
-                keys, entries = snapshot
-                position = bisect.bisect_left(keys, prefix + start)
-            else:
-                rv = self._rv
-                collection = self._collections[route.kind]
-                keys, entries = collection.keys, collection.entries
-                position = bisect.bisect_left(keys, prefix)
-                if limit:
-                    # Later pages are served from this snapshot, like etcd's MVCC read at rv.
-                    keys, entries = list(keys), dict(entries)
-                    self._snapshots[(route.kind, rv)] = (keys, entries)
-                    while len(self._snapshots) > _SNAPSHOTS_KEPT:
-                        self._snapshots.popitem(last=False)
-        items: list[bytes] = []
-        last_key = ""
-        more = False
-        end = len(keys)
-        while position < end:
-            key = keys[position]
-            if not key.startswith(prefix):
-                break
-            entry = entries[key]
-            position += 1
-            if not (labels(entry.obj) and fields(entry.obj)):
-                continue
-            if limit and len(items) == limit:
-                more = True
-                position -= 1
-                break
-            items.append(entry.raw)
-            last_key = key
-        metadata: dict[str, Any] = {"resourceVersion": str(rv)}
-        if more:
-            start = last_key[len(prefix) :] + "\x00"
-            metadata["continue"] = _encode_continue(rv, start)
-            if not query.get("labelSelector") and not query.get("fieldSelector"):
-                remaining = bisect.bisect_left(keys, prefix + "\U0010ffff") - position
-                metadata["remainingItemCount"] = remaining
-        api = "v1" if route.kind in ("nodes", "pods") else self.dra_api
-        head = encode({"kind": f"{_KINDS[route.kind]}List", "apiVersion": api, "metadata": metadata})
-        return head[:-2] + b',"items":[' + b",".join(items) + b"]}\n"
-
     # ---- writes ------------------------------------------------------------------------------
-    def _entry(self, route: _Route) -> _Entry:
-        assert route.name is not None
-        entry = self._collections[route.kind].entries.get(self._key(route.kind, route.namespace, route.name))
-        if entry is None:
-            raise ApiError(
-                404, "NotFound", f'{route.kind} "{route.name}" not found', {"name": route.name, "kind": route.kind}
-            )
-        return entry
+    def _write(self, route: Route, obj: dict[str, Any]) -> bytes:
+        """Store ``obj`` (the caller holds the lock) and answer with it, as a write's reply."""
+        self._store.put(route, obj)
+        return with_kind(route.kind, obj)
 
-    def _store(self, route: _Route, obj: dict[str, Any]) -> bytes:
-        assert route.name is not None
-        self._rv += 1
-        obj["metadata"]["resourceVersion"] = str(self._rv)
-        collection = self._collections[route.kind]
-        key = self._key(route.kind, route.namespace, route.name)
-        if key not in collection.entries:
-            bisect.insort(collection.keys, key)
-        collection.entries[key] = _Entry(obj, _raw(obj))
-        return _with_kind(route.kind, obj)
-
-    def _create(self, route: _Route, obj: Any) -> bytes:
+    def _create(self, route: Route, obj: Any) -> bytes:
         """POST a pod to its namespace: 201 with its UID, or 409 ``AlreadyExists`` for a name in use."""
         name = (obj.get("metadata") or {}).get("name") if isinstance(obj, dict) else None
         if not isinstance(name, str) or not name:
             raise ApiError(422, "Invalid", "Pod is invalid: metadata.name: Required value: name is required")
-        named = _Route(route.kind, route.namespace, name, False)
+        named = Route(route.kind, route.namespace, name, False)
         with self._lock:
-            if self._key(route.kind, route.namespace, name) in self._collections[route.kind].entries:
+            if self._store.has(route.kind, route.namespace, name):
                 raise ApiError(409, "AlreadyExists", f'pods "{name}" already exists', {"name": name, "kind": "pods"})
-            self._validate(named, obj)
+            validate(named, obj)
             self._created += 1
             obj["metadata"].update(
                 namespace=route.namespace,
@@ -443,18 +287,10 @@ class KubeApiDouble:
             )
             obj.setdefault("status", {}).setdefault("phase", "Pending")
             if self.reservations_report:
-                _report_reservation(obj)
-            return self._store(named, obj)
+                report_reservation(obj)
+            return self._write(named, obj)
 
-    def _remove(self, route: _Route) -> None:
-        assert route.name is not None
-        collection = self._collections[route.kind]
-        key = self._key(route.kind, route.namespace, route.name)
-        del collection.entries[key]
-        collection.keys.pop(bisect.bisect_left(collection.keys, key))
-        self._rv += 1
-
-    def _patch(self, route: _Route, content_type: str, patch: Any) -> bytes:
+    def _patch(self, route: Route, content_type: str, patch: Any) -> bytes:
         if content_type not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             raise ApiError(
                 415,
@@ -467,35 +303,35 @@ class KubeApiDouble:
             raise ApiError(400, "BadRequest", "the patch body must be a JSON object")
         strategic = content_type == "application/strategic-merge-patch+json"
         with self._lock:
-            current = self._entry(route).obj
+            current = self._store.entry(route).obj
             wanted_rv = (patch.get("metadata") or {}).get("resourceVersion")
             if wanted_rv is not None and wanted_rv != current["metadata"]["resourceVersion"]:
-                raise _conflict(route)
+                raise conflict(route)
             updated = merge_patch(current, patch, strategic=strategic)
-            self._validate(route, updated)
-            return self._store(route, updated)
+            validate(route, updated)
+            return self._write(route, updated)
 
-    def _put(self, route: _Route, body: Any) -> bytes:
+    def _put(self, route: Route, body: Any) -> bytes:
         if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
             raise ApiError(400, "BadRequest", "the body must be a v1 object with metadata")
         with self._lock:
-            current = self._entry(route).obj
+            current = self._store.entry(route).obj
             if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-                raise _conflict(route)
+                raise conflict(route)
             updated = copy.deepcopy(body)
             updated.pop("kind", None)
             updated.pop("apiVersion", None)
-            self._validate(route, updated)
-            return self._store(route, updated)
+            validate(route, updated)
+            return self._write(route, updated)
 
-    def _bind(self, route: _Route, binding: Any) -> bytes:
+    def _bind(self, route: Route, binding: Any) -> bytes:
         target = binding.get("target") if isinstance(binding, dict) else None
         node = target.get("name") if isinstance(target, dict) else None
         if not isinstance(node, str) or not node:
             raise ApiError(400, "BadRequest", "Binding.target.name is required")
-        pod_route = _Route("pods", route.namespace, route.name, False)
+        pod_route = Route("pods", route.namespace, route.name, False)
         with self._lock:
-            pod = copy.deepcopy(self._entry(pod_route).obj)
+            pod = copy.deepcopy(self._store.entry(pod_route).obj)
             bound = pod.get("spec", {}).get("nodeName")
             if bound:
                 raise ApiError(
@@ -513,287 +349,13 @@ class KubeApiDouble:
             conditions = pod.setdefault("status", {}).setdefault("conditions", [])
             conditions[:] = [c for c in conditions if c.get("type") != "PodScheduled"]
             conditions.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None})
-            self._store(pod_route, pod)
+            self._write(pod_route, pod)
         return encode({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
-
-    def _validate(self, route: _Route, obj: Mapping[str, Any]) -> None:
-        metadata = obj.get("metadata") or {}
-        kind = _KINDS[route.kind]
-        causes: list[dict[str, str]] = []
-        for key, value in (metadata.get("labels") or {}).items():
-            problem = _label_problem(key, value)
-            if problem:
-                causes.append({"reason": "FieldValueInvalid", "message": problem, "field": "metadata.labels"})
-        if route.kind == "pods":
-            cost = (metadata.get("annotations") or {}).get(DELETION_COST)
-            if cost is not None and not _valid_deletion_cost(cost):
-                cause = {
-                    "reason": "FieldValueInvalid",
-                    "message": f"Invalid value: {json.dumps(cost)}: must be a 32bit integer",
-                    "field": f"metadata.annotations[{DELETION_COST}]",
-                }
-                # The real server reports this cause twice (fixture b5b): once from metadata, once from spec.
-                causes += [cause, dict(cause)]
-        if causes:
-            summary = "; ".join(f"{c['field']}: {c['message']}" for c in causes[:1])
-            raise ApiError(
-                422,
-                "Invalid",
-                f'{kind} "{route.name}" is invalid: {summary}',
-                {"name": route.name, "kind": kind, "causes": causes},
-            )
-
-
-# ---- routing ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Route:
-    kind: str
-    namespace: str | None
-    name: str | None
-    binding: bool
-    version: str = "v1"
-
-
-_VERBS = {
-    ("GET", True): "list",
-    ("POST", True): "create",
-    ("GET", False): "get",
-    ("PATCH", False): "patch",
-    ("PUT", False): "update",
-    ("DELETE", False): "delete",
-    ("POST", False): "create",
-}
-_ROUTES = (
-    (re.compile(r"^/api/v1/nodes$"), "nodes"),
-    (re.compile(r"^/api/v1/nodes/(?P<name>[^/]+)$"), "nodes"),
-    (re.compile(r"^/api/v1/pods$"), "pods"),
-    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$"), "pods"),
-    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)(?P<binding>/binding)?$"), "pods"),
-    (re.compile(r"^/apis/resource\.k8s\.io$"), "resource.k8s.io"),
-    (re.compile(r"^/apis/apps/v1/namespaces/(?P<ns>[^/]+)/deployments/(?P<name>[^/]+)$"), "deployments"),
-    *(
-        (re.compile(rf"^/apis/resource\.k8s\.io/(?P<version>v1\w*)/{kind}$"), kind)
-        for kind in ("deviceclasses", "resourceslices", "resourceclaims")
-    ),
-)
-
-
-def _report_reservation(pod: dict[str, Any]) -> None:
-    """What a GPU node does with a reservation pod bound to it: Running, its GPU's UUID reported."""
-    from scheduler_core.k8s.names import RESERVED_GPU_ANNOTATION
-    from scheduler_core.state.allocation import reservation_of
-    from testing.reservation_kubelet import gpu_uuid
-
-    slot = reservation_of(pod)
-    if slot is not None:
-        pod["metadata"].setdefault("annotations", {})[RESERVED_GPU_ANNOTATION] = gpu_uuid(*slot)
-        pod["status"]["phase"] = "Running"
-
-
-def _route(method: str, path: str) -> _Route:
-    for pattern, kind in _ROUTES:
-        match = pattern.match(path)
-        if match:
-            groups = match.groupdict()
-            return _Route(
-                kind, groups.get("ns"), groups.get("name"), bool(groups.get("binding")), groups.get("version") or "v1"
-            )
-    raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
-
-
-# ---- selectors -------------------------------------------------------------------------------
-Predicate = Callable[[Mapping[str, Any]], bool]
-
-
-def parse_label_selector(text: str) -> Predicate:
-    """Compile a label selector; a malformed one is a 400 ``BadRequest`` as on the real server.
-
-    >>> match = parse_label_selector("gpu.nvidia.com/model in (A100,H100),zone=a,!spot")
-    >>> match({"metadata": {"labels": {"gpu.nvidia.com/model": "A100", "zone": "a"}}})
-    True
-    """
-    requirements: list[tuple[str, str, frozenset[str]]] = []  # (key, operator, values)
-    for term in _split_terms(text):
-        match = re.fullmatch(r"\s*(\S+?)\s+(in|notin)\s+\(([^)]*)\)\s*", term)
-        if match:
-            values = frozenset(v.strip() for v in match.group(3).split(","))
-            requirements.append((match.group(1), match.group(2), values))
-            continue
-        match = re.fullmatch(r"\s*([^=!\s]+)\s*(==|=|!=)\s*([^=!\s]*)\s*", term)
-        if match:
-            key, op, value = match.groups()
-            requirements.append((key, "notin" if op == "!=" else "in", frozenset([value])))
-            continue
-        match = re.fullmatch(r"\s*(!?)\s*([^=!\s(),]+)\s*", term)
-        if match:
-            requirements.append((match.group(2), "!" if match.group(1) else "exists", frozenset()))
-            continue
-        raise ApiError(400, "BadRequest", f"unable to parse requirement: {term.strip()!r}")
-
-    def predicate(obj: Mapping[str, Any]) -> bool:
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        for key, op, values in requirements:
-            if op == "exists":
-                ok = key in labels
-            elif op == "!":
-                ok = key not in labels
-            else:
-                ok = (labels.get(key) in values) == (op == "in")
-            if not ok:
-                return False
-        return True
-
-    return predicate
-
-
-def parse_field_selector(text: str, kind: str) -> Predicate:
-    """Compile a field selector over the fields the API supports for ``kind``."""
-    supported = _POD_FIELDS if kind == "pods" else _NODE_FIELDS
-    tests: list[tuple[str, bool, str]] = []
-    for term in filter(None, (t.strip() for t in text.split(","))):
-        match = re.fullmatch(r"([A-Za-z.]+)\s*(==|=|!=)\s*(.*)", term)
-        if not match:
-            raise ApiError(400, "BadRequest", f"invalid selector: {term!r}; can't understand {term!r}")
-        name, op, value = match.groups()
-        if name not in supported:
-            raise ApiError(400, "BadRequest", f"field label not supported: {name}")
-        tests.append((name, op == "!=", value))
-
-    def predicate(obj: Mapping[str, Any]) -> bool:
-        for name, negate, value in tests:
-            section, _, leaf = name.partition(".")
-            have = (obj.get(section) or {}).get(leaf)
-            have = "" if have is None else str(have).lower() if isinstance(have, bool) else str(have)
-            if (have == value) == negate:
-                return False
-        return True
-
-    return predicate
-
-
-def _split_terms(text: str) -> list[str]:
-    terms: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for char in text:
-        if char == "," and depth == 0:
-            terms.append("".join(current))
-            current = []
-            continue
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        current.append(char)
-    terms.append("".join(current))
-    return [t for t in terms if t.strip()]
-
-
-# ---- patching --------------------------------------------------------------------------------
-def merge_patch(target: Any, patch: Any, *, strategic: bool = False) -> Any:
-    """RFC 7386 merge patch (``null`` deletes); with ``strategic``, lists with a known merge key merge
-    item by item, as the apiserver's strategic merge does for those fields."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        elif strategic and key in _MERGE_KEYS and isinstance(value, list) and isinstance(result.get(key), list):
-            result[key] = _merge_list(result[key], value, _MERGE_KEYS[key])
-        else:
-            result[key] = merge_patch(result.get(key), value, strategic=strategic)
-    return result
-
-
-def _merge_list(current: list[Any], patch: list[Any], merge_key: str) -> list[Any]:
-    merged = copy.deepcopy(current)
-    for item in patch:
-        if not isinstance(item, dict) or merge_key not in item:
-            merged.append(copy.deepcopy(item))
-            continue
-        for i, existing in enumerate(merged):
-            if isinstance(existing, dict) and existing.get(merge_key) == item[merge_key]:
-                if item.get("$patch") == "delete":
-                    merged.pop(i)
-                else:
-                    merged[i] = merge_patch(existing, item, strategic=True)
-                break
-        else:
-            if item.get("$patch") != "delete":
-                merged.append(copy.deepcopy(item))
-    return merged
-
-
-# ---- helpers ---------------------------------------------------------------------------------
-def _raw(obj: Mapping[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _with_kind(kind: str, obj: Mapping[str, Any]) -> bytes:
-    return encode({"kind": _KINDS[kind], "apiVersion": "apps/v1" if kind == "deployments" else "v1", **obj})
-
-
-def _decode(body: bytes) -> Any:
-    try:
-        return json.loads(body or b"null")
-    except ValueError as exc:
-        raise ApiError(400, "BadRequest", f"the request body is not JSON: {exc}") from exc
-
-
-def _int_param(query: Mapping[str, str], name: str) -> int:
-    raw = query.get(name, "0") or "0"
-    if not raw.isdigit():
-        raise ApiError(400, "BadRequest", f"{name}: expected a non-negative integer, got {raw!r}")
-    return int(raw)
-
-
-def _encode_continue(rv: int, start: str) -> str:
-    token = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
-
-
-def _decode_continue(token: str) -> tuple[int, str]:
-    try:
-        decoded = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        return int(decoded["rv"]), str(decoded["start"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ApiError(400, "BadRequest", f"continue key is not valid: {exc}") from exc
-
-
-def _conflict(route: _Route) -> ApiError:
-    return ApiError(
-        409,
-        "Conflict",
-        f'Operation cannot be fulfilled on {route.kind} "{route.name}": the object has been modified; please apply'
-        " your changes to the latest version and try again",
-        {"name": route.name, "kind": route.kind},
-    )
 
 
 def _fault_error(code: int) -> ApiError:
     reasons = {409: "Conflict", 410: "Expired", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
     return ApiError(code, reasons.get(code, HTTPStatus(code).phrase.replace(" ", "")), f"injected fault {code}", {})
-
-
-def _label_problem(key: object, value: object) -> str:
-    if not isinstance(key, str) or not isinstance(value, str):
-        return f"label {key!r}: keys and values must be strings"
-    prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        return f"Invalid value: {json.dumps(key)}: prefix part must be a DNS-1123 subdomain"
-    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
-        return f"Invalid value: {json.dumps(key)}: name part must consist of alphanumeric characters"
-    if len(value) > 63 or not _LABEL_NAME.match(value):
-        return (
-            f"Invalid value: {json.dumps(value)}: a valid label must be an empty string or consist of alphanumeric"
-            " characters, '-', '_' or '.', and must start and end with an alphanumeric character"
-        )
-    return ""
-
-
-def _valid_deletion_cost(value: object) -> bool:
-    # apimachinery: the first character must be a digit or '-', then strconv.ParseInt(value, 10, 32).
-    if not isinstance(value, str) or not re.fullmatch(r"-?[0-9]+", value):
-        return False
-    return -(2**31) <= int(value) < 2**31
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -24,7 +24,7 @@ from typing import Any
 
 from scheduler_core.k8s.annotations import parse_assigned_gpus
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION
-from testing.control_plane import log_tail, serve_in_thread, stop_group
+from testing.processes import log_tail, serve_in_thread, stop_group
 
 CLI = [sys.executable, "-m", "gpu_scheduler"]
 
@@ -209,7 +209,7 @@ class PassAll(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
-    api: Any = None  # testing.control_plane.KubeRest, for bind
+    api: Any = None  # testing.kube_rest.KubeRest, for bind
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
@@ -303,7 +303,7 @@ class RoundRobinServer:
 
 
 if __name__ == "__main__":
-    from testing.control_plane import KubeRest
+    from testing.kube_rest import KubeRest
 
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     server = PassAllServer(KubeRest(sys.argv[1], sys.argv[2]))

@@ -25,7 +25,8 @@ from typing import Any
 from manifests.reservation import ACCOUNT, NAMESPACE
 from scheduler_core.k8s.names import RESERVED_GPU_ANNOTATION
 from shares.reserve_gpu import ReservationError, report
-from testing.control_plane import ControlPlane, KubeError
+from testing.control_plane import ControlPlane
+from testing.kube_rest import KubeError
 
 _NAMESPACE_UUID = uuid.UUID("6f1c1a47-9a0e-4f0d-9a43-2d8f3c1f6a10")
 

@@ -80,8 +80,33 @@ def eks_cluster(
     in one pod of ten) placed only where they fit, 10 % bound CPU pods, 5 % finished, 5 % unbound.
     Pods carry the fields real pods do (owner, labels, conditions, status), about 1.5 KB each.
     """
+    nodes, free = _eks_nodes(n_nodes)
+    gpu_rows = [i for i in range(n_nodes) if free[i]]
+    cpu_rows = [i for i in range(n_nodes) if not free[i]]
+    pods: list[dict[str, Any]] = []
+    draws = rng.random(n_pods)
+    for j, draw in enumerate(draws.tolist()):
+        name = f"pod-{j:06d}"
+        if draw < 0.8 and gpu_rows:
+            row = gpu_rows[int(rng.integers(len(gpu_rows)))]
+            pod = _bound_gpu_pod(name, nodes[row]["metadata"]["name"], free[row], rng, share=draw < 0.08)
+        elif draw < 0.9 and cpu_rows:
+            row = cpu_rows[int(rng.integers(len(cpu_rows)))]
+            pod = make_pod(name, 0, namespace="web", node_name=nodes[row]["metadata"]["name"], phase="Running")
+        elif draw < 0.95 and gpu_rows:
+            row = gpu_rows[int(rng.integers(len(gpu_rows)))]
+            pod = make_pod(name, 1, namespace="ml", node_name=nodes[row]["metadata"]["name"], phase="Succeeded")
+        else:
+            pod = make_pod(name, 1, namespace="ml")
+        _dress(pod, j)
+        pods.append(pod)
+    return nodes, pods
+
+
+def _eks_nodes(n_nodes: int) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    """:func:`eks_cluster`'s nodes, of each kind by position, and the free milli of each node's GPUs (all
+    free; none for a CPU node)."""
     nodes: list[dict[str, Any]] = []
-    gpu_rows: list[int] = []
     free: list[list[int]] = []  # free milli per GPU, per node
     for i in range(n_nodes):
         kind = (i * 20 // max(n_nodes, 1)) if n_nodes >= 20 else i % 20
@@ -101,44 +126,30 @@ def eks_cluster(
             node["metadata"]["labels"][LABEL_MODEL] = "V100"
         nodes.append(node)
         free.append([MILLI_PER_GPU] * shape.gpus)
-        if shape.gpus:
-            gpu_rows.append(i)
-    cpu_rows = [i for i in range(n_nodes) if not free[i]]
-    pods: list[dict[str, Any]] = []
-    draws = rng.random(n_pods)
-    for j, draw in enumerate(draws.tolist()):
-        name = f"pod-{j:06d}"
-        if draw < 0.8 and gpu_rows:
-            row = gpu_rows[int(rng.integers(len(gpu_rows)))]
-            gpus = free[row]
-            if draw < 0.08:  # a fractional share
-                milli = int(rng.choice([250, 500]))
-                target = next((g for g, left in enumerate(gpus) if left >= milli), None)
-                pod = make_pod(name, 0, namespace="ml", node_name=nodes[row]["metadata"]["name"], phase="Running")
-                if target is not None:
-                    gpus[target] -= milli
-                    pod["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = f"{target}:{milli}"
-                    pod["spec"]["containers"][0]["resources"]["limits"]["gpu-scheduler.io/gpu-milli"] = str(milli)
-            else:
-                whole = sum(1 for left in gpus if left == MILLI_PER_GPU)
-                want = min(int(rng.integers(1, 3)), whole)
-                taken = 0
-                for g, left in enumerate(gpus):
-                    if taken < want and left == MILLI_PER_GPU:
-                        gpus[g] = 0
-                        taken += 1
-                pod = make_pod(name, want, namespace="ml", node_name=nodes[row]["metadata"]["name"], phase="Running")
-        elif draw < 0.9 and cpu_rows:
-            row = cpu_rows[int(rng.integers(len(cpu_rows)))]
-            pod = make_pod(name, 0, namespace="web", node_name=nodes[row]["metadata"]["name"], phase="Running")
-        elif draw < 0.95 and gpu_rows:
-            row = gpu_rows[int(rng.integers(len(gpu_rows)))]
-            pod = make_pod(name, 1, namespace="ml", node_name=nodes[row]["metadata"]["name"], phase="Succeeded")
-        else:
-            pod = make_pod(name, 1, namespace="ml")
-        _dress(pod, j)
-        pods.append(pod)
-    return nodes, pods
+    return nodes, free
+
+
+def _bound_gpu_pod(name: str, node: str, gpus: list[int], rng: np.random.Generator, *, share: bool) -> dict[str, Any]:
+    """A running pod on ``node``, whose GPUs have ``gpus`` milli free (what the pod takes is taken from it):
+    with ``share``, a 250 or 500 milli share with its ``assigned-gpus`` annotation (neither where no GPU
+    has room); else 1 or 2 whole GPUs (as many of those as are whole)."""
+    if share:
+        milli = int(rng.choice([250, 500]))
+        target = next((g for g, left in enumerate(gpus) if left >= milli), None)
+        pod = make_pod(name, 0, namespace="ml", node_name=node, phase="Running")
+        if target is not None:
+            gpus[target] -= milli
+            pod["metadata"]["annotations"]["gpu-scheduler.io/assigned-gpus"] = f"{target}:{milli}"
+            pod["spec"]["containers"][0]["resources"]["limits"]["gpu-scheduler.io/gpu-milli"] = str(milli)
+        return pod
+    whole = sum(1 for left in gpus if left == MILLI_PER_GPU)
+    want = min(int(rng.integers(1, 3)), whole)
+    taken = 0
+    for g, left in enumerate(gpus):
+        if taken < want and left == MILLI_PER_GPU:
+            gpus[g] = 0
+            taken += 1
+    return make_pod(name, want, namespace="ml", node_name=node, phase="Running")
 
 
 def _dress(pod: dict[str, Any], j: int) -> None:

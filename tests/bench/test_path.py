@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from bench.path import run, trace
-from scheduler_core.k8s.nodes import NodeGpuFacts, _over_caps
+from scheduler_core.k8s.node_facts import NodeGpuFacts
+from scheduler_core.k8s.nodes import _over_caps
 
 pytestmark = pytest.mark.server  # moto and the API server double
 

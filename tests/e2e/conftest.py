@@ -11,19 +11,25 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from adapters.gpu_ledger import LedgerStore
-from testing.control_plane import ControlPlane, generated_scheduler_config, missing
+from testing.control_plane import ControlPlane
+from testing.credentials import identities
+from testing.kube_binaries import missing
+from testing.kube_rest import KubeRest
 from testing.moto import aws_env, dynamodb_client, moto_server
 from testing.product import Processes
+from testing.product_manifests import generated_scheduler_config
 from testing.reservation_kubelet import ReservationKubelet
 
 HERE = Path(__file__).parent
+ServeSharing = Callable[[str], tuple[str, dict[str, Any]]]
+"""Starts ``serve`` on a ledger table and kube-scheduler with sharing: the URL and the configuration."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -78,6 +84,35 @@ def start_scheduler(cluster: ControlPlane, url: str, *flags: str) -> dict[str, A
     config = generated_scheduler_config(["--url", url, *flags])
     cluster.start_scheduler(config)
     return config
+
+
+@pytest.fixture(scope="module")
+def serve_sharing(
+    cluster: ControlPlane, product: Processes, moto_env: dict[str, str], kubelet: ReservationKubelet
+) -> ServeSharing:
+    """``gpu-scheduler serve --watch --ledger-table TABLE`` as the second scheduler's identity, on moto's
+    DynamoDB with the reservation pods' kubelet running, and kube-scheduler beside it on ``scheduler-config
+    --sharing``, when the module asks: the URL and the configuration kube-scheduler runs."""
+
+    def start(table: str) -> tuple[str, dict[str, Any]]:
+        kubeconfig = str(cluster.kubeconfig_of("scheduler"))
+        url = product.serve("serve", ["--watch", "--kubeconfig", kubeconfig, "--ledger-table", table], moto_env)
+        return url, start_scheduler(cluster, url, "--sharing")
+
+    return start
+
+
+def let_tenant(cluster: ControlPlane, namespace: str, role: str, rules: list[dict[str, Any]]) -> KubeRest:
+    """The ``tenant`` identity granted ``rules`` in ``namespace`` (a Role and its RoleBinding, both named
+    ``role``): its client."""
+    rbac, metadata = "rbac.authorization.k8s.io", {"name": role, "namespace": namespace}
+    cluster.apply_access([
+        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": metadata, "rules": rules},
+        {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": metadata,
+         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": role},
+         "subjects": [{"kind": "User", "name": identities()["tenant"].user}]},
+    ])  # fmt: skip
+    return cluster.api_as("tenant")
 
 
 def gpus_of(pod: dict[str, Any]) -> int:

@@ -27,11 +27,10 @@ import yaml
 
 from adapters.gpu_ledger import LedgerStore
 from manifests.nodepool import gpu_nodepools
-from testing.control_plane import ControlPlane, KubeError
+from testing.control_plane import ControlPlane
 from testing.karpenter import karpenter_node, karpenter_source, launchable, pending
-from testing.product import Processes
-from testing.reservation_kubelet import ReservationKubelet
-from tests.e2e.conftest import create_ledger, start_scheduler
+from testing.kube_rest import KubeError
+from tests.e2e.conftest import ServeSharing, create_ledger, start_scheduler
 from tests.scheduler_core.test_autoscaler_shapes import BY_TYPE, POOLS, SHAPES
 
 TABLE = "gpu-ledger-autoscalers"
@@ -45,17 +44,8 @@ def ledger(moto_env: dict[str, str]) -> LedgerStore:
 
 
 @pytest.fixture(scope="module")
-def outcomes(
-    cluster: ControlPlane,
-    product: Processes,
-    ledger: LedgerStore,
-    moto_env: dict[str, str],
-    kubelet: ReservationKubelet,
-) -> Iterator[dict[str, Any]]:
-    url = product.serve(
-        "serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler")), "--ledger-table", TABLE], moto_env
-    )
-    start_scheduler(cluster, url, "--sharing")
+def outcomes(cluster: ControlPlane, ledger: LedgerStore, serve_sharing: ServeSharing) -> Iterator[dict[str, Any]]:
+    url, _ = serve_sharing(TABLE)
     cluster.ensure_namespaces([NS])
     found: dict[str, Any] = {}
     try:

@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node
-from testing.control_plane import ControlPlane, KubeBinaries
+from testing.control_plane import ControlPlane
+from testing.kube_binaries import KubeBinaries
 from tests.e2e.conftest import start_scheduler
 
 NAMESPACE = "dra"

@@ -25,9 +25,10 @@ import pytest
 from adapters.gpu_ledger import LedgerStore
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, LABEL_COUNT, LABEL_MEMORY, LABEL_MODEL
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
-from testing.control_plane import ControlPlane, free_port
+from testing.control_plane import ControlPlane
 from testing.fault_proxy import FaultProxy
 from testing.moto import aws_env, dynamodb_client
+from testing.processes import free_port
 from testing.product import Processes, share_usage
 from testing.reservation_kubelet import ReservationKubelet
 from tests.e2e.conftest import start_scheduler

@@ -27,7 +27,10 @@ import pytest
 from manifests.access import DELETION_COST, EXTENDER, NODE_STATE, LambdaIdentity
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, DELETION_COST_ANNOTATION, LABEL_MODEL
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
-from testing.control_plane import ControlPlane, KubeRest, generated_manifests, identities
+from testing.control_plane import ControlPlane
+from testing.kube_rest import KubeRest
+from testing.product_manifests import generated_manifests
+from tests.e2e.conftest import let_tenant
 
 NAMESPACE = "identities"
 A100 = next(shape for shape in CATALOGUE if shape.model == "A100")
@@ -111,14 +114,7 @@ def tenant(cluster: ControlPlane) -> KubeRest:
     """The tenant user, allowed to edit pods (and their status) in the test's namespace."""
     cluster.ensure_namespaces([NAMESPACE])
     rules = [{"apiGroups": [""], "resources": ["pods", "pods/status"], "verbs": ["get", "create", "update", "patch"]}]
-    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": "pod-editor", "namespace": NAMESPACE}, "rules": rules}  # fmt: skip
-    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-               "metadata": {"name": "pod-editor", "namespace": NAMESPACE},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-editor"},
-               "subjects": [{"kind": "User", "name": identities()["tenant"].user}]}  # fmt: skip
-    cluster.apply_access([role, binding])
-    return cluster.api_as("tenant")
+    return let_tenant(cluster, NAMESPACE, "pod-editor", rules)
 
 
 def patch_as(api: KubeRest, path: str, body: Any) -> tuple[int, str]:
@@ -324,15 +320,8 @@ SGP_CRD = {
 """A stand-in for the CRD EKS's VPC resource controller serves (``vpcresources.k8s.aws/v1beta1``)."""
 
 
-def test_only_the_products_security_group_policy_may_name_the_group_the_extender_api_admits(
-    cluster: ControlPlane, tenant: KubeRest
-) -> None:
-    """The manifests' ``gpu-scheduler-security-group`` policy (the harness applies the generated access
-    documents with ``--security-group sg-00000000``): a tenant who may create SecurityGroupPolicies
-    cannot put a pod of theirs in that group; an administrator cannot widen the product's own; the product's
-    is admitted, and any other group is the tenant's business."""
-    if not policies_served(cluster):
-        pytest.skip("no ValidatingAdmissionPolicy before 1.30 (docs/security.md)")
+def serve_security_group_policies(cluster: ControlPlane) -> None:
+    """Install :data:`SGP_CRD` (or find it there) and wait until the API server serves its kind."""
     status, _ = cluster.api.raw(
         "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json.dumps(SGP_CRD).encode(),
         "application/json",
@@ -348,48 +337,55 @@ def test_only_the_products_security_group_policy_may_name_the_group_the_extender
         timeout_s=30,
         what="the SecurityGroupPolicy CRD served",
     )
+
+
+def create_sgp(api: KubeRest, namespace: str, name: str, spec: dict[str, Any]) -> tuple[int, str]:
+    """The status and message of creating a SecurityGroupPolicy ``spec`` as ``api``'s user, admission and
+    all, with nothing stored (``dryRun=All``)."""
+    body = {"apiVersion": "vpcresources.k8s.aws/v1beta1", "kind": "SecurityGroupPolicy",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}  # fmt: skip
+    path = f"/apis/vpcresources.k8s.aws/v1beta1/namespaces/{namespace}/securitygrouppolicies?dryRun=All"
+    status, raw = api.raw("POST", path, json.dumps(body).encode(), "application/json")
+    return status, (json.loads(raw).get("message", "") if raw else "")
+
+
+def test_only_the_products_security_group_policy_may_name_the_group_the_extender_api_admits(
+    cluster: ControlPlane, tenant: KubeRest
+) -> None:
+    """The manifests' ``gpu-scheduler-security-group`` policy (the harness applies the generated access
+    documents with ``--security-group sg-00000000``): a tenant who may create SecurityGroupPolicies
+    cannot put a pod of theirs in that group; an administrator cannot widen the product's own; the product's
+    is admitted, and any other group is the tenant's business."""
+    if not policies_served(cluster):
+        pytest.skip("no ValidatingAdmissionPolicy before 1.30 (docs/security.md)")
+    serve_security_group_policies(cluster)
     rules = [{"apiGroups": ["vpcresources.k8s.aws"], "resources": ["securitygrouppolicies"], "verbs": ["create"]}]
-    cluster.apply_access([
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": "sgp-editor", "namespace": NAMESPACE}, "rules": rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "sgp-editor", "namespace": NAMESPACE},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sgp-editor"},
-         "subjects": [{"kind": "User", "name": identities()["tenant"].user}]},
-    ])  # fmt: skip
+    let_tenant(cluster, NAMESPACE, "sgp-editor", rules)
     (product,) = [
         d
         for d in generated_manifests(["--url", "https://x.example/v1", "--security-group", "sg-00000000"])
         if d["kind"] == "SecurityGroupPolicy"
     ]
-
-    def create(api: KubeRest, namespace: str, name: str, spec: dict[str, Any]) -> tuple[int, str]:
-        body = {"apiVersion": "vpcresources.k8s.aws/v1beta1", "kind": "SecurityGroupPolicy",
-                "metadata": {"name": name, "namespace": namespace}, "spec": spec}  # fmt: skip
-        path = f"/apis/vpcresources.k8s.aws/v1beta1/namespaces/{namespace}/securitygrouppolicies?dryRun=All"
-        status, raw = api.raw("POST", path, json.dumps(body).encode(), "application/json")
-        return status, (json.loads(raw).get("message", "") if raw else "")
-
     mine = {"podSelector": {"matchLabels": {"app": "mine"}}, "securityGroups": {"groupIds": ["sg-00000000"]}}
-    cluster.wait_for(lambda: create(tenant, NAMESPACE, "borrow", mine)[0] == 403, timeout_s=30, what="the policy")
-    status, message = create(tenant, NAMESPACE, "borrow", mine)
+    cluster.wait_for(lambda: create_sgp(tenant, NAMESPACE, "borrow", mine)[0] == 403, timeout_s=30, what="the policy")
+    status, message = create_sgp(tenant, NAMESPACE, "borrow", mine)
     assert (
         "gpu-scheduler-security-group" in message
         and "only the SecurityGroupPolicy kube-system/gpu-scheduler" in message
     )
     # The same name as the product's, in the tenant's namespace: still refused.
-    status, message = create(tenant, NAMESPACE, "gpu-scheduler", product["spec"])
+    status, message = create_sgp(tenant, NAMESPACE, "gpu-scheduler", product["spec"])
     assert status == 403 and "gpu-scheduler-security-group" in message
     # Two groups, one of them the scheduler's: refused.
     both = {**mine, "securityGroups": {"groupIds": ["sg-11111111", "sg-00000000"]}}
-    assert create(tenant, NAMESPACE, "both", both)[0] == 403
+    assert create_sgp(tenant, NAMESPACE, "both", both)[0] == 403
     # Any other group is no business of the product's.
     other = {**mine, "securityGroups": {"groupIds": ["sg-11111111"]}}
-    assert create(tenant, NAMESPACE, "theirs", other) == (201, "")
+    assert create_sgp(tenant, NAMESPACE, "theirs", other) == (201, "")
     # The administrator: the product's own is admitted, a wider one in its place is not.
-    assert create(cluster.api, "kube-system", "gpu-scheduler", product["spec"]) == (201, "")
+    assert create_sgp(cluster.api, "kube-system", "gpu-scheduler", product["spec"]) == (201, "")
     wider = {**product["spec"], "podSelector": {}}
-    status, message = create(cluster.api, "kube-system", "gpu-scheduler", wider)
+    status, message = create_sgp(cluster.api, "kube-system", "gpu-scheduler", wider)
     assert status == 403 and "selects the gpu-scheduler pods only" in message
     by_account = {**product["spec"], "serviceAccountSelector": {"matchLabels": {"team": "a"}}}
-    assert create(cluster.api, "kube-system", "gpu-scheduler", by_account)[0] == 403
+    assert create_sgp(cluster.api, "kube-system", "gpu-scheduler", by_account)[0] == 403

@@ -20,8 +20,9 @@ from scheduler_core.extender.facade import Extender, ExtenderConfig
 from scheduler_core.extender.wire import ExtenderArgs
 from scheduler_core.simulator.synthetic import CATALOGUE, ZONES, make_node, make_pod
 from scheduler_core.state.cluster import ClusterState
-from testing.control_plane import ControlPlane, generated_scheduler_config
+from testing.control_plane import ControlPlane
 from testing.product import Processes
+from testing.product_manifests import generated_scheduler_config
 from tests.e2e.conftest import start_scheduler
 
 NAMESPACE = "kube-scoring"

@@ -6,7 +6,7 @@ strategy; a ``single`` node's slices go only to pods that accept them.
 The GPU Operator's MIG manager labels a node ``nvidia.com/mig.config.state=pending`` (or ``rebooting``)
 while it changes the GPUs' MIG layout, and ``failed`` when it could not; GFD names the product
 ``...-MIG-INVALID`` when the GPUs' layouts differ under the device plugin's ``single`` strategy. Their
-``nvidia.com/gpu`` is then not what the labels say (``scheduler_core.k8s.nodes.mig_refusal``).
+``nvidia.com/gpu`` is then not what the labels say (``scheduler_core.k8s.node_facts.mig_refusal``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from scheduler_core.simulator.traces import openb_dir, synthetic_trace, write_trace
-from testing.control_plane import missing
+from testing.kube_binaries import missing
 
 UNALLOCATED_TOLERANCE = 1.0
 """Points of unallocated GPU % at 100 % arrived between the replay and simulate on the synthetic trace:

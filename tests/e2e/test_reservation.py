@@ -159,6 +159,6 @@ def test_the_program_reports_its_gpu_on_its_own_pod_and_nowhere_else(
 
 
 def _rest_as(cluster: ControlPlane, account: Path) -> Any:
-    from testing.control_plane import KubeRest
+    from testing.kube_rest import KubeRest
 
     return KubeRest(cluster.url, (account / "token").read_text())

@@ -32,11 +32,14 @@ from scheduler_core.k8s.names import (
     VISIBLE_DEVICES_ANNOTATION,
 )
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
-from testing.control_plane import BindWatch, ControlPlane, find_binaries, identities
+from testing.bind_watch import BindWatch
+from testing.control_plane import ControlPlane
+from testing.kube_binaries import find_binaries
+from testing.kube_rest import KubeRest
 from testing.moto import dynamodb_client
-from testing.product import Processes, reservation_agreement, share_usage
+from testing.product import reservation_agreement, share_usage
 from testing.reservation_kubelet import ReservationKubelet, gpu_uuid
-from tests.e2e.conftest import start_scheduler
+from tests.e2e.conftest import ServeSharing, let_tenant
 from tests.security.test_reservation_pods import HOSTILE
 
 SHAPE = {shape.model: shape for shape in CATALOGUE}
@@ -52,6 +55,17 @@ def share(name: str, milli: int, model: str, namespace: str, *, authored: bool =
     if authored or not mutating(pod):
         pod["spec"]["containers"][0]["env"] = share_env()
     return pod
+
+
+POD_EDITS = [{"apiGroups": [""], "resources": ["pods", "pods/ephemeralcontainers"],
+              "verbs": ["get", "create", "update", "patch"]}]  # fmt: skip
+"""What a tenant's pod editor may do: create and edit pods, and add debug containers."""
+
+
+def create_as(api: KubeRest, namespace: str, pod: dict[str, Any]) -> tuple[int, str]:
+    """The status and message of creating ``pod`` in ``namespace`` as ``api``'s user."""
+    status, raw = api.raw("POST", f"/api/v1/namespaces/{namespace}/pods", json.dumps(pod).encode(), "application/json")
+    return status, (json.loads(raw).get("message", "") if raw else "")
 
 
 def mutating(_pod: Any = None) -> bool:
@@ -74,18 +88,9 @@ def ledger(moto_env: dict[str, str]) -> LedgerStore:
 
 
 @pytest.fixture(scope="module")
-def serving(
-    cluster: ControlPlane,
-    product: Processes,
-    ledger: LedgerStore,
-    moto_env: dict[str, str],
-    kubelet: ReservationKubelet,
-) -> Iterator[str]:
+def serving(cluster: ControlPlane, ledger: LedgerStore, serve_sharing: ServeSharing) -> Iterator[str]:
     cluster.add_nodes([make_node(SOLO, SHAPE["A100"], "us-east-1a")])
-    url = product.serve(
-        "serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler")), "--ledger-table", TABLE], moto_env
-    )
-    start_scheduler(cluster, url, "--sharing")
+    url, _ = serve_sharing(TABLE)
     yield url
     cluster.stop_scheduler()
 
@@ -188,49 +193,28 @@ def test_a_tenant_cannot_give_a_container_a_gpu_the_ledger_did_not(
     if cluster.binaries.release[:2] < (1, 30):
         return
     cluster.ensure_namespaces([work])
-    rules = [
-        {
-            "apiGroups": [""],
-            "resources": ["pods", "pods/ephemeralcontainers"],
-            "verbs": ["get", "create", "update", "patch"],
-        }
-    ]
-    rbac = "rbac.authorization.k8s.io"
-    cluster.apply_access([
-        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": {"name": "editor", "namespace": work}, "rules": rules},
-        {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": {"name": "editor", "namespace": work},
-         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": "editor"},
-         "subjects": [{"kind": "User", "name": identities()["tenant"].user}]},
-    ])  # fmt: skip
-    tenant = cluster.api_as("tenant")
-
-    def create(pod: dict[str, Any]) -> tuple[int, str]:
-        status, raw = tenant.raw(
-            "POST", f"/api/v1/namespaces/{work}/pods", json.dumps(pod).encode(), "application/json"
-        )
-        return status, (json.loads(raw).get("message", "") if raw else "")
-
+    tenant = let_tenant(cluster, work, "editor", POD_EDITS)
     everything = make_pod("everything", 1, namespace=work, models="A100")
     everything["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
-    status, message = create(everything)
+    status, message = create_as(tenant, work, everything)
     assert status == 403 and "NVIDIA_VISIBLE_DEVICES may only be read from the annotation" in message, message
     forged = share("forged", 250, "A100", work)
     forged["metadata"]["annotations"][VISIBLE_DEVICES_ANNOTATION] = gpu_uuid(SOLO, 0)
-    status, message = create(forged)
+    status, message = create_as(tenant, work, forged)
     assert status == 403 and "only the gpu-scheduler extender may set" in message, message
     greedy = share("greedy", 250, "A100", work)
     greedy["spec"]["containers"][0].setdefault("env", []).append(
         {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"}
     )
-    status, message = create(greedy)
+    status, message = create_as(tenant, work, greedy)
     assert status == 403 and "may only be read from the gpu-scheduler.io annotations" in message, message
     for key in (CDI_DEVICE_ANNOTATION, "nvidia.cdi.k8s.io/container.main", "cdi.k8s.io/mine"):  # a CDI device itself
         device = make_pod("device", 0, namespace=work)
         device["metadata"]["annotations"][key] = f"{CDI_DEVICE_KIND}={gpu_uuid(SOLO, 3)}"
-        status, message = create(device)
+        status, message = create_as(tenant, work, device)
         assert status == 403 and "only the gpu-scheduler extender may" in message, (key, message)
 
-    status, message = create(share("honest", 250, "A100", work))
+    status, message = create_as(tenant, work, share("honest", 250, "A100", work))
     assert status == 201, message
     assert cluster.wait_bound(work, "honest") == SOLO
     containers_get_their_gpu(agreement(cluster, work), 1)

@@ -22,11 +22,11 @@ import pytest
 
 from adapters.gpu_ledger import LedgerStore
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
-from testing.control_plane import BindWatch, ControlPlane
+from testing.bind_watch import BindWatch
+from testing.control_plane import ControlPlane
 from testing.moto import dynamodb_client
-from testing.product import Processes, requests_served, share_usage
-from testing.reservation_kubelet import ReservationKubelet
-from tests.e2e.conftest import start_scheduler
+from testing.product import requests_served, share_usage
+from tests.e2e.conftest import ServeSharing, start_scheduler
 
 SHAPE = {shape.model: shape for shape in CATALOGUE}
 TABLE = "gpu-ledger"
@@ -73,18 +73,9 @@ def ledger(moto_env: dict[str, str]) -> LedgerStore:
 
 
 @pytest.fixture(scope="module")
-def serve_url(
-    cluster: ControlPlane,
-    product: Processes,
-    ledger: LedgerStore,
-    moto_env: dict[str, str],
-    kubelet: ReservationKubelet,
-) -> Iterator[str]:
+def serve_url(cluster: ControlPlane, ledger: LedgerStore, serve_sharing: ServeSharing) -> Iterator[str]:
     cluster.add_nodes(NODES)
-    url = product.serve(
-        "serve", ["--watch", "--kubeconfig", str(cluster.kubeconfig_of("scheduler")), "--ledger-table", TABLE], moto_env
-    )
-    config = start_scheduler(cluster, url, "--sharing")
+    url, config = serve_sharing(TABLE)
     extender, binder = config["extenders"]  # the bind has its own entry: it may wait for a GPU's UUID
     assert (binder["bindVerb"], extender["preemptVerb"]) == ("bind", "preempt")
     yield url

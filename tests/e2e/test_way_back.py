@@ -19,8 +19,10 @@ import pytest
 import yaml
 
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
-from testing.control_plane import REPO, ControlPlane, free_port, generated_scheduler_config
+from testing.control_plane import REPO, ControlPlane
+from testing.processes import free_port
 from testing.product import Processes, requests_served
+from testing.product_manifests import generated_scheduler_config
 from tests.e2e.conftest import gpus_of, start_scheduler
 
 T4 = next(shape for shape in CATALOGUE if shape.model == "T4")

@@ -12,8 +12,10 @@ from collections import Counter
 from typing import Any
 
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
-from testing.control_plane import BindWatch, ControlPlane, generated_scheduler_config
+from testing.bind_watch import BindWatch
+from testing.control_plane import ControlPlane
 from testing.product import Processes
+from testing.product_manifests import generated_scheduler_config
 
 A100 = next(shape for shape in CATALOGUE if shape.model == "A100")
 NAMESPACE = "weights"

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import gpu_scheduler.demo as demo
+import gpu_scheduler.demo_output as demo_output
 from gpu_scheduler.cli import main
 from scheduler_core.simulator.simulate import simulate
 from scheduler_core.simulator.traces import synthetic_trace, write_trace
@@ -66,8 +67,8 @@ def test_the_text_explains_each_figure_and_says_what_to_run_next(capsys: pytest.
 
 
 def test_a_long_step_prints_a_line_every_tick(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    monkeypatch.setattr(demo, "TICK_S", 0.05)
-    steps = demo.Steps(1)
+    monkeypatch.setattr(demo_output, "TICK_S", 0.05)
+    steps = demo_output.Steps(1)
     steps.step("a step")
     with steps.working("a slow part"):
         time.sleep(0.3)
@@ -116,7 +117,7 @@ def test_the_sharing_step_reads_the_openb_trace_where_fgd_and_ours_differ(tmp_pa
 @pytest.mark.slow
 def test_the_synth_step_summarises_the_stack_and_names_a_failure(tmp_path: Path):
     package = write_stand_in_package(tmp_path / "package")
-    steps = demo.Steps(1, quiet=True)
+    steps = demo_output.Steps(1, quiet=True)
     report = demo.synthesise(steps, [f"packageDir={package}"], tmp_path / "cdk.out")
     assert report["exit_code"] == 0 and report["cdk_nag"]["AwsSolutions"]["violations"] == 0
     text = demo._format_synth(report)

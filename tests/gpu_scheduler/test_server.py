@@ -15,16 +15,8 @@ from application.extender.service import ExtenderService
 from gpu_scheduler.server import ExtenderHTTPServer
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.extender.facade import Extender, ExtenderConfig
-from tests.conftest import (
-    assert_protocol_correct_filter,
-    fixture_id,
-    load_fixture,
-    make_nodes,
-    make_pod,
-    request_verb,
-    requires_fixtures,
-    scheduler_requests,
-)
+from tests.captured_requests import each_captured_request
+from tests.conftest import assert_protocol_correct_filter, load_fixture, make_nodes, make_pod, request_verb
 
 pytestmark = pytest.mark.server  # serve's HTTP server
 
@@ -73,8 +65,7 @@ def serve_process(tmp_path_factory):
     proc.wait(timeout=10)
 
 
-@requires_fixtures()
-@pytest.mark.parametrize("path", scheduler_requests("filter") + scheduler_requests("prioritize"), ids=fixture_id)
+@each_captured_request
 def test_captured_requests_get_protocol_correct_replies_through_serve(serve_process, path):
     _, port = serve_process
     request = load_fixture(path)

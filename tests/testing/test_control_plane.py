@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from testing.control_plane import BINARIES, KubeBinaries, find_binaries, machine_folder, missing
+from testing.kube_binaries import BINARIES, KubeBinaries, find_binaries, machine_folder, missing
 
 
 def fake_binaries(folder: Path, version: str, *, only: tuple[str, ...] = BINARIES, **versions: str) -> Path:
@@ -127,10 +127,11 @@ def test_a_process_whose_port_was_taken_meanwhile_starts_again_on_another(tmp_pa
     import sys
 
     from testing import control_plane
+    from testing.processes import free_port
 
     held = socket.socket()
     held.bind(("127.0.0.1", 0))  # bound, not listening: no bind may take it, no connection reaches it
-    ports = iter([held.getsockname()[1], control_plane.free_port()])
+    ports = iter([held.getsockname()[1], free_port()])
     monkeypatch.setattr(control_plane, "free_port", lambda: next(ports))
     serve = (
         "import socket, sys, time\n"

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from testing.kube_double import KubeApiDouble, merge_patch, parse_label_selector
+from testing.kube_double import KubeApiDouble
+from testing.kube_double_objects import merge_patch
+from testing.kube_double_requests import parse_label_selector
 from tests.conftest import APISERVER_FIXTURES, NODE_PAGES, load_fixture
 
 pytestmark = [
