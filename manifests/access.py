@@ -56,6 +56,7 @@ from manifests.admission import (
     denying_policy,
     frozen_list_checks,
     in_group,
+    meta,
     metadata_map,
     only_these_change,
 )
@@ -75,7 +76,6 @@ from scheduler_core.k8s.names import (
     SCHEDULER_NAME,
 )
 
-_LABELS = {"app.kubernetes.io/name": SCHEDULER_NAME, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
 DEFAULT_SCHEDULER_ACCOUNT = f"system:serviceaccount:kube-system:{SCHEDULER_NAME}"
 RBAC = "rbac.authorization.k8s.io"
 NODE_LABELS = (LABEL_MODEL, LABEL_MEMORY, LABEL_COUNT)
@@ -146,10 +146,6 @@ def identities(*, sharing: bool) -> tuple[LambdaIdentity, ...]:
     return (EXTENDER, NODE_STATE, DELETION_COST) if sharing else (NODE_STATE, DELETION_COST)
 
 
-def _meta(name: str) -> dict[str, Any]:
-    return {"name": name, "labels": dict(_LABELS)}
-
-
 def lambda_rbac(*, sharing: bool) -> list[dict[str, Any]]:
     """A ClusterRole and its ClusterRoleBinding to the group, per identity with cluster access."""
     docs: list[dict[str, Any]] = []
@@ -158,13 +154,13 @@ def lambda_rbac(*, sharing: bool) -> list[dict[str, Any]]:
             {
                 "apiVersion": f"{RBAC}/v1",
                 "kind": "ClusterRole",
-                "metadata": _meta(identity.role_name),
+                "metadata": meta(identity.role_name),
                 "rules": [dict(rule) for rule in identity.rules],
             },
             {
                 "apiVersion": f"{RBAC}/v1",
                 "kind": "ClusterRoleBinding",
-                "metadata": _meta(identity.role_name),
+                "metadata": meta(identity.role_name),
                 "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": identity.role_name},
                 "subjects": [{"apiGroup": RBAC, "kind": "Group", "name": identity.group}],
             },

@@ -14,7 +14,7 @@ from typing import Any
 from scheduler_core.k8s.names import SCHEDULER_NAME
 
 ADMISSION = "admissionregistration.k8s.io/v1"
-_LABELS = {"app.kubernetes.io/name": SCHEDULER_NAME, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
+LABELS = {"app.kubernetes.io/name": SCHEDULER_NAME, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
 FROZEN_LISTS = ("ownerReferences", "finalizers")
 """Metadata lists no identity may change: the garbage collector deletes an object whose owner does not
 exist, and a finalizer nobody removes keeps one from ever going."""
@@ -70,8 +70,9 @@ def frozen_list_checks(who: str) -> list[dict[str, Any]]:
     ]
 
 
-def _meta(name: str) -> dict[str, Any]:
-    return {"name": name, "labels": dict(_LABELS)}
+def meta(name: str) -> dict[str, Any]:
+    """A cluster-scoped object's metadata: its name and the scheduler's labels."""
+    return {"name": name, "labels": dict(LABELS)}
 
 
 def denying_policy(name: str, spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -80,14 +81,14 @@ def denying_policy(name: str, spec: Mapping[str, Any]) -> list[dict[str, Any]]:
         {
             "apiVersion": ADMISSION,
             "kind": "ValidatingAdmissionPolicy",
-            "metadata": _meta(name),
+            "metadata": meta(name),
             # A request the policy cannot evaluate is refused: these are security checks.
             "spec": {"failurePolicy": "Fail", **spec},
         },
         {
             "apiVersion": ADMISSION,
             "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": _meta(name),
+            "metadata": meta(name),
             "spec": {"policyName": name, "validationActions": ["Deny"]},
         },
     ]

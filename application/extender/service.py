@@ -30,7 +30,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters.ledger_readings import LedgerReadings
 from adapters.settings import env_names
@@ -52,6 +52,9 @@ from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome
 from scheduler_core.extender.preemption import PreemptOutcome
 from scheduler_core.extender.wire import STATUS, encode_json, error_body
 from scheduler_core.state.readings import DEFAULT_MARGIN_S
+
+if TYPE_CHECKING:
+    from adapters.live_state import LiveState
 
 ROUTED_VERBS = frozenset(VERBS + SHARING_VERBS)
 """The paths a transport hands to :meth:`ExtenderService.answer`; anything else is
@@ -391,7 +394,7 @@ def build(
     )
 
 
-def _live_state(settings: ExtenderSettings, config: ExtenderConfig, readings: LedgerReadings, name: Namer) -> Any:
+def _live_state(settings: ExtenderSettings, config: ExtenderConfig, readings: LedgerReadings, name: Namer) -> LiveState:
     """The live watch of the cluster ``settings`` reach (:class:`~adapters.live_state.LiveState`)."""
     from adapters.live_state import LiveState
 
@@ -425,7 +428,7 @@ def _ledger_binder(
     settings: ExtenderSettings,
     source: ClusterSource | None,
     readings: LedgerReadings,
-    live: Any,
+    live: LiveState | None,
     session: Any,
     logger: Any,
 ) -> Accounting:

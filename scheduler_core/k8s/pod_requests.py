@@ -14,14 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, TypeGuard
 
-import numpy as np
-
 from scheduler_core.errors import InvalidPodError
+from scheduler_core.k8s.limits import MAX_INT32
 from scheduler_core.k8s.names import GPU_RESOURCE
 from scheduler_core.k8s.quantity import parse_quantity, parse_whole_count, plain_int, shown
-
-INT32_MAX = int(np.iinfo(np.int32).max)
-"""The largest request kube-scheduler's int32 counts hold."""
 
 
 def effective_gpu_request(spec: Mapping[str, Any]) -> int:
@@ -117,7 +113,7 @@ def requests_with_cpu(spec: Mapping[str, Any], resources: tuple[str, ...]) -> tu
 
 def _check_range(resources: tuple[str, ...], totals: list[int]) -> None:
     for resource, total in zip(resources, totals, strict=True):
-        if total > INT32_MAX:
+        if total > MAX_INT32:
             raise InvalidPodError(f"{resource}: request of {total} is out of range")
 
 
@@ -174,7 +170,7 @@ def cpu_milli(value: object, what: str) -> int:
     quantity = non_negative_quantity(value, what)
     # At most 64 characters (parse_quantity's bound), so times 1000 stays far inside Decimal's range.
     milli = int((quantity * 1000).to_integral_value(rounding="ROUND_CEILING"))
-    if milli > INT32_MAX:
+    if milli > MAX_INT32:
         raise InvalidPodError(f"{what}: {shown(value)} is out of range")
     return milli
 

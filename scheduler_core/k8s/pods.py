@@ -15,6 +15,7 @@ from typing import Any
 from scheduler_core.errors import InvalidPodError
 from scheduler_core.k8s.annotations import Peer, parse_peers
 from scheduler_core.k8s.gpu_models import normalize_model
+from scheduler_core.k8s.limits import MAX_INT32
 from scheduler_core.k8s.mig import resource_profile
 from scheduler_core.k8s.names import (
     ACCEPT_MIG_ANNOTATION,
@@ -27,7 +28,7 @@ from scheduler_core.k8s.names import (
     TERMINAL_PHASES,
 )
 from scheduler_core.k8s.node_affinity import affinity_models, required_affinity
-from scheduler_core.k8s.pod_requests import INT32_MAX, container_list, effective_requests, is_mapping
+from scheduler_core.k8s.pod_requests import container_list, effective_requests, is_mapping
 from scheduler_core.k8s.quantity import MIB, parse_quantity, plain_int, shown, unitless
 
 MAX_MODELS_CHARS = 1024
@@ -309,6 +310,6 @@ def _parse_memory_mib(value: object) -> int:
     # A minimum: round up, so "40G" (38146.97 MiB) never admits a GPU with 38146 MiB. At most 64
     # characters, with an exponent of at most 30: the quotient stays far inside Decimal's range.
     mib = int((quantity / MIB).to_integral_value(rounding="ROUND_CEILING"))
-    if mib > INT32_MAX:
+    if mib > MAX_INT32:
         raise InvalidPodError(f"{where}: {shown(value)} is out of range")
     return mib
