@@ -83,10 +83,17 @@ class GpuSchedulerStack(Stack):
         self.manifests = all_manifests(
             config.scheduler_options(self.api.url, self.network.scheduler_security_group_id),
             admission_policy=config.admission_policy,
+            stable_text=self._stable_text,
         )
         self.access = self._cluster_access(log_retention)
         acknowledge_findings(self)
         self._outputs()
+
+    def _stable_text(self, text: str) -> str:
+        """``text`` with each deploy-time token written as the CloudFormation it resolves to (``Ref`` and
+        ``Fn::GetAtt`` by logical ID), not as its placeholder, whose number changes from one synth to the
+        next: the scheduler's configuration digest then changes only with the configuration."""
+        return json.dumps(self.resolve(text), sort_keys=True)
 
     def _network(self, log_retention: logs.RetentionDays) -> SchedulerNetwork:
         """The cluster's VPC (or a demo one) with the endpoints the Lambdas need, as the context names them."""

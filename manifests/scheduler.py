@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -51,6 +51,9 @@ CONFIG_ENV = "GPU_SCHEDULER_CONFIG"
 pods onto it; ``=config.yaml`` back (docs/deploy.md#the-way-back)."""
 SECURE_PORT = 10259
 CONFIG_HASH_ANNOTATION = "gpu-scheduler.io/config-sha256"
+EXTENDER_URL_ANNOTATION = "gpu-scheduler.io/extender-url"
+"""On the scheduler's pod template beside the digest: the URL in its configuration, which the CDK app knows
+only as a deploy-time value, so that a new URL rolls the pods too."""
 _LABELS = {"app.kubernetes.io/name": SCHEDULER_NAME, "app.kubernetes.io/part-of": "eks-gpu-scheduler"}
 POD_SELECTOR = {"app.kubernetes.io/name": SCHEDULER_NAME}
 """The scheduler's pods, and only them: the Deployment's selector, its PDB's, and its SecurityGroupPolicy's
@@ -139,8 +142,16 @@ def _scheduler_rbac(namespace: str) -> list[dict[str, Any]]:
     ]
 
 
-def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
+def scheduler_manifests(
+    options: SchedulerOptions, *, stable_text: Callable[[str], str] | None = None
+) -> list[dict[str, Any]]:
     """Every document for the second scheduler, in apply order.
+
+    The pods roll when their configuration changes: the Deployment's pod template carries the digest of
+    the configurations' text and the extender's URL. ``stable_text`` maps that text to what the digest is
+    taken of: the CDK app's text holds a deploy-time URL whose placeholder changes from one synth to the
+    next, and it passes a function that writes the placeholder as the reference it stands for; the URL
+    annotation, resolved at deploy time, rolls the pods when the API's URL changes.
 
     >>> docs = scheduler_manifests(SchedulerOptions(extender_url="https://x.example/prod"))
     >>> [d["kind"] for d in docs][-3:]
@@ -150,7 +161,8 @@ def scheduler_manifests(options: SchedulerOptions) -> list[dict[str, Any]]:
     ns = options.namespace
     config_text = dump_yaml(scheduler_configuration(options))
     break_glass_text = dump_yaml(break_glass_configuration(options))
-    config_hash = hashlib.sha256((config_text + break_glass_text).encode()).hexdigest()[:16]
+    digested = config_text + break_glass_text
+    config_hash = hashlib.sha256((stable_text or str)(digested).encode()).hexdigest()[:16]
     selector = dict(POD_SELECTOR)
     return [
         *_scheduler_rbac(ns),
@@ -187,7 +199,7 @@ def _deployment(options: SchedulerOptions, config_hash: str, selector: dict[str,
                 "metadata": {
                     "labels": dict(_LABELS),
                     # kube-scheduler reads its configuration once: a new text rolls the pods.
-                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash},
+                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash, EXTENDER_URL_ANNOTATION: options.extender_url},
                 },
                 "spec": {
                     "serviceAccountName": SCHEDULER_NAME,
@@ -303,10 +315,12 @@ def scraper_rbac() -> list[dict[str, Any]]:
     ]
 
 
-def all_manifests(options: SchedulerOptions, *, admission_policy: bool = True) -> list[dict[str, Any]]:
+def all_manifests(
+    options: SchedulerOptions, *, admission_policy: bool = True, stable_text: Callable[[str], str] | None = None
+) -> list[dict[str, Any]]:
     """The Lambdas' and the scraper's RBAC, the Lambdas' admission policies (Kubernetes 1.30 or newer;
-    ``admission_policy=False`` leaves them out) and the second scheduler: everything ``gpu-scheduler.yaml``
-    holds."""
+    ``admission_policy=False`` leaves them out) and the second scheduler (:func:`scheduler_manifests`, with
+    ``stable_text``): everything ``gpu-scheduler.yaml`` holds."""
     account = f"system:serviceaccount:{options.namespace}:{SCHEDULER_NAME}"
     policies = admission_policies(sharing=options.sharing, scheduler_account=account) if admission_policy else []
     if admission_policy and options.security_group:
@@ -338,7 +352,7 @@ def all_manifests(options: SchedulerOptions, *, admission_policy: bool = True) -
         *scraper_rbac(),
         *policies,
         *reservations,
-        *scheduler_manifests(options),
+        *scheduler_manifests(options, stable_text=stable_text),
         *pools,
     ]
 

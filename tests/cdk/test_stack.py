@@ -4,10 +4,12 @@ schedules, the outputs, and the manifests the stack applies or hands the cluster
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from aws_cdk import Token
 
 from cdk.functions import VPC_ACCESS_ACTIONS
 from manifests.access import DELETION_COST, EXTENDER, NODE_STATE
@@ -416,3 +418,26 @@ def test_the_scheduler_config_command_writes_what_the_stack_applies(synth: Synth
     )
     assert list(yaml.safe_load_all(out.read_text())) == expected
     assert [d["kind"] for d in expected] == [d["kind"] for d in stack.manifests]
+
+
+def test_the_scheduler_pods_roll_when_their_configuration_changes_and_only_then(
+    package_dir: Path, tmp_path: Path
+) -> None:
+    """The digest on the pod template is taken with the API's URL written as the reference it resolves to,
+    not as its placeholder, whose number changes from one synth to the next: two synths of one context give
+    one digest (every deploy rolled the scheduler before), another weight another; and the URL itself rides
+    on the template, resolved at deploy, so a new API rolls the pods too."""
+    from cdk.app import build_app
+    from manifests.scheduler import CONFIG_HASH_ANNOTATION, EXTENDER_URL_ANNOTATION
+
+    context = {"clusterName": "gpu-prod", "packageDir": str(package_dir), **APPLIED_WITH_SHARING}
+
+    def template(**more: Any) -> tuple[dict[str, str], Any]:
+        _, stack = build_app({**context, **more}, str(tmp_path / f"out{len(list(tmp_path.iterdir()))}"))
+        (deployment,) = [doc for doc in stack.manifests if doc["kind"] == "Deployment"]
+        return deployment["spec"]["template"]["metadata"]["annotations"], stack
+
+    (first, stack), (second, _) = template(), template()
+    assert first[CONFIG_HASH_ANNOTATION] == second[CONFIG_HASH_ANNOTATION]
+    assert first[EXTENDER_URL_ANNOTATION] == stack.api.url and Token.is_unresolved(first[EXTENDER_URL_ANNOTATION])
+    assert template(extenderWeight="7")[0][CONFIG_HASH_ANNOTATION] != first[CONFIG_HASH_ANNOTATION]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from cdk.prometheus import scrape_configuration
 from gpu_scheduler.cli import main
 from manifests.scheduler import (
     CONFIG_HASH_ANNOTATION,
+    EXTENDER_URL_ANNOTATION,
     SCRAPER_USER,
     all_manifests,
     render_yaml,
@@ -51,6 +53,28 @@ def test_the_configmap_carries_the_same_configuration_and_the_pods_roll_when_it_
 
     assert config_hash(plain) == config_hash(scheduler_manifests(SchedulerOptions(extender_url=URL)))
     assert config_hash(plain) != config_hash(scheduler_manifests(SchedulerOptions(extender_url=URL, weight=6)))
+
+
+def test_the_digest_is_of_what_stable_text_makes_of_the_configuration_and_the_url_rides_beside_it() -> None:
+    """The CDK app's URL is a token whose placeholder changes per synth: ``stable_text`` writes it as what it
+    stands for, so only the configuration moves the digest; the URL annotation rolls the pods on a new URL."""
+
+    def annotations(host: str) -> dict[str, str]:
+        stable = partial(re.sub, re.escape(host), "HOST")
+        (deployment,) = _by_kind(
+            scheduler_manifests(SchedulerOptions(extender_url=f"https://{host}/v1"), stable_text=stable), "Deployment"
+        )
+        found: dict[str, str] = deployment["spec"]["template"]["metadata"]["annotations"]
+        return found
+
+    first, second = annotations("a.example"), annotations("b.example")
+    assert first[CONFIG_HASH_ANNOTATION] == second[CONFIG_HASH_ANNOTATION]
+    assert (first[EXTENDER_URL_ANNOTATION], second[EXTENDER_URL_ANNOTATION]) == (
+        "https://a.example/v1",
+        "https://b.example/v1",
+    )
+    plain = _by_kind(scheduler_manifests(SchedulerOptions(extender_url="https://a.example/v1")), "Deployment")[0]
+    assert plain["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] != first[CONFIG_HASH_ANNOTATION]
 
 
 @pytest.mark.parametrize(
