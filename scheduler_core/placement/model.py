@@ -104,14 +104,16 @@ class Cluster:
             return np.ones(len(self.models), dtype=bool)
         return np.asarray([m in allowed for m in self.models], dtype=bool)
 
-    def feasible(self, task: Task) -> npt.NDArray[np.bool_]:
-        """Shape (n_nodes,): CPU and memory fit, and (for a GPU task) an allowed model with at least
-        ``num_gpu`` GPUs that each have ``gpu_milli`` free."""
-        ok = (self.cpu_left >= task.cpu) & (self.mem_left >= task.mem)
+    def feasible(self, task: Task, rows: npt.NDArray[np.intp] | None = None) -> npt.NDArray[np.bool_]:
+        """Shape (n_nodes,), or that of ``rows`` when given (those nodes only): CPU and memory fit, and (for
+        a GPU task) an allowed model with at least ``num_gpu`` GPUs that each have ``gpu_milli`` free."""
+        at = slice(None) if rows is None else rows
+        ok = (self.cpu_left[at] >= task.cpu) & (self.mem_left[at] >= task.mem)
         if task.num_gpu == 0:
             return ok
-        fitting = (self.gpu_left >= task.gpu_milli).sum(axis=1)
-        result: npt.NDArray[np.bool_] = ok & (fitting >= task.num_gpu) & self.model_mask(task.models)[self.model_id]
+        fitting = (self.gpu_left[at] >= task.gpu_milli).sum(axis=1)
+        allowed = self.model_mask(task.models)[self.model_id[at]]
+        result: npt.NDArray[np.bool_] = ok & (fitting >= task.num_gpu) & allowed
         return result
 
     def place(self, node: int, task: Task, gpus: Sequence[int]) -> None:
@@ -122,6 +124,21 @@ class Cluster:
             if self.gpu_left[node, gpu] < task.gpu_milli:
                 raise ValueError(f"GPU {gpu} of node {node} has {self.gpu_left[node, gpu]} milli, not {task.gpu_milli}")
             self.gpu_left[node, gpu] -= task.gpu_milli
+
+    def release(self, node: int, task: Task, gpus: Sequence[int]) -> None:
+        """Give back what :meth:`place` took for ``task`` on ``node`` (GPUs ``gpus``): the task moved or left.
+
+        >>> cluster = Cluster.build([4000], [1024], [1], ["T4"])
+        >>> cluster.place(0, Task(1000, 256, 1, 500), [0]); cluster.release(0, Task(1000, 256, 1, 500), [0])
+        >>> int(cluster.cpu_left[0]), int(cluster.mem_left[0]), int(cluster.gpu_left[0, 0])
+        (4000, 1024, 1000)
+        """
+        self.cpu_left[node] += task.cpu
+        self.mem_left[node] += task.mem
+        for gpu in gpus:
+            if self.gpu_left[node, gpu] + task.gpu_milli > MILLI_PER_GPU:
+                raise ValueError(f"GPU {gpu} of node {node} has {self.gpu_left[node, gpu]} milli free already")
+            self.gpu_left[node, gpu] += task.gpu_milli
 
 
 def whole_gpus(left_row: npt.NDArray[np.int64], task: Task) -> list[int]:

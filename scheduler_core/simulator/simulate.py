@@ -42,6 +42,7 @@ from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.placement.model import Cluster, Task, Workload, whole_gpus
 from scheduler_core.placement.policies import Context, Scorer, registry
 from scheduler_core.placement.policies.gpu_clustering import task_class
+from scheduler_core.simulator.moves import Placed, plan_moves
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,13 @@ class SimResult:
     tasks: int
     failed: int
     seconds: float
+    moves: int = 0
+    """Running tasks re-placed so that a blocked one fits (``simulate(..., moves=K)``; :mod:`.moves`)."""
+
+    @property
+    def moves_per_1000(self) -> float:
+        """Moves per 1,000 arrivals."""
+        return 1000.0 * self.moves / self.tasks if self.tasks else 0.0
 
     def at(self, curve: str, arrived: int) -> float:
         """``curve``'s value once ``arrived`` % of the capacity has arrived: at that percent, or, where no
@@ -134,7 +142,7 @@ class Recorder:
         self.capacity = self.state.total_gpus * MILLI_PER_GPU
         self._frag_total = float(self.frag.sum())
         self._arrived = self._allocated = 0
-        self.failed = 0
+        self.failed = self.moves = 0
         self._rows: list[tuple[int, float, float, float]] = []  # arrived %, allocated %, frag amount, frag ratio
 
     def arrive(self, task: Task, node: int | None, gpus: Sequence[int] = ()) -> None:
@@ -143,18 +151,44 @@ class Recorder:
         if node is None:
             self.failed += 1
         else:
-            state = self.state
-            state.place(node, task, list(gpus))
-            self._allocated += task.gpu_demand
-            row = slice(node, node + 1)
-            new = float(self.workload.fragmentation(state.gpu_left[row], state.cpu_left[row], state.model_id[row])[0])
-            self._frag_total += new - self.frag[node]
-            self.frag[node] = new
+            self.take(node, task, gpus)
         idle = self.capacity - self._allocated
         self._rows.append((
             round(100 * self._arrived / self.capacity), 100 * self._allocated / self.capacity,
             100 * self._frag_total / self.capacity, 100 * self._frag_total / idle if idle else 0.0,
         ))  # fmt: skip
+
+    def take(self, node: int, task: Task, gpus: Sequence[int]) -> None:
+        """``task`` placed on ``node``, on GPUs ``gpus`` (its resources taken, the node's fragmentation
+        updated); :meth:`arrive` logs it, :func:`~scheduler_core.simulator.churn.churn` does not."""
+        self.state.place(node, task, list(gpus))
+        self._allocated += task.gpu_demand
+        self._refragment(node)
+
+    def leave(self, node: int, task: Task, gpus: Sequence[int]) -> None:
+        """A running task ended: what :meth:`take` took is given back."""
+        self.state.release(node, task, list(gpus))
+        self._allocated -= task.gpu_demand
+        self._refragment(node)
+
+    def move(self, task: Task, src: int, src_gpus: Sequence[int], dst: int, dst_gpus: Sequence[int]) -> None:
+        """A running task re-placed: off ``src`` (GPUs ``src_gpus``), onto ``dst`` (``dst_gpus``). Nothing
+        arrives, and the allocation stays; both nodes' fragmentation changes."""
+        self.state.release(src, task, list(src_gpus))
+        self._refragment(src)
+        self.moves += 1
+        self.state.place(dst, task, list(dst_gpus))
+        self._refragment(dst)
+
+    def context(self, rng: np.random.Generator) -> Context:
+        """What a policy reads: this state, workload and fragmentation (kept current here)."""
+        return Context(self.state, self.workload, self.frag, rng, [set() for _ in range(self.state.n_nodes)])
+
+    def _refragment(self, node: int) -> None:
+        state, row = self.state, slice(node, node + 1)
+        new = float(self.workload.fragmentation(state.gpu_left[row], state.cpu_left[row], state.model_id[row])[0])
+        self._frag_total += new - self.frag[node]
+        self.frag[node] = new
 
     def result(self, policy: str, seed: int, seconds: float) -> SimResult:
         keys = np.array([r[0] for r in self._rows], dtype=np.int64)
@@ -168,54 +202,99 @@ class Recorder:
             tasks=len(self._rows),
             failed=self.failed,
             seconds=seconds,
+            moves=self.moves,
         )
 
 
 def simulate(
     cluster: Cluster, tasks: Sequence[Task], policy: str | Scorer, seed: int, *, tune: float = 1.3,
     workload: Workload | None = None, tie: str = "shuffled", arrived_pct: float | None = None,
-    tie_order: int | None = None,
+    tie_order: int | None = None, moves: int = 0,
 ) -> SimResult:  # fmt: skip
     """Run the protocol once (up to ``arrived_pct`` % arrived, when given); ``cluster`` is not modified.
 
     ``tie_order`` draws the shuffled tie order from its own generator (``[seed, tie_order]``) instead of
     the seed's, after the task order: the same tasks in the same order, under another tie order.
+    ``moves``: a task that fits nowhere may have up to that many running tasks re-placed so that it does
+    (:mod:`scheduler_core.simulator.moves`); 0, the protocol's, never moves one.
     """
     started = time.perf_counter()
     if tie not in TIES:
         raise ValueError(f"tie must be one of {', '.join(TIES)}, got {tie!r}")
+    if isinstance(moves, bool) or not isinstance(moves, int) or moves < 0:
+        raise ValueError(f"moves must be a whole number of at least 0, got {moves!r}")
     check_trace(cluster, tasks)
     scorer = registry()[policy].incremental() if isinstance(policy, str) else policy
     name = policy if isinstance(policy, str) else getattr(policy, "__module__", "custom")
     rng = np.random.default_rng(seed)
     recorder = Recorder(cluster, tasks, workload)
     state = recorder.state
-    ctx = Context(state, recorder.workload, recorder.frag, rng, [set() for _ in range(state.n_nodes)])
+    ctx = recorder.context(rng)
     order = tune_order(tasks, state.total_gpus, tune, rng)
     ties = rng if tie_order is None else np.random.default_rng([seed, tie_order])
     rank = ties.permutation(state.n_nodes) if tie == "shuffled" else np.arange(state.n_nodes)
     if arrived_pct is not None:
         order = until(order, tasks, state.total_gpus, arrived_pct)
-    for index in order:
+
+    choose = Chooser(scorer, ctx, tie, rank)
+
+    placed = Placed(state.n_nodes) if moves else None
+    for arrival, index in enumerate(order):
         task = tasks[index]
         nodes = np.nonzero(state.feasible(task))[0]
+        if nodes.size == 0 and placed is not None:
+            nodes = make_room(ctx, placed, recorder, task, moves)
         if nodes.size == 0:
             recorder.arrive(task, None)
             continue
-        scores, gpus = scorer(ctx, task, nodes)
-        top = np.nonzero(scores == scores.max())[0]
-        if top.shape[0] == 1:
-            pick = int(top[0])
-        elif tie == "random":
-            pick = int(top[rng.integers(top.shape[0])])
-        else:
-            pick = int(top[np.argmin(rank[nodes[top]])])
-        node = int(nodes[pick])
-        chosen = [int(gpus[pick])] if task.sharing else whole_gpus(state.gpu_left[node], task)
+        node, chosen = choose(task, nodes)
         recorder.arrive(task, node, chosen)
+        if placed is not None:
+            placed.add(arrival, node, task, tuple(chosen))
         if task.num_gpu:
             ctx.classes[node].add(task_class(task))
     return recorder.result(name, seed, time.perf_counter() - started)
+
+
+@dataclass
+class Chooser:
+    """The policy's node among the feasible ones, ties broken by the run's rule (``tie``: the node first in
+    ``rank``, or one at random), and the GPUs the task takes there."""
+
+    scorer: Scorer
+    ctx: Context
+    tie: str
+    rank: npt.NDArray[np.intp]
+
+    def __call__(self, task: Task, nodes: npt.NDArray[np.intp]) -> tuple[int, list[int]]:
+        scores, gpus = self.scorer(self.ctx, task, nodes)
+        top = np.nonzero(scores == scores.max())[0]
+        if top.shape[0] == 1:
+            pick = int(top[0])
+        elif self.tie == "random":
+            pick = int(top[self.ctx.rng.integers(top.shape[0])])
+        else:
+            pick = int(top[np.argmin(self.rank[nodes[top]])])
+        node = int(nodes[pick])
+        return node, [int(gpus[pick])] if task.sharing else whole_gpus(self.ctx.cluster.gpu_left[node], task)
+
+
+def make_room(ctx: Context, placed: Placed, recorder: Recorder, task: Task, budget: int) -> npt.NDArray[np.intp]:
+    """Carry out the cheapest plan of at most ``budget`` moves after which ``task`` fits
+    (:func:`~scheduler_core.simulator.moves.plan_moves`); the node it then fits on as the only candidate,
+    or none."""
+    plan = plan_moves(ctx.cluster, placed, recorder.workload, task, budget)
+    if plan is None:
+        return np.zeros(0, dtype=np.intp)
+    for move in plan.moves:
+        placed.take(move.arrival)
+        recorder.move(move.task, move.src, move.src_gpus, move.dst, move.dst_gpus)
+        placed.add(move.arrival, move.dst, move.task, move.dst_gpus)
+        if move.task.num_gpu:
+            ctx.classes[move.dst].add(task_class(move.task))
+    if not ctx.cluster.feasible(task)[plan.target]:  # the plan was made on a copy of this very state
+        raise AssertionError(f"a plan of {len(plan.moves)} moves left the task unfit for node {plan.target}")
+    return np.array([plan.target], dtype=np.intp)
 
 
 def _bucket_mean(keys: npt.NDArray[np.int64], values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

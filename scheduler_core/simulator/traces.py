@@ -76,6 +76,19 @@ def read_tasks(path: str | Path) -> list[Task]:
     return tasks
 
 
+def read_times(path: str | Path) -> list[tuple[int, int]]:
+    """Per task, in :func:`read_tasks`'s order: ``(creation_time, deletion_time)`` in seconds, for
+    :func:`~scheduler_core.simulator.churn.churn`. The ``multigpu*`` traces have no times: refused, by name."""
+    rows = _rows(path, ("creation_time", "deletion_time"))
+    times = []
+    for line, row in enumerate(rows, start=2):
+        created, deleted = (_count(row, column, path, line) for column in ("creation_time", "deletion_time"))
+        if deleted < created:
+            raise InvalidArgsError(f"{path}:{line}: deletion_time {deleted} is before creation_time {created}")
+        times.append((created, deleted))
+    return times
+
+
 def _rows(path: str | Path, needed: tuple[str, ...]) -> list[dict[str, str]]:
     try:
         with open(path, newline="") as handle:
