@@ -10,18 +10,47 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+Number = TypeVar("Number", int, float)
 
 
 def int_list(text: str) -> list[int]:
     """``1000,10000``: positive integers (an argparse ``type``)."""
+    return _numbers(text, int, lambda v: v > 0, "positive integers")
+
+
+def count_list(text: str) -> list[int]:
+    """``0,1,2,4``: whole numbers of at least 0 (an argparse ``type``)."""
+    return _numbers(text, int, lambda v: v >= 0, "whole numbers of at least 0")
+
+
+def fraction_list(text: str) -> list[float]:
+    """``0.95,0.97``: numbers above 0 (an argparse ``type``; ``nan`` is not)."""
+    return _numbers(text, float, lambda v: v > 0, "numbers above 0")
+
+
+def _numbers(text: str, kind: Callable[[str], Number], ok: Callable[[Number], bool], what: str) -> list[Number]:
+    """A comma list of ``kind``, each ``ok``: :class:`argparse.ArgumentTypeError` saying ``what`` otherwise."""
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = [kind(part) for part in text.split(",") if part.strip()]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from exc
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a comma list of {what}, got {text!r}") from exc
+    if not values or not all(ok(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return values
+
+
+def _moves(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.moves import run_moves
+
+    return run_moves(args.traces, args.seeds, args.K, args.jobs)
+
+
+def _churn(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.moves import run_churn
+
+    return run_churn(args.trace, args.seeds, args.loads, args.K, args.jobs)
 
 
 def _extender(args: argparse.Namespace) -> dict[str, Any]:
@@ -250,6 +279,24 @@ def _add_placement_suites(suite: AddSuite) -> None:
         "--plugins", default="most_allocated,balanced_allocation", help="comma list of the score plugins that act"
     )
     ks.add_argument("--jobs", type=int, default=2)
+    mv = suite("moves", _moves, "the FGD protocol with a move budget K: unallocated GPU % and moves per 1,000")
+    mv.add_argument(
+        "--traces", default="public", help="public (with released results), unreleased, all or a comma list"
+    )
+    mv.add_argument("--seeds", type=int, default=10, help="seeds 42, 43, ...")
+    mv.add_argument("--K", type=count_list, default=[0, 1, 2, 4], help="comma list of move budgets")
+    mv.add_argument("--jobs", type=int, default=2)
+    ch = suite("churn", _churn, "tasks arriving and ending at the trace's times: who waited, with and without moves")
+    ch.add_argument("--trace", default="default", help="an openb trace with times (not multigpu*)")
+    ch.add_argument("--seeds", type=int, default=3, help="seeds 42, 43, ... (they break ties)")
+    ch.add_argument(
+        "--loads",
+        type=fraction_list,
+        default=[0.95, 0.97],
+        help="comma list: the busiest moment's demand, as a multiple of the GPUs, that the arrivals are compressed to",
+    )
+    ch.add_argument("--K", type=count_list, default=[0, 1, 2, 4], help="comma list of move budgets")
+    ch.add_argument("--jobs", type=int, default=2)
 
 
 def _add_deployment_suites(suite: AddSuite) -> None:
