@@ -38,7 +38,7 @@ from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.placement.model import Cluster, Task, Workload
 from scheduler_core.placement.policies import registry
 from scheduler_core.placement.policies.gpu_clustering import task_class
-from scheduler_core.simulator.moves import Placed
+from scheduler_core.simulator.moves import Placed, check_budget
 from scheduler_core.simulator.simulate import Chooser, Recorder, check_trace, make_room
 
 MAX_WAITING_TRIES = 64
@@ -128,8 +128,7 @@ def churn(
     started = time.perf_counter()
     if len(times) != len(tasks):
         raise InvalidArgsError(f"{len(times)} (creation, deletion) times for {len(tasks)} tasks")
-    if isinstance(moves, bool) or not isinstance(moves, int) or moves < 0:
-        raise InvalidArgsError(f"moves must be a whole number of at least 0, got {moves!r}")
+    check_budget(moves)
     check_trace(cluster, tasks)
     recorder = Recorder(cluster, tasks, workload)
     factor = compression_for(tasks, times, recorder.capacity, load)

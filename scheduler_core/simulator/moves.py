@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from scheduler_core.errors import InvalidArgsError
 from scheduler_core.placement.model import Cluster, Task, Workload
 from scheduler_core.placement.policies.base import CPU_NORM
 
@@ -178,6 +179,12 @@ def _short_one(task: Task, gpu_left: list[int], cpu_left: int, mem_left: int) ->
         roomiest = sorted((min(left, task.gpu_milli) for left in gpu_left), reverse=True)[: task.num_gpu]
         gpus = (task.num_gpu * task.gpu_milli - sum(roomiest)) / 1000.0
     return gpus, max(task.cpu - cpu_left, 0) / CPU_NORM + max(task.mem - mem_left, 0) / MEM_NORM
+
+
+def check_budget(moves: object) -> None:
+    """A move budget is a whole number of at least 0: :class:`InvalidArgsError` naming it otherwise."""
+    if isinstance(moves, bool) or not isinstance(moves, int) or moves < 0:
+        raise InvalidArgsError(f"moves must be a whole number of at least 0, got {moves!r}")
 
 
 def plan_moves(cluster: Cluster, placed: Placed, workload: Workload, task: Task, budget: int) -> Plan | None:

@@ -42,7 +42,7 @@ from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.placement.model import Cluster, Task, Workload, whole_gpus
 from scheduler_core.placement.policies import Context, Scorer, registry
 from scheduler_core.placement.policies.gpu_clustering import task_class
-from scheduler_core.simulator.moves import Placed, plan_moves
+from scheduler_core.simulator.moves import Placed, check_budget, plan_moves
 
 
 @dataclass(frozen=True)
@@ -174,11 +174,9 @@ class Recorder:
     def move(self, task: Task, src: int, src_gpus: Sequence[int], dst: int, dst_gpus: Sequence[int]) -> None:
         """A running task re-placed: off ``src`` (GPUs ``src_gpus``), onto ``dst`` (``dst_gpus``). Nothing
         arrives, and the allocation stays; both nodes' fragmentation changes."""
-        self.state.release(src, task, list(src_gpus))
-        self._refragment(src)
+        self.leave(src, task, src_gpus)
+        self.take(dst, task, dst_gpus)
         self.moves += 1
-        self.state.place(dst, task, list(dst_gpus))
-        self._refragment(dst)
 
     def context(self, rng: np.random.Generator) -> Context:
         """What a policy reads: this state, workload and fragmentation (kept current here)."""
@@ -221,8 +219,7 @@ def simulate(
     started = time.perf_counter()
     if tie not in TIES:
         raise ValueError(f"tie must be one of {', '.join(TIES)}, got {tie!r}")
-    if isinstance(moves, bool) or not isinstance(moves, int) or moves < 0:
-        raise ValueError(f"moves must be a whole number of at least 0, got {moves!r}")
+    check_budget(moves)
     check_trace(cluster, tasks)
     scorer = registry()[policy].incremental() if isinstance(policy, str) else policy
     name = policy if isinstance(policy, str) else getattr(policy, "__module__", "custom")
