@@ -1,7 +1,7 @@
 """``gpu-scheduler bench moves`` and ``bench churn``: what moving running tasks buys on openb.
 
 ``moves``: FGD's protocol with our policy (``fgd_cpu``) and a move budget ``K``
-(:mod:`scheduler_core.simulator.moves`), up to 100 % arrived, per trace, seed and ``K``: unallocated
+(:mod:`scheduler_core.placement.moves`), up to 100 % arrived, per trace, seed and ``K``: unallocated
 GPU % at 100 % arrived, moves per 1,000 arrivals and the run's seconds; per trace, the mean over the
 seeds beside FGD's released mean. ``K = 0`` is ``simulate`` as ``make bench-quality`` runs it.
 

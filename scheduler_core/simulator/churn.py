@@ -3,7 +3,7 @@
 :func:`~scheduler_core.simulator.simulate.simulate` runs FGD's protocol: arrivals only, and a task that
 fits nowhere is dropped. A real cluster is not like that: pods end, their GPUs come free in pieces, and a
 pod that fits nowhere waits in the queue until something ends (or, with moves, until a few running pods
-are re-placed to make room: :mod:`scheduler_core.simulator.moves`). :func:`churn` replays that:
+are re-placed to make room: :mod:`scheduler_core.placement.moves`). :func:`churn` replays that:
 
 - each task arrives at its ``creation_time`` and runs for ``deletion_time - creation_time`` (at least
   one second) once placed; the tasks are placed by the policy, in arrival order, ties by the seed's node
@@ -38,7 +38,7 @@ from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.placement.model import Cluster, Task, Workload
 from scheduler_core.placement.policies import registry
 from scheduler_core.placement.policies.gpu_clustering import task_class
-from scheduler_core.simulator.moves import Placed, check_budget
+from scheduler_core.placement.moves import Placed, check_budget
 from scheduler_core.simulator.simulate import Chooser, Recorder, check_trace, make_room
 
 MAX_WAITING_TRIES = 64

@@ -42,7 +42,7 @@ from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.placement.model import Cluster, Task, Workload, whole_gpus
 from scheduler_core.placement.policies import Context, Scorer, registry
 from scheduler_core.placement.policies.gpu_clustering import task_class
-from scheduler_core.simulator.moves import Placed, check_budget, plan_moves
+from scheduler_core.placement.moves import Placed, check_budget, plan_moves
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ def simulate(
     ``tie_order`` draws the shuffled tie order from its own generator (``[seed, tie_order]``) instead of
     the seed's, after the task order: the same tasks in the same order, under another tie order.
     ``moves``: a task that fits nowhere may have up to that many running tasks re-placed so that it does
-    (:mod:`scheduler_core.simulator.moves`); 0, the protocol's, never moves one.
+    (:mod:`scheduler_core.placement.moves`); 0, the protocol's, never moves one.
     """
     started = time.perf_counter()
     if tie not in TIES:
@@ -278,7 +278,7 @@ class Chooser:
 
 def make_room(ctx: Context, placed: Placed, recorder: Recorder, task: Task, budget: int) -> npt.NDArray[np.intp]:
     """Carry out the cheapest plan of at most ``budget`` moves after which ``task`` fits
-    (:func:`~scheduler_core.simulator.moves.plan_moves`); the node it then fits on as the only candidate,
+    (:func:`~scheduler_core.placement.moves.plan_moves`); the node it then fits on as the only candidate,
     or none."""
     plan = plan_moves(ctx.cluster, placed, recorder.workload, task, budget)
     if plan is None:

@@ -30,7 +30,7 @@ protocol does not: which tasks run on which node, on which GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,15 +67,38 @@ class Move:
 
 @dataclass(frozen=True)
 class Plan:
-    """Moves, in order, after which the blocked task fits on ``target``."""
+    """Moves, in order, after which the blocked task fits on ``target``; ``weight`` is the sum of the moved
+    tasks' costs (:class:`Rules`; 0 in the simulator, which gives none)."""
 
     target: int
     moves: tuple[Move, ...]
+    weight: float = 0.0
 
     @property
-    def cost(self) -> tuple[int, int]:
-        """Tasks moved, then GPU-milli moved: what :func:`plan_moves` minimises."""
-        return len(self.moves), sum(move.task.gpu_demand for move in self.moves)
+    def cost(self) -> tuple[int, float, int]:
+        """Tasks moved, then their costs, then GPU-milli moved: what :func:`plan_moves` minimises."""
+        return len(self.moves), self.weight, sum(move.task.gpu_demand for move in self.moves)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a real cluster adds to a plan (the product's consolidator; the simulator gives none).
+
+    ``costs``: a running task's cost of moving (the product: its pod's deletion cost), minimised after
+    the number of moves. ``where``: the nodes a running task may go to (its taints, node affinity,
+    cordons), shape (n_nodes,); a task not in it may go wherever it fits. ``targets``: the nodes the
+    blocked task may go to, None for all.
+    """
+
+    costs: Mapping[int, float] = field(default_factory=dict)
+    where: Mapping[int, npt.NDArray[np.bool_]] = field(default_factory=dict)
+    targets: npt.NDArray[np.bool_] | None = None
+
+    def cost(self, arrival: int) -> float:
+        return self.costs.get(arrival, 0.0)
+
+
+NO_RULES = Rules()
 
 
 class Placed:
@@ -117,6 +140,7 @@ class _Scratch:
     placed: Placed
     workload: Workload
     fits: _Fits
+    rules: Rules = NO_RULES
     touched: dict[int, Running] = field(default_factory=dict)
     moves: list[Move] = field(default_factory=list)
 
@@ -125,9 +149,13 @@ class _Scratch:
 
     def copy(self) -> _Scratch:
         return _Scratch(
-            self.cluster.copy(), self.placed, self.workload, self.fits,
+            self.cluster.copy(), self.placed, self.workload, self.fits, self.rules,
             {node: dict(tasks) for node, tasks in self.touched.items()}, list(self.moves),
         )  # fmt: skip
+
+    @property
+    def weight(self) -> float:
+        return sum(self.rules.cost(move.arrival) for move in self.moves)
 
     def move(self, arrival: int, src: int, dst: int, dst_gpus: tuple[int, ...]) -> None:
         task, gpus = self.running(src)[arrival]
@@ -137,15 +165,19 @@ class _Scratch:
         self.cluster.place(dst, task, dst_gpus)
         self.moves.append(Move(arrival, task, src, gpus, dst, dst_gpus))
 
-    def fitting(self, task: Task, excluded: frozenset[int]) -> npt.NDArray[np.intp]:
-        """The nodes ``task`` fits on now, outside ``excluded``: the start's answer, with the nodes
-        this plan touched asked again."""
+    def fitting(
+        self, task: Task, excluded: frozenset[int], allowed: npt.NDArray[np.bool_] | None = None
+    ) -> npt.NDArray[np.intp]:
+        """The nodes ``task`` fits on now, outside ``excluded`` and inside ``allowed`` (all when None): the
+        start's answer, with the nodes this plan touched asked again."""
         fits = self.fits.base(task).copy()
         if self.touched:
             nodes = np.fromiter(self.touched, dtype=np.intp)
             fits[nodes] = self.cluster.feasible(task, nodes)
         if excluded:
             fits[list(excluded)] = False
+        if allowed is not None:
+            fits &= allowed
         return np.flatnonzero(fits)
 
 
@@ -187,15 +219,18 @@ def check_budget(moves: object) -> None:
         raise InvalidArgsError(f"moves must be a whole number of at least 0, got {moves!r}")
 
 
-def plan_moves(cluster: Cluster, placed: Placed, workload: Workload, task: Task, budget: int) -> Plan | None:
+def plan_moves(
+    cluster: Cluster, placed: Placed, workload: Workload, task: Task, budget: int, rules: Rules = NO_RULES
+) -> Plan | None:
     """The cheapest plan of at most ``budget`` moves after which ``task`` fits on one node, or None (see
-    the module docstring). ``cluster`` and ``placed`` are not changed."""
+    the module docstring), under ``rules`` (none in the simulator). ``cluster`` and ``placed`` are not
+    changed."""
     best: Plan | None = None
     fits = _Fits(cluster)
-    for target in _targets(cluster, task, frozenset()):
-        scratch = _Scratch(cluster.copy(), placed, workload, fits)
+    for target in _targets(cluster, task, frozenset(), allowed=rules.targets):
+        scratch = _Scratch(cluster.copy(), placed, workload, fits, rules)
         if _free(scratch, task, target, budget, frozenset({target}), deeper=True):
-            plan = Plan(target, tuple(scratch.moves))
+            plan = Plan(target, tuple(scratch.moves), scratch.weight)
             if best is None or plan.cost < best.cost:
                 best = plan
                 if plan.cost[0] <= 1:
@@ -203,11 +238,19 @@ def plan_moves(cluster: Cluster, placed: Placed, workload: Workload, task: Task,
     return best
 
 
-def _targets(cluster: Cluster, task: Task, excluded: frozenset[int], most: int = TARGETS) -> Iterator[int]:
-    """The nodes a plan is looked for on, nearest to fitting first."""
-    allowed = cluster.model_mask(task.models)[cluster.model_id] & (cluster.gpu_count >= task.num_gpu)
-    allowed[list(excluded)] = False
-    rows = np.flatnonzero(allowed)
+def _targets(
+    cluster: Cluster,
+    task: Task,
+    excluded: frozenset[int],
+    most: int = TARGETS,
+    allowed: npt.NDArray[np.bool_] | None = None,
+) -> Iterator[int]:
+    """The nodes a plan is looked for on (inside ``allowed``, all when None), nearest to fitting first."""
+    where = cluster.model_mask(task.models)[cluster.model_id] & (cluster.gpu_count >= task.num_gpu)
+    if allowed is not None:
+        where &= allowed
+    where[list(excluded)] = False
+    rows = np.flatnonzero(where)
     gpus, rest = shortfall(task, cluster.gpu_left[rows], cluster.cpu_left[rows], cluster.mem_left[rows])
     for row in rows[np.lexsort((rest, gpus))[:most]].tolist():
         yield int(row)
@@ -246,21 +289,22 @@ def _helpful(scratch: _Scratch, task: Task, node: int, short: tuple[float, float
             after[gpu] += other.gpu_milli
         key = _short_one(task, after, cpu_left + other.cpu, mem_left + other.mem)
         if key < short:
-            ranked.append((key, other.gpu_demand, other.cpu, arrival))
-    return [entry[3] for entry in sorted(ranked)[:CANDIDATES]]
+            ranked.append((key, scratch.rules.cost(arrival), other.gpu_demand, other.cpu, arrival))
+    return [entry[-1] for entry in sorted(ranked)[:CANDIDATES]]
 
 
 def _rehome(scratch: _Scratch, arrival: int, src: int, budget: int, excluded: frozenset[int], *, deeper: bool) -> bool:
     """Move task ``arrival`` off ``src``: where it fits now (outside ``excluded``), else, ``deeper``, onto a
     node first freed for it by moves of its own. Whether it went."""
     task, _ = scratch.running(src)[arrival]
-    dst = _destination(scratch, task, excluded | {src})
+    allowed = scratch.rules.where.get(arrival)
+    dst = _destination(scratch, task, excluded | {src}, allowed)
     if dst is not None:
         scratch.move(arrival, src, *dst)
         return True
     if not deeper or len(scratch.moves) + 2 > budget:
         return False
-    for node in _targets(scratch.cluster, task, excluded | {src}, DEEPER_TARGETS):
+    for node in _targets(scratch.cluster, task, excluded | {src}, DEEPER_TARGETS, allowed):
         trial = scratch.copy()
         if _free(trial, task, node, budget - 1, excluded | {src, node}, deeper=False):
             gpus = _gpus(trial.cluster, task, node)
@@ -270,10 +314,12 @@ def _rehome(scratch: _Scratch, arrival: int, src: int, budget: int, excluded: fr
     return False
 
 
-def _destination(scratch: _Scratch, task: Task, excluded: frozenset[int]) -> tuple[int, tuple[int, ...]] | None:
-    """Where ``task`` goes: among the nodes it fits on, outside ``excluded``, the one whose fragmentation
-    it raises least (the lowest index on a tie); None if it fits nowhere."""
-    rows = scratch.fitting(task, excluded)
+def _destination(
+    scratch: _Scratch, task: Task, excluded: frozenset[int], allowed: npt.NDArray[np.bool_] | None = None
+) -> tuple[int, tuple[int, ...]] | None:
+    """Where ``task`` goes: among the nodes it fits on, outside ``excluded`` and inside ``allowed``, the one
+    whose fragmentation it raises least (the lowest index on a tie); None if it fits nowhere."""
+    rows = scratch.fitting(task, excluded, allowed)
     if rows.size == 0:
         return None
     c = scratch.cluster

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from scheduler_core.placement.model import Cluster, Task, Workload
-from scheduler_core.simulator.moves import Move, Placed, plan_moves
+from scheduler_core.placement.moves import Move, Placed, plan_moves
 from scheduler_core.simulator.simulate import simulate
 from scheduler_core.simulator.traces import synthetic_trace
 
@@ -50,7 +50,7 @@ def test_one_move_puts_two_shares_on_one_gpu_and_frees_the_other() -> None:
     assert plan is not None and len(plan.moves) == 1
     move = plan.moves[0]
     assert (move.arrival, move.src, move.dst, plan.target) == (1, 1, 0, 1)  # the smaller share joins the other
-    assert plan.cost == (1, 400)
+    assert plan.cost == (1, 0.0, 400)
     assert _fits_after(cluster, plan.moves, WHOLE, plan.target)
     # planning changes nothing
     assert (cluster.gpu_left == before[0]).all() and (cluster.cpu_left == before[1]).all()
