@@ -327,7 +327,30 @@ class KubeClient(KubeTransport):
 
         return self._json(client.AppsV1Api(self.api_client).read_namespaced_deployment, name, namespace)
 
+    def list_disruption_budgets(self) -> list[dict[str, Any]]:
+        """Every PodDisruptionBudget (``policy/v1``) of the cluster, in one list."""
+        from kubernetes import client
+
+        api = client.PolicyV1Api(self.api_client)
+        page = self._json(api.list_pod_disruption_budget_for_all_namespaces)
+        return list(page.get("items") or [])
+
     # -- writes --
+    def evict_pod(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
+        """POST the pod's ``eviction`` subresource (``policy/v1``), as ``kubectl drain`` does: the API server
+        deletes the pod gracefully only if every PodDisruptionBudget over it allows (429 otherwise). The UID
+        precondition makes it that pod or none (409 when the name now belongs to another). 429, 404 and 409
+        are not retried: they are the caller's answer."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        return self._json(
+            self.core.create_namespaced_pod_eviction, name, namespace, body, _retry_409=False, _retry_429=False
+        )
+
     def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> dict[str, Any]:
         """One merge patch of ``metadata.labels`` (a ``None`` value removes the label)."""
         body = {"metadata": {"labels": dict(labels)}}

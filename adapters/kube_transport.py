@@ -115,11 +115,13 @@ class KubeTransport:
         method: Callable[..., Any],
         *args: Any,
         _retry_409: bool = True,
+        _retry_429: bool = True,
         _item_type: Any = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
         """The body ``method(*args, **kwargs)`` answers, decoded (a list page into ``_item_type``'s list type
-        where given), retried as the module docstring says; a 409 only with ``_retry_409``."""
+        where given), retried as the module docstring says; a 409 only with ``_retry_409``, a 429 only with
+        ``_retry_429`` (an eviction's 429 is a PodDisruptionBudget's no)."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError as TransportError
 
@@ -135,7 +137,11 @@ class KubeTransport:
                 return _decode(response.data, _item_type)
             except ApiException as exc:
                 error = _api_error(exc)
-                retryable = exc.status in RETRIED_STATUSES and (exc.status != 409 or _retry_409)
+                retryable = (
+                    exc.status in RETRIED_STATUSES
+                    and (exc.status != 409 or _retry_409)
+                    and (exc.status != 429 or _retry_429)
+                )
                 if not retryable or attempt == policy.attempts - 1:
                     raise error from exc
                 wait = _retry_after(exc.headers) or _backoff(policy, attempt)

@@ -25,6 +25,7 @@ PROMETHEUS_PREFIX = "gpu_scheduler_extender"
 EXTENDER = "gpu-scheduler-extender"
 NODE_STATE = "gpu-scheduler-node-state"
 DELETION_COST = "gpu-scheduler-deletion-cost"
+CONSOLIDATOR = "gpu-scheduler-consolidator"
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,18 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "managed pods by cost range: warming, default, medium, high",
         ("range",),
     ),
+    # The consolidator: one set per run.
+    MetricSpec("PendingPods", CONSOLIDATOR, "Count", "Pending pods of the profile that no node fits, looked at"),
+    MetricSpec("Plans", CONSOLIDATOR, "Count", "Pending pods a plan of moves was made for"),
+    MetricSpec("MovesPlanned", CONSOLIDATOR, "Count", "moves the run's plans hold"),
+    MetricSpec("Evictions", CONSOLIDATOR, "Count", "pods evicted through the Eviction API"),
+    MetricSpec("EvictionsRefused", CONSOLIDATOR, "Count", "evictions a PodDisruptionBudget refused (429)"),
+    MetricSpec("HoldsKept", CONSOLIDATOR, "Count", "holds whose pod bound on the node held for it"),
+    MetricSpec(
+        "HoldsLapsed", CONSOLIDATOR, "Count", "holds that ended otherwise: deadline, pod gone or bound elsewhere"
+    ),
+    MetricSpec("RunMs", CONSOLIDATOR, "Milliseconds", "whole invocation"),
+    MetricSpec("RunFailures", CONSOLIDATOR, "Count", "invocations that did not finish"),
 )
 
 

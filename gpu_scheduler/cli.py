@@ -30,6 +30,7 @@ COMMANDS = {
     "scheduler-config": "scheduler_config",
     "autoscaler-affinity": "autoscaler_affinity",
     "refresh": "refresh",
+    "consolidate": "consolidate",
     "ledger": "ledger",
     "bench": "bench",
 }

@@ -73,6 +73,8 @@ from scheduler_core.k8s.names import (
     LABEL_COUNT,
     LABEL_MEMORY,
     LABEL_MODEL,
+    PLACEHOLDER_NAMESPACE,
+    RESERVATION_NAMESPACE,
     SCHEDULER_NAME,
 )
 
@@ -140,16 +142,31 @@ DELETION_COST = LambdaIdentity(
 )
 
 
-def identities(*, sharing: bool) -> tuple[LambdaIdentity, ...]:
+CONSOLIDATOR = LambdaIdentity(
+    name="consolidator",
+    group="gpu-scheduler:consolidator",
+    # Lists what a plan is made from (nodes, pods, PodDisruptionBudgets) and evicts through the Eviction
+    # API, which PodDisruptionBudgets hold. No pod write, no delete: an eviction is its only change.
+    rules=(
+        _rule("nodes", "list"),
+        _rule("pods", "list"),
+        _rule("poddisruptionbudgets", "list", group="policy"),
+        _rule("pods/eviction", "create"),
+    ),
+)
+
+
+def identities(*, sharing: bool, consolidation: bool = False) -> tuple[LambdaIdentity, ...]:
     """The identities that get cluster access: the extender only with sharing (it calls Kubernetes only
-    to bind)."""
-    return (EXTENDER, NODE_STATE, DELETION_COST) if sharing else (NODE_STATE, DELETION_COST)
+    to bind), the consolidator only where it is deployed."""
+    found = (EXTENDER, NODE_STATE, DELETION_COST) if sharing else (NODE_STATE, DELETION_COST)
+    return (*found, CONSOLIDATOR) if consolidation else found
 
 
-def lambda_rbac(*, sharing: bool) -> list[dict[str, Any]]:
+def lambda_rbac(*, sharing: bool, consolidation: bool = False) -> list[dict[str, Any]]:
     """A ClusterRole and its ClusterRoleBinding to the group, per identity with cluster access."""
     docs: list[dict[str, Any]] = []
-    for identity in identities(sharing=sharing):
+    for identity in identities(sharing=sharing, consolidation=consolidation):
         docs += [
             {
                 "apiVersion": f"{RBAC}/v1",
@@ -334,7 +351,9 @@ def _device_annotations(obj: str, *, when: str = "") -> str:
     return f"{guard}has({annotations}) ? {annotations}.filter(k, {prefixed}).map(k, k + '=' + {annotations}[k]) : []"
 
 
-def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDULER_ACCOUNT) -> list[dict[str, Any]]:
+def admission_policies(
+    *, sharing: bool, scheduler_account: str = DEFAULT_SCHEDULER_ACCOUNT, consolidation: bool = False
+) -> list[dict[str, Any]]:
     """The ValidatingAdmissionPolicies and their bindings (Kubernetes 1.30 or newer), in apply order.
     ``scheduler_account`` is the second scheduler's ServiceAccount as a user name, which may write
     ``assigned-gpus`` (``gpu-scheduler serve`` run beside the scheduler binds with it)."""
@@ -351,7 +370,42 @@ def admission_policies(*, sharing: bool, scheduler_account: str = DEFAULT_SCHEDU
     # The ledger reconcile and the whole-GPU count trust assigned-gpus, and a share's containers get their
     # GPU from visible-devices: only the extender writes them.
     docs += denying_policy(f"{SCHEDULER_NAME}-assigned-gpus", _bind_annotations_by_binders_only(scheduler_account))
+    if consolidation:
+        docs += denying_policy(f"{SCHEDULER_NAME}-consolidator-evictions", _consolidator_evictions())
     return docs
+
+
+PROTECTED_NAMESPACES = ("kube-system", RESERVATION_NAMESPACE, PLACEHOLDER_NAMESPACE)
+"""Where the consolidator may evict nothing: the cluster's own pods, and the product's."""
+
+
+def _consolidator_evictions() -> dict[str, Any]:
+    """A policy spec: the consolidator's evictions name the pod's UID (the pod it planned, or none), leave the
+    pod its whole termination grace period, and reach no pod of :data:`PROTECTED_NAMESPACES`. RBAC cannot
+    say any of it: ``pods/eviction`` ``create`` is all or nothing."""
+    options = "has(object.deleteOptions)"
+    return {
+        "matchConstraints": {"resourceRules": [core_rule("pods/eviction", "CREATE")]},
+        "matchConditions": [{"name": "is-the-consolidator", "expression": in_group(CONSOLIDATOR.group)}],
+        "validations": [
+            {
+                "expression": f"{options} && has(object.deleteOptions.preconditions) && "
+                "has(object.deleteOptions.preconditions.uid) && object.deleteOptions.preconditions.uid != ''",
+                "message": "the consolidator evicts a pod by its UID (deleteOptions.preconditions.uid)",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": f"!{options} || !has(object.deleteOptions.gracePeriodSeconds)",
+                "message": "the consolidator may not shorten a pod's termination grace period",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": f"!(request.namespace in {cel_list(PROTECTED_NAMESPACES)})",
+                "message": f"the consolidator evicts no pod in {', '.join(PROTECTED_NAMESPACES)}",
+                "reason": "Forbidden",
+            },
+        ],
+    }
 
 
 def _binders_bindings(scheduler_account: str) -> dict[str, Any]:

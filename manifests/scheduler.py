@@ -322,7 +322,11 @@ def all_manifests(
     ``admission_policy=False`` leaves them out) and the second scheduler (:func:`scheduler_manifests`, with
     ``stable_text``): everything ``gpu-scheduler.yaml`` holds."""
     account = f"system:serviceaccount:{options.namespace}:{SCHEDULER_NAME}"
-    policies = admission_policies(sharing=options.sharing, scheduler_account=account) if admission_policy else []
+    policies = (
+        admission_policies(sharing=options.sharing, scheduler_account=account, consolidation=options.consolidation)
+        if admission_policy
+        else []
+    )
     if admission_policy and options.security_group:
         # With a node selector, no SecurityGroupPolicy may name the group: the guard admits none.
         own = "" if options.node_selector else SCHEDULER_NAME
@@ -348,7 +352,7 @@ def all_manifests(
         else []
     )
     return [
-        *lambda_rbac(sharing=options.sharing),
+        *lambda_rbac(sharing=options.sharing, consolidation=options.consolidation),
         *scraper_rbac(),
         *policies,
         *reservations,

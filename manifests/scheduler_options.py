@@ -40,6 +40,9 @@ class SchedulerOptions(Validatable):
 
     extender_url: str
     sharing: bool = False
+    consolidation: bool = False
+    """The consolidator's identity: its RBAC and the admission policy over its evictions
+    (:data:`manifests.access.CONSOLIDATOR`)."""
     node_cache_capable: bool = True
     weight: int = 5
     http_timeout_s: float = 3.0

@@ -167,7 +167,14 @@ class ControlPlane:
         self.kubeconfig = write_kubeconfigs(self.workdir, self.url)
         mutating = ["--mutating-policy", found.mutating_policy[0].rsplit("/", 1)[1]] if found.mutating_policy else []
         # The access documents only (a SecurityGroupPolicy is no access document: it names an unused group).
-        argv = ["--url", "https://unused.invalid/extender", "--security-group", "sg-00000000", "--sharing"]
+        argv = [
+            "--url",
+            "https://unused.invalid/extender",
+            "--security-group",
+            "sg-00000000",
+            "--sharing",
+            "--consolidation",
+        ]
         self.apply_access(generated_manifests([*argv, *mutating]))
 
     def _start_etcd(self) -> int:
@@ -285,12 +292,13 @@ class ControlPlane:
         self.stop_process(name)
 
     def start_controller_manager(self) -> None:
-        """The ReplicaSet and Deployment controllers, for deletion-cost scale-downs."""
+        """The ReplicaSet and Deployment controllers (deletion-cost scale-downs, the consolidator's
+        replacements) and the disruption controller (PodDisruptionBudgets' ``disruptionsAllowed``)."""
         assert self.binaries is not None
         self._spawn(
             "kube-controller-manager",
             [str(self.binaries.folder / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
-             "--controllers=replicaset,deployment", "--leader-elect=false", "--bind-address=127.0.0.1",
+             "--controllers=replicaset,deployment,disruption", "--leader-elect=false", "--bind-address=127.0.0.1",
              "--secure-port=0", "--use-service-account-credentials=false"],
         )  # fmt: skip
         time.sleep(0.5)

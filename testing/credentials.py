@@ -53,7 +53,7 @@ def identities() -> dict[str, Identity]:
     }
     # Someone who may edit pods and nothing of the product's: what a tenant's controller can be.
     found["tenant"] = Identity("tenant", "e2e-tenant", ("e2e-tenants",))
-    for lambda_identity in lambda_identities(sharing=True):
+    for lambda_identity in lambda_identities(sharing=True, consolidation=True):
         found[lambda_identity.name] = Identity(
             lambda_identity.name, f"eks-gpu-scheduler-{lambda_identity.name}", (lambda_identity.group,)
         )

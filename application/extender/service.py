@@ -54,6 +54,7 @@ from scheduler_core.extender.wire import STATUS, encode_json, error_body
 from scheduler_core.state.readings import DEFAULT_MARGIN_S
 
 if TYPE_CHECKING:
+    from adapters.holds_source import HoldsSource
     from adapters.live_state import LiveState
 
 ROUTED_VERBS = frozenset(VERBS + SHARING_VERBS)
@@ -382,7 +383,8 @@ def build(
     elif live is None and settings.snapshot_uri:
         source = _snapshot_source(settings, partial(report_refresh, telemetry, logger), trace, name)
     accounting = _ledger_binder(settings, source, readings, live, session, logger) if settings.ledger_table else None
-    extender = Extender(config, source, readings, accounting)
+    holds = _holds_source(settings, name) if settings.holds_uri else None
+    extender = Extender(config, source, readings, accounting, holds)
     return ExtenderService(
         extender,
         source,
@@ -402,6 +404,17 @@ def _live_state(settings: ExtenderSettings, config: ExtenderConfig, readings: Le
         where = f"{name('cluster_name')}, {name('kube_api_url')} or {name('kubeconfig')}"
         raise ConfigError(f"a live watch needs {where}: the cluster to watch")
     return LiveState(lambda: settings.connect(None), label_keys=config.locality.label_keys, readings=readings)
+
+
+def _holds_source(settings: ExtenderSettings, name: Namer) -> HoldsSource:
+    """The consolidator's holds at ``settings.holds_uri``, re-checked as often as the snapshot."""
+    from adapters.holds_source import HoldsSource
+
+    try:
+        store = open_store(settings.holds_uri)
+    except ValueError as exc:
+        raise ConfigError(f"{name('holds_uri')}: {exc}") from exc
+    return HoldsSource(store, refresh_s=settings.snapshot_refresh_s)
 
 
 def _snapshot_source(

@@ -76,6 +76,12 @@ class ExtenderSettings(ClusterAccess):
         "refuse (filter `Error`) a snapshot older than this",
         context="maxSnapshotAgeS",
     )
+    holds_uri: str = setting(
+        "HOLDS_URI",
+        "",
+        "the consolidator's holds (`s3://bucket/key`, `file:///path` or a path), obeyed by filter; empty: none",
+        flag="--holds",
+    )
     max_body_bytes: int = setting(
         "MAX_BODY_BYTES", LAMBDA_MAX_BODY_BYTES, "largest request body (Lambda's own limit is 6 MB)"
     )
@@ -137,9 +143,10 @@ class ExtenderSettings(ClusterAccess):
             value = getattr(self, field_name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 found.append(f"{name(field_name)}: must be a non-negative number of seconds, got {value!r}")
-        if "://" in self.snapshot_uri and not self.snapshot_uri.startswith(("s3://", "file://")):
-            uri = self.snapshot_uri
-            found.append(f"{name('snapshot_uri')}: expected s3://bucket/key, file:///path or a path, got {uri!r}")
+        for key in ("snapshot_uri", "holds_uri"):
+            uri = getattr(self, key)
+            if "://" in uri and not uri.startswith(("s3://", "file://")):
+                found.append(f"{name(key)}: expected s3://bucket/key, file:///path or a path, got {uri!r}")
 
         def core(path: str) -> str:  # the core's checks name its own paths: each is one of these fields
             return name(CORE_FIELDS[path])

@@ -32,6 +32,11 @@ def _add_extender_arguments(parser: argparse.ArgumentParser) -> None:
         "--url", required=True, help="the extender's base URL, stage included (https://..., or http://127.0.0.1:PORT)"
     )
     parser.add_argument("--sharing", action="store_true", help="fractional GPUs: add the bind and preempt verbs")
+    parser.add_argument(
+        "--consolidation",
+        action="store_true",
+        help="the consolidator's RBAC and admission policy (docs/consolidation.md; the stack's consolidation)",
+    )
     parser.add_argument("--weight", type=int, default=5, help="the extender's weight in kube-scheduler (default 5)")
     parser.add_argument("--http-timeout-s", type=float, default=3.0, help="kube-scheduler's httpTimeout (default 3)")
     parser.add_argument(
@@ -141,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     options = SchedulerOptions(
         extender_url=args.url,
         sharing=args.sharing,
+        consolidation=args.consolidation,
         weight=args.weight,
         http_timeout_s=args.http_timeout_s,
         bind_http_timeout_s=args.bind_http_timeout_s,

@@ -23,7 +23,7 @@ from scheduler_core.extender.facade import DEFAULT_MAX_BODY_BYTES
 HELP = "run the extender as a local HTTP server"
 log = logging.getLogger("gpu_scheduler.serve")
 SOURCE = ("snapshot_uri",)
-LIMITS = ("snapshot_refresh_s", "max_snapshot_age_s", "max_body_bytes", "share_policy")
+LIMITS = ("snapshot_refresh_s", "max_snapshot_age_s", "max_body_bytes", "share_policy", "holds_uri")
 LEDGER = ("ledger_table", "reservation_image", "share_device")
 ACCESS = ("cluster_name", "kube_api_url", "kube_token", "kubeconfig")
 SETTINGS = (*SOURCE, *LIMITS, *SCORING, *LEDGER, *ACCESS)

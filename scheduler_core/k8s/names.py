@@ -112,6 +112,13 @@ MANAGED_SELECTOR = f"{DELETION_COST_LABEL}=managed"
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
+# Consolidation (scheduler_core/consolidation/): which pods it may move, and which it never moves.
+MOVABLE_LABEL = "gpu-scheduler.io/movable"
+"""Pods opt in to being moved by the consolidator with this label set to ``"true"`` (their controller's
+template carries it, so a replacement is movable too)."""
+SAFE_TO_EVICT_ANNOTATION = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+"""``"false"``: Cluster Autoscaler never evicts the pod; the consolidator never moves it either."""
+
 # GPU reservation (a pod per shared GPU, so that Kubernetes counts it: manifests/reservation.py).
 RESERVATION_NAMESPACE = "gpu-scheduler-reservations"
 RESERVATION_APP = "gpu-reservation"

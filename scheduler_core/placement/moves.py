@@ -307,7 +307,7 @@ def _rehome(scratch: _Scratch, arrival: int, src: int, budget: int, excluded: fr
     for node in _targets(scratch.cluster, task, excluded | {src}, DEEPER_TARGETS, allowed):
         trial = scratch.copy()
         if _free(trial, task, node, budget - 1, excluded | {src, node}, deeper=False):
-            gpus = _gpus(trial.cluster, task, node)
+            gpus = gpus_on(trial.cluster, task, node)
             trial.move(arrival, src, node, gpus)
             scratch.__dict__.update(trial.__dict__)
             return True
@@ -333,8 +333,8 @@ def _destination(
     return int(rows[best]), tuple(taken[best].tolist())
 
 
-def _gpus(cluster: Cluster, task: Task, node: int) -> tuple[int, ...]:
-    """The GPUs ``task`` takes on ``node`` (:func:`_gpus_at`)."""
+def gpus_on(cluster: Cluster, task: Task, node: int) -> tuple[int, ...]:
+    """The GPUs ``task`` takes on ``node`` (:func:`_gpus_at`): the GPUs a placement takes there."""
     return tuple(_gpus_at(cluster.gpu_left[node : node + 1], task)[0].tolist())
 
 

@@ -48,6 +48,11 @@ class Reason(IntEnum):
     NODE_INVALID = 10
     """The node is over a cap of :mod:`scheduler_core.k8s.limits` (``NodeTable.invalid``): no pod goes there,
     whether it asks a GPU or not, until the node says something a node can be."""
+    HELD = 11
+    """A consolidation plan holds the node's GPUs for another Pending pod
+    (:mod:`scheduler_core.consolidation.holds`)."""
+    STEERED = 12
+    """A consolidation plan moved this pod's predecessor and sends the replacement to another node."""
 
     @property
     def unresolvable(self) -> bool:
@@ -437,6 +442,10 @@ def _message(table: NodeTable, demand: PodDemand, code: Reason, first: int, seco
         return f"{first} {mig_resource(profile)} allocatable (MIG {mode}), pod needs {count}"
     if code == Reason.NODE_INVALID:
         return f"node refused: {table.invalid[first]}"
+    if code == Reason.HELD:
+        return "a consolidation plan holds this node's GPUs for another Pending pod until its deadline"
+    if code == Reason.STEERED:
+        return "a consolidation plan sends this pod to another node until its deadline"
     if code == Reason.DRA_MANAGED:
         return f"DRA manages this node's GPUs (ResourceSlices): it takes no {MILLI_RESOURCE} share"
     if demand.share:

@@ -36,9 +36,9 @@ import numpy.typing as npt
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.placement.model import Cluster, Task, Workload
+from scheduler_core.placement.moves import Placed, check_budget
 from scheduler_core.placement.policies import registry
 from scheduler_core.placement.policies.gpu_clustering import task_class
-from scheduler_core.placement.moves import Placed, check_budget
 from scheduler_core.simulator.simulate import Chooser, Recorder, check_trace, make_room
 
 MAX_WAITING_TRIES = 64

@@ -40,9 +40,9 @@ import numpy.typing as npt
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.k8s.names import MILLI_PER_GPU
 from scheduler_core.placement.model import Cluster, Task, Workload, whole_gpus
+from scheduler_core.placement.moves import Placed, check_budget, plan_moves
 from scheduler_core.placement.policies import Context, Scorer, registry
 from scheduler_core.placement.policies.gpu_clustering import task_class
-from scheduler_core.placement.moves import Placed, check_budget, plan_moves
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The consolidator's application layer, shared by its Lambda handler and ``gpu-scheduler consolidate``."""

@@ -1,0 +1,225 @@
+"""The consolidator's run: settle the last run's holds, plan, write the holds, evict.
+
+One run (the Lambda's invocation, or ``gpu-scheduler consolidate``):
+
+1. read the nodes, the pods and the PodDisruptionBudgets, and the holds book (``HOLDS_URI``);
+2. settle the book: a hold whose pod bound on its node is *kept*; one whose pod bound elsewhere, is gone,
+   or whose deadline passed has *lapsed*; both leave the book, and so do steers past their deadline and
+   evictions older than an hour;
+3. while a hold is still in flight, plan nothing new (one plan's moves settle before the next is made);
+   otherwise plan (:func:`~scheduler_core.consolidation.plan.plan_consolidation`) within the run's and the
+   hour's move budgets;
+4. with a plan and no ``DRY_RUN``: write the holds and steers first, wait ``SETTLE_S`` for the extender to
+   read them, then evict each pod through the Eviction API, in the plan's order, with its UID as a
+   precondition. A PodDisruptionBudget's refusal (429) ends that pod's plan (its holds lapse on their
+   own); a pod already gone (404, 409) is counted and passed over. The book is written again with the
+   evictions' times (the hourly budget).
+
+Nothing is evicted without its holds written first, and a run that cannot read the book plans nothing:
+the book carries the hourly budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from adapters.holds_source import read_book, write_book
+from adapters.kube import KubeClient
+from adapters.kube_transport import DeadlineReachedError, KubeApiError
+from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
+from application.consolidation.settings import ConsolidationSettings
+from scheduler_core.consolidation.holds import Hold, HoldBook, HoldsFormatError, Steer
+from scheduler_core.consolidation.plan import Consolidation, PodPlan, pending_pods, plan_consolidation
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What one run did; ``plans`` are the plans made, with each move's reason and cost."""
+
+    status: str = "ok"
+    error: str = ""
+    dry_run: bool = False
+    pending: int = 0
+    plans: tuple[dict[str, Any], ...] = ()
+    moves_planned: int = 0
+    evictions: int = 0
+    evictions_refused: int = 0
+    pods_gone: int = 0
+    holds_kept: int = 0
+    holds_lapsed: int = 0
+    in_flight: int = 0
+    """Holds still waiting for their pod: this run planned nothing new."""
+    hour_budget_left: int = 0
+    waiting: Mapping[str, str] = field(default_factory=dict)
+    unmovable: Mapping[str, int] = field(default_factory=dict)
+    run_ms: float = 0.0
+
+
+@dataclass
+class Services:
+    kube: KubeClient
+    store: SnapshotStore | None
+
+
+def build_services(settings: ConsolidationSettings, session: Any) -> Services:
+    """The clients a run needs, from ``settings`` and a boto3 session."""
+    store = None
+    if settings.holds_uri:
+        s3 = session.client("s3") if settings.holds_uri.startswith("s3://") else None
+        store = open_store(settings.holds_uri, s3_client=s3)
+    return Services(settings.connect(session), store)
+
+
+def consolidate(
+    settings: ConsolidationSettings,
+    services: Services,
+    *,
+    time_left: Callable[[], float],
+    now: Callable[[], float] = time.time,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    logger: Any = log,
+) -> RunReport:
+    """One run (see the module docstring)."""
+    started = clock()
+    report = RunReport(dry_run=settings.dry_run)
+    services.kube.deadline = lambda: time_left() - settings.deadline_margin_s
+    try:
+        report = _run(settings, services, report, now, sleep, logger)
+    except (KubeApiError, DeadlineReachedError, SnapshotStoreError, HoldsFormatError) as exc:
+        logger.error("consolidation run failed", extra={"error": str(exc)})
+        report = replace(report, status="failed", error=str(exc))
+    return replace(report, run_ms=1000 * (clock() - started))
+
+
+def _run(
+    settings: ConsolidationSettings,
+    services: Services,
+    report: RunReport,
+    now: Callable[[], float],
+    sleep: Callable[[float], None],
+    logger: Any,
+) -> RunReport:
+    kube = services.kube
+    nodes, pods = kube.list_all("nodes"), kube.list_all("pods")
+    pdbs = kube.list_disruption_budgets()
+    book = read_book(services.store) if services.store is not None else HoldBook()
+    settled, kept, lapsed = settle(book, pods, now())
+    if services.store is not None and not settings.dry_run and settled != book:
+        write_book(services.store, settled)
+    hour_left = max(0, settings.max_moves_per_hour - len(settled.evictions))
+    report = replace(
+        report, pending=len(pending_pods(pods)), holds_kept=kept, holds_lapsed=lapsed,
+        in_flight=len(settled.holds), hour_budget_left=hour_left,
+    )  # fmt: skip
+    if settled.holds:
+        return report
+    plan = plan_consolidation(
+        nodes, pods, pdbs,
+        max_moves=min(settings.max_moves_per_run, hour_left), max_moves_per_plan=settings.max_moves_per_plan,
+    )  # fmt: skip
+    report = replace(
+        report, plans=tuple(_described(p) for p in plan.plans), moves_planned=plan.moves,
+        waiting=dict(plan.waiting), unmovable=dict(plan.unmovable),
+    )  # fmt: skip
+    logger.info("consolidation plan", extra={"plans": report.plans, "waiting": report.waiting})
+    if settings.dry_run or not plan.plans:
+        return report
+    assert services.store is not None  # settings require HOLDS_URI unless DRY_RUN
+    return _execute(settings, services.store, kube, settled, plan, report, now, sleep, logger)
+
+
+def settle(book: HoldBook, pods: Sequence[Mapping[str, Any]], at: float) -> tuple[HoldBook, int, int]:
+    """``book`` with what is done or lapsed at ``at`` taken out, and how many holds were kept and lapsed."""
+    by_uid = {str((p.get("metadata") or {}).get("uid") or ""): p for p in pods}
+    done: set[Hold] = set()
+    kept = lapsed = 0
+    for hold in book.holds:
+        pod = by_uid.get(hold.uid)
+        node = ((pod or {}).get("spec") or {}).get("nodeName")
+        if pod is not None and node == hold.node:
+            kept += 1
+        elif pod is None or node or hold.until <= at:
+            lapsed += 1
+        else:
+            continue
+        done.add(hold)
+    steers = {s for s in book.steers if s.until <= at}
+    live = book.without(done, steers)
+    return replace(live, evictions=live.live(at).evictions), kept, lapsed
+
+
+def _execute(
+    settings: ConsolidationSettings,
+    store: SnapshotStore,
+    kube: KubeClient,
+    book: HoldBook,
+    plan: Consolidation,
+    report: RunReport,
+    now: Callable[[], float],
+    sleep: Callable[[float], None],
+    logger: Any,
+) -> RunReport:
+    """Write the holds, let the extender read them, evict in order; the book again with the evictions."""
+    at = now()
+    until = at + settings.hold_s
+    holds = tuple(Hold(p.pod.namespace, p.pod.name, p.pod.uid, p.node, p.gpus, until) for p in plan.plans)
+    steers = tuple(
+        Steer(m.pod.namespace, m.owner.kind, m.owner.name, m.owner.uid, m.pod.key, m.destination, at, until)
+        for p in plan.plans
+        for m in p.moves
+    )
+    book = replace(book, holds=book.holds + holds, steers=book.steers + steers)
+    write_book(store, book)
+    sleep(settings.settle_s)
+    evicted: list[float] = []
+    refused = gone = 0
+    try:
+        for pod_plan in plan.plans:
+            outcome = _evict_plan(kube, pod_plan, evicted, now, logger)
+            refused += outcome == "refused"
+            gone += outcome == "gone"
+    finally:  # what was evicted counts against the hour, whatever happened after
+        write_book(store, replace(book, evictions=book.evictions + tuple(evicted)))
+    return replace(report, evictions=len(evicted), evictions_refused=refused, pods_gone=gone)
+
+
+def _evict_plan(kube: KubeClient, plan: PodPlan, evicted: list[float], now: Callable[[], float], logger: Any) -> str:
+    """Evict ``plan``'s pods in order: "" when all went, "refused" when a budget said no (the rest of this
+    plan is left), "gone" when a pod was gone already (passed over)."""
+    outcome = ""
+    for move in plan.moves:
+        try:
+            kube.evict_pod(move.pod.namespace, move.pod.name, move.pod.uid)
+        except KubeApiError as exc:
+            if exc.status == 429:
+                logger.warning("eviction refused", extra={"pod": move.pod.key, "for": plan.pod.key, "error": str(exc)})
+                return "refused"
+            if exc.status not in (404, 409):
+                raise
+            outcome = "gone"
+            continue
+        evicted.append(now())
+        logger.info("evicted", extra={"pod": move.pod.key, "from": move.source, "to": move.destination})
+    return outcome
+
+
+def _described(plan: PodPlan) -> dict[str, Any]:
+    """A plan as the report and the dry run print it."""
+    return {
+        "pod": plan.pod.key,
+        "node": plan.node,
+        "gpus": plan.gpus,
+        "cost": plan.cost,
+        "moves": [
+            {**{k: v for k, v in asdict(m).items() if k not in ("pod", "owner")}, "pod": m.pod.key,
+             "owner": f"{m.owner.kind}/{m.owner.name}"}
+            for m in plan.moves
+        ],
+    }  # fmt: skip

@@ -1,0 +1,445 @@
+"""Consolidation plans on a real cluster: which opted-in pods to move, and where, so that a Pending pod
+of the profile that fits on no node gets one.
+
+The planner is the simulator's (:func:`~scheduler_core.placement.moves.plan_moves`), given the cluster as
+kube-scheduler counts it and the rules a real pod brings:
+
+- the nodes are :class:`~scheduler_core.placement.model.Cluster` rows: free CPU (kube-scheduler's rule),
+  free memory (requests, MiB), free milli per GPU (whole GPUs and shares, as the cluster state lays them
+  out) and the GPU model. Nodes that are not Ready, cordoned, over a cap, under MIG, with GPUs DRA
+  manages, or with more than :data:`~scheduler_core.placement.model.MAX_GPUS` GPUs take no part;
+- only the pods :func:`~scheduler_core.consolidation.eligibility.why_not_movable` clears may move, each
+  only to nodes its taints, node selector and required node affinity admit;
+- a plan moves the fewest pods, then the cheapest by ``controller.kubernetes.io/pod-deletion-cost`` (what
+  the deletion-cost refresher writes: the value lost when the pod goes), then the fewest GPUs;
+- the Pending pods are taken oldest first, each planned on the cluster the earlier plans leave; a pod is
+  moved at most once a run, and no plan moves more pods under one PodDisruptionBudget than it allows.
+
+Pure: the objects in, a :class:`Consolidation` out. Nothing here evicts (``application/consolidation``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_core.consolidation.eligibility import Budget, Owner, budgets_of, owner_of, why_not_movable
+from scheduler_core.deletion_cost.policy import parse_cost
+from scheduler_core.errors import InvalidArgsError
+from scheduler_core.k8s.names import (
+    DELETION_COST_ANNOTATION,
+    MILLI_PER_GPU,
+    PLACEHOLDER_NAMESPACE,
+    RESERVATION_NAMESPACE,
+    SCHEDULER_NAME,
+    TERMINAL_PHASES,
+)
+from scheduler_core.k8s.node_affinity import match_nodes, required_affinity
+from scheduler_core.k8s.pods import pod_demand
+from scheduler_core.k8s.resources import node_allocatable, pod_requests
+from scheduler_core.k8s.taints import untolerated
+from scheduler_core.placement.model import MAX_GPUS, Cluster, Task, Workload
+from scheduler_core.placement.moves import Placed, Plan, Rules, gpus_on, plan_moves
+from scheduler_core.state.allocation import PodUse, pod_use
+from scheduler_core.state.cluster import ClusterState
+
+MAX_PENDING = 32
+"""Pending pods looked at per run, oldest first (a run's move budget is far smaller)."""
+MAX_MOVABLE = 5000
+"""Movable pods considered per run; past it, the rest are left where they are (and counted)."""
+MAX_MOVES = 100
+"""The largest move budget a run or a plan may be given."""
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class PlannedMove:
+    """Evict ``pod`` from ``source``; its controller's replacement goes to ``destination``."""
+
+    pod: PodRef
+    owner: Owner
+    source: str
+    destination: str
+    gpus: int
+    """Whole GPUs the pod holds (1 for a share)."""
+    milli: int
+    """Milli of one GPU, for a share (0 for whole GPUs)."""
+    cost: float
+    """Its ``pod-deletion-cost`` (0 when it has none)."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """The moves, in order, after which the Pending ``pod`` fits on ``node``, where it needs ``gpus`` GPUs."""
+
+    pod: PodRef
+    node: str
+    gpus: int
+    moves: tuple[PlannedMove, ...]
+
+    @property
+    def cost(self) -> float:
+        return sum(move.cost for move in self.moves)
+
+
+@dataclass(frozen=True)
+class Consolidation:
+    """A run's plans, why each other Pending pod has none, and why pods could not be moved."""
+
+    plans: tuple[PodPlan, ...] = ()
+    waiting: Mapping[str, str] = field(default_factory=dict)
+    """Pending pod (``namespace/name``) -> why no plan was made for it."""
+    unmovable: Mapping[str, int] = field(default_factory=dict)
+    """Reason -> how many running pods of the profile it kept in place."""
+    movable: int = 0
+
+    @property
+    def moves(self) -> int:
+        return sum(len(plan.moves) for plan in self.plans)
+
+
+def plan_consolidation(
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    pdbs: Sequence[Any] = (),
+    *,
+    max_moves: int,
+    max_moves_per_plan: int,
+) -> Consolidation:
+    """Plans for the Pending pods of the profile (see the module docstring), at most ``max_moves`` moves
+    in all and ``max_moves_per_plan`` for one pod.
+
+    Raises
+    ------
+    InvalidArgsError
+        A budget that is not a whole number in 0..:data:`MAX_MOVES`.
+    """
+    for name, value in (("max_moves", max_moves), ("max_moves_per_plan", max_moves_per_plan)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_MOVES:
+            raise InvalidArgsError(f"{name}: expected a whole number in 0..{MAX_MOVES}, got {value!r}")
+    live = _Live.of(nodes, pods)
+    budgets = budgets_of(pdbs)
+    planner = _Planner(live, budgets)
+    unmovable = planner.load(pods)
+    waiting: dict[str, str] = {}
+    plans: list[PodPlan] = []
+    left = max_moves
+    for pod in pending_pods(pods)[:MAX_PENDING]:
+        ref = _ref(pod)
+        if left == 0:
+            waiting[ref.key] = "this run's move budget is spent"
+            continue
+        found, why = planner.plan_for(pod, min(max_moves_per_plan, left))
+        if found is None:
+            waiting[ref.key] = why
+            continue
+        plans.append(found)
+        left -= len(found.moves)
+    return Consolidation(tuple(plans), waiting, dict(unmovable), len(planner.pods))
+
+
+def pending_pods(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The pods of the profile that kube-scheduler tried and found no node for (``PodScheduled=False``,
+    reason ``Unschedulable``), not the product's own placeholders, oldest first."""
+    found = []
+    for pod in pods:
+        metadata, spec, status = _mapping(pod.get("metadata")), _mapping(pod.get("spec")), _mapping(pod.get("status"))
+        if (
+            spec.get("schedulerName") != SCHEDULER_NAME or spec.get("nodeName") or metadata.get("deletionTimestamp")
+            or status.get("phase") in TERMINAL_PHASES
+            or metadata.get("namespace") in (PLACEHOLDER_NAMESPACE, RESERVATION_NAMESPACE)
+        ):  # fmt: skip
+            continue
+        conditions = status.get("conditions") or []
+        if any(
+            isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+            for c in conditions
+        ):  # fmt: skip
+            found.append(pod)
+    found.sort(key=lambda p: (str(_mapping(p.get("metadata")).get("creationTimestamp") or ""), _ref(p).key))
+    return found
+
+
+@dataclass
+class _Live:
+    """The nodes as the planner sees them: a :class:`Cluster` (free resources now) and, per row, the node
+    object, its labels, and whether it takes part (:attr:`open`)."""
+
+    nodes: list[Mapping[str, Any]]
+    names: tuple[str, ...]
+    labels: list[Mapping[str, Any]]
+    cluster: Cluster
+    workload: Workload
+    open: npt.NDArray[np.bool_]
+    uses: dict[int, PodUse]
+    """Position in the pod list -> what the pod holds (bound pods only)."""
+    shared: list[set[int]]
+    """Per row, the GPUs that carry a share."""
+
+    @classmethod
+    def of(cls, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]) -> _Live:
+        state = ClusterState.from_objects(nodes, pods)
+        table = state.table
+        by_name = {str(_mapping(n.get("metadata")).get("name") or ""): n for n in nodes if isinstance(n, Mapping)}
+        ordered = [by_name.get(name, {}) for name in table.names]
+        count = np.where(table.alloc_gpus <= MAX_GPUS, table.alloc_gpus, 0).astype(np.int64)
+        gpu_left = np.zeros((table.n_nodes, MAX_GPUS), dtype=np.int64)
+        free = state.free_milli if state.free_milli is not None else np.zeros((table.n_nodes, 0), dtype=np.int32)
+        width = min(MAX_GPUS, free.shape[1])
+        gpu_left[:, :width] = free[:, :width]
+        gpu_left[count == 0] = 0
+        cpu = state.free_cpu if state.free_cpu is not None else np.zeros(table.n_nodes, dtype=np.int64)
+        uses = {i: pod_use(p, i) for i, p in enumerate(pods) if _bound(p)}
+        memory = _free_memory(ordered, table.index, pods, uses)
+        models = (*table.models, "")
+        model_id = np.where(table.model_id < 0, len(table.models), table.model_id).astype(np.int64)
+        cluster = Cluster(cpu.astype(np.int64), memory, gpu_left, count, model_id, models)
+        shared: list[set[int]] = [set() for _ in range(table.n_nodes)]
+        for use in uses.values():
+            row = table.index.get(use.node)
+            if row is not None and use.milli and use.assigned:
+                shared[row].update(gpu for gpu, _ in use.assigned)
+        is_open = ~table.invalid_mask & (table.mig_modes == 0) & np.array([_schedulable(n) for n in ordered], bool)
+        if state.dra_gpus is not None:
+            is_open &= state.dra_gpus == 0
+        workload = Workload.from_shapes(state.shapes, models)
+        labels = [_mapping(_mapping(n.get("metadata")).get("labels")) for n in ordered]
+        return cls(ordered, table.names, labels, cluster, workload, is_open, uses, shared)
+
+    def allowed(self, pod: Mapping[str, Any]) -> npt.NDArray[np.bool_]:
+        """Shape (n_nodes,): the open nodes the pod's node selector, required node affinity and
+        tolerations admit (none when its affinity cannot be read)."""
+        mask = self.open.copy()
+        try:
+            affinity = required_affinity(pod)
+        except ValueError:
+            return np.zeros_like(mask)
+        if affinity is not None:
+            mask &= match_nodes(affinity, self.names, self.labels)
+        selector = _mapping(_mapping(pod.get("spec")).get("nodeSelector"))
+        for row in np.flatnonzero(mask).tolist():
+            labels = self.labels[row]
+            if any(labels.get(k) != v for k, v in selector.items()) or untolerated(self.nodes[row], pod):
+                mask[row] = False
+        return mask
+
+
+@dataclass
+class _Movable:
+    pod: Mapping[str, Any]
+    ref: PodRef
+    owner: Owner
+    row: int
+    task: Task
+    cost: float
+
+
+class _Planner:
+    """The cluster a run plans on, changed by each plan it keeps."""
+
+    def __init__(self, live: _Live, budgets: Sequence[Budget]) -> None:
+        self.live, self.budgets = live, budgets
+        self.placed = Placed(live.cluster.n_nodes)
+        self.pods: dict[int, _Movable] = {}
+        self.where: dict[int, npt.NDArray[np.bool_]] = {}
+        self.disrupted: Counter[str] = Counter()
+
+    def load(self, pods: Sequence[Mapping[str, Any]]) -> Counter[str]:
+        """Put each movable bound pod of the profile in :attr:`placed`; count the others by reason."""
+        unmovable: Counter[str] = Counter()
+        index = {name: row for row, name in enumerate(self.live.names)}
+        whole_taken: Counter[int] = Counter()
+        for position, use in self.live.uses.items():
+            pod = pods[position]
+            if _mapping(pod.get("spec")).get("schedulerName") != SCHEDULER_NAME:
+                continue
+            why = why_not_movable(pod, self.budgets) or _readable(use)
+            row = index.get(use.node)
+            if not why and (row is None or not self.live.open[row]):
+                why = "on a node the planner leaves alone"
+            if not why and len(self.pods) >= MAX_MOVABLE:
+                why = f"past the {MAX_MOVABLE} movable pods a run considers"
+            gpus = () if why or row is None else self._gpus_of(use, row, whole_taken)
+            if gpus is None:
+                why = "its GPUs on the node are not known"
+            if why:
+                unmovable[_category(why)] += 1
+                continue
+            assert row is not None
+            assert gpus is not None
+            try:
+                self._add(position, pod, use, row, gpus)
+            except ValueError as exc:  # InvalidPodError: an annotation or a request that cannot be read
+                unmovable[_category(f"its requests cannot be read: {exc}")] += 1
+        return unmovable
+
+    def _gpus_of(self, use: PodUse, row: int, whole_taken: Counter[int]) -> tuple[int, ...] | None:
+        """The GPUs a pod holds on ``row``: a share's from its annotation; whole GPUs are interchangeable,
+        so the next busy GPUs that carry no share."""
+        if use.milli:
+            return tuple(gpu for gpu, _ in use.assigned) if use.assigned and len(use.assigned) == 1 else None
+        if not use.gpus:
+            return ()
+        if use.assigned and len(use.assigned) == use.gpus:  # bound by the extender: it says which
+            return tuple(gpu for gpu, _ in use.assigned)
+        left = self.live.cluster.gpu_left[row]
+        busy = [
+            g for g in range(int(self.live.cluster.gpu_count[row])) if left[g] == 0 and g not in self.live.shared[row]
+        ]
+        start = whole_taken[row]
+        whole_taken[row] += use.gpus
+        taken = busy[start : start + use.gpus]
+        return tuple(taken) if len(taken) == use.gpus else None
+
+    def _add(self, position: int, pod: Mapping[str, Any], use: PodUse, row: int, gpus: tuple[int, ...]) -> None:
+        demand = pod_demand(pod)
+        memory = int(pod_requests(pod)[1])
+        self.where[position] = self.live.allowed(pod)
+        milli = use.milli if use.milli else MILLI_PER_GPU
+        task = Task(use.cpu, -(-memory // MIB), len(gpus) if use.gpus or use.milli else 0, milli if gpus else 0,
+                    demand.models)  # fmt: skip
+        metadata = _mapping(pod.get("metadata"))
+        cost = float(parse_cost(_mapping(metadata.get("annotations")).get(DELETION_COST_ANNOTATION)) or 0)
+        owner = owner_of(pod)
+        assert owner is not None  # why_not_movable checked it
+        self.pods[position] = _Movable(pod, _ref(pod), owner, row, task, cost)
+        self.placed.add(position, row, task, gpus)
+
+    def plan_for(self, pod: Mapping[str, Any], budget: int) -> tuple[PodPlan | None, str]:
+        """A plan for the Pending ``pod`` of at most ``budget`` moves, kept (the cluster changed as it
+        says), or None and why."""
+        try:
+            task = _pending_task(pod)
+        except ValueError as exc:
+            return None, f"its requests cannot be read: {exc}"
+        if isinstance(task, str):
+            return None, task
+        cluster = self.live.cluster
+        targets = self.live.allowed(pod)
+        if (cluster.feasible(task) & targets).any():
+            return None, "it fits on a node now: kube-scheduler will place it"
+        costs = {arrival: self.pods[arrival].cost for arrival in self.placed.node_of}
+        plan = plan_moves(cluster, self.placed, self.live.workload, task, budget, Rules(costs, self.where, targets))
+        if plan is None:
+            return None, f"no plan of at most {budget} moves frees what it needs on a node it may use"
+        over = self._over_budget(plan)
+        if over:
+            return None, f"the cheapest plan moves more pods than PodDisruptionBudget {over} allows"
+        return self._keep(pod, task, plan), ""
+
+    def _over_budget(self, plan: Plan) -> str:
+        wanted: Counter[str] = Counter()
+        for move in plan.moves:
+            for budget in self.budgets:
+                if budget.selects(self.pods[move.arrival].pod):
+                    wanted[budget.key] += 1
+        for budget in self.budgets:
+            if wanted[budget.key] and self.disrupted[budget.key] + wanted[budget.key] > budget.allowed:
+                return budget.key
+        self.disrupted.update(wanted)
+        return ""
+
+    def _keep(self, pod: Mapping[str, Any], task: Task, plan: Plan) -> PodPlan:
+        cluster, names, ref = self.live.cluster, self.live.names, _ref(pod)
+        moves = []
+        for move in plan.moves:
+            moved = self.pods[move.arrival]
+            cluster.release(move.src, move.task, move.src_gpus)
+            cluster.place(move.dst, move.task, move.dst_gpus)
+            self.placed.take(move.arrival)  # a pod moves at most once a run
+            for_whom = ref.key if move.src == plan.target else f"a pod this plan moves to {names[move.src]}"
+            moves.append(PlannedMove(
+                moved.ref, moved.owner, names[move.src], names[move.dst],
+                move.task.num_gpu, move.task.gpu_milli if move.task.sharing else 0, moved.cost,
+                f"makes room on {names[move.src]} for {for_whom}",
+            ))  # fmt: skip
+        cluster.place(plan.target, task, gpus_on(cluster, task, plan.target))
+        return PodPlan(ref, names[plan.target], task.num_gpu, tuple(moves))
+
+
+def _pending_task(pod: Mapping[str, Any]) -> Task | str:
+    """The Pending pod as a :class:`Task`, or why it is not planned for."""
+    demand = pod_demand(pod)
+    if demand.mig:
+        return "it asks for MIG slices, which the planner does not move"
+    if _mapping(pod.get("spec")).get("resourceClaims"):
+        return "it asks for DRA claims, which the planner does not model"
+    if demand.gpus > MAX_GPUS:
+        return f"it asks for {demand.gpus} GPUs, more than any node the planner knows ({MAX_GPUS})"
+    request = pod_requests(pod)
+    milli = demand.share or (MILLI_PER_GPU if demand.gpus else 0)
+    return Task(int(request[0]), -(-int(request[1]) // MIB), demand.gpus, milli, demand.models)
+
+
+def _free_memory(
+    nodes: Sequence[Mapping[str, Any]], index: Mapping[str, int], pods: Sequence[Mapping[str, Any]],
+    uses: Mapping[int, PodUse],
+) -> npt.NDArray[np.int64]:  # fmt: skip
+    """Shape (n_nodes,): allocatable memory less the bound pods' requests, in MiB (a pod whose requests
+    cannot be read counts none)."""
+    allocatable = node_allocatable(nodes)[:, 1]
+    used = np.zeros(len(nodes), dtype=np.int64)
+    for position, use in uses.items():
+        row = index.get(use.node)
+        if row is None:
+            continue
+        try:
+            used[row] += int(pod_requests(pods[position])[1])
+        except ValueError:
+            continue
+    return np.maximum(allocatable - np.minimum(used, allocatable), 0) // MIB
+
+
+def _readable(use: PodUse) -> str:
+    if use.problem or use.cpu_problem:
+        return f"its requests cannot be read: {use.problem or use.cpu_problem}"
+    return ""
+
+
+def _category(why: str) -> str:
+    """A reason without the names in it, to count pods by (``PodDisruptionBudget ns/x allows...``)."""
+    if why.startswith("PodDisruptionBudget "):
+        return "a PodDisruptionBudget allows no disruption"
+    for prefix in ("its requests cannot be read", "a spec that cannot be read"):
+        if why.startswith(prefix):
+            return prefix
+    return why
+
+
+def _schedulable(node: Mapping[str, Any]) -> bool:
+    if _mapping(node.get("spec")).get("unschedulable"):
+        return False
+    conditions = _mapping(node.get("status")).get("conditions") or []
+    return any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _bound(pod: Mapping[str, Any]) -> bool:
+    status = _mapping(pod.get("status"))
+    return bool(_mapping(pod.get("spec")).get("nodeName")) and status.get("phase") not in TERMINAL_PHASES
+
+
+def _ref(pod: Mapping[str, Any]) -> PodRef:
+    metadata = _mapping(pod.get("metadata"))
+    return PodRef(str(metadata.get("namespace") or ""), str(metadata.get("name") or ""), str(metadata.get("uid") or ""))
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
