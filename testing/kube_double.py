@@ -222,14 +222,18 @@ class KubeApiDouble:
     ) -> tuple[int, bytes]:
         if route.kind == "resource.k8s.io":
             return 200, self._dra_group(method)
-        if route.kind == "deployments":
+        if route.kind in ("deployments", "poddisruptionbudgets"):
             if method != "GET":
-                raise ApiError(405, "MethodNotAllowed", "the double serves Deployments read-only (load them)")
+                raise ApiError(405, "MethodNotAllowed", f"the double serves {route.kind} read-only (load them)")
         elif route.kind not in ("nodes", "pods"):
             if not self.dra_api or route.version != self.dra_api.rpartition("/")[2]:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
             if method != "GET":
                 raise ApiError(405, "MethodNotAllowed", "the double serves DRA's objects read-only (load them)")
+        if route.eviction:
+            if method != "POST":
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on pods/eviction")
+            return 201, self._evict(route, decode_body(body))
         if route.binding:
             if method != "POST":
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on pods/binding")
@@ -239,7 +243,9 @@ class KubeApiDouble:
                 return 201, self._create(route, decode_body(body))
             if method != "GET":
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the list")
-            api_version = "v1" if route.kind in ("nodes", "pods") else self.dra_api
+            api_version = {"nodes": "v1", "pods": "v1", "poddisruptionbudgets": "policy/v1"}.get(
+                route.kind, self.dra_api
+            )
             return 200, self._store.list_response(route, query, api_version)
         if method == "GET":
             with self._lock:
@@ -323,6 +329,32 @@ class KubeApiDouble:
             updated.pop("apiVersion", None)
             validate(route, updated)
             return self._write(route, updated)
+
+    def _evict(self, route: Route, eviction: Any) -> bytes:
+        """The Eviction API as the real one answers: 404 for no such pod, 409 when the UID precondition names
+        another pod, 429 when a loaded PodDisruptionBudget that selects the pod (by ``matchLabels``) allows no
+        disruption; else the pod is deleted (the double has no grace periods)."""
+        options = eviction.get("deleteOptions") if isinstance(eviction, dict) else None
+        uid = ((options or {}).get("preconditions") or {}).get("uid")
+        pod_route = Route("pods", route.namespace, route.name, False)
+        with self._lock:
+            pod = self._store.entry(pod_route).obj
+            if uid is not None and pod["metadata"].get("uid") != uid:
+                message = (
+                    f"Precondition failed: UID in precondition: {uid}, UID in object meta: {pod['metadata'].get('uid')}"
+                )
+                raise ApiError(409, "Conflict", message, {"name": route.name, "kind": "pods"})
+            labels = pod["metadata"].get("labels") or {}
+            for budget in self._store.objects("poddisruptionbudgets"):
+                wanted = ((budget.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+                same = (budget.get("metadata") or {}).get("namespace") == route.namespace
+                allowed = int((budget.get("status") or {}).get("disruptionsAllowed") or 0)
+                if same and allowed < 1 and all(labels.get(k) == v for k, v in wanted.items()):
+                    name = budget["metadata"]["name"]
+                    message = f"Cannot evict pod as it would violate the pod's disruption budget. {name}"
+                    raise ApiError(429, "TooManyRequests", message)
+            self._store.remove(pod_route)
+        return encode({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
 
     def _bind(self, route: Route, binding: Any) -> bytes:
         target = binding.get("target") if isinstance(binding, dict) else None

@@ -14,7 +14,8 @@ from testing.kube_double_requests import ApiError, Route
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 KINDS = {"nodes": "Node", "pods": "Pod", "deviceclasses": "DeviceClass", "resourceslices": "ResourceSlice",
-          "resourceclaims": "ResourceClaim", "deployments": "Deployment"}  # fmt: skip
+          "resourceclaims": "ResourceClaim", "deployments": "Deployment",
+          "poddisruptionbudgets": "PodDisruptionBudget"}  # fmt: skip
 """The kind of each resource the double serves."""
 # Strategic merge: the merge key of each list field the double knows; other lists are replaced.
 MERGE_KEYS = {

@@ -41,6 +41,7 @@ class Route:
     name: str | None
     binding: bool
     version: str = "v1"
+    eviction: bool = False
 
 
 VERBS = {
@@ -59,6 +60,8 @@ ROUTES = (
     (re.compile(r"^/api/v1/pods$"), "pods"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$"), "pods"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)(?P<binding>/binding)?$"), "pods"),
+    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)(?P<eviction>/eviction)$"), "pods"),
+    (re.compile(r"^/apis/policy/v1/poddisruptionbudgets$"), "poddisruptionbudgets"),
     (re.compile(r"^/apis/resource\.k8s\.io$"), "resource.k8s.io"),
     (re.compile(r"^/apis/apps/v1/namespaces/(?P<ns>[^/]+)/deployments/(?P<name>[^/]+)$"), "deployments"),
     *(
@@ -76,8 +79,9 @@ def parse_route(method: str, path: str) -> Route:
         if match:
             groups = match.groupdict()
             return Route(
-                kind, groups.get("ns"), groups.get("name"), bool(groups.get("binding")), groups.get("version") or "v1"
-            )
+                kind, groups.get("ns"), groups.get("name"), bool(groups.get("binding")), groups.get("version") or "v1",
+                bool(groups.get("eviction")),
+            )  # fmt: skip
     raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
 
 

@@ -23,7 +23,7 @@ from testing.kube_double_requests import (
     parse_label_selector,
 )
 
-NAMESPACED = ("pods", "resourceclaims", "deployments")
+NAMESPACED = ("pods", "resourceclaims", "deployments", "poddisruptionbudgets")
 SNAPSHOTS_KEPT = 8
 
 

@@ -45,6 +45,13 @@ def _deletion_cost_settings() -> str:
     return settings_table(DeletionCostSettings)
 
 
+def _consolidation_settings() -> str:
+    from adapters.settings import settings_table
+    from application.consolidation.settings import ConsolidationSettings
+
+    return settings_table(ConsolidationSettings)
+
+
 def _metric_catalogue() -> str:
     from adapters.metric_catalogue import markdown_table
 
@@ -55,7 +62,7 @@ def _kubernetes_identities() -> str:
     from manifests.access import identities
 
     rows = ["| Lambda | Kubernetes group | may |", "|---|---|---|"]
-    for identity in identities(sharing=True):
+    for identity in identities(sharing=True, consolidation=True):
         verbs = "; ".join(
             f"{', '.join(rule['resources'])}"
             + (f" (`{'`, `'.join(rule['resourceNames'])}` only)" if rule.get("resourceNames") else "")
@@ -71,7 +78,7 @@ def _admission_policies() -> str:
     from manifests.share_env import share_env_policy
 
     rows = ["| policy | applies to | requests | refuses, in its own words |", "|---|---|---|---|"]
-    for doc in [*admission_policies(sharing=True), *share_env_policy()]:
+    for doc in [*admission_policies(sharing=True, consolidation=True), *share_env_policy()]:
         if doc["kind"] != "ValidatingAdmissionPolicy":
             continue
         spec = doc["spec"]
@@ -239,6 +246,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "extender-settings": _extender_settings,
     "node-state-settings": _node_state_settings,
     "deletion-cost-settings": _deletion_cost_settings,
+    "consolidation-settings": _consolidation_settings,
     "metric-catalogue": _metric_catalogue,
     "autoscaler-labels": _autoscaler_labels,
     "gpu-instance-types": _gpu_instance_types,

@@ -233,7 +233,7 @@ def plan_moves(
             plan = Plan(target, tuple(scratch.moves), scratch.weight)
             if best is None or plan.cost < best.cost:
                 best = plan
-                if plan.cost[0] <= 1:
+                if plan.cost[0] <= 1 and not rules.costs:  # no plan has fewer; with costs, a cheaper one may
                     break
     return best
 

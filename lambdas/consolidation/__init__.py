@@ -1,0 +1,1 @@
+"""The consolidator Lambda (``handler.py``)."""

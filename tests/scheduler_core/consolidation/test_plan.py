@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduler_core.consolidation.plan import plan_consolidation
+from scheduler_core.errors import InvalidArgsError
+from tests.scheduler_core.consolidation.conftest import gpu_node, gpu_pod
+
+
+def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], pdbs: Any = (), moves: int = 4) -> Any:
+    return plan_consolidation(nodes, pods, pdbs, max_moves=moves, max_moves_per_plan=moves)
+
+
+def moved(result: Any) -> list[tuple[str, str, str]]:
+    return [(m.pod.name, m.source, m.destination) for p in result.plans for m in p.moves]
+
+
+def test_an_8_gpu_pod_gets_the_node_that_takes_the_fewest_moves_to_empty():
+    nodes = [gpu_node("a"), gpu_node("b"), gpu_node("c")]
+    pods = [*(gpu_pod(f"a{i}", "a") for i in range(3)), gpu_pod("b0", "b"), gpu_pod("b1", "b"),
+            *(gpu_pod(f"c{i}", "c", movable=False) for i in range(5)),
+            gpu_pod("big", gpus=8, owner="", pending=True)]  # fmt: skip
+    result = plan(nodes, pods)
+    assert [(p.pod.name, p.node, p.gpus) for p in result.plans] == [("big", "b", 8)]
+    assert sorted(m[:2] for m in moved(result)) == [("b0", "b"), ("b1", "b")]
+    assert {m[2] for m in moved(result)} <= {"a", "c"}
+    assert result.moves == 2
+
+
+def test_among_plans_of_as_many_moves_the_cheapest_by_deletion_cost_wins():
+    nodes = [gpu_node("a"), gpu_node("b"), gpu_node("c")]
+    cost = "controller.kubernetes.io/pod-deletion-cost"
+    pods = [gpu_pod("dear", "a", annotations={cost: "500"}), gpu_pod("cheap", "b", annotations={cost: "-10"}),
+            *(gpu_pod(f"c{i}", "c") for i in range(4)), gpu_pod("big", gpus=8, owner="", pending=True)]  # fmt: skip
+    result = plan(nodes, pods)
+    assert [m[0] for m in moved(result)] == ["cheap"]
+    assert result.plans[0].cost == -10.0
+
+
+def test_what_may_not_move_is_never_planned_and_is_counted_by_reason():
+    nodes = [gpu_node("a"), gpu_node("b"), gpu_node("c")]
+    pods = [gpu_pod("pinned", "a", annotations={"karpenter.sh/do-not-disrupt": "true"}),
+            gpu_pod("static", "b", movable=False), gpu_pod("ok0", "c"), gpu_pod("ok1", "c"),
+            gpu_pod("big", gpus=8, owner="", pending=True)]  # fmt: skip
+    result = plan(nodes, pods)
+    assert sorted(m[0] for m in moved(result)) == ["ok0", "ok1"]
+    assert result.unmovable == {"marked karpenter.sh/do-not-disrupt": 1,
+                                'not opted in (label gpu-scheduler.io/movable: "true")': 1}  # fmt: skip
+
+
+def test_a_plan_moves_no_more_pods_under_a_budget_than_it_allows():
+    nodes = [gpu_node("a"), gpu_node("b")]
+    pods = [gpu_pod("w0", "a", owner="web"), gpu_pod("w1", "a", owner="web"), gpu_pod("big", gpus=8, owner="",
+            pending=True)]  # fmt: skip
+    one = [{"metadata": {"namespace": "ml", "name": "web"}, "spec": {"selector": {"matchLabels": {"app": "web"}}},
+            "status": {"disruptionsAllowed": 1}}]  # fmt: skip
+    # b is empty: big fits there now, so make b busy with a pod that may not move.
+    pods.append(gpu_pod("s", "b", movable=False))
+    result = plan(nodes, pods, one)
+    assert result.plans == ()
+    assert "PodDisruptionBudget ml/web" in result.waiting["ml/big"]
+    one[0]["status"]["disruptionsAllowed"] = 2
+    assert sorted(m[0] for m in moved(plan(nodes, pods, one))) == ["w0", "w1"]
+
+
+def test_a_moved_pod_goes_only_where_its_selector_and_tolerations_let_it():
+    tainted = gpu_node("t")
+    tainted["spec"]["taints"] = [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]
+    nodes = [gpu_node("a", pool="p"), gpu_node("b", pool="q"), tainted]
+    pods = [gpu_pod("m", "a", nodeSelector={"pool": "p"}), gpu_pod("n", "b"),
+            gpu_pod("big", gpus=8, owner="", pending=True)]  # fmt: skip
+    # m may only go to pool p (a itself): a cannot be emptied; n may not go to the tainted node t, only to a.
+    result = plan(nodes, pods)
+    assert moved(result) == [("n", "b", "a")]
+    assert result.plans[0].node == "b"
+
+
+def test_no_plan_for_a_pod_that_fits_now_nor_past_the_runs_budget_and_each_says_why():
+    nodes = [gpu_node("a"), gpu_node("b")]
+    pods = [gpu_pod("a0", "a"), gpu_pod("b0", "b"), gpu_pod("small", gpus=1, owner="", pending=True),
+            gpu_pod("big", gpus=8, owner="", pending=True)]  # fmt: skip
+    result = plan(nodes, pods, moves=0)
+    assert result.plans == ()
+    assert result.waiting == {
+        "ml/big": "this run's move budget is spent",
+        "ml/small": "this run's move budget is spent",
+    }
+    result = plan(nodes, pods)
+    assert result.waiting == {"ml/small": "it fits on a node now: kube-scheduler will place it"}
+    assert [p.pod.name for p in result.plans] == ["big"]
+
+
+def test_a_cordoned_or_not_ready_node_is_neither_target_nor_destination():
+    cordoned, down = gpu_node("c"), gpu_node("d")
+    cordoned["spec"]["unschedulable"] = True
+    down["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    nodes = [gpu_node("a"), cordoned, down]
+    pods = [gpu_pod("a0", "a"), gpu_pod("big", gpus=8, owner="", pending=True)]
+    result = plan(nodes, pods)
+    assert result.plans == () and "no plan of at most 4 moves" in result.waiting["ml/big"]
+
+
+def test_the_budgets_are_checked():
+    with pytest.raises(InvalidArgsError, match=r"max_moves: expected a whole number in 0\.\.100, got -1"):
+        plan_consolidation([], [], max_moves=-1, max_moves_per_plan=1)
+    with pytest.raises(InvalidArgsError, match="max_moves_per_plan"):
+        plan_consolidation([], [], max_moves=1, max_moves_per_plan=True)
