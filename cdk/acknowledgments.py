@@ -24,8 +24,9 @@ def acknowledge_findings(stack: GpuSchedulerStack) -> None:
         "with the execution role to attach the function to the VPC (those of the managed "
         "AWSLambdaVPCAccessExecutionRole), have no useful resource-level permissions"
     )
-    for fn in (stack.extender, stack.deletion_cost):
-        _ack(fn.role, "IAM5[Resource::*]", star)
+    for fn in (stack.extender, stack.deletion_cost, stack.consolidation):
+        if fn is not None:
+            _ack(fn.role, "IAM5[Resource::*]", star)
     _ack(
         stack.node_state.role,
         "IAM5[Resource::*]",
@@ -34,8 +35,9 @@ def acknowledge_findings(stack: GpuSchedulerStack) -> None:
     _ack(
         stack.state.bucket,
         "S1",
-        "the bucket holds one object, the snapshot the node-state refresher rewrites every minute and logs "
-        "writing (SnapshotBytes metric, its run report); server access logs would add a second bucket and "
+        "the bucket holds the snapshot the node-state refresher rewrites every minute and logs "
+        "writing (SnapshotBytes metric, its run report), and with consolidation the holds its run report "
+        "logs; server access logs would add a second bucket and "
         "thousands of log objects a day. S3 data events are not in CloudTrail unless the account's trail "
         "records them: docs/security.md says how to add this bucket to it",
     )

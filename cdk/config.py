@@ -21,6 +21,8 @@ its context key, and synth stops with all of them at once. A key the extender's 
 | ``lambdaArchitecture`` | arm64 | ``arm64`` or ``x86_64``; ``make package LAMBDA_ARCH=...`` must match |
 | ``nodeStateScheduleMinutes`` / ``deletionCostScheduleMinutes`` | 1 / 1 | EventBridge rates |
 | ``nodeStateWatchS`` | the rate + 15 | node-state runs watch until this long after they start (0: poll) |
+| ``consolidation`` | false | the consolidator: its Lambda, role, RBAC and admission policy; the extender's holds |
+| ``consolidationScheduleMinutes`` | 2 | its EventBridge rate |
 | ``ampWorkspaceId`` | (create one) | import an existing Amazon Managed Prometheus workspace |
 | ``alarmEmail`` / ``alarmTopicArn`` | (a new topic) | where alarms go |
 | ``applyManifests`` | false | apply the RBAC and the second scheduler through ``aws_eks_v2`` |
@@ -91,6 +93,8 @@ class DeployConfig:
     node_state_schedule_minutes: int = 1
     node_state_watch_s: int = -1  # -1: the node-state rate + WATCH_OVERLAP_S (see watch_s)
     deletion_cost_schedule_minutes: int = 1
+    consolidation: bool = False
+    consolidation_schedule_minutes: int = 2
     amp_workspace_id: str = ""
     alarm_email: str = ""
     alarm_topic_arn: str = ""
@@ -184,6 +188,7 @@ class DeployConfig:
             security_group=security_group if self.scheduler_pods != "none" else "",
             node_selector=self.node_selector,
             sharing=self.sharing,
+            consolidation=self.consolidation,
             weight=self.extender_weight,
             image=self.scheduler_image,
             gpu_pods_only=self.extender_gpu_pods_only,
@@ -233,7 +238,7 @@ class DeployConfig:
         found += self._network_problems()
         if self.lambda_architecture not in ("arm64", "x86_64"):
             found.append(f"lambdaArchitecture: expected arm64 or x86_64, got {self.lambda_architecture!r}")
-        for name in ("node_state_schedule_minutes", "deletion_cost_schedule_minutes"):
+        for name in ("node_state_schedule_minutes", "deletion_cost_schedule_minutes", "consolidation_schedule_minutes"):
             if not 1 <= getattr(self, name) <= 60:
                 found.append(f"{_camel(name)}: expected 1..60 minutes, got {getattr(self, name)}")
         period_s = 60 * self.node_state_schedule_minutes

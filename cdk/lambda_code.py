@@ -14,7 +14,7 @@ from scheduler_core.errors import ConfigError
 RUNTIME = lambda_.Runtime.PYTHON_3_14  # the newest Python runtime this aws-cdk-lib offers
 RUNTIME_PYTHON = "3.14"
 ARCHITECTURES = {"arm64": lambda_.Architecture.ARM_64, "x86_64": lambda_.Architecture.X86_64}
-FUNCTIONS = ("extender", "node_state", "deletion_cost")
+FUNCTIONS = ("extender", "node_state", "deletion_cost", "consolidation")
 MANIFEST = "package.json"  # written by tools/package_lambda.py
 
 

@@ -12,7 +12,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from adapters.metric_catalogue import DELETION_COST, EXTENDER, NODE_STATE
+from adapters.metric_catalogue import CONSOLIDATOR, DELETION_COST, EXTENDER, NODE_STATE
 from adapters.runtime import version
 from adapters.settings import environment
 from application.extender.settings import ExtenderSettings
@@ -34,9 +34,9 @@ from scheduler_core.extender.facade import SHARING_VERBS, VERBS
 
 
 class GpuSchedulerStack(Stack):
-    """Attributes: ``network``, ``state``, ``monitoring``, ``extender``, ``node_state``, ``deletion_cost``
-    (functions), ``refreshers``, ``api``, ``access``, ``manifests`` (the Kubernetes documents, URL as a
-    token)."""
+    """Attributes: ``network``, ``state``, ``monitoring``, ``extender``, ``node_state``, ``deletion_cost``,
+    ``consolidation`` (functions; the last None unless ``consolidation``), ``refreshers``, ``api``,
+    ``access``, ``manifests`` (the Kubernetes documents, URL as a token)."""
 
     def __init__(
         self, scope: Construct, construct_id: str, *, config: DeployConfig, package: LambdaPackage, **kwargs: Any
@@ -76,6 +76,7 @@ class GpuSchedulerStack(Stack):
         deletion_cost_dlq = DeadLetterQueue(self, "DeletionCostDlq")
         self.deletion_cost = self._deletion_cost_function(common, deletion_cost_dlq, deletion_cost_config)
         self.refreshers = self._schedules(node_state_dlq, deletion_cost_dlq)
+        self.consolidation = self._consolidation(common) if config.consolidation else None
         self.api = self._extender_api(log_retention)
 
         self._observe(cluster_arn)
@@ -118,6 +119,8 @@ class GpuSchedulerStack(Stack):
         config = self.config
         # The settings the deployment passes on (MAX_SNAPSHOT_AGE_S, SHARE_POLICY) are declared with the extender's.
         extender_environment = {"SNAPSHOT_URI": self.state.snapshot_uri, **environment(ExtenderSettings, config)}
+        if config.consolidation:  # the consolidator's holds, obeyed by filter
+            extender_environment["HOLDS_URI"] = self.state.holds_uri
         extender_layers: list[lambda_.ILayerVersion] = []
         if config.sharing:
             # bind writes the ledger and the Binding: the refreshers' kubernetes layer, loaded on the first bind.
@@ -198,6 +201,39 @@ class GpuSchedulerStack(Stack):
             dead_letter_queue=dlq,
             **common,
         )
+
+    def _consolidation(self, common: Shared) -> SchedulerFunction:
+        """The consolidator (``consolidation``, off by default) on its rate, one run at a time, its holds in the
+        snapshot bucket where the extender reads them."""
+        dlq = DeadLetterQueue(self, "ConsolidationDlq")
+        function = SchedulerFunction(
+            self,
+            "Consolidation",
+            name="consolidation",
+            service=CONSOLIDATOR,
+            description="consolidator: evicts opted-in pods so that Pending GPU pods fit, within its budgets",
+            environment={
+                "CLUSTER_NAME": self.config.cluster_name,
+                "HOLDS_URI": self.state.holds_uri,
+                **self.network.sdk_environment("eks"),  # S3 is a gateway endpoint: no variable
+            },
+            memory_mib=1024,
+            timeout=Duration.seconds(60),
+            # One run at a time: the holds book carries the hourly budget, read and written whole.
+            reserved_concurrency=1,
+            dead_letter_queue=dlq,
+            **common,
+        )
+        schedule = ScheduledRefresher(
+            self,
+            "ConsolidationSchedule",
+            function=function.function,
+            dlq=dlq,
+            rate_minutes=self.config.consolidation_schedule_minutes,
+        )
+        self.monitoring.notify(schedule.alarm)
+        self.refreshers["consolidation"] = schedule
+        return function
 
     def _schedules(
         self, node_state_dlq: DeadLetterQueue, deletion_cost_dlq: DeadLetterQueue
@@ -282,6 +318,8 @@ class GpuSchedulerStack(Stack):
             lambda_identities.NODE_STATE.name: self.node_state.role,
             lambda_identities.DELETION_COST.name: self.deletion_cost.role,
         }
+        if self.consolidation is not None:
+            roles[lambda_identities.CONSOLIDATOR.name] = self.consolidation.role
         return ClusterAccess(
             self,
             "ClusterAccess",
@@ -289,7 +327,7 @@ class GpuSchedulerStack(Stack):
             # One group per function, and none for the extender without sharing: it never calls Kubernetes.
             identities={
                 _construct_name(identity.name): KubernetesIdentity(roles[identity.name], identity.group)
-                for identity in lambda_identities.identities(sharing=config.sharing)
+                for identity in lambda_identities.identities(sharing=config.sharing, consolidation=config.consolidation)
             },
             manifests=self.manifests if config.apply_manifests else (),
             log_retention=log_retention,
@@ -381,6 +419,25 @@ class GpuSchedulerStack(Stack):
             iam.PolicyStatement(actions=["ssm:GetParameter"], resources=[deletion_cost_config.parameter_arn]),
         ):
             self.deletion_cost.role.add_to_policy(statement)
+        if self.consolidation is not None:
+            self._grant_holds(describe_cluster)
+
+    def _grant_holds(self, describe_cluster: iam.PolicyStatement) -> None:
+        """The consolidator reads and writes the holds; the extender reads them. ListBucket on that key alone,
+        so that no holds yet reads as 404 (an empty book), not 403."""
+        state = self.state
+        assert self.consolidation is not None
+        holds_list = iam.PolicyStatement(
+            actions=["s3:ListBucket"],
+            resources=[state.bucket.bucket_arn],
+            conditions={"StringEquals": {"s3:prefix": [state.holds_key]}},
+        )
+        read_holds = iam.PolicyStatement(actions=["s3:GetObject"], resources=[state.holds_arn])
+        write_holds = iam.PolicyStatement(actions=["s3:PutObject"], resources=[state.holds_arn])
+        for statement in (holds_list, read_holds, write_holds, describe_cluster):
+            self.consolidation.role.add_to_policy(statement)
+        for statement in (holds_list, read_holds):
+            self.extender.role.add_to_policy(statement)
 
     def _config_command(self) -> str:
         """The ``scheduler-config`` line that writes what ``cdk.out/manifests/gpu-scheduler.yaml`` holds (from
@@ -389,6 +446,7 @@ class GpuSchedulerStack(Stack):
         options = config.scheduler_options(self.api.url, self.network.scheduler_security_group_id)
         flags = [f"--url {options.extender_url}"]
         flags += ["--sharing"] if options.sharing else []
+        flags += ["--consolidation"] if options.consolidation else []
         flags += ["--gpu-pods-only"] if options.gpu_pods_only else []
         flags += [f"--security-group {options.security_group}"] if options.security_group else []
         flags += [f"--node-selector {key}={value}" for key, value in options.node_selector.items()]

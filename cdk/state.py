@@ -8,10 +8,12 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 SNAPSHOT_KEY = "snapshot/cluster.snapshot"
+HOLDS_KEY = "consolidation/holds.json"
 
 
 class SchedulerState(Construct):
-    """Attributes: ``bucket``, ``snapshot_key``, ``snapshot_uri``, ``snapshot_arn``, ``ledger``.
+    """Attributes: ``bucket``, ``snapshot_key``, ``snapshot_uri``, ``snapshot_arn``, ``holds_key``,
+    ``holds_uri``, ``holds_arn`` (the consolidator's holds, in the same bucket), ``ledger``.
 
     - The bucket is versioned, so a bad snapshot can be rolled back by hand. The refresher writes a new
       version every minute, so non-current versions expire after ``noncurrent_days``.
@@ -41,6 +43,9 @@ class SchedulerState(Construct):
         self.snapshot_key = SNAPSHOT_KEY
         self.snapshot_uri = f"s3://{self.bucket.bucket_name}/{SNAPSHOT_KEY}"
         self.snapshot_arn = self.bucket.arn_for_objects(SNAPSHOT_KEY)
+        self.holds_key = HOLDS_KEY
+        self.holds_uri = f"s3://{self.bucket.bucket_name}/{HOLDS_KEY}"
+        self.holds_arn = self.bucket.arn_for_objects(HOLDS_KEY)
         self.ledger = dynamodb.Table(
             self,
             "GpuLedger",

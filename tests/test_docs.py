@@ -154,8 +154,8 @@ def bench_commands(text: str) -> list[str]:
 def test_every_generated_block_in_docs_is_what_tools_docs_writes() -> None:
     assert tools_docs.stale(DOCS) == []
     held = {name for page in tools_docs.pages(DOCS) for name, _ in tools_docs.blocks_in(page.read_text())}
-    expected = {"extender-settings", "node-state-settings", "deletion-cost-settings", "metric-catalogue",
-                "kubernetes-identities", "admission-policies", "scheduler-configuration",
+    expected = {"extender-settings", "node-state-settings", "deletion-cost-settings", "consolidation-settings",
+                "metric-catalogue", "kubernetes-identities", "admission-policies", "scheduler-configuration",
                 "pods-reaching-the-extender", "extender-timeouts", "share-env", "autoscaler-labels",
                 "gpu-instance-types"}  # fmt: skip
     assert held == set(tools_docs.BLOCKS) == expected

@@ -72,6 +72,7 @@ FUNCTIONS = {
         ("extender", ("layer",)),
         ("node_state", ("layer", "layer-kube")),
         ("deletion_cost", ("layer", "layer-kube")),
+        ("consolidation", ("layer", "layer-kube")),
     )
 }
 LAMBDA_UNZIPPED_LIMIT = 250 * 10**6

@@ -16,6 +16,7 @@ from typing import Any
 from adapters.settings import add_flags
 from application.extender.settings import ExtenderSettings
 from gpu_scheduler.commands.common import SCORING, UsageError, add_scoring, extender_settings, read_document
+from scheduler_core.consolidation.plan import MAX_MOVES, consolidation_hint
 from scheduler_core.extender.explain import Explanation, NodeExplanation, explain
 from scheduler_core.extender.facade import Extender
 from scheduler_core.k8s.mig import mig_resource
@@ -36,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         '{"nodes": [...], "pods": [...]}',
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--moves",
+        type=int,
+        default=2,
+        help="where no node fits, the most moves of opted-in pods a consolidation plan may make (0: do not ask; "
+        "not with --snapshot, which holds no pods)",
+    )
     add_scoring(parser)
     add_flags(parser, ExtenderSettings, ["share_policy"])
 
@@ -44,30 +52,44 @@ def run(args: argparse.Namespace) -> int:
     if args.pod_ref:
         if args.pod or args.cluster:
             raise UsageError("give NAMESPACE/POD (a live pod) or --pod and --cluster (files), not both")
-        pod, state = _live(args)
+        pod, state, objects = _live(args)
     else:
         if not (args.pod and args.cluster):
             raise UsageError("give NAMESPACE/POD with --kubeconfig, or --pod FILE and --cluster FILE")
-        pod, state = _files(args)
+        pod, state, objects = _files(args)
+    if not 0 <= args.moves <= MAX_MOVES:
+        raise UsageError(f"--moves: expected 0..{MAX_MOVES}, got {args.moves}")
     config = extender_settings(args, [*SCORING, "share_policy"]).extender_config()
     explanation = explain(Extender(config, cluster=lambda: state), pod)
+    hint = ""
+    if not explanation.passing and objects is not None and args.moves:
+        hint = consolidation_hint(pod, *objects, args.moves)
     if args.json:
-        print(json.dumps(explanation.to_json(), indent=2))
+        print(json.dumps({**explanation.to_json(), **({"consolidation": hint} if hint else {})}, indent=2))
     else:
-        print(table(explanation))
+        print(table(explanation) + (f"\n{hint}" if hint else ""))
     return 0
 
 
-def _files(args: argparse.Namespace) -> tuple[dict[str, Any], ClusterState]:
+Objects = tuple[list[dict[str, Any]], list[dict[str, Any]]] | None
+"""The nodes and pods a consolidation plan is made from; None where only a snapshot was read."""
+
+
+def _files(args: argparse.Namespace) -> tuple[dict[str, Any], ClusterState, Objects]:
     from adapters.cluster_file import load_cluster_file
+    from scheduler_core.state.cluster import document_of_list
 
     pod = read_document(args.pod, "pod file")
     if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
         raise UsageError(f"pod file {args.pod}: expected a v1 Pod object")
-    return pod, load_cluster_file(args.cluster)
+    state = load_cluster_file(args.cluster)
+    document = read_document(args.cluster, "cluster file")
+    if isinstance(document, dict) and "items" in document:
+        document = document_of_list(document)
+    return pod, state, (list(document.get("nodes") or []), list(document.get("pods") or []))
 
 
-def _live(args: argparse.Namespace) -> tuple[dict[str, Any], ClusterState]:
+def _live(args: argparse.Namespace) -> tuple[dict[str, Any], ClusterState, Objects]:
     from adapters.errors import AdapterError
     from adapters.kube import connect_kubeconfig
 
@@ -79,12 +101,12 @@ def _live(args: argparse.Namespace) -> tuple[dict[str, Any], ClusterState]:
         kube = connect_kubeconfig(kubeconfig or None)
         pod = kube.get_pod(namespace, name)
         if args.snapshot:
-            return pod, _snapshot(args.snapshot)
+            return pod, _snapshot(args.snapshot), None
         nodes = kube.list_all("nodes")
         pods = kube.list_all("pods", field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
     except AdapterError as exc:
         raise UsageError(f"reading {args.pod_ref} and the cluster: {exc}") from exc
-    return pod, ClusterState.from_objects(nodes, pods)
+    return pod, ClusterState.from_objects(nodes, pods), (nodes, pods)
 
 
 def _snapshot(uri: str) -> ClusterState:

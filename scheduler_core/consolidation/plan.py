@@ -122,9 +122,10 @@ def plan_consolidation(
     *,
     max_moves: int,
     max_moves_per_plan: int,
+    pending: Sequence[Mapping[str, Any]] | None = None,
 ) -> Consolidation:
     """Plans for the Pending pods of the profile (see the module docstring), at most ``max_moves`` moves
-    in all and ``max_moves_per_plan`` for one pod.
+    in all and ``max_moves_per_plan`` for one pod; ``pending``: plan for these pods instead (``explain``).
 
     Raises
     ------
@@ -141,7 +142,7 @@ def plan_consolidation(
     waiting: dict[str, str] = {}
     plans: list[PodPlan] = []
     left = max_moves
-    for pod in pending_pods(pods)[:MAX_PENDING]:
+    for pod in (pending_pods(pods) if pending is None else list(pending))[:MAX_PENDING]:
         ref = _ref(pod)
         if left == 0:
             waiting[ref.key] = "this run's move budget is spent"
@@ -153,6 +154,27 @@ def plan_consolidation(
         plans.append(found)
         left -= len(found.moves)
     return Consolidation(tuple(plans), waiting, dict(unmovable), len(planner.pods))
+
+
+def consolidation_hint(
+    pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]], budget: int
+) -> str:
+    """What ``explain`` says of a pod no node fits: the plan of at most ``budget`` moves that would place it
+    (each move, its reason and cost), or why there is none.
+
+    >>> from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
+    >>> consolidation_hint(make_pod("p", 9), [make_node("n", CATALOGUE[0], "z")], [], 2)
+    'consolidation: no plan: it asks for 9 GPUs, more than any node the planner knows (8)'
+    """
+    found = plan_consolidation(nodes, pods, max_moves=budget, max_moves_per_plan=budget, pending=[pod])
+    if not found.plans:
+        return f"consolidation: no plan: {next(iter(found.waiting.values()), 'nothing to plan for')}"
+    plan = found.plans[0]
+    moves = "; ".join(
+        f"{m.pod.key} ({m.owner.kind}/{m.owner.name}) {m.source} -> {m.destination}, cost {m.cost:g}"
+        for m in plan.moves
+    )
+    return f"consolidation: {len(plan.moves)} move(s) would place it on {plan.node}: {moves}"
 
 
 def pending_pods(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -41,8 +41,8 @@ def write_stand_in_package(directory: Path, *, arch: str = "arm64", python: str 
     """Zips holding one small file each, and the package.json the CDK app reads (as make package writes)."""
     directory.mkdir(parents=True, exist_ok=True)
     layers = {"extender": ["layer-arm64.zip"], "node_state": ["layer-arm64.zip", "layer-kube-arm64.zip"]}
-    layers["deletion_cost"] = layers["node_state"]
-    for name in ("extender", "node_state", "deletion_cost", "layer-arm64", "layer-kube-arm64"):
+    layers["deletion_cost"] = layers["consolidation"] = layers["node_state"]
+    for name in ("extender", "node_state", "deletion_cost", "consolidation", "layer-arm64", "layer-kube-arm64"):
         with zipfile.ZipFile(directory / f"{name}.zip", "w") as archive:
             archive.writestr("stand_in.txt", f"stand-in for {name}\n")
     functions = {name: {"layers": zips} for name, zips in layers.items()}

@@ -28,8 +28,9 @@ from testing.product_manifests import generated_scheduler_config
 from testing.reservation_kubelet import ReservationKubelet
 
 HERE = Path(__file__).parent
-ServeSharing = Callable[[str], tuple[str, dict[str, Any]]]
-"""Starts ``serve`` on a ledger table and kube-scheduler with sharing: the URL and the configuration."""
+ServeSharing = Callable[..., tuple[str, dict[str, Any]]]
+"""Starts ``serve`` on a ledger table (and any more of ``serve``'s flags) and kube-scheduler with sharing: the
+URL and the configuration."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -94,9 +95,9 @@ def serve_sharing(
     DynamoDB with the reservation pods' kubelet running, and kube-scheduler beside it on ``scheduler-config
     --sharing``, when the module asks: the URL and the configuration kube-scheduler runs."""
 
-    def start(table: str) -> tuple[str, dict[str, Any]]:
+    def start(table: str, *flags: str) -> tuple[str, dict[str, Any]]:
         kubeconfig = str(cluster.kubeconfig_of("scheduler"))
-        url = product.serve("serve", ["--watch", "--kubeconfig", kubeconfig, "--ledger-table", table], moto_env)
+        url = product.serve("serve", ["--watch", "--kubeconfig", kubeconfig, "--ledger-table", table, *flags], moto_env)
         return url, start_scheduler(cluster, url, "--sharing")
 
     return start
