@@ -30,6 +30,8 @@ from adapters import kube as kube_adapter
 from adapters.gpu_ledger import LedgerStore, LedgerStoreError, create_table
 from adapters.kube import connect_url
 from adapters.snapshot_store import SnapshotStoreError
+from application.consolidation import service as consolidation
+from application.consolidation.settings import ConsolidationSettings
 from application.deletion_cost import service as deletion_cost
 from application.deletion_cost.settings import DeletionCostSettings
 from application.extender.service import build as build_extender
@@ -77,7 +79,9 @@ class Server:
 
 @pytest.fixture(scope="module")
 def synthesised(synth: Synthesise) -> Synth:
-    return synth(sharing=True)  # every grant: the ledger's are made only with sharing
+    return synth(
+        sharing=True, consolidation=True
+    )  # every grant: the ledger's with sharing, the holds' with consolidation
 
 
 @pytest.fixture(scope="module")
@@ -300,6 +304,31 @@ def deletion_cost_calls(deployed: Deployed, api: KubeApiDouble) -> list[str]:
     return [report.error] if report.status != "ok" else []
 
 
+def consolidation_seed(deployed: Deployed, api: KubeApiDouble) -> None:
+    """Two 8-GPU nodes, each holding a movable one-GPU pod, and a Pending 8-GPU pod: one move makes room."""
+    from tests.scheduler_core.consolidation.conftest import gpu_node as plain_node
+    from tests.scheduler_core.consolidation.conftest import gpu_pod
+
+    api.load("nodes", [plain_node("a"), plain_node("b")])
+    api.load("pods", [gpu_pod("a0", "a"), gpu_pod("b0", "b"), gpu_pod("big", gpus=8, owner="", pending=True)])
+
+
+def consolidation_calls(deployed: Deployed, api: KubeApiDouble) -> list[str]:
+    """One run as the handler makes it: ``build_services`` (DescribeCluster) and ``consolidate``, which
+    reads the holds (none yet), writes them, evicts one pod and writes them again."""
+    settings = ConsolidationSettings.from_env(
+        deployed.environment("consolidation", ConsolidationSettings), region=REGION, settle_s=0.0
+    )
+    try:
+        services = consolidation.build_services(settings, boto3.session.Session(region_name=REGION))
+    except ClientError as exc:
+        return [f"connecting to the cluster: {exc}"]
+    services.kube = connect_url(api.url, TOKEN)
+    report = consolidation.consolidate(settings, services, time_left=lambda: 60.0)
+    problems = [report.error] if report.status != "ok" else []
+    return problems + ([] if report.evictions == 1 or problems else [f"expected one eviction: {report}"])
+
+
 @dataclass(frozen=True)
 class Function:
     name: str  # the stack's attribute
@@ -347,6 +376,16 @@ FUNCTIONS = (
         frozenset({"eks:DescribeCluster", "ssm:GetParameter"}),
         _nothing,
         deletion_cost_calls,
+    ),
+    Function(
+        "consolidation",
+        frozenset({
+            "eks:DescribeCluster",  # adapters/kube.py describe_cluster, in build_services
+            "s3:GetObject",  # adapters/holds_source.py read_book (a missing book reads as empty)
+            "s3:PutObject",  # write_book: the holds before the evictions, and the evictions' times after
+        }),
+        consolidation_seed,
+        consolidation_calls,
     ),
 )  # fmt: skip
 

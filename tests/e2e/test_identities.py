@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from manifests.access import DELETION_COST, EXTENDER, NODE_STATE, LambdaIdentity
+from manifests.access import CONSOLIDATOR, DELETION_COST, EXTENDER, NODE_STATE, LambdaIdentity
 from scheduler_core.k8s.names import ASSIGNED_GPUS_ANNOTATION, DELETION_COST_ANNOTATION, LABEL_MODEL
 from scheduler_core.simulator.synthetic import CATALOGUE, make_node, make_pod
 from testing.control_plane import ControlPlane
@@ -35,7 +35,7 @@ from tests.e2e.conftest import let_tenant
 NAMESPACE = "identities"
 A100 = next(shape for shape in CATALOGUE if shape.model == "A100")
 RESOURCES = ("pods", "pods/binding", "pods/status", "pods/eviction", "nodes", "nodes/status", "events", "secrets",
-             "configmaps", "namespaces", "serviceaccounts", "deployments.apps",
+             "configmaps", "namespaces", "serviceaccounts", "deployments.apps", "poddisruptionbudgets.policy",
              *(f"{kind}.resource.k8s.io" for kind in (
                  "deviceclasses", "resourceslices", "resourceclaims", "resourceclaims/status")))  # fmt: skip
 NAMED = {"deployments.apps": "karpenter"}
@@ -65,7 +65,7 @@ def allowed(api: KubeRest, resource: str, verb: str, object_name: str = "") -> b
     return bool(answer["status"]["allowed"])
 
 
-@pytest.mark.parametrize("identity", [EXTENDER, NODE_STATE, DELETION_COST], ids=lambda i: i.name)
+@pytest.mark.parametrize("identity", [EXTENDER, NODE_STATE, DELETION_COST, CONSOLIDATOR], ids=lambda i: i.name)
 def test_each_lambda_identity_is_granted_exactly_its_functions_verbs(cluster: ControlPlane, identity: LambdaIdentity):
     expected = {(".".join(filter(None, (r, rule["apiGroups"][0]))), v)
                 for rule in identity.rules for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
