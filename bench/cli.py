@@ -53,6 +53,12 @@ def _churn(args: argparse.Namespace) -> dict[str, Any]:
     return run_churn(args.trace, args.seeds, args.loads, args.K, args.jobs)
 
 
+def _consolidation(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.consolidation import run
+
+    return run(args.nodes, args.filter_nodes, args.pending, args.moves, args.repeat, args.seed)
+
+
 def _extender(args: argparse.Namespace) -> dict[str, Any]:
     from bench.extender import run
 
@@ -217,6 +223,13 @@ def _add_in_process_suites(suite: AddSuite) -> None:
     ext.add_argument(
         "--share-shapes", type=int_list, default=[35], help="typical pod shapes in the share prioritize's state"
     )
+    co = suite("consolidation", _consolidation, "a consolidator's plan on a large cluster; the filter with holds")
+    co.add_argument("--nodes", type=int_list, default=[100, 1000, 5000], help="cluster sizes planned on")
+    co.add_argument("--filter-nodes", type=int_list, default=[1000, 5000], help="filter sizes, with and without holds")
+    co.add_argument("--pending", type=int, default=4, help="8-GPU pods waiting")
+    co.add_argument("--moves", type=int, default=8, help="the run's move budget (and a plan's)")
+    co.add_argument("--repeat", type=int, default=3)
+    co.add_argument("--seed", type=int, default=1)
     dc = suite("deletion-cost", _deletion_cost, "deletion-cost computation for many pods at once")
     dc.add_argument("--pods", type=int_list, default=[1000, 10000, 100000])
     dc.add_argument("--repeat", type=int, default=100)

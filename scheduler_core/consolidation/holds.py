@@ -24,6 +24,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,14 @@ class HoldBook:
     holds: tuple[Hold, ...] = ()
     steers: tuple[Steer, ...] = ()
     evictions: tuple[float, ...] = field(default=())
+
+    @cached_property
+    def steers_by_owner(self) -> dict[str, tuple[Steer, ...]]:
+        """The steers by their owner's UID: a filter looks up its pod's owner, not every steer."""
+        found: dict[str, list[Steer]] = {}
+        for steer in self.steers:
+            found.setdefault(steer.owner_uid, []).append(steer)
+        return {uid: tuple(steers) for uid, steers in found.items()}
 
     def live(self, now: float) -> HoldBook:
         """What has not lapsed at ``now``, and the evictions of the hour before it."""
@@ -170,18 +179,25 @@ def hold_refusals(
     steered = np.zeros(n_rows, dtype=bool)
     metadata = pod.get("metadata")
     metadata = metadata if isinstance(metadata, Mapping) else {}
-    if demand.wants_gpu:
+    if demand.wants_gpu and book.holds:
         uid = metadata.get("uid")
+        rows, gpus = [], []
         for hold in book.holds:
             row = index.get(hold.node)
             if hold.until > now and hold.uid != uid and row is not None and row < n_rows:
-                held[row] |= int(free_gpus[row]) - hold.gpus < max(demand.gpus, 1)
-    owner = owner_of(pod)
-    if owner is not None and book.steers:
+                rows.append(row)
+                gpus.append(hold.gpus)
+        if rows:
+            kept = np.zeros(n_rows, dtype=np.int64)
+            np.add.at(kept, rows, gpus)  # holds for several pods on one node add up
+            held = (kept > 0) & (free_gpus.astype(np.int64) - kept < max(demand.gpus, 1))
+    owner = owner_of(pod) if book.steers else None
+    mine = book.steers_by_owner.get(owner.uid, ()) if owner is not None else ()
+    if mine:
         created = _created(metadata.get("creationTimestamp"))
         nodes = {
-            s.node for s in book.steers
-            if s.until > now and s.owner_uid == owner.uid and s.namespace == metadata.get("namespace")
+            s.node for s in mine
+            if s.until > now and s.namespace == metadata.get("namespace")
             and created is not None and created >= s.since - STEER_SKEW_S
         }  # fmt: skip
         if nodes:

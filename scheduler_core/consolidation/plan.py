@@ -20,6 +20,7 @@ Pure: the objects in, a :class:`Consolidation` out. Nothing here evicts (``appli
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from scheduler_core.k8s.taints import untolerated
 from scheduler_core.placement.model import MAX_GPUS, Cluster, Task, Workload
 from scheduler_core.placement.moves import Placed, Plan, Rules, gpus_on, plan_moves
 from scheduler_core.state.allocation import PodUse, pod_use
-from scheduler_core.state.cluster import ClusterState
+from scheduler_core.state.cluster import ClusterState, NodeFacts
 
 MAX_PENDING = 32
 """Pending pods looked at per run, oldest first (a run's move budget is far smaller)."""
@@ -215,10 +216,16 @@ class _Live:
     """Position in the pod list -> what the pod holds (bound pods only)."""
     shared: list[set[int]]
     """Per row, the GPUs that carry a share."""
+    requested: dict[int, int]
+    """Position in the pod list -> the bound pod's memory request, bytes (readable ones only)."""
+    tainted: npt.NDArray[np.bool_]
+    """Per row: the node has taints (only those are checked against a pod's tolerations)."""
+    _allowed: dict[str, npt.NDArray[np.bool_]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]) -> _Live:
-        state = ClusterState.from_objects(nodes, pods)
+        every = [pod_use(p, i) for i, p in enumerate(pods)]
+        state = ClusterState.from_uses(NodeFacts.of(nodes), every)
         table = state.table
         by_name = {str(_mapping(n.get("metadata")).get("name") or ""): n for n in nodes if isinstance(n, Mapping)}
         ordered = [by_name.get(name, {}) for name in table.names]
@@ -229,8 +236,8 @@ class _Live:
         gpu_left[:, :width] = free[:, :width]
         gpu_left[count == 0] = 0
         cpu = state.free_cpu if state.free_cpu is not None else np.zeros(table.n_nodes, dtype=np.int64)
-        uses = {i: pod_use(p, i) for i, p in enumerate(pods) if _bound(p)}
-        memory = _free_memory(ordered, table.index, pods, uses)
+        uses = {i: use for i, use in enumerate(every) if use.node}
+        memory, requested = _free_memory(ordered, table.index, pods, uses)
         models = (*table.models, "")
         model_id = np.where(table.model_id < 0, len(table.models), table.model_id).astype(np.int64)
         cluster = Cluster(cpu.astype(np.int64), memory, gpu_left, count, model_id, models)
@@ -244,11 +251,24 @@ class _Live:
             is_open &= state.dra_gpus == 0
         workload = Workload.from_shapes(state.shapes, models)
         labels = [_mapping(_mapping(n.get("metadata")).get("labels")) for n in ordered]
-        return cls(ordered, table.names, labels, cluster, workload, is_open, uses, shared)
+        tainted = np.array([bool(_mapping(n.get("spec")).get("taints")) for n in ordered], dtype=bool)
+        return cls(ordered, table.names, labels, cluster, workload, is_open, uses, shared, requested, tainted)
 
     def allowed(self, pod: Mapping[str, Any]) -> npt.NDArray[np.bool_]:
         """Shape (n_nodes,): the open nodes the pod's node selector, required node affinity and
-        tolerations admit (none when its affinity cannot be read)."""
+        tolerations admit (none when its affinity cannot be read). Computed once per distinct set of those
+        (the pods of one controller share it), and read-only."""
+        spec = _mapping(pod.get("spec"))
+        key = json.dumps(
+            [spec.get("nodeSelector"), _mapping(spec.get("affinity")).get("nodeAffinity"), spec.get("tolerations")],
+            sort_keys=True, default=str,
+        )  # fmt: skip
+        if key not in self._allowed:
+            self._allowed[key] = self._compute_allowed(pod)
+            self._allowed[key].flags.writeable = False
+        return self._allowed[key]
+
+    def _compute_allowed(self, pod: Mapping[str, Any]) -> npt.NDArray[np.bool_]:
         mask = self.open.copy()
         try:
             affinity = required_affinity(pod)
@@ -257,7 +277,8 @@ class _Live:
         if affinity is not None:
             mask &= match_nodes(affinity, self.names, self.labels)
         selector = _mapping(_mapping(pod.get("spec")).get("nodeSelector"))
-        for row in np.flatnonzero(mask).tolist():
+        rows = np.flatnonzero(mask) if selector else np.flatnonzero(mask & self.tainted)
+        for row in rows.tolist():
             labels = self.labels[row]
             if any(labels.get(k) != v for k, v in selector.items()) or untolerated(self.nodes[row], pod):
                 mask[row] = False
@@ -293,7 +314,7 @@ class _Planner:
             pod = pods[position]
             if _mapping(pod.get("spec")).get("schedulerName") != SCHEDULER_NAME:
                 continue
-            why = why_not_movable(pod, self.budgets) or _readable(use)
+            why = why_not_movable(pod, self.budgets) or _readable(use, position in self.live.requested)
             row = index.get(use.node)
             if not why and (row is None or not self.live.open[row]):
                 why = "on a node the planner leaves alone"
@@ -333,7 +354,7 @@ class _Planner:
 
     def _add(self, position: int, pod: Mapping[str, Any], use: PodUse, row: int, gpus: tuple[int, ...]) -> None:
         demand = pod_demand(pod)
-        memory = int(pod_requests(pod)[1])
+        memory = self.live.requested[position]  # load() checked it is there
         self.where[position] = self.live.allowed(pod)
         milli = use.milli if use.milli else MILLI_PER_GPU
         task = Task(use.cpu, -(-memory // MIB), len(gpus) if use.gpus or use.milli else 0, milli if gpus else 0,
@@ -414,26 +435,27 @@ def _pending_task(pod: Mapping[str, Any]) -> Task | str:
 def _free_memory(
     nodes: Sequence[Mapping[str, Any]], index: Mapping[str, int], pods: Sequence[Mapping[str, Any]],
     uses: Mapping[int, PodUse],
-) -> npt.NDArray[np.int64]:  # fmt: skip
+) -> tuple[npt.NDArray[np.int64], dict[int, int]]:  # fmt: skip
     """Shape (n_nodes,): allocatable memory less the bound pods' requests, in MiB (a pod whose requests
-    cannot be read counts none)."""
+    cannot be read counts none); and each bound pod's memory request in bytes, by position."""
     allocatable = node_allocatable(nodes)[:, 1]
     used = np.zeros(len(nodes), dtype=np.int64)
+    requested: dict[int, int] = {}
     for position, use in uses.items():
-        row = index.get(use.node)
-        if row is None:
-            continue
         try:
-            used[row] += int(pod_requests(pods[position])[1])
+            requested[position] = int(pod_requests(pods[position])[1])
         except ValueError:
             continue
-    return np.maximum(allocatable - np.minimum(used, allocatable), 0) // MIB
+        row = index.get(use.node)
+        if row is not None:
+            used[row] += requested[position]
+    return np.maximum(allocatable - np.minimum(used, allocatable), 0) // MIB, requested
 
 
-def _readable(use: PodUse) -> str:
+def _readable(use: PodUse, memory_read: bool) -> str:
     if use.problem or use.cpu_problem:
         return f"its requests cannot be read: {use.problem or use.cpu_problem}"
-    return ""
+    return "" if memory_read else "its requests cannot be read: memory"
 
 
 def _category(why: str) -> str:
