@@ -2,7 +2,7 @@
 
 - no import cycle among the product's modules, counting the imports inside functions;
 - ``scheduler_core`` imports only numpy, the standard library and itself;
-- the scheduling path (``extender``, ``state``, ``scoring``, ``k8s``) never reaches the simulators;
+- the scheduling path (``extender``, ``consolidation``, ``state``, ``scoring``, ``k8s``) never reaches the simulators;
 - nothing installed imports ``testing`` or ``bench`` at module level, and ``cdk`` never imports the CLI;
 - no two folders import each other (a top-level package, or a subpackage of ``scheduler_core`` or
   ``lambdas``), counting the imports inside functions: each pair of folders has one direction.
@@ -22,7 +22,13 @@ from tests.conftest import REPO
 PRODUCT = ("scheduler_core", "adapters", "application", "gpu_scheduler", "lambdas", "manifests", "shares")
 SIMULATORS = ("scheduler_core.simulator.simulate", "scheduler_core.simulator.locality_sim")
 EVERY_FOLDER = (*PRODUCT, "cdk", "testing", "bench", "tools")
-SCHEDULING_PATH = ("scheduler_core.extender", "scheduler_core.state", "scheduler_core.scoring", "scheduler_core.k8s")
+SCHEDULING_PATH = (
+    "scheduler_core.extender",
+    "scheduler_core.consolidation",
+    "scheduler_core.state",
+    "scheduler_core.scoring",
+    "scheduler_core.k8s",
+)
 
 
 def _module_name(path: Path) -> str:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.consolidation.holds import HoldBook, hold_refusals
 from scheduler_core.extender.view import NodeView, fragmentation_inputs, locality_inputs
 from scheduler_core.extender.wire import encode_json, json_string
 from scheduler_core.k8s.pods import PodDemand
@@ -225,25 +224,6 @@ def filter_verdict(view: NodeView, demand: PodDemand, nodes: Sequence[Any] | Non
     result = view.filter(demand, check_free)
     kept = np.flatnonzero(result.feasible)
     return FilterOutcome(nodes is None, kept, demand, result, view.unknown, view=view, nodes=nodes)
-
-
-def with_holds(outcome: FilterOutcome, book: HoldBook, pod: Any, now: float) -> FilterOutcome:
-    """``outcome`` with a consolidation's holds obeyed at ``now``
-    (:func:`~scheduler_core.consolidation.holds.hold_refusals`): of the nodes that pass, those held for
-    another Pending pod fail as ``Reason.HELD``, and, for a replacement the plan steers, every node but its
-    destination as ``Reason.STEERED``. Both are unresolvable: preemption frees no hold."""
-    result, view, demand = outcome.result, outcome.view, outcome.demand
-    if result is None or view is None or demand is None or not (book.holds or book.steers):
-        return outcome
-    held, steered = hold_refusals(book, view.table.index, result.free_gpus, pod, demand, now)
-    if not (held.any() or steered.any()):
-        return outcome
-    reason = result.reason.copy()
-    fits = reason == Reason.FITS
-    reason[fits & held] = Reason.HELD
-    reason[fits & steered] = Reason.STEERED
-    refused = replace(result, reason=reason)
-    return replace(outcome, result=refused, kept_rows=np.flatnonzero(refused.feasible))
 
 
 def prioritize_scores(

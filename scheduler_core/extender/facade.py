@@ -26,7 +26,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from scheduler_core.consolidation.holds import HoldBook
 from scheduler_core.errors import (
     ClusterStateUnavailableError,
     ConfigError,
@@ -37,13 +36,8 @@ from scheduler_core.errors import (
     by_path,
 )
 from scheduler_core.extender.admission import bind_refusal, room_refusal
-from scheduler_core.extender.decide import (
-    FilterOutcome,
-    PrioritizeOutcome,
-    filter_verdict,
-    prioritize_scores,
-    with_holds,
-)
+from scheduler_core.extender.decide import FilterOutcome, PrioritizeOutcome, filter_verdict, prioritize_scores
+from scheduler_core.extender.holding import HoldsSource, with_holds
 from scheduler_core.extender.preemption import Holdings, PreemptOutcome, candidates, decide_on_view, proposed_nodes
 from scheduler_core.extender.view import NodeView, node_view
 from scheduler_core.extender.wire import (
@@ -216,9 +210,8 @@ class Extender:
         ``accounting``, which records them (``adapters.ledger_readings.LedgerReadings``).
     accounting : Accounting, optional
         The GPU ledger; with it ``bind`` and ``preempt`` are served.
-    holds : callable returning (HoldBook, now) or None, optional
-        A consolidation's holds and the time to judge them at (``adapters.holds_source``); the filter
-        obeys them (:func:`~scheduler_core.extender.decide.with_holds`).
+    holds : HoldsSource, optional
+        A consolidation's holds, which the filter obeys (:mod:`scheduler_core.extender.holding`).
     """
 
     def __init__(
@@ -227,7 +220,7 @@ class Extender:
         cluster: ClusterSource | None = None,
         readings: Readings | None = None,
         accounting: Accounting | None = None,
-        holds: Callable[[], tuple[HoldBook, float] | None] | None = None,
+        holds: HoldsSource | None = None,
     ) -> None:
         self.config = (config or ExtenderConfig()).validated()
         self._cluster = cluster or (lambda: None)
@@ -322,9 +315,7 @@ class Extender:
         outcome = filter_verdict(view, demand, args.nodes)
         if outcome.result is not None and self._refreshed_for(outcome.result):
             outcome = filter_verdict(self.view(args, demand), demand, args.nodes)
-        held = self._holds() if self._holds is not None else None
-        if held is not None:
-            outcome = with_holds(outcome, held[0], args.pod, held[1])
+        outcome = with_holds(outcome, args.pod, self._holds)
         if not len(outcome.kept_rows) and outcome.result is not None and len(outcome.result.reason):
             outcome = replace(outcome, hint=autoscaler_hint(args.pod, demand))
         if len(outcome.kept_rows) == 1:
