@@ -129,6 +129,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     # The consolidator: one set per run.
     MetricSpec("PendingPods", CONSOLIDATOR, "Count", "Pending pods of the profile that no node fits, looked at"),
     MetricSpec("Plans", CONSOLIDATOR, "Count", "Pending pods a plan of moves was made for"),
+    MetricSpec("NodesEmptied", CONSOLIDATOR, "Count", "nodes emptied for scale-down (EMPTY_NODES)"),
     MetricSpec("MovesPlanned", CONSOLIDATOR, "Count", "moves the run's plans hold"),
     MetricSpec("Evictions", CONSOLIDATOR, "Count", "pods evicted through the Eviction API"),
     MetricSpec("EvictionsRefused", CONSOLIDATOR, "Count", "evictions a PodDisruptionBudget refused (429)"),

@@ -23,6 +23,7 @@ its context key, and synth stops with all of them at once. A key the extender's 
 | ``nodeStateWatchS`` | the rate + 15 | node-state runs watch until this long after they start (0: poll) |
 | ``consolidation`` | false | the consolidator: its Lambda, role, RBAC and admission policy; the extender's holds |
 | ``consolidationScheduleMinutes`` | 2 | its EventBridge rate |
+| ``consolidationDryRun`` | false | it plans and logs, evicts nothing (``DRY_RUN``): to read its plans first |
 | ``ampWorkspaceId`` | (create one) | import an existing Amazon Managed Prometheus workspace |
 | ``alarmEmail`` / ``alarmTopicArn`` | (a new topic) | where alarms go |
 | ``applyManifests`` | false | apply the RBAC and the second scheduler through ``aws_eks_v2`` |
@@ -95,6 +96,7 @@ class DeployConfig:
     deletion_cost_schedule_minutes: int = 1
     consolidation: bool = False
     consolidation_schedule_minutes: int = 2
+    consolidation_dry_run: bool = False
     amp_workspace_id: str = ""
     alarm_email: str = ""
     alarm_topic_arn: str = ""

@@ -25,7 +25,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
-from adapters.metric_catalogue import DELETION_COST, EXTENDER, NAMESPACE, NODE_STATE, spec
+from adapters.metric_catalogue import CONSOLIDATOR, DELETION_COST, EXTENDER, NAMESPACE, NODE_STATE, spec
 from cdk.prometheus import DCGM_NAMESPACE, KSM_NAMESPACE, rule_groups, scrape_configuration
 from manifests.scheduler import SCRAPER_USER, dump_yaml
 from scheduler_core.deletion_cost.policy import COST_RANGES
@@ -192,26 +192,8 @@ class Monitoring(Construct):
             3,
             2,
         )
-        for name, function, service in (
-            ("NodeStateFailing", watched.node_state, NODE_STATE),
-            ("DeletionCostFailing", watched.deletion_cost, DELETION_COST),
-        ):
-            self._alarm(
-                name,
-                f"{service}: 3 or more failed runs in 5 minutes (crashes or runs reporting failure)",
-                cloudwatch.MathExpression(
-                    expression="FILL(crashes, 0) + FILL(failures, 0)",
-                    using_metrics={
-                        "crashes": function.metric_errors(period=FIVE_MINUTES, statistic="Sum"),
-                        "failures": metric("RunFailures", service, period=FIVE_MINUTES),
-                    },
-                    label="failed runs",
-                    period=FIVE_MINUTES,
-                ),
-                2,
-                1,
-                1,
-            )
+        self._failing("NodeStateFailing", watched.node_state, NODE_STATE)
+        self._failing("DeletionCostFailing", watched.deletion_cost, DELETION_COST)
         self._alarm(
             "LedgerConflictSpike",
             f"more than {watched.ledger_conflicts_per_5m} GPU-ledger conflicts in 5 minutes: binds are contending",
@@ -219,6 +201,43 @@ class Monitoring(Construct):
             watched.ledger_conflicts_per_5m,
             1,
             1,
+        )
+
+    def _failing(self, name: str, function: lambda_.Function, service: str) -> None:
+        """An alarm on a scheduled function's failed runs: crashes, and runs that report failure."""
+        self._alarm(
+            name,
+            f"{service}: 3 or more failed runs in 5 minutes (crashes or runs reporting failure)",
+            cloudwatch.MathExpression(
+                expression="FILL(crashes, 0) + FILL(failures, 0)",
+                using_metrics={
+                    "crashes": function.metric_errors(period=FIVE_MINUTES, statistic="Sum"),
+                    "failures": metric("RunFailures", service, period=FIVE_MINUTES),
+                },
+                label="failed runs",
+                period=FIVE_MINUTES,
+            ),
+            2,
+            1,
+            1,
+        )
+
+    def observe_consolidation(self, function: lambda_.Function) -> None:
+        """With ``consolidation``: an alarm on its failed runs, and a dashboard row of what it planned,
+        evicted and held (after :meth:`observe`)."""
+        self._failing("ConsolidationFailing", function, CONSOLIDATOR)
+        self.dashboard.add_widgets(
+            cloudwatch.TextWidget(
+                markdown="## Consolidation: what waited, what moved, what was held", width=24, height=1
+            ),
+            _graph("Pending pods and plans", [metric(n, CONSOLIDATOR) for n in ("PendingPods", "Plans")], width=6),
+            _graph(
+                "Moves", [metric(n, CONSOLIDATOR) for n in ("MovesPlanned", "Evictions", "EvictionsRefused")], width=6
+            ),
+            _graph("Holds", [metric(n, CONSOLIDATOR) for n in ("HoldsKept", "HoldsLapsed")], width=6),
+            cloudwatch.AlarmStatusWidget(
+                title="Consolidation", alarms=[self.alarms["ConsolidationFailing"]], width=6, height=6
+            ),
         )
 
     def _api_alarms(self, stage: apigw.Stage) -> None:

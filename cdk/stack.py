@@ -215,6 +215,7 @@ class GpuSchedulerStack(Stack):
             environment={
                 "CLUSTER_NAME": self.config.cluster_name,
                 "HOLDS_URI": self.state.holds_uri,
+                **({"DRY_RUN": "true"} if self.config.consolidation_dry_run else {}),
                 **self.network.sdk_environment("eks"),  # S3 is a gateway endpoint: no variable
             },
             memory_mib=1024,
@@ -301,6 +302,8 @@ class GpuSchedulerStack(Stack):
                 ledger_conflicts_per_5m=config.ledger_conflicts_alarm_per_5m,
             )
         )
+        if self.consolidation is not None:
+            self.monitoring.observe_consolidation(self.consolidation.function)
         self.monitoring.scrape(
             cluster_name=config.cluster_name,
             cluster_arn=cluster_arn,

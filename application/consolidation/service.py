@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -33,7 +33,15 @@ from adapters.kube_transport import DeadlineReachedError, KubeApiError
 from adapters.snapshot_store import SnapshotStore, SnapshotStoreError, open_store
 from application.consolidation.settings import ConsolidationSettings
 from scheduler_core.consolidation.holds import Hold, HoldBook, HoldsFormatError, Steer
-from scheduler_core.consolidation.plan import Consolidation, PodPlan, pending_pods, plan_consolidation
+from scheduler_core.consolidation.plan import (
+    Consolidation,
+    NodePlan,
+    PlannedMove,
+    PodPlan,
+    pending_pods,
+    plan_consolidation,
+)
+from scheduler_core.k8s.limits import MAX_GPUS_PER_NODE
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,8 @@ class RunReport:
     dry_run: bool = False
     pending: int = 0
     plans: tuple[dict[str, Any], ...] = ()
+    emptied: tuple[dict[str, Any], ...] = ()
+    """The nodes emptied for scale-down (``EMPTY_NODES``), each with its moves."""
     moves_planned: int = 0
     evictions: int = 0
     evictions_refused: int = 0
@@ -110,7 +120,8 @@ def _run(
     nodes, pods = kube.list_all("nodes"), kube.list_all("pods")
     pdbs = kube.list_disruption_budgets()
     book = read_book(services.store) if services.store is not None else HoldBook()
-    settled, kept, lapsed = settle(book, pods, now())
+    names = {str((n.get("metadata") or {}).get("name") or "") for n in nodes}
+    settled, kept, lapsed = settle(book, pods, now(), names)
     if services.store is not None and not settings.dry_run and settled != book:
         write_book(services.store, settled)
     hour_left = max(0, settings.max_moves_per_hour - len(settled.evictions))
@@ -123,29 +134,35 @@ def _run(
     plan = plan_consolidation(
         nodes, pods, pdbs,
         max_moves=min(settings.max_moves_per_run, hour_left), max_moves_per_plan=settings.max_moves_per_plan,
+        empty_nodes=settings.empty_nodes,
     )  # fmt: skip
     report = replace(
         report, plans=tuple(_described(p) for p in plan.plans), moves_planned=plan.moves,
-        waiting=dict(plan.waiting), unmovable=dict(plan.unmovable),
+        emptied=tuple(_described(n) for n in plan.emptied), waiting=dict(plan.waiting), unmovable=dict(plan.unmovable),
     )  # fmt: skip
-    logger.info("consolidation plan", extra={"plans": report.plans, "waiting": report.waiting})
-    if settings.dry_run or not plan.plans:
+    logger.info(
+        "consolidation plan", extra={"plans": report.plans, "emptied": report.emptied, "waiting": report.waiting}
+    )
+    if settings.dry_run or not plan.moves:
         return report
     assert services.store is not None  # settings require HOLDS_URI unless DRY_RUN
     return _execute(settings, services.store, kube, settled, plan, report, now, sleep, logger)
 
 
-def settle(book: HoldBook, pods: Sequence[Mapping[str, Any]], at: float) -> tuple[HoldBook, int, int]:
-    """``book`` with what is done or lapsed at ``at`` taken out, and how many holds were kept and lapsed."""
+def settle(
+    book: HoldBook, pods: Sequence[Mapping[str, Any]], at: float, nodes: Collection[str]
+) -> tuple[HoldBook, int, int]:
+    """``book`` with what is done or lapsed at ``at`` taken out, and how many holds were kept and lapsed. A
+    node emptied for scale-down (a hold for no pod) is kept once the node is gone from ``nodes``."""
     by_uid = {str((p.get("metadata") or {}).get("uid") or ""): p for p in pods}
     done: set[Hold] = set()
     kept = lapsed = 0
     for hold in book.holds:
-        pod = by_uid.get(hold.uid)
+        pod = by_uid.get(hold.uid) if hold.uid else None
         node = ((pod or {}).get("spec") or {}).get("nodeName")
-        if pod is not None and node == hold.node:
+        if (pod is not None and node == hold.node) or (not hold.uid and hold.node not in nodes):
             kept += 1
-        elif pod is None or node or hold.until <= at:
+        elif (hold.uid and (pod is None or node)) or hold.until <= at:
             lapsed += 1
         else:
             continue
@@ -170,10 +187,13 @@ def _execute(
     at = now()
     until = at + settings.hold_s
     holds = tuple(Hold(p.pod.namespace, p.pod.name, p.pod.uid, p.node, p.gpus, until) for p in plan.plans)
+    # An emptied node is held for no pod: every GPU pod is kept off it until the autoscaler removes it.
+    holds += tuple(Hold("", "", "", n.node, MAX_GPUS_PER_NODE, until) for n in plan.emptied)
+    planned = [(p.pod.key, p.moves) for p in plan.plans] + [(n.node, n.moves) for n in plan.emptied]
     steers = tuple(
         Steer(m.pod.namespace, m.owner.kind, m.owner.name, m.owner.uid, m.pod.key, m.destination, at, until)
-        for p in plan.plans
-        for m in p.moves
+        for _whom, moves in planned
+        for m in moves
     )
     book = replace(book, holds=book.holds + holds, steers=book.steers + steers)
     write_book(store, book)
@@ -181,8 +201,8 @@ def _execute(
     evicted: list[float] = []
     refused = gone = 0
     try:
-        for pod_plan in plan.plans:
-            outcome = _evict_plan(kube, pod_plan, evicted, now, logger)
+        for whom, moves in planned:
+            outcome = _evict(kube, whom, moves, evicted, now, logger)
             refused += outcome == "refused"
             gone += outcome == "gone"
     finally:  # what was evicted counts against the hour, whatever happened after
@@ -190,16 +210,20 @@ def _execute(
     return replace(report, evictions=len(evicted), evictions_refused=refused, pods_gone=gone)
 
 
-def _evict_plan(kube: KubeClient, plan: PodPlan, evicted: list[float], now: Callable[[], float], logger: Any) -> str:
-    """Evict ``plan``'s pods in order: "" when all went, "refused" when a budget said no (the rest of this
-    plan is left), "gone" when a pod was gone already (passed over)."""
+def _evict(
+    kube: KubeClient, whom: str, moves: Sequence[PlannedMove], evicted: list[float], now: Callable[[], float],
+    logger: Any,
+) -> str:  # fmt: skip
+    """Evict the pods of one plan (for ``whom``: a Pending pod, or a node emptied) in order: "" when all
+    went, "refused" when a budget said no (the rest of this plan is left), "gone" when a pod was gone
+    already (passed over)."""
     outcome = ""
-    for move in plan.moves:
+    for move in moves:
         try:
             kube.evict_pod(move.pod.namespace, move.pod.name, move.pod.uid)
         except KubeApiError as exc:
             if exc.status == 429:
-                logger.warning("eviction refused", extra={"pod": move.pod.key, "for": plan.pod.key, "error": str(exc)})
+                logger.warning("eviction refused", extra={"pod": move.pod.key, "for": whom, "error": str(exc)})
                 return "refused"
             if exc.status not in (404, 409):
                 raise
@@ -210,12 +234,12 @@ def _evict_plan(kube: KubeClient, plan: PodPlan, evicted: list[float], now: Call
     return outcome
 
 
-def _described(plan: PodPlan) -> dict[str, Any]:
+def _described(plan: PodPlan | NodePlan) -> dict[str, Any]:
     """A plan as the report and the dry run print it."""
+    about = {"pod": plan.pod.key, "gpus": plan.gpus} if isinstance(plan, PodPlan) else {}
     return {
-        "pod": plan.pod.key,
+        **about,
         "node": plan.node,
-        "gpus": plan.gpus,
         "cost": plan.cost,
         "moves": [
             {**{k: v for k, v in asdict(m).items() if k not in ("pod", "owner")}, "pod": m.pod.key,

@@ -29,7 +29,12 @@ class ConsolidationSettings(ClusterAccess):
     dry_run: bool = setting("DRY_RUN", False, "plan and report, evict nothing and write no hold")
     max_moves_per_run: int = setting("MAX_MOVES_PER_RUN", 2, "evictions per run, all plans together")
     max_moves_per_hour: int = setting("MAX_MOVES_PER_HOUR", 10, "evictions per rolling hour (kept in the holds)")
-    max_moves_per_plan: int = setting("MAX_MOVES_PER_PLAN", 2, "evictions to make room for one Pending pod")
+    max_moves_per_plan: int = setting(
+        "MAX_MOVES_PER_PLAN", 2, "evictions to make room for one Pending pod, or to empty one node"
+    )
+    empty_nodes: int = setting(
+        "EMPTY_NODES", 0, "with no pod Pending, nodes a run empties for the autoscaler to remove; 0: none"
+    )
     hold_s: float = setting(
         "HOLD_S", 180.0, "how long a plan's holds and steers last: longer than the moved pods take to terminate"
     )
@@ -54,7 +59,7 @@ class ConsolidationSettings(ClusterAccess):
             found.append(
                 f"{name('holds_uri')}: expected s3://bucket/key, file:///path or a path, got {self.holds_uri!r}"
             )
-        for key in ("max_moves_per_run", "max_moves_per_hour", "max_moves_per_plan"):
+        for key in ("max_moves_per_run", "max_moves_per_hour", "max_moves_per_plan", "empty_nodes"):
             value = getattr(self, key)
             if not 0 <= value <= MAX_MOVES:
                 found.append(f"{name(key)}: expected 0..{MAX_MOVES}, got {value}")

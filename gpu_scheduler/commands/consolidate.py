@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, key, kind in (
         ("--max-moves-per-run", "max_moves_per_run", int), ("--max-moves-per-hour", "max_moves_per_hour", int),
         ("--max-moves-per-plan", "max_moves_per_plan", int), ("--hold-s", "hold_s", float),
-        ("--settle-s", "settle_s", float),
+        ("--settle-s", "settle_s", float), ("--empty-nodes", "empty_nodes", int),
     ):  # fmt: skip
         parser.add_argument(flag, dest=key, type=kind, default=None, help=f"{key.upper()} (docs/configuration.md)")
 
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         overrides |= {"kubeconfig": args.kubeconfig, "kube_api_url": "", "cluster_name": ""}
     if args.holds is not None:
         overrides["holds_uri"] = args.holds
-    for key in ("max_moves_per_run", "max_moves_per_hour", "max_moves_per_plan", "hold_s", "settle_s"):
+    for key in ("max_moves_per_run", "max_moves_per_hour", "max_moves_per_plan", "hold_s", "settle_s", "empty_nodes"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
     try:
@@ -66,8 +66,10 @@ def describe(report: Any) -> str:
     lines = [f"{report.pending} Pending pods no node fits; {len(report.plans)} plans, {report.moves_planned} moves"]
     if report.in_flight:
         lines.append(f"{report.in_flight} holds of an earlier plan are in flight: nothing new is planned")
-    for plan in report.plans:
-        lines.append(f"plan for {plan['pod']}: {plan['gpus']} GPUs on {plan['node']}, cost {plan['cost']:g}")
+    heads = [f"plan for {p['pod']}: {p['gpus']} GPUs on {p['node']}, cost {p['cost']:g}" for p in report.plans]
+    heads += [f"empty {p['node']} for scale-down, cost {p['cost']:g}" for p in report.emptied]
+    for head, plan in zip(heads, [*report.plans, *report.emptied], strict=True):
+        lines.append(head)
         for move in plan["moves"]:
             lines.append(
                 f"  move {move['pod']} ({move['owner']}) {move['source']} -> {move['destination']}, "

@@ -5,7 +5,7 @@
 Settings, Powertools and the clients are built once, at import: a bad deployment fails at start-up with
 every problem named (``application/consolidation/settings.py``).
 
-Metrics (EMF): ``PendingPods``, ``Plans``, ``MovesPlanned``, ``Evictions``, ``EvictionsRefused``,
+Metrics (EMF): ``PendingPods``, ``Plans``, ``NodesEmptied``, ``MovesPlanned``, ``Evictions``, ``EvictionsRefused``,
 ``HoldsKept``, ``HoldsLapsed``, ``RunMs``, ``RunFailures``.
 """
 
@@ -34,6 +34,7 @@ def emit(report: RunReport) -> None:
     counts = (
         ("PendingPods", report.pending),
         ("Plans", len(report.plans)),
+        ("NodesEmptied", len(report.emptied)),
         ("MovesPlanned", report.moves_planned),
         ("Evictions", report.evictions),
         ("EvictionsRefused", report.evictions_refused),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +45,7 @@ from scheduler_core.k8s.pods import pod_demand
 from scheduler_core.k8s.resources import node_allocatable, pod_requests
 from scheduler_core.k8s.taints import untolerated
 from scheduler_core.placement.model import MAX_GPUS, Cluster, Task, Workload
-from scheduler_core.placement.moves import Placed, Plan, Rules, gpus_on, plan_moves
+from scheduler_core.placement.moves import Placed, Plan, Rules, gpus_on, plan_emptying, plan_moves
 from scheduler_core.state.allocation import PodUse, pod_use
 from scheduler_core.state.cluster import ClusterState, NodeFacts
 
@@ -101,10 +101,24 @@ class PodPlan:
 
 
 @dataclass(frozen=True)
+class NodePlan:
+    """The moves, in order, after which ``node`` holds no pod of the profile: an autoscaler may remove it."""
+
+    node: str
+    moves: tuple[PlannedMove, ...]
+
+    @property
+    def cost(self) -> float:
+        return sum(move.cost for move in self.moves)
+
+
+@dataclass(frozen=True)
 class Consolidation:
-    """A run's plans, why each other Pending pod has none, and why pods could not be moved."""
+    """A run's plans, why each other Pending pod has none, and why pods could not be moved; ``emptied``: the
+    nodes it empties for scale-down (only when no pod is Pending)."""
 
     plans: tuple[PodPlan, ...] = ()
+    emptied: tuple[NodePlan, ...] = ()
     waiting: Mapping[str, str] = field(default_factory=dict)
     """Pending pod (``namespace/name``) -> why no plan was made for it."""
     unmovable: Mapping[str, int] = field(default_factory=dict)
@@ -113,7 +127,7 @@ class Consolidation:
 
     @property
     def moves(self) -> int:
-        return sum(len(plan.moves) for plan in self.plans)
+        return sum(len(plan.moves) for plan in self.plans) + sum(len(node.moves) for node in self.emptied)
 
 
 def plan_consolidation(
@@ -124,16 +138,20 @@ def plan_consolidation(
     max_moves: int,
     max_moves_per_plan: int,
     pending: Sequence[Mapping[str, Any]] | None = None,
+    empty_nodes: int = 0,
 ) -> Consolidation:
     """Plans for the Pending pods of the profile (see the module docstring), at most ``max_moves`` moves
     in all and ``max_moves_per_plan`` for one pod; ``pending``: plan for these pods instead (``explain``).
+    With ``empty_nodes`` and no pod Pending, plans that empty up to that many nodes (:meth:`_Planner.empty`).
 
     Raises
     ------
     InvalidArgsError
         A budget that is not a whole number in 0..:data:`MAX_MOVES`.
     """
-    for name, value in (("max_moves", max_moves), ("max_moves_per_plan", max_moves_per_plan)):
+    for name, value in (
+        ("max_moves", max_moves), ("max_moves_per_plan", max_moves_per_plan), ("empty_nodes", empty_nodes)
+    ):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_MOVES:
             raise InvalidArgsError(f"{name}: expected a whole number in 0..{MAX_MOVES}, got {value!r}")
     live = _Live.of(nodes, pods)
@@ -143,7 +161,8 @@ def plan_consolidation(
     waiting: dict[str, str] = {}
     plans: list[PodPlan] = []
     left = max_moves
-    for pod in (pending_pods(pods) if pending is None else list(pending))[:MAX_PENDING]:
+    waiting_pods = pending_pods(pods) if pending is None else list(pending)
+    for pod in waiting_pods[:MAX_PENDING]:
         ref = _ref(pod)
         if left == 0:
             waiting[ref.key] = "this run's move budget is spent"
@@ -154,7 +173,8 @@ def plan_consolidation(
             continue
         plans.append(found)
         left -= len(found.moves)
-    return Consolidation(tuple(plans), waiting, dict(unmovable), len(planner.pods))
+    emptied = planner.empty(empty_nodes, min(max_moves_per_plan, left)) if empty_nodes and not waiting_pods else ()
+    return Consolidation(tuple(plans), tuple(emptied), waiting, dict(unmovable), len(planner.pods))
 
 
 def consolidation_hint(
@@ -304,6 +324,10 @@ class _Planner:
         self.pods: dict[int, _Movable] = {}
         self.where: dict[int, npt.NDArray[np.bool_]] = {}
         self.disrupted: Counter[str] = Counter()
+        self.bound_on: Counter[int] = Counter()
+        """Per row, the pods bound there that an emptied node must lose (not DaemonSets', not reservations)."""
+        self.touched: set[int] = set()
+        """Rows this run's plans free, fill or move pods off: none of them is emptied."""
 
     def load(self, pods: Sequence[Mapping[str, Any]]) -> Counter[str]:
         """Put each movable bound pod of the profile in :attr:`placed`; count the others by reason."""
@@ -312,6 +336,8 @@ class _Planner:
         whole_taken: Counter[int] = Counter()
         for position, use in self.live.uses.items():
             pod = pods[position]
+            if use.kind is not None and use.node in index:  # a DaemonSet's pod or a reservation pod has none
+                self.bound_on[index[use.node]] += 1
             if _mapping(pod.get("spec")).get("schedulerName") != SCHEDULER_NAME:
                 continue
             why = why_not_movable(pod, self.budgets) or _readable(use, position in self.live.requested)
@@ -402,20 +428,56 @@ class _Planner:
 
     def _keep(self, pod: Mapping[str, Any], task: Task, plan: Plan) -> PodPlan:
         cluster, names, ref = self.live.cluster, self.live.names, _ref(pod)
+        moves = self._apply(
+            plan,
+            lambda src: (
+                f"makes room on {names[src]} for "
+                + (ref.key if src == plan.target else f"a pod this plan moves to {names[src]}")
+            ),
+        )
+        cluster.place(plan.target, task, gpus_on(cluster, task, plan.target))
+        return PodPlan(ref, names[plan.target], task.num_gpu, moves)
+
+    def _apply(self, plan: Plan, reason: Callable[[int], str]) -> tuple[PlannedMove, ...]:
+        """Carry ``plan``'s moves out on the run's cluster; each as a :class:`PlannedMove` with its
+        ``reason`` (of the node it leaves)."""
+        cluster, names = self.live.cluster, self.live.names
         moves = []
         for move in plan.moves:
             moved = self.pods[move.arrival]
             cluster.release(move.src, move.task, move.src_gpus)
             cluster.place(move.dst, move.task, move.dst_gpus)
             self.placed.take(move.arrival)  # a pod moves at most once a run
-            for_whom = ref.key if move.src == plan.target else f"a pod this plan moves to {names[move.src]}"
+            self.touched |= {plan.target, move.src, move.dst}
             moves.append(PlannedMove(
                 moved.ref, moved.owner, names[move.src], names[move.dst],
                 move.task.num_gpu, move.task.gpu_milli if move.task.sharing else 0, moved.cost,
-                f"makes room on {names[move.src]} for {for_whom}",
+                reason(move.src),
             ))  # fmt: skip
-        cluster.place(plan.target, task, gpus_on(cluster, task, plan.target))
-        return PodPlan(ref, names[plan.target], task.num_gpu, tuple(moves))
+        return tuple(moves)
+
+    def empty(self, most: int, budget: int) -> list[NodePlan]:
+        """Plans that empty up to ``most`` GPU nodes, at most ``budget`` moves each: nodes whose every pod
+        (DaemonSets' and reservations aside) may move and has somewhere to go, no node this run's other
+        plans touched, the fewest pods first, then the cheapest."""
+        cluster, placed, names = self.live.cluster, self.placed, self.live.names
+        costs = {arrival: self.pods[arrival].cost for arrival in placed.node_of}
+        rules = Rules(costs, self.where)
+        candidates = [
+            row for row in np.flatnonzero(self.live.open & (cluster.gpu_count > 0)).tolist()
+            if placed.on[row] and len(placed.on[row]) == self.bound_on[row] and row not in self.touched
+        ]  # fmt: skip
+        candidates.sort(key=lambda row: (len(placed.on[row]), sum(costs[a] for a in placed.on[row]), row))
+        emptied: list[NodePlan] = []
+        for row in candidates:
+            if len(emptied) == most:
+                break
+            plan = plan_emptying(cluster, placed, self.live.workload, row, budget, rules, frozenset(self.touched))
+            if plan is None or self._over_budget(plan):
+                continue
+            self.touched.add(row)
+            emptied.append(NodePlan(names[row], self._apply(plan, lambda _src: f"empties {names[row]} for scale-down")))  # noqa: B023
+        return emptied
 
 
 def _pending_task(pod: Mapping[str, Any]) -> Task | str:

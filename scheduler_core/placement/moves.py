@@ -238,6 +238,29 @@ def plan_moves(
     return best
 
 
+def plan_emptying(
+    cluster: Cluster,
+    placed: Placed,
+    workload: Workload,
+    node: int,
+    budget: int,
+    rules: Rules = NO_RULES,
+    excluded: frozenset[int] = frozenset(),
+) -> Plan | None:
+    """A plan that moves every task :attr:`Placed.on` ``node`` off it (each where FGD's fragmentation rises
+    least, outside ``excluded``, the largest first), in at most ``budget`` moves; None when one fits nowhere
+    else, or the budget is short. ``cluster`` and ``placed`` are not changed. The product empties a node
+    so that an autoscaler can remove it."""
+    running = placed.on[node]
+    if not running or len(running) > budget:
+        return None
+    scratch = _Scratch(cluster.copy(), placed, workload, _Fits(cluster), rules)
+    for arrival in sorted(running, key=lambda a: (-running[a][0].gpu_demand, a)):
+        if not _rehome(scratch, arrival, node, budget, excluded | {node}, deeper=False):
+            return None
+    return Plan(node, tuple(scratch.moves), scratch.weight)
+
+
 def _targets(
     cluster: Cluster,
     task: Task,

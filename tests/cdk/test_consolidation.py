@@ -79,3 +79,20 @@ def test_its_kubernetes_group_may_list_and_evict_and_its_evictions_are_held_to_t
     assert "gpu-scheduler-consolidator-evictions" in policies
     entries = [e["Properties"] for e in synthesised.resources("AWS::EKS::AccessEntry").values()]
     assert any("gpu-scheduler:consolidator" in e.get("KubernetesGroups", []) for e in entries), entries
+
+
+def test_on_it_has_its_alarm_and_dashboard_row_and_a_dry_run_deploys_without_evicting(synth: Synthesise):
+    synthesised = synth(**ON)
+    alarms = {
+        a["Properties"].get("AlarmDescription", "") for a in synthesised.resources("AWS::CloudWatch::Alarm").values()
+    }
+    assert any(d.startswith("gpu-scheduler-consolidator: 3 or more failed runs") for d in alarms), alarms
+    body = json.dumps(synthesised.resources("AWS::CloudWatch::Dashboard"))
+    assert all(name in body for name in ("MovesPlanned", "EvictionsRefused", "HoldsLapsed"))
+    variables = by_prefix(synthesised.resources("AWS::Lambda::Function"), "ConsolidationFunction")["Properties"][
+        "Environment"]["Variables"]  # fmt: skip
+    assert "DRY_RUN" not in variables
+    dry = synth(**ON, consolidationDryRun=True)
+    variables = by_prefix(dry.resources("AWS::Lambda::Function"), "ConsolidationFunction")["Properties"]["Environment"][
+        "Variables"]  # fmt: skip
+    assert variables["DRY_RUN"] == "true"

@@ -208,6 +208,29 @@ def test_a_second_run_with_nothing_pending_moves_nothing_and_counts_the_holds_ke
     assert json.loads(fragmented.read_text())["holds"] == []
 
 
+def test_with_nothing_pending_it_empties_a_node_and_every_replacement_lands_where_the_plan_sent_it(
+    cluster: ControlPlane, fragmented: Path
+):
+    """``--empty-nodes 1``: the one node whose every pod may move (``h100-0``) is emptied for an autoscaler to
+    remove; the replacements go where the plan said, and nothing of the profile lands back on it."""
+    before = placement(cluster)
+    budget = ("--max-moves-per-run", "10", "--max-moves-per-plan", "10", "--max-moves-per-hour", "50")
+
+    report, _ = consolidate(cluster, "--holds", str(fragmented), "--settle-s", "2", "--empty-nodes", "1", *budget)
+
+    assert report["status"] == "ok" and report["plans"] == [], report
+    (emptied,) = report["emptied"]
+    assert emptied["node"] == "h100-0" and report["evictions"] == len(emptied["moves"]) >= 6, report
+    sent = sorted(m["destination"] for m in emptied["moves"])
+
+    def settled() -> bool:
+        new = [p for p in cluster.pods(NAMESPACE) if p["metadata"]["uid"] not in before]
+        return len(new) == len(sent) and sorted(p["spec"].get("nodeName") or "" for p in new) == sent
+
+    cluster.wait_for(settled, 90, "every replacement on the node the plan sent it to")
+    assert not [name for name, node in placement(cluster).values() if node == "h100-0"]
+
+
 @pytest.mark.parametrize(
     ("options", "namespace", "refusal"),
     [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,21 +31,26 @@ def test_explain_says_which_moves_would_place_a_pod_no_node_fits(tmp_path: Path,
     assert "--moves: expected 0..100, got 101" in capsys.readouterr().err
 
 
-def test_the_dry_run_prints_each_move_with_its_reason_and_cost_and_evicts_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-):
+def dry_run(tmp_path: Path, pods: list[dict[str, Any]], *flags: str) -> None:
+    """``consolidate --dry-run FLAGS`` on the API double holding NODES and ``pods``: it writes nothing."""
     kubeconfig = tmp_path / "kubeconfig"
     with KubeApiDouble(tokens=["t"]) as api:
         api.load("nodes", NODES)
-        api.load("pods", [*PODS, BIG])
+        api.load("pods", pods)
         kubeconfig.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "c",
             "clusters": [{"name": "c", "cluster": {"server": api.url}}],
             "users": [{"name": "u", "user": {"token": "t"}}],
             "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
         }))  # fmt: skip
-        assert main(["consolidate", "--dry-run", "--kubeconfig", str(kubeconfig)]) == 0
+        assert main(["consolidate", "--dry-run", "--kubeconfig", str(kubeconfig), *flags]) == 0
         assert api.writes() == []
+
+
+def test_the_dry_run_prints_each_move_with_its_reason_and_cost_and_evicts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    dry_run(tmp_path, [*PODS, BIG])
     *text, last = capsys.readouterr().out.splitlines()
     assert text[:3] == [
         "1 Pending pods no node fits; 1 plans, 1 moves",
@@ -63,3 +69,13 @@ def test_a_real_run_without_holds_is_refused_before_it_reads_the_cluster(
     assert "HOLDS_URI: required unless DRY_RUN: the extender reads the holds there" in capsys.readouterr().err
     assert main(["consolidate", "--dry-run", "--max-moves-per-run", "-1", "--kubeconfig", str(tmp_path / "k")]) == 2
     assert "MAX_MOVES_PER_RUN: expected 0..100, got -1" in capsys.readouterr().err
+
+
+def test_the_dry_run_of_emptying_a_node_prints_its_moves(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    dry_run(tmp_path, PODS, "--empty-nodes", "1")
+    *text, last = capsys.readouterr().out.splitlines()
+    assert text[1:3] == [
+        "empty b for scale-down, cost 0",
+        "  move ml/b0 (ReplicaSet/infer) b -> a, cost 0: empties b for scale-down",
+    ]
+    assert [e["node"] for e in json.loads(last)["emptied"]] == ["b"]

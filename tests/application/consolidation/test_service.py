@@ -184,3 +184,28 @@ def test_the_lambda_handler_emits_the_catalogued_metrics(
     values = {k: v[0] if isinstance(v, list) else v for k, v in docs[0].items()}
     assert (values["Plans"], values["MovesPlanned"], values["Evictions"], values["RunFailures"]) == (1, 2, 2, 0)
     assert assert_catalogued(docs, CONSOLIDATOR) == {m.name for m in CATALOGUE if m.service == CONSOLIDATOR}
+
+
+def test_with_nothing_pending_a_run_empties_a_node_holds_it_and_counts_it_kept_once_the_autoscaler_removed_it(
+    tmp_path: Path,
+):
+    holds, clock = tmp_path / "holds.json", Clock()
+    with KubeApiDouble(tokens=[TOKEN]) as double:
+        nodes, pods = cluster()
+        double.load("nodes", nodes)
+        double.load("pods", [p for p in pods if p["metadata"]["name"] != "big"])
+        report = run(double, holds, clock, empty_nodes=1, settle_s=0.0)
+        assert report.status == "ok" and report.plans == () and report.evictions == 2, report
+        (emptied,) = report.emptied
+        assert emptied["node"] == "b" and sorted(m["pod"] for m in emptied["moves"]) == ["ml/b0", "ml/b1"]
+        assert all(m["destination"] == "a" for m in emptied["moves"])
+        (hold,) = read_book(FileSnapshotStore(holds)).holds
+        assert (hold.uid, hold.node) == ("", "b")
+        # Held for no pod: every GPU pod is kept off b until then.
+        book, now = HoldsSource(FileSnapshotStore(holds), clock=clock.now)()
+        refused = hold_refusals(book, {"b": 0}, np.array([8]), gpu_pod("x", owner=""), PodDemand(gpus=1), now)[0]
+        assert refused.tolist() == [True]
+        assert run(double, holds, clock).in_flight == 1  # b still there
+        double.handle("DELETE", "/api/v1/nodes/b", AUTH, b"")
+        after = run(double, holds, clock)
+        assert (after.holds_kept, after.holds_lapsed, after.in_flight) == (1, 0, 0)

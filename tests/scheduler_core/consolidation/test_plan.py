@@ -107,3 +107,25 @@ def test_the_budgets_are_checked():
         plan_consolidation([], [], max_moves=-1, max_moves_per_plan=1)
     with pytest.raises(InvalidArgsError, match="max_moves_per_plan"):
         plan_consolidation([], [], max_moves=1, max_moves_per_plan=True)
+
+
+def test_with_nothing_pending_it_empties_the_node_that_costs_least_to_empty_and_only_if_everything_can_go():
+    nodes = [gpu_node("a"), gpu_node("b"), gpu_node("c"), gpu_node("d")]
+    pods = [
+        *(gpu_pod(f"a{i}", "a") for i in range(3)),  # three to move
+        gpu_pod("b0", "b"), gpu_pod("b1", "b", movable=False),  # one may not move: b stays
+        gpu_pod("c0", "c"), gpu_pod("c1", "c"),  # the cheapest to empty
+        *(gpu_pod(f"d{i}", "d") for i in range(4)),
+    ]  # fmt: skip
+    daemon = gpu_pod("agent", "c", gpus=0, movable=False)
+    daemon["metadata"]["labels"]["pod-template-generation"] = "1"  # a DaemonSet's: it stays with its node
+    result = plan_consolidation(nodes, [*pods, daemon], max_moves=8, max_moves_per_plan=8, empty_nodes=1)
+    assert [(n.node, sorted(m.pod.name for m in n.moves)) for n in result.emptied] == [("c", ["c0", "c1"])]
+    assert all(m.destination != "c" and m.reason == "empties c for scale-down" for m in result.emptied[0].moves)
+    assert result.moves == 2
+    two = plan_consolidation(nodes, pods, max_moves=8, max_moves_per_plan=8, empty_nodes=2)
+    assert [n.node for n in two.emptied] == ["c", "a"]  # b keeps its pod that may not move
+    # A Pending pod comes first: nothing is emptied while one waits.
+    waiting = plan_consolidation(nodes, [*pods, gpu_pod("big", gpus=8, owner="", pending=True)], max_moves=8,
+                                 max_moves_per_plan=8, empty_nodes=2)  # fmt: skip
+    assert waiting.emptied == ()
