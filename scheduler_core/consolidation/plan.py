@@ -476,7 +476,8 @@ class _Planner:
             if plan is None or self._over_budget(plan):
                 continue
             self.touched.add(row)
-            emptied.append(NodePlan(names[row], self._apply(plan, lambda _src: f"empties {names[row]} for scale-down")))  # noqa: B023
+            why = f"empties {names[row]} for scale-down"
+            emptied.append(NodePlan(names[row], self._apply(plan, lambda _src, why=why: why)))
         return emptied
 
 
