@@ -24,6 +24,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -476,9 +477,12 @@ class _Planner:
             if plan is None or self._over_budget(plan):
                 continue
             self.touched.add(row)
-            why = f"empties {names[row]} for scale-down"
-            emptied.append(NodePlan(names[row], self._apply(plan, lambda _src, why=why: why)))
+            emptied.append(NodePlan(names[row], self._apply(plan, partial(_emptying, names[row]))))
         return emptied
+
+
+def _emptying(node: str, _src: int) -> str:
+    return f"empties {node} for scale-down"
 
 
 def _pending_task(pod: Mapping[str, Any]) -> Task | str:
