@@ -8,11 +8,9 @@ from dataclasses import dataclass
 
 from adapters.metric_catalogue import CONSOLIDATOR, NAMESPACE
 from adapters.settings import ClusterAccess, env_names, setting
+from scheduler_core.consolidation.holds import MAX_HOLD_S
 from scheduler_core.consolidation.plan import MAX_MOVES
 from scheduler_core.errors import Namer
-
-MAX_HOLD_S = 3600.0
-"""The longest a plan's holds may last: a hold that never lapses would keep a node from every other pod."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ extender reads them and its filter obeys them (:func:`hold_refusals`):
 - a **steer** sends the replacement of a moved pod to the node the plan chose: a pod whose controller is
   the steer's owner, created after the steer was written, is refused on every other node.
 
-Both lapse at ``until``; nothing else removes them from the extender's view, so a plan whose pod is
+Both lapse at ``until`` (one set further than :data:`MAX_HOLD_S` ahead is not obeyed at all); nothing else
+removes them from the extender's view, so a plan whose pod is
 deleted, or whose replacement cannot go where the plan said, costs at most the hold's length. The
 consolidator's next run drops what has lapsed or is done, and counts it. The book also keeps the times
 of the evictions of the last hour: the hourly move budget.
@@ -49,6 +50,10 @@ STEER_SKEW_S = 5.0
 """A replacement created this long before its steer was written still counts: the consolidator's clock
 and the API server's may disagree a little."""
 HOUR_S = 3600.0
+MAX_HOLD_S = 3600.0
+"""The longest a hold or a steer may last. One that ends later than this after the time it is judged at
+is no consolidator's (its ``HOLD_S`` is bounded by this) and is not obeyed: a write that would keep a node
+from every other pod for good."""
 
 
 class HoldsFormatError(InvalidArgsError):
@@ -184,7 +189,7 @@ def hold_refusals(
         rows, gpus = [], []
         for hold in book.holds:
             row = index.get(hold.node)
-            if hold.until > now and hold.uid != uid and row is not None and row < n_rows:
+            if now < hold.until <= now + MAX_HOLD_S and hold.uid != uid and row is not None and row < n_rows:
                 rows.append(row)
                 gpus.append(hold.gpus)
         if rows:
@@ -197,7 +202,7 @@ def hold_refusals(
         created = _created(metadata.get("creationTimestamp"))
         nodes = {
             s.node for s in mine
-            if s.until > now and s.namespace == metadata.get("namespace")
+            if now < s.until <= now + MAX_HOLD_S and s.namespace == metadata.get("namespace")
             and created is not None and created >= s.since - STEER_SKEW_S
         }  # fmt: skip
         if nodes:

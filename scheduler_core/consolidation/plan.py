@@ -337,7 +337,8 @@ class _Planner:
         whole_taken: Counter[int] = Counter()
         for position, use in self.live.uses.items():
             pod = pods[position]
-            if use.kind is not None and use.node in index:  # a DaemonSet's pod or a reservation pod has none
+            # Every pod but a DaemonSet's and a reservation pod (those have no kind) keeps its node from emptying.
+            if (use.kind is not None or use.problem) and use.node in index:
                 self.bound_on[index[use.node]] += 1
             if _mapping(pod.get("spec")).get("schedulerName") != SCHEDULER_NAME:
                 continue

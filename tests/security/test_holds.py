@@ -12,13 +12,13 @@ import pytest
 
 from adapters.holds_source import HoldsSource
 from adapters.snapshot_store import FileSnapshotStore
-from scheduler_core.consolidation.holds import MAX_DOCUMENT_BYTES, Hold, HoldBook, HoldsFormatError
+from scheduler_core.consolidation.holds import MAX_DOCUMENT_BYTES, Hold, HoldBook, HoldsFormatError, Steer
 from scheduler_core.consolidation.plan import plan_consolidation
 from scheduler_core.extender.facade import Extender
 from scheduler_core.state.cluster import ClusterState
 from tests.scheduler_core.consolidation.conftest import gpu_node, gpu_pod
 
-GOOD = HoldBook((Hold("ml", "big", "uid-big", "a", 8, 2e9),))
+GOOD = HoldBook((Hold("ml", "big", "uid-big", "a", 8, 1e9 + 600),))
 HOSTILE = [
     pytest.param(b"[" * 100_000 + b"]" * 100_000, id="deeply nested"),
     pytest.param(b" " * (MAX_DOCUMENT_BYTES + 1), id="over the size bound"),
@@ -93,3 +93,25 @@ def test_pods_with_hostile_fields_are_planned_safely_or_left_in_place():
     for plan in result.plans:
         for move in plan.moves:
             assert move.cost == 0.0 or move.pod.name != "cost"  # an out-of-range cost counts as none
+
+
+def test_a_hold_or_steer_set_further_ahead_than_any_plan_sets_one_is_not_obeyed():
+    """Only the consolidator writes the book, and its holds last ``HOLD_S`` (an hour at most): one that
+    would last longer is a bad write, and the filter ignores it rather than keep a node from every pod."""
+    forever = HoldBook(
+        (Hold("ml", "big", "uid-big", "a", 8, 1e12),),
+        (Steer("ml", "ReplicaSet", "rs", "uid-rs-rs", "ml/x", "b", 0.0, 1e12),),
+    )
+    replacement = gpu_pod("r", owner="rs")
+    replacement["metadata"]["creationTimestamp"] = "2026-12-06T10:00:00Z"
+    state = ClusterState.from_objects([gpu_node("a"), gpu_node("b")], [])
+    extender = Extender(cluster=lambda: state, holds=lambda: (forever, 1.8e9))
+    for pod in (gpu_pod("p", owner=""), replacement):
+        status, body = extender.handle("filter", json.dumps({"Pod": pod, "NodeNames": ["a", "b"]}).encode())
+        assert status == 200 and json.loads(body)["NodeNames"] == ["a", "b"]
+    within = HoldBook((Hold("ml", "big", "uid-big", "a", 8, 1.8e9 + 3600),))
+    extender = Extender(cluster=lambda: state, holds=lambda: (within, 1.8e9))
+    status, body = extender.handle(
+        "filter", json.dumps({"Pod": gpu_pod("p", owner=""), "NodeNames": ["a", "b"]}).encode()
+    )
+    assert json.loads(body)["NodeNames"] == ["b"]
