@@ -54,7 +54,7 @@ def lambda_runtime(tmp_path: Path) -> Path:
 
 def test_bundle_is_under_the_lambda_limit_and_has_no_kubernetes(local_bundle):
     out, report = local_bundle
-    assert set(report["functions"]) == {"extender", "node_state", "deletion_cost"}
+    assert set(report["functions"]) == {"extender", "node_state", "deletion_cost", "consolidation"}
     assert all(f["unzipped_bytes"] < LAMBDA_UNZIPPED_LIMIT for f in report["functions"].values())
     assert report["functions"]["extender"]["layers"] == ["layer-x86_64.zip"]
     for name in ("extender.zip", "layer-x86_64.zip"):
@@ -65,6 +65,11 @@ def test_bundle_is_under_the_lambda_limit_and_has_no_kubernetes(local_bundle):
         code = set(archive.namelist())
     assert {"lambdas/extender/handler.py", "scheduler_core/extender/facade.py", "adapters/snapshot_store.py"} <= code
     assert not [n for n in code if n.startswith(("gpu_scheduler/", "bench/", "tests/"))]
+    with zipfile.ZipFile(out / "consolidation.zip") as archive:
+        code = set(archive.namelist())
+    assert {"lambdas/consolidation/handler.py", "application/consolidation/service.py",
+            "scheduler_core/consolidation/plan.py", "adapters/holds_source.py"} <= code  # fmt: skip
+    assert report["functions"]["consolidation"]["layers"] == ["layer-x86_64.zip", "layer-kube-x86_64.zip"]
     with zipfile.ZipFile(out / "layer-x86_64.zip") as archive:
         layer = archive.namelist()
     assert any(n.startswith("python/numpy/") for n in layer)
@@ -175,3 +180,57 @@ def test_the_node_state_refresher_runs_from_its_bundle_and_layers(local_bundle, 
     assert result["status"] == "ok" and result["nodes_seen"] == 40 and result["nodes_labeled"] == 34
     assert labelled == 36  # 34 labelled now, plus the 2 that carried stale labels already
     assert all(path.startswith(str(root)) for path in json.loads(next(x for x in lines if x.startswith("FROM"))[4:]))
+
+
+def test_the_consolidator_runs_from_its_bundle_and_layers(local_bundle, tmp_path, monkeypatch):
+    """Code + both layers + the runtime's boto3, against the API double and moto's S3: one run evicts the
+    one pod its plan moves and writes the holds."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from testing.kube_double import KubeApiDouble
+    from tests.scheduler_core.consolidation.conftest import gpu_node, gpu_pod
+
+    out, _ = local_bundle
+    root = unpacked(out, ("consolidation.zip", "layer-x86_64.zip", "layer-kube-x86_64.zip"), tmp_path / "task")
+    runtime = lambda_runtime(tmp_path)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+               "AWS_ENDPOINT_URL": endpoint}  # fmt: skip
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        s3.create_bucket(Bucket="state")
+        with KubeApiDouble(tokens=["t"]) as api:
+            api.load("nodes", [gpu_node("a"), gpu_node("b")])
+            api.load("pods", [gpu_pod("a0", "a"), gpu_pod("b0", "b"), gpu_pod("big", gpus=8, owner="", pending=True)])
+            code = (
+                "import json, sys\n"
+                "from lambdas.consolidation.handler import lambda_handler\n"
+                "class C:\n"
+                "    function_name='f'; memory_limit_in_mb=1024; invoked_function_arn='arn'; aws_request_id='r'\n"
+                "    def get_remaining_time_in_millis(self): return 60000\n"
+                "print('RESULT' + json.dumps(lambda_handler({}, C())))\n"
+            )
+            proc = subprocess.run(
+                [sys.executable, "-S", "-c", code],
+                capture_output=True,
+                text=True,
+                env={**env, "PYTHONPATH": f"{root}:{root / 'python'}:{runtime}", "PATH": "/usr/bin:/bin",
+                     "KUBE_API_URL": api.url, "KUBE_TOKEN": "t", "HOLDS_URI": "s3://state/consolidation/holds.json",
+                     "SETTLE_S": "0"},
+                timeout=300,
+            )  # fmt: skip
+            left = {p["metadata"]["name"] for p in api.objects("pods")}
+        book = json.loads(s3.get_object(Bucket="state", Key="consolidation/holds.json")["Body"].read())
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))[6:])
+    assert result["status"] == "ok" and result["evictions"] == 1, result
+    assert len(left) == 2 and "big" in left
+    assert [hold["name"] for hold in book["holds"]] == ["big"] and len(book["evictions"]) == 1
