@@ -105,6 +105,9 @@ def consolidate(
     except (KubeApiError, DeadlineReachedError, SnapshotStoreError, HoldsFormatError) as exc:
         logger.error("consolidation run failed", extra={"error": str(exc)})
         report = replace(report, status="failed", error=str(exc))
+    except Exception as exc:  # an object no rule foresaw: the run fails and says so, the next one retries
+        logger.exception("consolidation run failed")
+        report = replace(report, status="failed", error=f"{type(exc).__name__}: {exc}")
     return replace(report, run_ms=1000 * (clock() - started))
 
 
@@ -120,7 +123,7 @@ def _run(
     nodes, pods = kube.list_all("nodes"), kube.list_all("pods")
     pdbs = kube.list_disruption_budgets()
     book = read_book(services.store) if services.store is not None else HoldBook()
-    names = {str((n.get("metadata") or {}).get("name") or "") for n in nodes}
+    names = {str(_mapping(_mapping(n).get("metadata")).get("name") or "") for n in nodes}
     settled, kept, lapsed = settle(book, pods, now(), names)
     if services.store is not None and not settings.dry_run and settled != book:
         write_book(services.store, settled)
@@ -154,12 +157,12 @@ def settle(
 ) -> tuple[HoldBook, int, int]:
     """``book`` with what is done or lapsed at ``at`` taken out, and how many holds were kept and lapsed. A
     node emptied for scale-down (a hold for no pod) is kept once the node is gone from ``nodes``."""
-    by_uid = {str((p.get("metadata") or {}).get("uid") or ""): p for p in pods}
+    by_uid = {str(_mapping(_mapping(p).get("metadata")).get("uid") or ""): p for p in pods}
     done: set[Hold] = set()
     kept = lapsed = 0
     for hold in book.holds:
         pod = by_uid.get(hold.uid) if hold.uid else None
-        node = ((pod or {}).get("spec") or {}).get("nodeName")
+        node = _mapping(_mapping(pod).get("spec")).get("nodeName")
         if (pod is not None and node == hold.node) or (not hold.uid and hold.node not in nodes):
             kept += 1
         elif (hold.uid and (pod is None or node)) or hold.until <= at:
@@ -200,38 +203,53 @@ def _execute(
     sleep(settings.settle_s)
     evicted: list[float] = []
     refused = gone = 0
+    void: set[str] = set()  # plans a budget refused before any eviction: their holds and steers go
     try:
         for whom, moves in planned:
-            outcome = _evict(kube, whom, moves, evicted, now, logger)
+            done, outcome, missing = _evict(kube, whom, moves, evicted, now, logger)
             refused += outcome == "refused"
-            gone += outcome == "gone"
+            gone += missing
+            if outcome == "refused" and not done:
+                void.add(whom)
     finally:  # what was evicted counts against the hour, whatever happened after
-        write_book(store, replace(book, evictions=book.evictions + tuple(evicted)))
+        kept = [h for h in holds if ((h.name and f"{h.namespace}/{h.name}") or h.node) not in void]
+        dropped = {m.pod.key for whom, moves in planned if whom in void for m in moves}
+        book = replace(
+            book, holds=tuple(h for h in book.holds if h not in holds or h in kept),
+            steers=tuple(s for s in book.steers if s not in steers or s.moved not in dropped),
+            evictions=book.evictions + tuple(evicted),
+        )  # fmt: skip
+        write_book(store, book)
     return replace(report, evictions=len(evicted), evictions_refused=refused, pods_gone=gone)
 
 
 def _evict(
     kube: KubeClient, whom: str, moves: Sequence[PlannedMove], evicted: list[float], now: Callable[[], float],
     logger: Any,
-) -> str:  # fmt: skip
-    """Evict the pods of one plan (for ``whom``: a Pending pod, or a node emptied) in order: "" when all
-    went, "refused" when a budget said no (the rest of this plan is left), "gone" when a pod was gone
-    already (passed over)."""
-    outcome = ""
+) -> tuple[int, str, int]:  # fmt: skip
+    """Evict the pods of one plan (for ``whom``: a Pending pod, or a node emptied) in order: how many went,
+    "refused" when a budget said no (the rest of this plan is left) or "", and how many were gone already
+    (passed over)."""
+    done = gone = 0
     for move in moves:
         try:
             kube.evict_pod(move.pod.namespace, move.pod.name, move.pod.uid)
         except KubeApiError as exc:
             if exc.status == 429:
                 logger.warning("eviction refused", extra={"pod": move.pod.key, "for": whom, "error": str(exc)})
-                return "refused"
+                return done, "refused", gone
             if exc.status not in (404, 409):
                 raise
-            outcome = "gone"
+            gone += 1
             continue
+        done += 1
         evicted.append(now())
         logger.info("evicted", extra={"pod": move.pod.key, "from": move.source, "to": move.destination})
-    return outcome
+    return done, "", gone
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def _described(plan: PodPlan | NodePlan) -> dict[str, Any]:

@@ -12,6 +12,10 @@ from scheduler_core.consolidation.holds import MAX_HOLD_S
 from scheduler_core.consolidation.plan import MAX_MOVES
 from scheduler_core.errors import Namer
 
+MAX_EMPTY_NODES = 16
+"""Nodes one run may empty: with :data:`~scheduler_core.consolidation.plan.MAX_PENDING` plans, the holds
+of a run stay under the book's bound (:data:`~scheduler_core.consolidation.holds.MAX_HOLDS`)."""
+
 
 @dataclass(frozen=True)
 class ConsolidationSettings(ClusterAccess):
@@ -57,10 +61,12 @@ class ConsolidationSettings(ClusterAccess):
             found.append(
                 f"{name('holds_uri')}: expected s3://bucket/key, file:///path or a path, got {self.holds_uri!r}"
             )
-        for key in ("max_moves_per_run", "max_moves_per_hour", "max_moves_per_plan", "empty_nodes"):
+        for key in ("max_moves_per_run", "max_moves_per_hour", "max_moves_per_plan"):
             value = getattr(self, key)
             if not 0 <= value <= MAX_MOVES:
                 found.append(f"{name(key)}: expected 0..{MAX_MOVES}, got {value}")
+        if not 0 <= self.empty_nodes <= MAX_EMPTY_NODES:
+            found.append(f"{name('empty_nodes')}: expected 0..{MAX_EMPTY_NODES}, got {self.empty_nodes}")
         if not (math.isfinite(self.hold_s) and 10.0 <= self.hold_s <= MAX_HOLD_S):
             found.append(f"{name('hold_s')}: expected 10..{MAX_HOLD_S:.0f} seconds, got {self.hold_s}")
         for key in ("settle_s", "deadline_margin_s"):

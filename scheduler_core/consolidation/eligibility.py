@@ -25,12 +25,14 @@ from typing import Any
 
 from scheduler_core.k8s.names import (
     DO_NOT_DISRUPT_ANNOTATION,
+    GPU_RESOURCE,
+    MILLI_RESOURCE,
     MOVABLE_LABEL,
     SAFE_TO_EVICT_ANNOTATION,
     SCHEDULER_NAME,
     TERMINAL_PHASES,
 )
-from scheduler_core.k8s.pod_requests import container_list, is_mapping
+from scheduler_core.k8s.pod_requests import is_mapping
 from scheduler_core.k8s.pods import mig_request
 
 CONTROLLERS = frozenset({"ReplicaSet", "StatefulSet"})
@@ -135,7 +137,7 @@ def _expression(entry: object, labels: Mapping[str, Any]) -> bool:
 
 def owner_of(pod: Mapping[str, Any]) -> Owner | None:
     """The pod's controller (the owner reference with ``controller: true``), or None."""
-    for ref in _mapping(pod.get("metadata")).get("ownerReferences") or []:
+    for ref in _list(_mapping(pod.get("metadata")).get("ownerReferences")):
         if is_mapping(ref) and ref.get("controller") is True:
             return Owner(str(ref.get("kind") or ""), str(ref.get("name") or ""), str(ref.get("uid") or ""))
     return None
@@ -167,34 +169,53 @@ def why_not_movable(pod: Mapping[str, Any], budgets: Sequence[Budget] = ()) -> s
     owner = owner_of(pod)
     if owner is None or owner.kind not in CONTROLLERS or not owner.uid:
         return "no ReplicaSet or StatefulSet recreates it"
-    try:
-        unchecked = _unchecked(spec)
-    except ValueError as exc:  # InvalidPodError: a container list or a MIG request that cannot be read
-        return f"a spec that cannot be read ({exc})"
+    unchecked = unchecked_constraint(spec)
     if unchecked:
         return f"has {unchecked}, which the planner cannot check on another node"
-    for budget in budgets:
-        if budget.allowed < 1 and budget.selects(pod):
+    selecting = [budget for budget in budgets if budget.selects(pod)]
+    if len(selecting) > 1:  # the Eviction API refuses such a pod (500: more than one budget)
+        return f"more than one PodDisruptionBudget selects it ({', '.join(b.key for b in selecting[:3])})"
+    for budget in selecting:
+        if budget.allowed < 1:
             return f"PodDisruptionBudget {budget.key} allows no disruption"
     return ""
 
 
-def _unchecked(spec: Mapping[str, Any]) -> str:
-    """The first constraint of ``spec`` the planner does not model, in words ("" for none)."""
+CHECKED_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", GPU_RESOURCE, MILLI_RESOURCE})
+"""What a pod may ask for and still be planned: the rest (EFA, hugepages, another device) the planner does
+not count."""
+
+
+def unchecked_constraint(spec: Mapping[str, Any]) -> str:
+    """The first constraint of a pod ``spec`` that the planner does not model, in words ("" for none): a
+    moved pod with one stays, and a Pending pod with one is left to kube-scheduler."""
     affinity = _mapping(spec.get("affinity"))
     if affinity.get("podAffinity") or affinity.get("podAntiAffinity"):
         return "pod affinity"
     if spec.get("topologySpreadConstraints"):
         return "topology spread constraints"
-    if any(is_mapping(v) and "persistentVolumeClaim" in v for v in spec.get("volumes") or []):
+    if any(is_mapping(v) and "persistentVolumeClaim" in v for v in _list(spec.get("volumes"))):
         return "a persistent volume claim"
     if spec.get("resourceClaims"):
         return "DRA resource claims"
     for key in ("initContainers", "containers"):
-        for container in container_list(spec, key):
-            if any(is_mapping(p) and p.get("hostPort") for p in container.get("ports") or []):
+        for container in _list(spec.get(key)):
+            container = _mapping(container)
+            if any(is_mapping(p) and p.get("hostPort") for p in _list(container.get("ports"))):
                 return "a host port"
-    return "MIG slices" if mig_request(spec) else ""
+            resources = _mapping(container.get("resources"))
+            asked = {*_mapping(resources.get("requests")), *_mapping(resources.get("limits"))}
+            other = sorted(str(r) for r in asked - CHECKED_RESOURCES if not str(r).startswith("nvidia.com/mig-"))
+            if other:
+                return f"a resource the planner does not count ({other[0][:64]})"
+    try:
+        return "MIG slices" if mig_request(spec) else ""
+    except ValueError as exc:  # InvalidPodError: a MIG request that cannot be read
+        return f"a request that cannot be read ({exc})"
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _mapping(value: object) -> Mapping[str, Any]:

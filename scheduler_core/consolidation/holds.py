@@ -51,9 +51,12 @@ STEER_SKEW_S = 5.0
 and the API server's may disagree a little."""
 HOUR_S = 3600.0
 MAX_HOLD_S = 3600.0
-"""The longest a hold or a steer may last. One that ends later than this after the time it is judged at
-is no consolidator's (its ``HOLD_S`` is bounded by this) and is not obeyed: a write that would keep a node
-from every other pod for good."""
+"""The longest a hold or a steer may last (``HOLD_S``'s bound)."""
+MAX_CLOCK_SKEW_S = 300.0
+"""How far the consolidator's clock may run ahead of the extender's. A hold or steer that ends later than
+:data:`MAX_HOLD_S` and this after the time it is judged at is no consolidator's and is not obeyed: a
+write that would keep a node from every other pod for good."""
+OBEYED_S = MAX_HOLD_S + MAX_CLOCK_SKEW_S
 
 
 class HoldsFormatError(InvalidArgsError):
@@ -189,7 +192,7 @@ def hold_refusals(
         rows, gpus = [], []
         for hold in book.holds:
             row = index.get(hold.node)
-            if now < hold.until <= now + MAX_HOLD_S and hold.uid != uid and row is not None and row < n_rows:
+            if now < hold.until <= now + OBEYED_S and hold.uid != uid and row is not None and row < n_rows:
                 rows.append(row)
                 gpus.append(hold.gpus)
         if rows:
@@ -202,7 +205,7 @@ def hold_refusals(
         created = _created(metadata.get("creationTimestamp"))
         nodes = {
             s.node for s in mine
-            if now < s.until <= now + MAX_HOLD_S and s.namespace == metadata.get("namespace")
+            if now < s.until <= now + OBEYED_S and s.namespace == metadata.get("namespace")
             and created is not None and created >= s.since - STEER_SKEW_S
         }  # fmt: skip
         if nodes:
@@ -278,6 +281,10 @@ def _text(entry: Mapping[str, Any], key: str, where: str, bound: int = MAX_NAME_
 
 
 def _time(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise HoldsFormatError(f"{where}: expected Unix seconds, got {value!r:.64}")
-    return float(value)
+    try:  # an integer of a thousand digits is JSON too: float() of it overflows
+        ok = not isinstance(value, bool) and isinstance(value, int | float) and 0 <= float(value) < math.inf
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise HoldsFormatError(f"{where}: expected Unix seconds, got {str(value)[:64]}")
+    return float(value)  # type: ignore[arg-type]

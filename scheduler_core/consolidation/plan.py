@@ -30,11 +30,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_core.consolidation.eligibility import Budget, Owner, budgets_of, owner_of, why_not_movable
+from scheduler_core.consolidation.eligibility import (
+    Budget,
+    Owner,
+    budgets_of,
+    owner_of,
+    unchecked_constraint,
+    why_not_movable,
+)
 from scheduler_core.deletion_cost.policy import parse_cost
 from scheduler_core.errors import InvalidArgsError
 from scheduler_core.k8s.names import (
     DELETION_COST_ANNOTATION,
+    LABEL_MEMORY,
     MILLI_PER_GPU,
     PLACEHOLDER_NAMESPACE,
     RESERVATION_NAMESPACE,
@@ -174,7 +182,7 @@ def plan_consolidation(
             continue
         plans.append(found)
         left -= len(found.moves)
-    emptied = planner.empty(empty_nodes, min(max_moves_per_plan, left)) if empty_nodes and not waiting_pods else ()
+    emptied = planner.empty(empty_nodes, left, max_moves_per_plan) if empty_nodes and not waiting_pods else ()
     return Consolidation(tuple(plans), tuple(emptied), waiting, dict(unmovable), len(planner.pods))
 
 
@@ -235,12 +243,14 @@ class _Live:
     open: npt.NDArray[np.bool_]
     uses: dict[int, PodUse]
     """Position in the pod list -> what the pod holds (bound pods only)."""
-    shared: list[set[int]]
-    """Per row, the GPUs that carry a share."""
+    annotated: list[set[int]]
+    """Per row, the GPUs a pod's ``assigned-gpus`` names (shares, and whole GPUs the extender bound)."""
     requested: dict[int, int]
     """Position in the pod list -> the bound pod's memory request, bytes (readable ones only)."""
     tainted: npt.NDArray[np.bool_]
     """Per row: the node has taints (only those are checked against a pod's tolerations)."""
+    memory_mib: npt.NDArray[np.int64]
+    """Per row: memory per GPU (MiB; 0 unknown), for a pod's ``gpu.nvidia.com/memory``."""
     _allowed: dict[str, npt.NDArray[np.bool_]] = field(default_factory=dict)
 
     @classmethod
@@ -262,28 +272,34 @@ class _Live:
         models = (*table.models, "")
         model_id = np.where(table.model_id < 0, len(table.models), table.model_id).astype(np.int64)
         cluster = Cluster(cpu.astype(np.int64), memory, gpu_left, count, model_id, models)
-        shared: list[set[int]] = [set() for _ in range(table.n_nodes)]
+        annotated: list[set[int]] = [set() for _ in range(table.n_nodes)]
         for use in uses.values():
             row = table.index.get(use.node)
-            if row is not None and use.milli and use.assigned:
-                shared[row].update(gpu for gpu, _ in use.assigned)
+            if row is not None and use.assigned:
+                annotated[row].update(gpu for gpu, _ in use.assigned)
         is_open = ~table.invalid_mask & (table.mig_modes == 0) & np.array([_schedulable(n) for n in ordered], bool)
+        is_open &= table.alloc_gpus <= MAX_GPUS  # the planner's rows hold 8 GPUs: a larger node takes no part
         if state.dra_gpus is not None:
             is_open &= state.dra_gpus == 0
         workload = Workload.from_shapes(state.shapes, models)
         labels = [_mapping(_mapping(n.get("metadata")).get("labels")) for n in ordered]
         tainted = np.array([bool(_mapping(n.get("spec")).get("taints")) for n in ordered], dtype=bool)
-        return cls(ordered, table.names, labels, cluster, workload, is_open, uses, shared, requested, tainted)
+        return cls(
+            ordered, table.names, labels, cluster, workload, is_open, uses, annotated, requested, tainted,
+            np.asarray(table.memory_mib, dtype=np.int64),
+        )  # fmt: skip
 
     def allowed(self, pod: Mapping[str, Any]) -> npt.NDArray[np.bool_]:
         """Shape (n_nodes,): the open nodes the pod's node selector, required node affinity and
         tolerations admit (none when its affinity cannot be read). Computed once per distinct set of those
         (the pods of one controller share it), and read-only."""
         spec = _mapping(pod.get("spec"))
+        memory = _mapping(_mapping(pod.get("metadata")).get("annotations")).get(LABEL_MEMORY)
         key = json.dumps(
-            [spec.get("nodeSelector"), _mapping(spec.get("affinity")).get("nodeAffinity"), spec.get("tolerations")],
+            [spec.get("nodeSelector"), _mapping(spec.get("affinity")).get("nodeAffinity"), spec.get("tolerations"),
+             memory],
             sort_keys=True, default=str,
-        )  # fmt: skip
+        )  # fmt: skip  # fmt: skip
         if key not in self._allowed:
             self._allowed[key] = self._compute_allowed(pod)
             self._allowed[key].flags.writeable = False
@@ -293,8 +309,11 @@ class _Live:
         mask = self.open.copy()
         try:
             affinity = required_affinity(pod)
+            minimum = pod_demand(pod).min_memory_mib
         except ValueError:
             return np.zeros_like(mask)
+        if minimum:  # the extender's rule: a node of unknown memory is refused too
+            mask &= self.memory_mib >= minimum
         if affinity is not None:
             mask &= match_nodes(affinity, self.names, self.labels)
         selector = _mapping(_mapping(pod.get("spec")).get("nodeSelector"))
@@ -329,6 +348,9 @@ class _Planner:
         """Per row, the pods bound there that an emptied node must lose (not DaemonSets', not reservations)."""
         self.touched: set[int] = set()
         """Rows this run's plans free, fill or move pods off: none of them is emptied."""
+        self.targets: set[int] = set()
+        """Rows this run's plans freed for their Pending pod: no later plan moves a pod onto one (its hold
+        keeps counting the pod's GPUs until it lapses)."""
 
     def load(self, pods: Sequence[Mapping[str, Any]]) -> Counter[str]:
         """Put each movable bound pod of the profile in :attr:`placed`; count the others by reason."""
@@ -365,6 +387,9 @@ class _Planner:
     def _gpus_of(self, use: PodUse, row: int, whole_taken: Counter[int]) -> tuple[int, ...] | None:
         """The GPUs a pod holds on ``row``: a share's from its annotation; whole GPUs are interchangeable,
         so the next busy GPUs that carry no share."""
+        count = int(self.live.cluster.gpu_count[row])
+        if use.assigned and any(not 0 <= gpu < count for gpu, _ in use.assigned):
+            return None  # an index the node does not have: nothing to free there
         if use.milli:
             return tuple(gpu for gpu, _ in use.assigned) if use.assigned and len(use.assigned) == 1 else None
         if not use.gpus:
@@ -372,9 +397,7 @@ class _Planner:
         if use.assigned and len(use.assigned) == use.gpus:  # bound by the extender: it says which
             return tuple(gpu for gpu, _ in use.assigned)
         left = self.live.cluster.gpu_left[row]
-        busy = [
-            g for g in range(int(self.live.cluster.gpu_count[row])) if left[g] == 0 and g not in self.live.shared[row]
-        ]
+        busy = [g for g in range(count) if left[g] == 0 and g not in self.live.annotated[row]]
         start = whole_taken[row]
         whole_taken[row] += use.gpus
         taken = busy[start : start + use.gpus]
@@ -408,7 +431,8 @@ class _Planner:
         if (cluster.feasible(task) & targets).any():
             return None, "it fits on a node now: kube-scheduler will place it"
         costs = {arrival: self.pods[arrival].cost for arrival in self.placed.node_of}
-        plan = plan_moves(cluster, self.placed, self.live.workload, task, budget, Rules(costs, self.where, targets))
+        rules = Rules(costs, self.where, targets, frozenset(self.targets))
+        plan = plan_moves(cluster, self.placed, self.live.workload, task, budget, rules)
         if plan is None:
             return None, f"no plan of at most {budget} moves frees what it needs on a node it may use"
         over = self._over_budget(plan)
@@ -438,6 +462,7 @@ class _Planner:
             ),
         )
         cluster.place(plan.target, task, gpus_on(cluster, task, plan.target))
+        self.targets.add(plan.target)
         return PodPlan(ref, names[plan.target], task.num_gpu, moves)
 
     def _apply(self, plan: Plan, reason: Callable[[int], str]) -> tuple[PlannedMove, ...]:
@@ -458,8 +483,9 @@ class _Planner:
             ))  # fmt: skip
         return tuple(moves)
 
-    def empty(self, most: int, budget: int) -> list[NodePlan]:
-        """Plans that empty up to ``most`` GPU nodes, at most ``budget`` moves each: nodes whose every pod
+    def empty(self, most: int, budget: int, per_node: int) -> list[NodePlan]:
+        """Plans that empty up to ``most`` GPU nodes, at most ``budget`` moves in all and ``per_node`` for
+        one: nodes whose every pod
         (DaemonSets' and reservations aside) may move and has somewhere to go, no node this run's other
         plans touched, the fewest pods first, then the cheapest."""
         cluster, placed, names = self.live.cluster, self.placed, self.live.names
@@ -472,11 +498,15 @@ class _Planner:
         candidates.sort(key=lambda row: (len(placed.on[row]), sum(costs[a] for a in placed.on[row]), row))
         emptied: list[NodePlan] = []
         for row in candidates:
-            if len(emptied) == most:
+            if len(emptied) == most or budget == 0:
                 break
-            plan = plan_emptying(cluster, placed, self.live.workload, row, budget, rules, frozenset(self.touched))
+            if row in self.touched:  # an earlier plan of this run moved pods onto it
+                continue
+            cap = min(per_node, budget)
+            plan = plan_emptying(cluster, placed, self.live.workload, row, cap, rules, frozenset(self.touched))
             if plan is None or self._over_budget(plan):
                 continue
+            budget -= len(plan.moves)
             self.touched.add(row)
             emptied.append(NodePlan(names[row], self._apply(plan, partial(_emptying, names[row]))))
         return emptied
@@ -489,8 +519,13 @@ def _emptying(node: str, _src: int) -> str:
 def _pending_task(pod: Mapping[str, Any]) -> Task | str:
     """The Pending pod as a :class:`Task`, or why it is not planned for."""
     demand = pod_demand(pod)
+    if not demand.wants_gpu:
+        return "it asks for no GPU: the consolidator makes room for GPU pods only"
     if demand.mig:
         return "it asks for MIG slices, which the planner does not move"
+    unchecked = unchecked_constraint(_mapping(pod.get("spec")))
+    if unchecked:
+        return f"it has {unchecked}: left to kube-scheduler, which the planner cannot check for it"
     if _mapping(pod.get("spec")).get("resourceClaims"):
         return "it asks for DRA claims, which the planner does not model"
     if demand.gpus > MAX_GPUS:

@@ -93,6 +93,8 @@ class Rules:
     costs: Mapping[int, float] = field(default_factory=dict)
     where: Mapping[int, npt.NDArray[np.bool_]] = field(default_factory=dict)
     targets: npt.NDArray[np.bool_] | None = None
+    closed: frozenset[int] = frozenset()
+    """Nodes no task is moved onto (those earlier plans of the run freed for their own pod)."""
 
     def cost(self, arrival: int) -> float:
         return self.costs.get(arrival, 0.0)
@@ -321,6 +323,7 @@ def _rehome(scratch: _Scratch, arrival: int, src: int, budget: int, excluded: fr
     node first freed for it by moves of its own. Whether it went."""
     task, _ = scratch.running(src)[arrival]
     allowed = scratch.rules.where.get(arrival)
+    excluded = excluded | scratch.rules.closed
     dst = _destination(scratch, task, excluded | {src}, allowed)
     if dst is not None:
         scratch.move(arrival, src, *dst)

@@ -40,6 +40,7 @@ HOSTILE = [
         id="a name past 253",
     ),
     pytest.param(b"\xff\xfe not utf-8", id="not text"),
+    pytest.param(b'{"version": 1, "evictions": [' + b"9" * 400 + b"]}", id="an integer of 400 digits"),
 ]
 
 
@@ -115,3 +116,14 @@ def test_a_hold_or_steer_set_further_ahead_than_any_plan_sets_one_is_not_obeyed(
         "filter", json.dumps({"Pod": gpu_pod("p", owner=""), "NodeNames": ["a", "b"]}).encode()
     )
     assert json.loads(body)["NodeNames"] == ["b"]
+
+
+def test_a_pod_with_malformed_owner_references_is_filtered_under_steers_without_a_fault():
+    book = HoldBook((), (Steer("ml", "ReplicaSet", "rs", "uid-rs-rs", "ml/x", "b", 0.0, 1.8e9 + 60),))
+    state = ClusterState.from_objects([gpu_node("a"), gpu_node("b")], [])
+    extender = Extender(cluster=lambda: state, holds=lambda: (book, 1.8e9))
+    for refs in (5, "x", [5, {"controller": True, "uid": {"a": 1}}], None):
+        pod = gpu_pod("p", owner="")
+        pod["metadata"]["ownerReferences"] = refs
+        status, body = extender.handle("filter", json.dumps({"Pod": pod, "NodeNames": ["a", "b"]}).encode())
+        assert status == 200 and json.loads(body)["NodeNames"] == ["a", "b"], body

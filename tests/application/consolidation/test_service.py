@@ -18,7 +18,7 @@ from adapters.metric_catalogue import CATALOGUE, CONSOLIDATOR
 from adapters.snapshot_store import FileSnapshotStore
 from application.consolidation import service
 from application.consolidation.settings import ConsolidationSettings
-from scheduler_core.consolidation.holds import hold_refusals
+from scheduler_core.consolidation.holds import Hold, HoldBook, hold_refusals
 from scheduler_core.errors import ConfigError
 from scheduler_core.k8s.pods import PodDemand
 from testing.kube_double import KubeApiDouble
@@ -144,6 +144,10 @@ def test_a_budgets_refusal_ends_that_plan(api: KubeApiDouble, tmp_path: Path):
     report = run(api, tmp_path / "holds.json")
     assert (report.status, report.evictions, report.evictions_refused) == ("ok", 0, 1), report
     assert {"b0", "b1"} <= names(api)
+    # Refused before anything moved: its hold and steers go at once, and the next run may plan again.
+    book = read_book(FileSnapshotStore(tmp_path / "holds.json"))
+    assert book.holds == () and book.steers == ()
+    assert run(api, tmp_path / "holds.json").evictions == 2
 
 
 def test_a_pod_gone_before_its_eviction_is_passed_over(api: KubeApiDouble, tmp_path: Path):
@@ -209,3 +213,17 @@ def test_with_nothing_pending_a_run_empties_a_node_holds_it_and_counts_it_kept_o
         double.handle("DELETE", "/api/v1/nodes/b", AUTH, b"")
         after = run(double, holds, clock)
         assert (after.holds_kept, after.holds_lapsed, after.in_flight) == (1, 0, 0)
+
+
+def test_malformed_objects_fail_the_run_with_a_reason_and_never_raise(tmp_path: Path):
+    with KubeApiDouble(tokens=[TOKEN]) as double:
+        nodes, pods = cluster()
+        odd = gpu_pod("odd", "a", owner="train")
+        odd["metadata"]["ownerReferences"] = 5
+        odd["spec"]["volumes"] = 5
+        double.load("nodes", nodes)
+        double.load("pods", [*pods, odd])
+        report = run(double, tmp_path / "holds.json")
+    assert report.status == "ok" and report.unmovable.get("no ReplicaSet or StatefulSet recreates it") == 1
+    book = HoldBook((Hold("ml", "big", "uid-big", "a", 8, NOW + 60),))
+    assert service.settle(book, [{"metadata": [1]}, 5, {"spec": "x"}], NOW, {"a"}) == (HoldBook(), 0, 1)

@@ -73,3 +73,21 @@ def test_a_budget_that_allows_no_disruption_keeps_the_pods_it_selects_and_only_t
 def test_label_selectors_read_as_the_api_server_reads_them(selector: dict[str, Any], labels: dict[str, str],
                                                           matches: bool):  # fmt: skip
     assert selector_matches(selector, labels) is matches
+
+
+def test_a_pod_two_budgets_select_is_never_moved_the_eviction_api_would_refuse_it():
+    budget = {"spec": {"selector": {"matchLabels": {"app": "web"}}}, "status": {"disruptionsAllowed": 5}}
+    budgets = budgets_of([{**budget, "metadata": {"namespace": "ml", "name": n}} for n in ("one", "two")])
+    assert why_not_movable(gpu_pod("w", "n", owner="web"), budgets) == (
+        "more than one PodDisruptionBudget selects it (ml/one, ml/two)"
+    )
+    assert why_not_movable(gpu_pod("w", "n", owner="web"), budgets[:1]) == ""
+
+
+def test_a_pod_asking_for_a_resource_the_planner_does_not_count_stays():
+    pod = gpu_pod("efa", "n")
+    pod["spec"]["containers"][0]["resources"]["limits"]["vpc.amazonaws.com/efa"] = "4"
+    assert why_not_movable(pod) == (
+        "has a resource the planner does not count (vpc.amazonaws.com/efa), which the planner cannot check on "
+        "another node"
+    )

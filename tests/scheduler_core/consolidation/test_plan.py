@@ -124,8 +124,48 @@ def test_with_nothing_pending_it_empties_the_node_that_costs_least_to_empty_and_
     assert all(m.destination != "c" and m.reason == "empties c for scale-down" for m in result.emptied[0].moves)
     assert result.moves == 2
     two = plan_consolidation(nodes, pods, max_moves=8, max_moves_per_plan=8, empty_nodes=2)
-    assert [n.node for n in two.emptied] == ["c", "a"]  # b keeps its pod that may not move
+    # b keeps its pod that may not move; a took c's pods, so it is not emptied in the same run.
+    assert [n.node for n in two.emptied] == ["c", "d"]
+    assert {m.destination for m in two.emptied[0].moves} == {"a"}
+    # The run's budget holds across the nodes: 2 moves empty c, and d's 4 do not fit in what is left.
+    assert [
+        n.node for n in plan_consolidation(nodes, pods, max_moves=5, max_moves_per_plan=8, empty_nodes=2).emptied
+    ] == ["c"]
     # A Pending pod comes first: nothing is emptied while one waits.
     waiting = plan_consolidation(nodes, [*pods, gpu_pod("big", gpus=8, owner="", pending=True)], max_moves=8,
                                  max_moves_per_plan=8, empty_nodes=2)  # fmt: skip
     assert waiting.emptied == ()
+
+
+def test_a_pending_pod_that_asks_for_no_gpu_or_has_constraints_the_planner_cannot_check_gets_no_plan():
+    nodes = [gpu_node("a"), gpu_node("b")]
+    pods = [gpu_pod("a0", "a", cpu="90"), gpu_pod("b0", "b", cpu="90")]
+    cpu_only = gpu_pod("etl", gpus=0, owner="", pending=True, cpu="20")
+    spread = gpu_pod("big", gpus=8, owner="", pending=True, topologySpreadConstraints=[{"maxSkew": 1}])
+    result = plan(nodes, [*pods, cpu_only, spread])
+    assert result.plans == ()
+    assert result.waiting["ml/etl"].startswith("it asks for no GPU")
+    assert result.waiting["ml/big"].startswith("it has topology spread constraints")
+
+
+def test_gpu_indices_are_held_to_the_node_and_whole_gpus_to_their_own():
+    nodes = [gpu_node("a", gpus=2), gpu_node("b", gpus=2), gpu_node("c", gpus=8)]
+    liar = gpu_pod("liar", "a", gpus=0, annotations={"gpu-scheduler.io/assigned-gpus": "9:500"})
+    liar["spec"]["containers"][0]["resources"]["limits"] = {"gpu-scheduler.io/gpu-milli": "500"}
+    whole = gpu_pod("whole", "b", annotations={"gpu-scheduler.io/assigned-gpus": "0:1000"})
+    plain = gpu_pod("plain", "b")  # not put on GPU 0, which the annotated pod holds
+    result = plan_consolidation(nodes, [liar, whole, plain], max_moves=4, max_moves_per_plan=4, empty_nodes=1)
+    assert result.unmovable == {"its GPUs on the node are not known": 1}  # a share on GPU 9 of 2
+    assert [(n.node, sorted(m.pod.name for m in n.moves)) for n in result.emptied] == [("b", ["plain", "whole"])]
+
+
+def test_a_pod_that_asks_for_gpu_memory_is_planned_only_on_nodes_that_have_it():
+    small = gpu_node("small", model="L4")
+    small["metadata"]["labels"]["gpu.nvidia.com/memory"] = "24000"
+    nodes = [gpu_node("h", gpus=2), small, gpu_node("spare")]
+    pods = [gpu_pod("h0", "h"), gpu_pod("h1", "h"), *(gpu_pod(f"s{i}", "small") for i in range(7)),
+            *(gpu_pod(f"x{i}", "spare", movable=False) for i in range(7))]  # fmt: skip
+    big = gpu_pod("big", gpus=2, owner="", pending=True, annotations={"gpu.nvidia.com/memory": "80000"})
+    result = plan(nodes, [*pods, big])
+    # One move would free two GPUs on the 24 GB node; the pod asks for 80 GB: it takes the two on h.
+    assert [(p.node, len(p.moves)) for p in result.plans] == [("h", 2)]
